@@ -1,0 +1,40 @@
+"""The typer application and options shared by every command."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="registry",
+    help="Object-store-backed registry for model directories: checkpoints, releases, "
+         "gates and pull.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+) -> None:
+    """Object-store-backed registry for model directories."""
+    if debug:
+        os.environ["REGISTRY_DEBUG"] = "1"
+
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", envvar="REGISTRY_STORE",
+                 help="Store URL: a folder, s3://bucket/prefix or memory://x "
+                      "[default: ./artifacts]."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def print_json(doc: Any) -> None:
+    typer.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))

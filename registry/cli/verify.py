@@ -1,0 +1,45 @@
+"""``registry verify``: is a directory committed, and do its files verify."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from registry.cli.app import JsonOpt, app, print_json
+from registry.cli.errors import EXIT_FAILED, error_boundary
+from registry.store import open_store
+from registry.verify import verify_directory
+
+
+@app.command()
+def verify(
+    directory: Annotated[str, typer.Argument(help="Directory path or URL (s3://b/p/dir).")],
+    full: Annotated[bool, typer.Option("--full", help="Compare sha256 of every byte "
+                                                      "(default: sizes only).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check that DIRECTORY is committed and every file matches its MANIFEST.json.
+
+    Exits 0 when it verifies, 1 when it does not (one line per failing file).
+    """
+    with error_boundary():
+        store = open_store(directory)
+        report = verify_directory(store, "", full=full)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        if report.error is not None:
+            typer.echo(f"NOT COMMITTED {report.error}")
+        for p in report.problems:
+            typer.echo(f"FAIL {p.path}: {p.reason}")
+        for extra in report.extras:
+            typer.echo(f"EXTRA {extra}: not listed in MANIFEST.json")
+        if report.ok:
+            m = report.manifest
+            assert m is not None
+            mode = "sha256" if full else "sizes"
+            typer.echo(f"OK {store.url}: {len(m.files)} files, {m.total_size} bytes, "
+                       f"{mode} verified, manifest sha256 {m.digest}")
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,232 @@
+"""The commit protocol: write a directory so that readers see all of it or none.
+
+Chosen by the store's capability, never by URL scheme (DESIGN section 3):
+
+With atomic rename (local disk), the seed's "Writing atomically" steps::
+
+    <name>.tmp[-<id>]/   every file written and fsynced      (step 1)
+                         MANIFEST.json last, fsync it + dir   (step 2)
+    rename -> <name>/    fails if <name> exists               (step 3)
+    fsync the parent
+
+Without it (S3, memory)::
+
+    <name>.claim         conditional create: one writer owns <name>/
+    <name>/...           files written in place under the final prefix
+    <name>/MANIFEST.json conditional create: the commit marker
+    delete <name>.claim
+
+Pointers (step 4) live in :mod:`registry.pointer`; deletion in :func:`delete_directory`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from registry.errors import CommitConflictError, ObjectExistsError
+from registry.manifest import (
+    HASH_CHUNK,
+    MANIFEST,
+    FileEntry,
+    HashingWriter,
+    Manifest,
+    check_path,
+    list_local_files,
+    utc_now,
+)
+from registry.store import Store, join
+
+CLAIM_SUFFIX = ".claim"
+TMP_MARK = ".tmp"
+
+
+class DirectoryWriter:
+    """Stage the files of one directory, then commit it atomically.
+
+    Args:
+        store: where to write.
+        prefix: the final key of the directory (``runs/r1/ckpt/step-000500``).
+        kind: manifest kind, ``"checkpoint"`` or ``"release"``.
+        meta: the manifest's kind-specific fields.
+        staging: fixed staging key on rename stores (the seed's
+            ``step-<n>.tmp``); default ``<prefix>.tmp-<random>``.
+        sole_writer: the caller is the only writer of ``prefix`` (a training
+            run's own checkpoints): a stale staging directory or claim left by a
+            crashed predecessor is removed instead of being a conflict.
+        conflict_error: the CommitConflictError subclass to raise.
+
+    Raises:
+        CommitConflictError: ``prefix`` is already committed, or (object stores)
+            claimed by another live writer.
+
+    Notes:
+        Use as a context manager: leaving the block with an exception aborts
+        (removes the staging directory or the claimed files); leaving it
+        normally without :meth:`commit` aborts too.
+    """
+
+    def __init__(self, store: Store, prefix: str, *, kind: str, meta: dict[str, Any],
+                 staging: str | None = None, sole_writer: bool = False,
+                 conflict_error: type[CommitConflictError] = CommitConflictError) -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self.kind = kind
+        self.meta = meta
+        self.entries: dict[str, FileEntry] = {}
+        self.manifest: Manifest | None = None
+        self._error = conflict_error
+        self._sole = sole_writer
+        self._claim = self.prefix + CLAIM_SUFFIX
+        if store.exists(join(self.prefix, MANIFEST)):
+            raise self._conflict("already committed")
+        if store.atomic_rename:
+            self.staging = staging or f"{self.prefix}{TMP_MARK}-{uuid.uuid4().hex[:12]}"
+            if sole_writer:
+                store.delete_prefix(self.staging)
+        else:
+            self.staging = self.prefix
+            self._take_claim()
+
+    def _conflict(self, why: str) -> CommitConflictError:
+        return self._error(f"{self.store.url_of(self.prefix)}: {why}", path=self.prefix)
+
+    def _take_claim(self) -> None:
+        claim = json.dumps({"owner": uuid.uuid4().hex, "host": socket.gethostname(),
+                            "pid": os.getpid(), "created_at": utc_now()}).encode()
+        try:
+            self.store.create(self._claim, claim)
+        except ObjectExistsError:
+            if not self._sole:
+                raise self._conflict("claimed by another writer "
+                                     f"({self.store.url_of(self._claim)})") from None
+            self.store.write_bytes(self._claim, claim)
+        # Re-check under the claim: a writer may have committed and released
+        # its claim between our first check and our create.
+        if self.store.exists(join(self.prefix, MANIFEST)):
+            self.store.delete(self._claim)
+            raise self._conflict("already committed")
+        self.store.delete_prefix(self.prefix)  # leftovers of a crashed writer
+
+    # -- writing ---------------------------------------------------------------
+
+    @contextmanager
+    def open(self, relpath: str) -> Iterator[HashingWriter]:
+        """Open ``relpath`` for a streaming write, hashed while written.
+
+        Raises:
+            UnsafePathError: ``relpath`` breaks the path rules.
+            ValueError: ``relpath`` was already written.
+        """
+        check_path(relpath, source=self.store.url_of(self.prefix))
+        if relpath in self.entries:
+            raise ValueError(f"{relpath}: written twice")
+        with self.store.open_write(join(self.staging, relpath)) as raw:
+            w = HashingWriter(raw)
+            yield w
+        self.entries[relpath] = FileEntry(relpath, w.size, w.sha256)
+
+    def write_bytes(self, relpath: str, data: bytes) -> FileEntry:
+        """Write a small file whole; returns its manifest entry."""
+        with self.open(relpath) as w:
+            w.write(data)
+        return self.entries[relpath]
+
+    def write_json(self, relpath: str, doc: Any) -> FileEntry:
+        """Write a JSON document (UTF-8, 2-space indent, trailing newline)."""
+        return self.write_bytes(relpath, (json.dumps(doc, indent=2, ensure_ascii=False)
+                                          + "\n").encode())
+
+    def put_file(self, relpath: str, local_path: str | os.PathLike[str]) -> FileEntry:
+        """Copy a local file in, streaming, hashing each chunk as it passes."""
+        buf = bytearray(HASH_CHUNK)
+        view = memoryview(buf)
+        with open(local_path, "rb", buffering=0) as src, self.open(relpath) as w:
+            while n := src.readinto(view):
+                w.write(view[:n])
+        return self.entries[relpath]
+
+    # -- committing ------------------------------------------------------------
+
+    def commit(self) -> Manifest:
+        """Write MANIFEST.json last and make the directory visible at once.
+
+        Returns:
+            The committed Manifest (``.digest`` is its sha256).
+
+        Raises:
+            CommitConflictError: another writer committed ``prefix`` first;
+                nothing of ours is left behind.
+        """
+        manifest = Manifest.build(self.kind, self.entries.values(), **self.meta)
+        data = manifest.to_bytes()
+        store = self.store
+        try:
+            if store.atomic_rename:
+                store.write_bytes(join(self.staging, MANIFEST), data)
+                store.fsync_dir(self.staging)
+                try:
+                    store.rename_dir(self.staging, self.prefix)
+                except ObjectExistsError:
+                    raise self._conflict("already committed by another writer") from None
+                store.fsync_dir(store.parent(self.prefix))
+            else:
+                try:
+                    store.create(join(self.prefix, MANIFEST), data)
+                except ObjectExistsError:
+                    raise self._conflict("already committed by another writer") from None
+                store.delete(self._claim)
+        except BaseException:
+            self.abort()
+            raise
+        self.manifest = manifest
+        return manifest
+
+    def abort(self) -> None:
+        """Remove what this writer staged; never touches a committed directory."""
+        if self.manifest is not None:
+            return
+        if self.store.atomic_rename:
+            self.store.delete_prefix(self.staging)
+        elif not self.store.exists(join(self.prefix, MANIFEST)):
+            self.store.delete_prefix(self.prefix)
+            self.store.delete(self._claim)
+
+    def __enter__(self) -> DirectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.manifest is None:
+            self.abort()
+
+
+def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], prefix: str, *,
+                           kind: str, **meta: Any) -> Manifest:
+    """Commit a copy of the local directory ``local_dir`` at ``prefix``.
+
+    Every file is read once: hashed while it is copied. A ``MANIFEST.json`` at
+    the top of ``local_dir`` is not copied (a new one is written).
+
+    Raises:
+        CommitConflictError: ``prefix`` is already committed or claimed.
+        UnsafePathError: a file name breaks the manifest path rules.
+    """
+    files = list_local_files(local_dir)
+    for rel in files:
+        check_path(rel, source=str(local_dir))
+    with DirectoryWriter(store, prefix, kind=kind, meta=meta) as w:
+        for rel in files:
+            w.put_file(rel, os.path.join(local_dir, *rel.split("/")))
+        return w.commit()
+
+
+def delete_directory(store: Store, prefix: str) -> None:
+    """Delete a directory, ``MANIFEST.json`` first, so that a half-deleted
+    directory is never read as committed."""
+    store.delete(join(prefix, MANIFEST))
+    store.delete_prefix(prefix)

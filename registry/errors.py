@@ -1,0 +1,202 @@
+"""The one exception hierarchy of the registry.
+
+Every error a user can cause derives from :class:`RegistryError`. Each class
+mixes in the builtin exception a caller would naturally catch (``FileNotFoundError``,
+``FileExistsError``, ``ValueError``), and carries the facts as attributes so that
+programs never parse messages. ``str(error)`` is one line that names the file (or
+object key) and the rule that was broken.
+
+The CLI maps each class to an exit code in one table (``registry.cli.errors``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RegistryError(Exception):
+    """Base class of every error raised by the registry on bad input or state."""
+
+
+# -- storage -----------------------------------------------------------------
+
+
+class StorageError(RegistryError, OSError):
+    """An operation on the store failed (network, permissions, backend error)."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+    def __str__(self) -> str:  # OSError.__str__ would print errno tuples
+        return str(self.args[0]) if self.args else ""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object or directory does not exist in the store."""
+
+
+class ObjectExistsError(StorageError, FileExistsError):
+    """A conditional create found the object already present."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The store refused the operation for lack of permission."""
+
+
+class InsufficientSpaceError(StorageError):
+    """The destination has less free space than the operation needs (bytes)."""
+
+    def __init__(self, message: str, *, key: str | None = None, needed: int = 0,
+                 available: int = 0) -> None:
+        super().__init__(message, key=key)
+        self.needed = needed
+        self.available = available
+
+
+class InvalidStoreURLError(StorageError, ValueError):
+    """The store URL cannot be opened (unknown protocol, missing bucket)."""
+
+
+# -- names and documents -------------------------------------------------------
+
+
+class InvalidNameError(RegistryError, ValueError):
+    """A model id, version, run id or alias breaks the naming rule."""
+
+    def __init__(self, message: str, *, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class DocumentError(RegistryError, ValueError):
+    """A JSON document (or a file) is malformed or breaks its schema.
+
+    Attributes:
+        path: the file or object the document came from.
+        rule: the rule that was broken, in words.
+    """
+
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(f"{path}: {rule}")
+        self.path = path
+        self.rule = rule
+
+
+class SchemaValidationError(DocumentError):
+    """A JSON document does not validate against its JSON Schema."""
+
+
+class ManifestError(DocumentError):
+    """``MANIFEST.json`` is missing, not JSON, breaks the schema or the path rules."""
+
+
+class UnsafePathError(ManifestError):
+    """A manifest path is absolute, has ``..``, a backslash, NUL or an empty segment."""
+
+
+class SafetensorsError(DocumentError):
+    """A safetensors file breaks the header rules (DESIGN section 4)."""
+
+
+# -- integrity and commits -----------------------------------------------------
+
+
+class IntegrityError(RegistryError):
+    """A file differs from its manifest entry (size or sha256).
+
+    Attributes:
+        path: the file that differs.
+        expected_size, actual_size: sizes in bytes (``actual_size`` is None when
+            the file is missing).
+        expected_sha256, actual_sha256: hex digests, or None when not compared.
+    """
+
+    def __init__(self, path: str, *, expected_size: int | None = None,
+                 actual_size: int | None = None, expected_sha256: str | None = None,
+                 actual_sha256: str | None = None, reason: str | None = None) -> None:
+        self.path = path
+        self.expected_size = expected_size
+        self.actual_size = actual_size
+        self.expected_sha256 = expected_sha256
+        self.actual_sha256 = actual_sha256
+        if reason is None:
+            if actual_size is None:
+                reason = "missing"
+            elif expected_size is not None and expected_size != actual_size:
+                reason = f"size {actual_size} bytes, expected {expected_size}"
+            else:
+                reason = f"sha256 {actual_sha256}, expected {expected_sha256}"
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class NotCommittedError(RegistryError, FileNotFoundError):
+    """The directory has no valid ``MANIFEST.json``: it is not committed."""
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class CommitConflictError(RegistryError, FileExistsError):
+    """Another writer committed (or claimed) the same directory first."""
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class VersionExistsError(CommitConflictError):
+    """A release with this model id and version already exists; releases are immutable."""
+
+
+# -- pointers ------------------------------------------------------------------
+
+
+class PointerError(RegistryError, ValueError):
+    """A pointer file (``LATEST``, ``refs/<alias>``, tracker) is empty or garbled,
+    points outside its folder, or names an uncommitted directory."""
+
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(f"{path}: {rule}")
+        self.path = path
+        self.rule = rule
+
+
+class PointerConflictError(RegistryError):
+    """A compare-and-swap on a pointer lost: another writer moved it first."""
+
+    def __init__(self, path: str, *, expected: Any = None, actual: Any = None) -> None:
+        super().__init__(f"{path}: changed by another writer (expected {expected!r}, "
+                         f"found {actual!r})")
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class PointerRegressionError(PointerConflictError):
+    """Moving the pointer would make it go backwards (``LATEST`` only moves forward)."""
+
+
+# -- checkpoints ---------------------------------------------------------------
+
+
+class CheckpointError(RegistryError):
+    """A checkpoint cannot be saved or resumed."""
+
+
+class NoValidCheckpointError(CheckpointError, FileNotFoundError):
+    """No checkpoint step of the run is committed and verifies."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+__all__ = [name for name in dir() if name.endswith("Error")]

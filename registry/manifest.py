@@ -1,0 +1,263 @@
+"""Manifests: the list of every file of a committed directory, with size and sha256.
+
+``MANIFEST.json`` is the commit marker of a directory (DESIGN sections 3 and 4).
+It is serialized canonically (sorted keys, no insignificant whitespace, UTF-8,
+one trailing newline), so its sha256 -- the *manifest digest* -- identifies the
+directory's content and is what a release records as its source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from registry import schemas
+from registry.errors import DocumentError, ManifestError, UnsafePathError
+
+MANIFEST = "MANIFEST.json"
+FORMAT = "tinyllm-manifest"
+FORMAT_VERSION = 1
+#: bytes per read when hashing; one reusable buffer, so memory stays flat.
+HASH_CHUNK = 4 * 1024 * 1024
+
+
+def utc_now() -> str:
+    """The current time as an RFC 3339 UTC string (``2026-11-29T13:45:07Z``)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_path(path: object, *, source: str) -> str:
+    """Return ``path`` if it is a safe relative POSIX path, else raise.
+
+    The rule (DESIGN section 4): a non-empty string, no leading ``/``, no ``..``
+    segment, no backslash, no NUL, no empty segment (``a//b``, trailing ``/``),
+    no ``.`` segment, and never ``MANIFEST.json`` itself.
+
+    Raises:
+        UnsafePathError: naming ``source`` (the manifest) and the rule broken.
+    """
+    def bad(rule: str) -> UnsafePathError:
+        return UnsafePathError(source, f"file path {path!r}: {rule}")
+
+    if not isinstance(path, str) or not path:
+        raise bad("must be a non-empty string")
+    if "\x00" in path:
+        raise bad("contains NUL")
+    if "\\" in path:
+        raise bad("contains a backslash")
+    if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
+        raise bad("is absolute")
+    segments = path.split("/")
+    if "" in segments:
+        raise bad("has an empty segment")
+    if ".." in segments:
+        raise bad("has a '..' segment")
+    if "." in segments:
+        raise bad("has a '.' segment")
+    if path == MANIFEST:
+        raise bad("MANIFEST.json cannot list itself")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file of a manifest: relative POSIX path, size in bytes, sha256 hex."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A parsed, validated ``MANIFEST.json``.
+
+    Attributes:
+        kind: ``"checkpoint"`` or ``"release"``.
+        files: entries sorted by path, unique, every path safe.
+        created_at: RFC 3339 UTC.
+        meta: the kind's own fields (``run_id``/``step``; ``model_id``/``version``/
+            ``source``) and optional ``layout``.
+    """
+
+    kind: str
+    files: tuple[FileEntry, ...]
+    created_at: str = field(default_factory=utc_now)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, kind: str, files: Iterable[FileEntry], **meta: Any) -> Manifest:
+        """A new manifest over ``files`` (sorted here), validated like a parsed one.
+
+        Raises:
+            UnsafePathError, ManifestError: a path breaks the rules, a path is
+                listed twice, or the result breaks ``manifest.schema.json``.
+        """
+        m = cls(kind, tuple(sorted(files, key=lambda e: e.path)), utc_now(), dict(meta))
+        m._check(source="<new manifest>")
+        _validate(m.to_dict(), source="<new manifest>")
+        return m
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                               "kind": self.kind, "created_at": self.created_at,
+                               "files": [e.to_dict() for e in self.files]}
+        doc.update(self.meta)
+        return doc
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON: sorted keys, compact separators, UTF-8, trailing newline."""
+        return (json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False) + "\n").encode()
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex of :meth:`to_bytes`: the identity of this directory's content."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    @property
+    def total_size(self) -> int:
+        """Sum of the listed file sizes, in bytes."""
+        return sum(e.size for e in self.files)
+
+    def entry(self, path: str) -> FileEntry | None:
+        for e in self.files:
+            if e.path == path:
+                return e
+        return None
+
+    def _check(self, *, source: str) -> None:
+        seen: set[str] = set()
+        prev = ""
+        for e in self.files:
+            check_path(e.path, source=source)
+            if e.path in seen:
+                raise UnsafePathError(source, f"file path {e.path!r}: listed twice")
+            if e.path < prev:
+                raise ManifestError(source, f"files not sorted by path at {e.path!r}")
+            seen.add(e.path)
+            prev = e.path
+        # A file may not also be a directory of another entry ("a" and "a/b").
+        for p in seen:
+            head = p
+            while "/" in head:
+                head = head.rsplit("/", 1)[0]
+                if head in seen:
+                    raise UnsafePathError(source, f"file path {p!r}: {head!r} is listed "
+                                                  "as a file")
+
+
+def _validate(doc: Any, *, source: str) -> None:
+    try:
+        schemas.validate(doc, "manifest", path=source)
+    except DocumentError as e:
+        raise ManifestError(source, e.rule) from None
+
+
+def parse_manifest(data: bytes, *, source: str) -> Manifest:
+    """Parse and validate ``MANIFEST.json`` bytes read from ``source``.
+
+    Raises:
+        ManifestError: not UTF-8 JSON, breaks ``manifest.schema.json``, or the
+            files are not sorted.
+        UnsafePathError: a path is unsafe or listed twice.
+    """
+    try:
+        doc = schemas.load_json(data, path=source)
+    except DocumentError as e:
+        raise ManifestError(source, e.rule) from None
+    _validate(doc, source=source)
+    meta = {k: v for k, v in doc.items()
+            if k not in ("format", "format_version", "kind", "created_at", "files")}
+    m = Manifest(doc["kind"],
+                 tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in doc["files"]),
+                 doc["created_at"], meta)
+    m._check(source=source)
+    return m
+
+
+class HashingWriter:
+    """Wraps a binary writer; hashes and counts every byte written through it.
+
+    Used to hash files while they are written (one pass over the bytes).
+    """
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.size = 0
+        self._h = hashlib.sha256()
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._h.update(data)
+        self.raw.write(data)
+        self.size += len(data)
+        return len(data)
+
+    @property
+    def sha256(self) -> str:
+        return self._h.hexdigest()
+
+
+def hash_stream(f: IO[bytes], *, chunk: int = HASH_CHUNK) -> tuple[int, str]:
+    """Hash a readable binary stream to its end: ``(size in bytes, sha256 hex)``."""
+    h = hashlib.sha256()
+    size = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    readinto = getattr(f, "readinto", None)
+    while True:
+        if readinto is not None:
+            n = readinto(view)
+            if not n:
+                break
+            h.update(view[:n])
+        else:
+            block = f.read(chunk)
+            if not block:
+                break
+            n = len(block)
+            h.update(block)
+        size += n
+    return size, h.hexdigest()
+
+
+def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(size, sha256)`` of a local file, read once with a reused buffer."""
+    with open(path, "rb", buffering=0) as f:
+        return hash_stream(f)  # type: ignore[arg-type]
+
+
+def list_local_files(root: str | os.PathLike[str]) -> list[str]:
+    """Every regular file under ``root`` as sorted relative POSIX paths,
+    excluding ``MANIFEST.json`` at the top. Symlinks are followed."""
+    out = []
+    for dirpath, dirs, files in os.walk(root, followlinks=True):
+        dirs.sort()
+        rel = os.path.relpath(dirpath, root)
+        for name in files:
+            p = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+            if p != MANIFEST:
+                out.append(p)
+    return sorted(out)
+
+
+def build_manifest(root: str | os.PathLike[str], kind: str, **meta: Any) -> Manifest:
+    """Hash every file under the local directory ``root`` into a new Manifest.
+
+    Each file is read exactly once. Raises UnsafePathError for a file name the
+    path rules refuse (for example one containing a backslash).
+    """
+    entries = []
+    for rel in list_local_files(root):
+        check_path(rel, source=str(root))
+        size, digest = hash_file(os.path.join(root, *rel.split("/")))
+        entries.append(FileEntry(rel, size, digest))
+    return Manifest.build(kind, entries, **meta)

@@ -1,0 +1,51 @@
+"""Stores: where every byte and every committed fact lives (DESIGN sections 1 and 3).
+
+``open_store(url)`` picks the backend from the URL; callers then use only the
+:class:`Store` primitives and its capability flags.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from registry.errors import InvalidStoreURLError
+from registry.store.base import CHUNK, ObjectInfo, Store, join
+from registry.store.local import LocalStore
+from registry.store.memory import MemoryStore
+from registry.store.s3 import S3Store
+
+DEFAULT_STORE = "./artifacts"
+
+
+def open_store(url: str | None = None, **storage_options: Any) -> Store:
+    """Open the store at ``url``.
+
+    Args:
+        url: a local path, ``file://path``, ``s3://bucket[/prefix]`` or
+            ``memory://name``. None: ``$REGISTRY_STORE``, else ``./artifacts``.
+        storage_options: passed to the fsspec filesystem (s3fs: ``endpoint_url``,
+            ``key``, ``secret``, ``client_kwargs``...).
+
+    Raises:
+        InvalidStoreURLError: unknown protocol, or ``s3://`` without a bucket.
+    """
+    url = url or os.environ.get("REGISTRY_STORE") or DEFAULT_STORE
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
+        path = parts.path if scheme == "file" else url
+        return LocalStore(url, os.path.expanduser(path))
+    if scheme in ("s3", "s3a"):
+        if not parts.netloc:
+            raise InvalidStoreURLError(f"{url}: an s3:// URL needs a bucket")
+        return S3Store(url, f"{parts.netloc}{parts.path}", **storage_options)
+    if scheme == "memory":
+        return MemoryStore(url, f"{parts.netloc}{parts.path}")
+    raise InvalidStoreURLError(f"{url}: unsupported store protocol {scheme!r} "
+                               "(use a local path, file://, s3:// or memory://)")
+
+
+__all__ = ["CHUNK", "DEFAULT_STORE", "LocalStore", "MemoryStore", "ObjectInfo", "S3Store",
+           "Store", "join", "open_store"]

@@ -1,0 +1,214 @@
+"""The abstract Store: a few primitives over one fsspec filesystem and a root.
+
+Keys are relative POSIX paths under the store root (``runs/r1/ckpt/LATEST``).
+Backends implement the primitives; everything derived (walking, reading a
+pointer, copying a local file in) lives here once.
+
+Capabilities, never the URL scheme, decide the commit protocol
+(DESIGN section 3):
+
+``atomic_rename``
+    a directory can be renamed into place atomically, and a rename onto an
+    existing directory fails (local disk).
+``conditional_create``
+    :meth:`Store.create` writes an object only if none exists, atomically
+    (O_EXCL locally, ``If-None-Match: *`` on S3).
+``compare_and_swap``
+    :meth:`Store.swap` replaces an object only if it still holds what the
+    caller read (a lock file locally, ``If-Match`` on the ETag on S3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+
+from registry.errors import ObjectNotFoundError
+
+#: bytes read per call when streaming a file (large enough to amortize calls,
+#: small enough to keep memory flat).
+CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What the store knows of one object: its key, size in bytes, and a version
+    token (ETag on S3; a digest of the content elsewhere) when cheap to get."""
+
+    key: str
+    size: int
+    mtime: float | None = None
+
+
+def join(*parts: str) -> str:
+    """Join key segments with ``/``, ignoring empty ones."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def content_token(data: bytes) -> str:
+    """The version token of a small object whose backend has no ETag."""
+    return hashlib.sha256(data).hexdigest()
+
+
+class Store(ABC):
+    """A store rooted at ``url``: local folder, ``s3://bucket/prefix`` or ``memory://``.
+
+    Subclasses set the three capability flags and implement the primitives.
+
+    Notes:
+        Instances are safe to share between threads. Nothing here caches
+        listings: every call observes the backend as it is now.
+    """
+
+    atomic_rename: bool = False
+    conditional_create: bool = True
+    compare_and_swap: bool = True
+
+    def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def path(self, key: str) -> str:
+        """The backend path of ``key`` (no leading slash on the key)."""
+        return f"{self.root}/{key}" if key else self.root
+
+    def url_of(self, key: str) -> str:
+        """A URL a user can paste back into the CLI for ``key``."""
+        return f"{self.url.rstrip('/')}/{key}" if key else self.url
+
+    # -- primitives ------------------------------------------------------------
+
+    @abstractmethod
+    def open_read(self, key: str) -> IO[bytes]:
+        """Open ``key`` for streaming reads. Raises ObjectNotFoundError."""
+
+    @abstractmethod
+    def open_write(self, key: str) -> IO[bytes]:
+        """Open ``key`` for a streaming write that replaces any object there.
+
+        The object is durable once ``close()`` returns (fsync locally, the
+        completed PUT on object stores). On an exception inside a ``with`` block
+        the partial object is discarded where the backend allows it.
+        """
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> None:
+        """Write ``data`` to ``key`` only if no object exists there (atomic).
+
+        Raises:
+            ObjectExistsError: an object is already at ``key`` (and it does not
+                hold exactly ``data`` after a retried request).
+        """
+
+    @abstractmethod
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """Return ``(content, token)`` for a later :meth:`swap`.
+
+        Raises:
+            ObjectNotFoundError: nothing at ``key``.
+        """
+
+    @abstractmethod
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        """Replace ``key`` with ``data`` only if its token is still ``expected``
+        (``None``: only if ``key`` does not exist). Atomic against other writers.
+
+        Raises:
+            PointerConflictError: the object changed (or appeared) meanwhile.
+        """
+
+    @abstractmethod
+    def info(self, key: str) -> ObjectInfo:
+        """Size and mtime of the object at ``key``. Raises ObjectNotFoundError."""
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
+        """Immediate children of ``prefix`` as ``(name, is_dir)``, sorted by name.
+        An absent prefix lists as empty."""
+
+    @abstractmethod
+    def walk_files(self, prefix: str) -> dict[str, int]:
+        """Every file under ``prefix``: relative path -> size in bytes."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one object; a missing object is not an error."""
+
+    @abstractmethod
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete everything under ``prefix``; an absent prefix is not an error."""
+
+    # -- capability-specific (overridden where supported) -------------------------
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        """Atomically rename directory ``src`` to ``dst``; fail if ``dst`` exists.
+
+        Only where ``atomic_rename`` is true. Raises ObjectExistsError.
+        """
+        raise NotImplementedError(f"{self!r} has no atomic rename")
+
+    def fsync_dir(self, prefix: str) -> None:
+        """Make a directory's entries durable (local disk); a no-op elsewhere."""
+
+    def local_path(self, key: str) -> str | None:
+        """The local filesystem path of ``key``, or None on a remote store."""
+        return None
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``key``. Raises ObjectNotFoundError."""
+        with self.open_read(key) as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    # -- derived ---------------------------------------------------------------
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole content of a small object. Raises ObjectNotFoundError."""
+        with self.open_read(key) as f:
+            return f.read()
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Replace ``key`` with ``data`` (durable on return)."""
+        with self.open_write(key) as f:
+            f.write(data)
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is at ``key``."""
+        try:
+            self.info(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        """Stream ``key`` in chunks of at most ``chunk`` bytes."""
+        with self.open_read(key) as f:
+            while block := f.read(chunk):
+                yield block
+
+    def subdirs(self, prefix: str) -> list[str]:
+        """Names of the immediate sub-directories of ``prefix``, sorted."""
+        return [name for name, is_dir in self.list_dir(prefix) if is_dir]
+
+    @staticmethod
+    def parent(key: str) -> str:
+        return posixpath.dirname(key)
+
+    def close(self) -> None:
+        """Release connections (nothing to do for most backends)."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,197 @@
+"""Local-disk store: atomic rename, O_EXCL creates, lock-file compare-and-swap.
+
+Layout on disk is the store layout itself; nothing is hidden except the
+``*.lock`` files that serialize pointer updates beside each pointer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+from typing import IO
+
+import fsspec
+from filelock import FileLock
+
+from registry.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PointerConflictError,
+)
+from registry.store.base import ObjectInfo, Store, content_token
+from registry.store.translate import translated
+
+_RENAME_NOREPLACE = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_renameat2 = getattr(_libc, "renameat2", None)
+_AT_FDCWD = -100
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """rename(2) that fails with FileExistsError if ``dst`` exists.
+
+    Uses Linux ``renameat2(RENAME_NOREPLACE)``; where that is unavailable, a
+    plain rename, which still fails onto a non-empty directory (a committed
+    directory is never empty: it holds MANIFEST.json).
+    """
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                      _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):  # unsupported by the filesystem
+            raise OSError(err, os.strerror(err), dst)
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+        raise FileExistsError(errno.EEXIST, "exists", dst)
+    os.rename(src, dst)
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DurableFile:
+    """A file opened for writing that is flushed and fsynced at close."""
+
+    def __init__(self, path: str, mode: str) -> None:
+        self._f = open(path, mode)  # noqa: SIM115 - closed in close()
+        self.name = path
+
+    def write(self, data: bytes | memoryview) -> int:
+        return self._f.write(data)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+
+    def discard(self) -> None:
+        self._f.close()
+        os.unlink(self.name)
+
+    def __enter__(self) -> _DurableFile:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+class LocalStore(Store):
+    """A store in a local folder. Writes are fsynced; ``rename_dir`` is atomic."""
+
+    atomic_rename = True
+
+    def __init__(self, url: str, root: str) -> None:
+        super().__init__(url, fsspec.filesystem("file"), os.path.abspath(root))
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/")) if key else self.root
+
+    def local_path(self, key: str) -> str:
+        return self.path(key)
+
+    def open_read(self, key: str) -> IO[bytes]:
+        with translated(key):
+            return open(self.path(key), "rb")
+
+    def open_write(self, key: str) -> IO[bytes]:
+        path = self.path(key)
+        with translated(key):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return _DurableFile(path, "wb")  # type: ignore[return-value]
+
+    def create(self, key: str, data: bytes) -> None:
+        # O_EXCL is the atomic check-and-create; fsspec's local
+        # pipe_file(mode="create") checks then writes, which races.
+        path = self.path(key)
+        with translated(key):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                f = _DurableFile(path, "xb")
+            except FileExistsError:
+                raise ObjectExistsError(f"{key}: already exists", key=key) from None
+            with f:
+                f.write(data)
+        fsync_path(os.path.dirname(path))
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.read_bytes(key)
+        return data, content_token(data)
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        path = self.path(key)
+        with translated(key):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with FileLock(path + ".lock"):
+                try:
+                    current: str | None = content_token(self.read_bytes(key))
+                except ObjectNotFoundError:
+                    current = None
+                if current != expected:
+                    raise PointerConflictError(key, expected=expected, actual=current)
+                # The seed's step 4: write <name>.tmp, fsync, rename, fsync dir.
+                # The lock makes the fixed temp name safe.
+                tmp = path + ".tmp"
+                with _DurableFile(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+                fsync_path(os.path.dirname(path))
+
+    def info(self, key: str) -> ObjectInfo:
+        with translated(key):
+            st = os.stat(self.path(key))
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
+        try:
+            entries = list(os.scandir(self.path(prefix)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted((e.name, e.is_dir()) for e in entries)
+
+    def walk_files(self, prefix: str) -> dict[str, int]:
+        base = self.path(prefix)
+        out: dict[str, int] = {}
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, base)
+            for name in files:
+                relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
+        return dict(sorted(out.items()))
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self.path(key))
+        except FileNotFoundError:
+            pass
+
+    def delete_prefix(self, prefix: str) -> None:
+        path = self.path(prefix)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=False)
+        else:
+            self.delete(prefix)
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        with translated(dst):
+            try:
+                rename_noreplace(self.path(src), self.path(dst))
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise ObjectExistsError(f"{dst}: already exists", key=dst) from None
+                raise
+
+    def fsync_dir(self, prefix: str) -> None:
+        with translated(prefix):
+            fsync_path(self.path(prefix))

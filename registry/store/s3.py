@@ -1,0 +1,254 @@
+"""S3 store through s3fs: conditional PUTs for commit markers and pointers.
+
+Endpoint and credentials come from the standard AWS environment variables
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``, profiles) or from ``storage_options`` passed to
+:func:`registry.store.open_store`; nothing is hard-coded.
+
+Large objects are written with a multipart upload whose parts go out in
+parallel on s3fs's event loop while the caller keeps producing (and hashing)
+the next part, so hashing and network overlap. Memory is bounded by
+``part_size * (max_inflight + 1)`` bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import IO, Any
+
+import s3fs
+from fsspec.asyn import sync
+
+from registry.errors import ObjectExistsError, PointerConflictError, StorageError
+from registry.store.base import ObjectInfo, Store
+from registry.store.translate import s3_error_code, translated
+
+PART_SIZE = 16 * 1024 * 1024
+MAX_INFLIGHT = 6
+_RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
+
+
+class S3Store(Store):
+    """A store under ``s3://bucket[/prefix]``."""
+
+    def __init__(self, url: str, root: str, **storage_options: Any) -> None:
+        options = {"use_listings_cache": False, "skip_instance_cache": True}
+        options.update(storage_options)
+        super().__init__(url, s3fs.S3FileSystem(**options), root)
+        self.bucket, _, self.prefix = self.root.partition("/")
+
+    # -- raw calls ---------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def call(self, method: str, **kwargs: Any) -> Any:
+        """One S3 API call on s3fs's loop, blocking the calling thread."""
+        return sync(self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket, **kwargs)
+
+    def submit(self, method: str, **kwargs: Any) -> Future[Any]:
+        """Start one S3 API call on s3fs's loop without waiting for it."""
+        coro = self.fs._call_s3(method, Bucket=self.bucket, **kwargs)
+        return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+
+    async def _get(self, key: str) -> tuple[bytes, str]:
+        resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
+        async with resp["Body"] as body:
+            data = await body.read()
+        return data, resp["ETag"]
+
+    def _conditional_put(self, key: str, data: bytes, **condition: str) -> None:
+        """PUT with a precondition; retry S3's 409 ConditionalRequestConflict.
+
+        A 412 after a retried request may mean our own first attempt landed:
+        the caller compares content before calling it a conflict.
+        """
+        for attempt in range(5):
+            try:
+                self.call("put_object", Key=self._key(key), Body=data, **condition)
+                return
+            except Exception as exc:
+                code = s3_error_code(exc)
+                if code in _RETRYABLE_CONDITIONAL and attempt < 4:
+                    time.sleep(0.05 * 2**attempt)
+                    continue
+                if code in ("PreconditionFailed", "412") or isinstance(exc, FileExistsError):
+                    raise ObjectExistsError(f"{key}: precondition failed", key=key) from exc
+                with translated(key):
+                    raise
+
+    # -- primitives --------------------------------------------------------------
+
+    def open_read(self, key: str) -> IO[bytes]:
+        with translated(key):
+            return self.fs.open(self.path(key), "rb", block_size=PART_SIZE,  # type: ignore[no-any-return]
+                                cache_type="readahead")
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with translated(key):
+            resp = self.call("get_object", Key=self._key(key), Range=f"bytes={start}-{end - 1}")
+            body = resp["Body"]
+
+            async def _read() -> bytes:
+                async with body:
+                    return await body.read()  # type: ignore[no-any-return]
+
+            return sync(self.fs.loop, _read)  # type: ignore[no-any-return]
+
+    def read_bytes(self, key: str) -> bytes:
+        return self.read_versioned(key)[0]
+
+    def open_write(self, key: str) -> IO[bytes]:
+        return _MultipartWriter(self, key)  # type: ignore[return-value]
+
+    def create(self, key: str, data: bytes) -> None:
+        try:
+            self._conditional_put(key, data, IfNoneMatch="*")
+        except ObjectExistsError:
+            try:
+                current, _ = self.read_versioned(key)
+            except StorageError:
+                current = None
+            if current != data:
+                raise ObjectExistsError(f"{key}: already exists", key=key) from None
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        with translated(key):
+            return sync(self.fs.loop, self._get, key)  # type: ignore[no-any-return]
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        try:
+            self._conditional_put(key, data, **condition)
+        except ObjectExistsError:
+            try:
+                current, etag = self.read_versioned(key)
+            except StorageError:
+                current, etag = None, None
+            if current != data:
+                raise PointerConflictError(key, expected=expected, actual=etag) from None
+
+    def info(self, key: str) -> ObjectInfo:
+        with translated(key):
+            resp = self.call("head_object", Key=self._key(key))
+        return ObjectInfo(key, int(resp["ContentLength"]), resp["LastModified"].timestamp())
+
+    def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
+        try:
+            with translated(prefix):
+                entries = self.fs.ls(self.path(prefix), detail=True, refresh=True)
+        except StorageError:
+            return []
+        out = []
+        for e in entries:
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            if e["name"].rstrip("/") != self.path(prefix).rstrip("/"):
+                out.append((name, e["type"] == "directory"))
+        return sorted(out)
+
+    def walk_files(self, prefix: str) -> dict[str, int]:
+        base = self.path(prefix).rstrip("/") + "/"
+        with translated(prefix):
+            found = self.fs.find(base, detail=True, withdirs=False)
+        return dict(sorted((name[len(base):], int(e["size"])) for name, e in found.items()
+                           if name.startswith(base)))
+
+    def delete(self, key: str) -> None:
+        with translated(key):
+            self.call("delete_object", Key=self._key(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        files = self.walk_files(prefix)
+        paths = [self.path(f"{prefix}/{rel}") for rel in files]
+        if paths:
+            with translated(prefix):
+                self.fs.rm(paths)
+        if self.exists(prefix):
+            self.delete(prefix)
+
+
+class _MultipartWriter:
+    """Streaming writer: single PUT for small objects, parallel multipart otherwise.
+
+    ``write`` returns as soon as the data is buffered or handed to an upload;
+    at most ``MAX_INFLIGHT`` parts are in flight, so memory stays bounded.
+    """
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self.store = store
+        self.key = key
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._parts: deque[tuple[int, Future[Any]]] = deque()
+        self._done: list[dict[str, Any]] = []
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        n = len(data)
+        if not self._buf and n == PART_SIZE:
+            self._send(bytes(data))
+            return n
+        self._buf += data
+        while len(self._buf) >= PART_SIZE:
+            self._send(bytes(self._buf[:PART_SIZE]))
+            del self._buf[:PART_SIZE]
+        return n
+
+    def _send(self, part: bytes) -> None:
+        if self._upload_id is None:
+            with translated(self.key):
+                resp = self.store.call("create_multipart_upload", Key=self.store._key(self.key))
+            self._upload_id = resp["UploadId"]
+        number = len(self._done) + len(self._parts) + 1
+        fut = self.store.submit("upload_part", Key=self.store._key(self.key),
+                                UploadId=self._upload_id, PartNumber=number, Body=part)
+        self._parts.append((number, fut))
+        while len(self._parts) >= MAX_INFLIGHT:
+            self._reap()
+
+    def _reap(self) -> None:
+        number, fut = self._parts.popleft()
+        with translated(self.key):
+            resp = fut.result()
+        self._done.append({"PartNumber": number, "ETag": resp["ETag"]})
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        key = self.store._key(self.key)
+        with translated(self.key):
+            if self._upload_id is None:
+                self.store.call("put_object", Key=key, Body=bytes(self._buf))
+                return
+            if self._buf:
+                self._send(bytes(self._buf))
+                self._buf.clear()
+            while self._parts:
+                self._reap()
+            self.store.call("complete_multipart_upload", Key=key, UploadId=self._upload_id,
+                            MultipartUpload={"Parts": sorted(self._done,
+                                                             key=lambda p: p["PartNumber"])})
+
+    def discard(self) -> None:
+        self.closed = True
+        for _, fut in self._parts:
+            fut.cancel()
+        if self._upload_id is not None:
+            try:
+                self.store.call("abort_multipart_upload", Key=self.store._key(self.key),
+                                UploadId=self._upload_id)
+            except Exception:  # best effort: the lifecycle rule reaps leftovers
+                pass
+
+    def __enter__(self) -> _MultipartWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()

@@ -1,0 +1,146 @@
+"""Readers' side of the commit protocol: is a directory committed, and does it verify.
+
+The rule (DESIGN section 3): a directory is committed if and only if its
+``MANIFEST.json`` exists, parses, validates against ``manifest.schema.json``,
+and every file it lists exists with the listed size -- and, when verifying
+fully, the listed sha256. Files outside the manifest are ignored by readers
+and reported by a full verification.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from registry.errors import IntegrityError, ManifestError, NotCommittedError, RegistryError
+from registry.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
+from registry.store import Store, join
+from registry.store.base import CHUNK
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The outcome of verifying one directory.
+
+    Attributes:
+        prefix: the directory's key in the store.
+        full: whether sha256 digests were compared (else sizes only).
+        manifest: the parsed manifest, or None when it is missing or invalid.
+        error: why the manifest is missing or invalid, else None.
+        problems: one IntegrityError per listed file that is missing or differs.
+        extras: files present but not listed (never read; reported only).
+    """
+
+    prefix: str
+    full: bool
+    manifest: Manifest | None
+    error: RegistryError | None
+    problems: tuple[IntegrityError, ...]
+    extras: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True iff the directory is committed and every listed file verifies."""
+        return self.manifest is not None and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prefix": self.prefix, "ok": self.ok, "full": self.full,
+            "committed": self.manifest is not None,
+            "error": str(self.error) if self.error else None,
+            "manifest_sha256": self.manifest.digest if self.manifest else None,
+            "files": len(self.manifest.files) if self.manifest else 0,
+            "bytes": self.manifest.total_size if self.manifest else 0,
+            "problems": [{"path": p.path, "reason": p.reason,
+                          "expected_size": p.expected_size, "actual_size": p.actual_size,
+                          "expected_sha256": p.expected_sha256,
+                          "actual_sha256": p.actual_sha256} for p in self.problems],
+            "extras": list(self.extras),
+        }
+
+
+def read_manifest(store: Store, prefix: str) -> Manifest:
+    """Read and validate ``<prefix>/MANIFEST.json``.
+
+    Raises:
+        NotCommittedError: no manifest (the directory is not committed).
+        ManifestError, UnsafePathError: the manifest is invalid.
+    """
+    key = join(prefix, MANIFEST)
+    try:
+        data = store.read_bytes(key)
+    except FileNotFoundError:
+        raise NotCommittedError(f"{store.url_of(prefix)}: not committed (no {MANIFEST})",
+                                path=prefix) from None
+    return parse_manifest(data, source=store.url_of(key))
+
+
+def _hash_object(store: Store, key: str) -> str:
+    h = hashlib.sha256()
+    for block in store.iter_read(key, CHUNK):
+        h.update(block)
+    return h.hexdigest()
+
+
+def _check_entry(store: Store, prefix: str, entry: FileEntry, sizes: dict[str, int],
+                 full: bool) -> IntegrityError | None:
+    actual = sizes.get(entry.path)
+    if actual is None:
+        return IntegrityError(entry.path, expected_size=entry.size, actual_size=None,
+                              expected_sha256=entry.sha256)
+    if actual != entry.size:
+        return IntegrityError(entry.path, expected_size=entry.size, actual_size=actual)
+    if full:
+        digest = _hash_object(store, join(prefix, entry.path))
+        if digest != entry.sha256:
+            return IntegrityError(entry.path, expected_size=entry.size, actual_size=actual,
+                                  expected_sha256=entry.sha256, actual_sha256=digest)
+    return None
+
+
+def verify_directory(store: Store, prefix: str, *, full: bool = False,
+                     workers: int = 4) -> VerifyReport:
+    """Verify the directory at ``prefix`` against its manifest; never raises for
+    a bad directory (the report says what is wrong).
+
+    Args:
+        full: compare sha256 digests (reads every byte), else sizes only.
+        workers: files hashed in parallel (threads; hashlib releases the GIL).
+
+    Raises:
+        StorageError: the store itself failed (network, permissions).
+    """
+    try:
+        manifest = read_manifest(store, prefix)
+    except (NotCommittedError, ManifestError) as e:
+        return VerifyReport(prefix, full, None, e, (), ())
+    sizes = store.walk_files(prefix)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = list(pool.map(lambda e: _check_entry(store, prefix, e, sizes, full),
+                                manifest.files))
+    listed = {e.path for e in manifest.files} | {MANIFEST}
+    extras = tuple(p for p in sizes if p not in listed)
+    return VerifyReport(prefix, full, manifest, None, tuple(r for r in results if r), extras)
+
+
+def is_committed(store: Store, prefix: str) -> bool:
+    """True iff the directory is committed (manifest valid, sizes match)."""
+    return verify_directory(store, prefix, full=False).ok
+
+
+def require_verified(store: Store, prefix: str, *, full: bool = True) -> Manifest:
+    """Return the manifest of a directory that verifies, else raise.
+
+    Raises:
+        NotCommittedError, ManifestError: the manifest is missing or invalid.
+        IntegrityError: the first listed file that is missing or differs.
+    """
+    report = verify_directory(store, prefix, full=full)
+    if report.error is not None:
+        raise report.error
+    if report.problems:
+        raise report.problems[0]
+    assert report.manifest is not None
+    return report.manifest

@@ -1,0 +1,74 @@
+"""Fixtures: one ``store`` parametrized over memory, local disk and a real S3 server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from registry.store import Store, open_store
+from tests.support.s3server import S3Server
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A serialized moto S3 server for the whole session; AWS_* point at it, so
+    child processes inherit the endpoint and credentials."""
+    server = S3Server(serialize=True).start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A new empty bucket for one test."""
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "memory":
+        return f"memory://t-{uuid.uuid4().hex[:12]}"
+    if kind == "local":
+        return str(tmp_path / "store")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/root"
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The same test on every backend."""
+    s = open_store(make_store_url(request.param, request, tmp_path))
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["local", "s3"])
+def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL other processes can reach: local disk or S3 (not memory)."""
+    return make_store_url(request.param, request, tmp_path)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m registry ARGS`` in a real process; returns the completed process."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "registry", *args], capture_output=True,
+                          text=True, env=full_env, cwd=cwd, timeout=300)

@@ -1,0 +1,55 @@
+"""A real S3 HTTP server for tests and benchmarks: moto's WSGI app on a free port.
+
+moto's stock ``ThreadedMotoServer`` handles requests on many threads and its
+conditional-write checks (``If-None-Match``, ``If-Match``) are check-then-act,
+so two racing PUTs can both pass. With ``serialize=True`` (what the tests use)
+every request runs under one lock, request body and response included, which
+makes each conditional PUT atomic -- as it is on AWS S3. Benchmarks use the
+threaded server unserialized.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from moto.server import DomainDispatcherApplication, create_backend_app
+from werkzeug.serving import make_server
+
+Environ = dict[str, Any]
+
+
+def _serialized(app: Callable[..., Iterable[bytes]]) -> Callable[..., list[bytes]]:
+    lock = threading.Lock()
+
+    def wrapper(environ: Environ, start_response: Callable[..., Any]) -> list[bytes]:
+        with lock:
+            return [b"".join(app(environ, start_response))]
+
+    return wrapper
+
+
+class S3Server:
+    """Start with :meth:`start`; ``endpoint`` is ``http://127.0.0.1:<port>``."""
+
+    def __init__(self, *, serialize: bool = True) -> None:
+        app: Any = DomainDispatcherApplication(create_backend_app)
+        if serialize:
+            app = _serialized(app)
+        self._server = make_server("127.0.0.1", 0, app, threaded=True)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> S3Server:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point boto3/s3fs at this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
