@@ -1,0 +1,314 @@
+"""CheckpointManager: save (sync or async), resume and retention for one run.
+
+Implements seed 000, "Checkpoint step directory", "Writing atomically" and
+"Resuming", on any store (local disk with atomic rename; S3 and memory with
+the manifest as commit marker)::
+
+    runs/<run_id>/ckpt/step-<nnnnnn>/{model.safetensors, optimizer.safetensors,
+        config.json, tokenizer.json?, generation_config.json?, trainer_state.json,
+        MANIFEST.json}
+    runs/<run_id>/ckpt/LATEST              "step-000500\\n"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from registry import schemas
+from registry.checkpoint.layout import TINYLLM, Layout, run_root
+from registry.checkpoint.state import (
+    config_dict,
+    encode_json,
+    read_file_or_doc,
+    snapshot_f32,
+    validate_save_inputs,
+)
+from registry.checkpoint.tree import CheckpointTree
+from registry.commit import DirectoryWriter
+from registry.errors import CheckpointError
+from registry.manifest import Manifest, utc_now
+from registry.names import check_name
+from registry.safetensors_io import check_optimizer_state, read_safetensors, write_safetensors
+from registry.store import Store, join, open_store
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    """A landed checkpoint: its step, key, manifest digest, bytes and seconds."""
+
+    step: int
+    path: str
+    manifest_sha256: str
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeState:
+    """What :meth:`CheckpointManager.resume` loaded from one verified step.
+
+    Attributes:
+        model: parameter name -> F32 array, shapes as saved.
+        optimizer_state: ``<param>.exp_avg`` ... -> F32 array.
+        optimizer: ``adamw``, ``sgd`` or ``muon`` (from the file's metadata).
+        trainer_state: the validated ``trainer_state.json`` document.
+        config: ``config.json`` as a dict.
+    """
+
+    step: int
+    path: str
+    manifest: Manifest
+    model: dict[str, np.ndarray]
+    optimizer_state: dict[str, np.ndarray]
+    optimizer: str
+    trainer_state: dict[str, Any]
+    config: dict[str, Any]
+    generation_config: dict[str, Any] | None
+    tokenizer: bytes | None
+
+
+def write_safetensors_file(w: DirectoryWriter, relpath: str, tensors: Mapping[str, Any],
+                           metadata: dict[str, str]) -> None:
+    """Stream one safetensors file into a staged directory, hashed as written."""
+    with w.open(relpath) as f:
+        write_safetensors(f, tensors, metadata=metadata, path=relpath)
+
+
+def load_safetensors(store: Store, prefix: str, manifest: Manifest,
+                     relpath: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Read a listed safetensors file; the header is validated before any tensor."""
+    entry = manifest.entry(relpath)
+    if entry is None:
+        raise CheckpointError(f"{store.url_of(prefix)}: {relpath} is not in MANIFEST.json")
+    with store.open_read(join(prefix, relpath)) as f:
+        return read_safetensors(f, path=store.url_of(join(prefix, relpath)),
+                                file_size=entry.size)
+
+
+class CheckpointManager:
+    """Saves and resumes the checkpoints of one training run.
+
+    Args:
+        store_url: store URL (or an open Store).
+        run_id: the run; checkpoints live under ``runs/<run_id>/ckpt/``.
+        keep_ckpts: the spec's ``keep_ckpts``: committed steps kept after each
+            save (``<= 0``: keep all).
+        progress_file: local JSON Lines file; one ``{"kind": "ckpt", ...}``
+            event is appended after LATEST moved (seed step 5).
+        async_save: ``save()`` returns once the arrays are snapshotted; the
+            write happens on one background thread.
+
+    Raises:
+        InvalidNameError: ``run_id`` breaks the naming rule.
+
+    Notes:
+        At most one save is in flight. A failed async save never moves LATEST;
+        its exception is raised by the next ``poll``/``wait``/``save`` (that
+        ``save`` is then not scheduled), and later saves work. One manager
+        should be the only writer of its run (as with Orbax): it removes stale
+        staging directories and claims its predecessors left.
+    """
+
+    def __init__(self, store_url: str | Store, run_id: str, *, keep_ckpts: int,
+                 progress_file: str | os.PathLike[str] | None = None,
+                 async_save: bool = True, layout: Layout = TINYLLM,
+                 root: str | None = None) -> None:
+        self.store = store_url if isinstance(store_url, Store) else open_store(store_url)
+        self.run_id = check_name(run_id, "run_id")
+        self.keep_ckpts = keep_ckpts
+        self.progress_file = progress_file
+        self.async_save = async_save
+        self.tree = CheckpointTree(self.store, run_root(run_id) if root is None else root,
+                                   layout)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
+        self._pending: Future[SaveResult] | None = None
+        #: called with the SaveResult after LATEST moved (the index hooks in here).
+        self.on_commit: list[Callable[[SaveResult], None]] = []
+
+    # -- saving ------------------------------------------------------------------
+
+    def save(self, step: int, model_tensors: Mapping[str, Any],
+             optimizer_state: Mapping[str, Any], *, optimizer: str,
+             config: Mapping[str, Any] | str | bytes, trainer_state: Mapping[str, Any],
+             tokenizer: Any = None, generation_config: Mapping[str, Any] | None = None,
+             ) -> Future[SaveResult]:
+        """Save ``step``; returns a Future of its SaveResult (done when sync).
+
+        Args:
+            step: the optimizer step (``step-<nnnnnn>``, six digits at least).
+            model_tensors: parameter name -> array (numpy, or torch), any float
+                dtype; stored as F32 master weights.
+            optimizer_state: AdamW ``<name>.exp_avg``/``<name>.exp_avg_sq``, SGD
+                or Muon ``<name>.momentum_buffer``; shapes as the parameter's.
+            optimizer: ``"adamw"``, ``"sgd"`` or ``"muon"``.
+            config: the model config, a dict or JSON text kept verbatim.
+            trainer_state: trainer-state.schema.json document; its ``step`` must
+                equal ``step``.
+            tokenizer: tokenizer.json as a path, JSON text/bytes or dict;
+                required when config says ``"tl_tokenizer": "file"``.
+            generation_config: generation-config.schema.json document.
+
+        Raises:
+            CheckpointError, SchemaValidationError, SafetensorsError: bad input;
+                nothing is written.
+            CommitConflictError: the step is already committed.
+            Any error of the previous async save, which is then cleared.
+        """
+        where = self.store.url_of(self.tree.prefix(step) if isinstance(step, int) and step >= 0
+                                  else self.tree.root)
+        config_bytes = encode_json(config, what=f"{where}/config.json")
+        config_doc = config_dict(config_bytes, what=f"{where}/config.json")
+        tok = (read_file_or_doc(tokenizer, what=f"{where}/tokenizer.json")
+               if tokenizer is not None else None)
+        self.wait()  # at most one save in flight; raises a previous failure
+        model = snapshot_f32(model_tensors, what=f"{where}/model.safetensors",
+                             copy=self.async_save)
+        opt = snapshot_f32(optimizer_state, what=f"{where}/optimizer.safetensors",
+                           copy=self.async_save)
+        state = json.loads(json.dumps(trainer_state))
+        gen = json.loads(json.dumps(generation_config)) if generation_config else None
+        validate_save_inputs(step, model, opt, optimizer=optimizer, config=config_doc,
+                             trainer_state=state, has_tokenizer=tok is not None,
+                             generation_config=gen, where=where)
+        job = (step, model, opt, optimizer, config_bytes, state, tok, gen)
+        if self.async_save:
+            self._pending = self._pool.submit(self._write, *job)
+            return self._pending
+        done: Future[SaveResult] = Future()
+        done.set_result(self._write(*job))
+        return done
+
+    def _write(self, step: int, model: dict[str, np.ndarray], opt: dict[str, np.ndarray],
+               optimizer: str, config: bytes, state: dict[str, Any], tokenizer: bytes | None,
+               gen: dict[str, Any] | None) -> SaveResult:
+        t0 = time.perf_counter()
+        prefix = self.tree.prefix(step)
+        staging = prefix + ".tmp" if self.store.atomic_rename else None
+        with DirectoryWriter(self.store, prefix, kind="checkpoint",
+                             meta={"run_id": self.run_id, "step": step}, staging=staging,
+                             sole_writer=True) as w:
+            write_safetensors_file(w, "model.safetensors", model, {"format": "tinyllm"})
+            write_safetensors_file(w, "optimizer.safetensors", opt,
+                                   {"format": "tinyllm", "optimizer": optimizer,
+                                    "step": str(step)})
+            w.write_bytes("config.json", config)
+            if tokenizer is not None:
+                w.write_bytes("tokenizer.json", tokenizer)
+            if gen is not None:
+                w.write_json("generation_config.json", gen)
+            w.write_json("trainer_state.json", state)
+            manifest = w.commit()
+        self.tree.set_latest(step)
+        result = SaveResult(step, self.store.url_of(prefix), manifest.digest,
+                            manifest.total_size, time.perf_counter() - t0)
+        self._emit(result)
+        for hook in self.on_commit:
+            hook(result)
+        self.tree.retain(self.keep_ckpts)
+        return result
+
+    def _emit(self, r: SaveResult) -> None:
+        if self.progress_file is None:
+            return
+        event = {"kind": "ckpt", "time": utc_now(), "run_id": self.run_id, "step": r.step,
+                 "path": r.path, "manifest_sha256": r.manifest_sha256, "bytes": r.bytes,
+                 "seconds": round(r.seconds, 6)}
+        with open(self.progress_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event) + "\n")
+            f.flush()
+
+    def poll(self) -> bool:
+        """Finalize a landed async save without blocking.
+
+        Returns:
+            True when no save is in flight any more.
+
+        Raises:
+            The landed save's exception, if it failed.
+        """
+        pending = self._pending
+        if pending is None:
+            return True
+        if not pending.done():
+            return False
+        self._pending = None
+        pending.result()
+        return True
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save has landed; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def close(self) -> None:
+        """Flush the in-flight save (raising its error) and stop the worker."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- resuming ----------------------------------------------------------------
+
+    def resume(self, path: str | None = None) -> ResumeState:
+        """Load the newest checkpoint that verifies (seed 000 "Resuming").
+
+        Args:
+            path: a step directory (its name, its key in the store, or its URL);
+                None: the directory LATEST names.
+
+        Returns:
+            The ResumeState of the first candidate that verifies (sha256 of
+            every file against MANIFEST.json), trying older steps after a
+            warning (CheckpointSkippedWarning) naming each skipped step and why.
+
+        Raises:
+            NoValidCheckpointError: no step verifies.
+            CheckpointError: ``path`` names no step directory of this run.
+            SafetensorsError, SchemaValidationError: a verified file breaks its
+                format (written by something else than this registry).
+        """
+        self.wait()
+        start = None
+        if path is not None:
+            start = self.tree.layout.parse_dir(path.rstrip("/").rsplit("/", 1)[-1])
+            if start is None:
+                raise CheckpointError(f"{path}: not a step directory "
+                                      f"({self.tree.layout.dir_format})")
+        step, manifest = self.tree.resumable(start)
+        return self.load(step, manifest)
+
+    def load(self, step: int, manifest: Manifest) -> ResumeState:
+        """Read the files of a verified step directory."""
+        prefix = self.tree.prefix(step)
+        url = self.store.url_of(prefix)
+        model, _ = load_safetensors(self.store, prefix, manifest, "model.safetensors")
+        opt, meta = load_safetensors(self.store, prefix, manifest, "optimizer.safetensors")
+        optimizer = meta.get("optimizer", "")
+        check_optimizer_state(opt, {k: v.shape for k, v in model.items()}, optimizer=optimizer,
+                              path=f"{url}/optimizer.safetensors")
+        state = schemas.load_json(self.store.read_bytes(join(prefix, "trainer_state.json")),
+                                  path=f"{url}/trainer_state.json")
+        schemas.validate(state, "trainer-state", path=f"{url}/trainer_state.json")
+        config = config_dict(self.store.read_bytes(join(prefix, "config.json")),
+                             what=f"{url}/config.json")
+        gen = tok = None
+        if manifest.entry("generation_config.json"):
+            gen = schemas.load_json(self.store.read_bytes(join(prefix, "generation_config.json")),
+                                    path=f"{url}/generation_config.json")
+        if manifest.entry("tokenizer.json"):
+            tok = self.store.read_bytes(join(prefix, "tokenizer.json"))
+        return ResumeState(step, url, manifest, model, opt, optimizer, state, config, gen, tok)

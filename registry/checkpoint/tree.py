@@ -1,0 +1,187 @@
+"""A checkpoint tree in a store: its steps, its pointer, verification, retention.
+
+Shared by both layouts (:mod:`registry.checkpoint.layout`), the
+CheckpointManager, LoongSage saving and the ``registry ckpt`` commands.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+
+from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
+from registry.errors import NoValidCheckpointError, PointerError, RegistryError
+from registry.manifest import Manifest
+from registry.pointer import move_pointer
+from registry.store import Store, join
+from registry.checkpoint.layout import TINYLLM, Layout
+from registry.verify import VerifyReport, require_verified, verify_directory
+
+
+class CheckpointSkippedWarning(UserWarning):
+    """A step was skipped on resume because it is not committed or does not verify."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One step directory: its step, key, and verification report."""
+
+    step: int
+    prefix: str
+    report: VerifyReport
+
+    def to_dict(self) -> dict[str, object]:
+        r = self.report
+        return {"step": self.step, "path": self.prefix, "committed": r.manifest is not None,
+                "verified": r.ok, "full": r.full,
+                "bytes": r.manifest.total_size if r.manifest else None,
+                "manifest_sha256": r.manifest.digest if r.manifest else None,
+                "problems": [str(p) for p in r.problems]
+                + ([str(r.error)] if r.error else [])}
+
+
+class CheckpointTree:
+    """The checkpoint tree rooted at ``root`` in ``store``.
+
+    Args:
+        root: key of the tree (``runs/<run_id>/ckpt`` or a LoongSage
+            ``checkpoint_path`` relative to the store root, ``""`` for the root).
+        layout: naming rules (tinyllm or loongsage).
+    """
+
+    def __init__(self, store: Store, root: str, layout: Layout = TINYLLM) -> None:
+        self.store = store
+        self.root = root.strip("/")
+        self.layout = layout
+
+    def prefix(self, step: int) -> str:
+        """Key of the step directory of ``step``."""
+        return join(self.root, self.layout.step_dir(step))
+
+    @property
+    def pointer_key(self) -> str:
+        return join(self.root, self.layout.pointer)
+
+    def steps(self) -> list[int]:
+        """Every step that has a directory (committed or not), sorted numerically.
+        Staging directories, claims and foreign names are ignored."""
+        found = {self.layout.parse_dir(name) for name, is_dir in self.store.list_dir(self.root)
+                 if is_dir}
+        return sorted(s for s in found if s is not None)
+
+    def latest(self) -> int | None:
+        """The step the pointer names, or None when there is no pointer.
+
+        Raises:
+            PointerError: the pointer is empty or garbled.
+        """
+        try:
+            raw = self.store.read_bytes(self.pointer_key)
+        except FileNotFoundError:
+            return None
+        return self.layout.parse_pointer(raw, path=self.store.url_of(self.pointer_key))
+
+    def set_latest(self, step: int) -> None:
+        """Move the pointer to ``step``, never backwards (compare-and-swap)."""
+        move_pointer(self.store, self.pointer_key, self.layout.pointer_value(step),
+                     order=self.layout.order)
+
+    def info(self, step: int, *, full: bool = False) -> StepInfo:
+        return StepInfo(step, self.prefix(step),
+                        verify_directory(self.store, self.prefix(step), full=full))
+
+    def resumable(self, start: int | None = None, *, fallback: bool = True) -> tuple[int, Manifest]:
+        """The step to resume from, fully verified against its manifest.
+
+        Args:
+            start: the step to try first; None: the step the pointer names
+                (or, with no usable pointer, the newest step directory).
+            fallback: on a step that is not committed or does not verify, warn
+                (CheckpointSkippedWarning naming the step and why) and try the
+                newest older one (seed 000 "Resuming"); False: raise instead
+                (seed 003: only the tracked step is resumable).
+
+        Raises:
+            NoValidCheckpointError: no candidate verifies.
+            PointerError: ``fallback`` is False and the pointer is unusable.
+        """
+        if start is None:
+            try:
+                start = self.latest()
+            except PointerError as e:
+                if not fallback:
+                    raise
+                warnings.warn(f"{e}; scanning step directories instead",
+                              CheckpointSkippedWarning, stacklevel=2)
+        steps = self.steps()
+        if start is None:
+            if not fallback:
+                raise NoValidCheckpointError(
+                    f"{self.store.url_of(self.pointer_key)}: no tracker file")
+            candidates = sorted(steps, reverse=True)
+        elif fallback:
+            candidates = [start] + sorted((s for s in steps if s < start), reverse=True)
+        else:
+            candidates = [start]
+        reasons = []
+        for step in candidates:
+            try:
+                return step, require_verified(self.store, self.prefix(step), full=True)
+            except RegistryError as e:
+                reason = f"{self.layout.step_dir(step)}: {e}"
+                reasons.append(reason)
+                if not fallback:
+                    break
+                warnings.warn(f"skipping {reason}", CheckpointSkippedWarning, stacklevel=2)
+        where = self.store.url_of(self.root)
+        detail = "; ".join(reasons) if reasons else "no step directories"
+        raise NoValidCheckpointError(f"{where}: no checkpoint verifies ({detail})")
+
+    def retain(self, keep: int, *, min_age: float = 0.0) -> list[str]:
+        """Apply retention; returns the keys deleted.
+
+        Keeps the ``keep`` newest committed steps (``keep <= 0``: all) and
+        always the step the pointer names; deletes older committed steps
+        (MANIFEST.json first), stale staging directories and claims, and
+        uncommitted step directories older than the pointer's step. ``min_age``
+        (seconds) spares leftovers younger than that (``registry gc``).
+
+        Notes:
+            Safe only where no other writer saves into this tree (a training
+            run is the sole writer of its checkpoints).
+        """
+        try:
+            latest = self.latest()
+        except PointerError:
+            latest = None
+        committed, uncommitted = [], []
+        for step in self.steps():
+            ok = verify_directory(self.store, self.prefix(step)).manifest is not None
+            (committed if ok else uncommitted).append(step)
+        doomed = []
+        if keep > 0:
+            doomed += [self.prefix(s) for s in committed[:-keep] if s != latest]
+        if latest is not None:
+            doomed += [self.prefix(s) for s in uncommitted if s < latest]
+        now = time.time()
+        for name, _is_dir in self.store.list_dir(self.root):
+            if TMP_MARK in name or name.endswith(CLAIM_SUFFIX):
+                key = join(self.root, name)
+                if min_age <= 0 or self._age(key, now) >= min_age:
+                    doomed.append(key)
+        for key in doomed:
+            if key.endswith(CLAIM_SUFFIX):
+                self.store.delete(key)
+            else:
+                delete_directory(self.store, key)
+        return doomed
+
+    def _age(self, key: str, now: float) -> float:
+        files = self.store.walk_files(key)
+        try:
+            first = join(key, next(iter(files))) if files else key
+            mtime = self.store.info(first).mtime
+        except FileNotFoundError:
+            return float("inf")
+        return now - mtime if mtime is not None else float("inf")

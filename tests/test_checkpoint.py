@@ -1,0 +1,232 @@
+"""CheckpointManager on memory, local disk and S3: the seed's files, LATEST,
+progress events, retention, async save, resume with fallback."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from registry.checkpoint import CheckpointManager, CheckpointSkippedWarning
+from registry.errors import (
+    CheckpointError,
+    NoValidCheckpointError,
+    SafetensorsError,
+    SchemaValidationError,
+    StorageError,
+)
+from registry.manifest import MANIFEST
+from registry.store import Store
+from registry.verify import read_manifest, verify_directory
+from tests.ckpt_util import adamw, model, save, trainer_state
+
+ROOT = "runs/r1/ckpt"
+
+
+def mgr(store: Store, tmp_path: Path, **kw: object) -> CheckpointManager:
+    kw.setdefault("keep_ckpts", 3)
+    return CheckpointManager(store, "r1", progress_file=tmp_path / "progress.jsonl", **kw)  # type: ignore[arg-type]
+
+
+def test_save_writes_the_seed_files(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path, async_save=False) as m:
+        params = model(1)
+        m.save(500, params, adamw(params), optimizer="adamw",
+               config='{"tl_tokenizer": "file",  "hidden_size": 8}',
+               trainer_state=trainer_state(500), tokenizer={"model": {"type": "BPE"}},
+               generation_config={"max_new_tokens": 16, "temperature": 0.7})
+    prefix = f"{ROOT}/step-000500"
+    assert sorted(store.walk_files(prefix)) == [
+        MANIFEST, "config.json", "generation_config.json", "model.safetensors",
+        "optimizer.safetensors", "tokenizer.json", "trainer_state.json"]
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000500\n"
+    assert store.read_bytes(f"{prefix}/config.json") == b'{"tl_tokenizer": "file",  "hidden_size": 8}'
+    weights = safetensors.numpy.load(store.read_bytes(f"{prefix}/model.safetensors"))
+    assert {k: v.dtype for k, v in weights.items()} == {k: np.float32 for k in params}
+    np.testing.assert_array_equal(weights["embed.weight"], params["embed.weight"])
+    opt_bytes = store.read_bytes(f"{prefix}/optimizer.safetensors")
+    n = int.from_bytes(opt_bytes[:8], "little")
+    assert json.loads(opt_bytes[8:8 + n])["__metadata__"] == {
+        "format": "tinyllm", "optimizer": "adamw", "step": "500"}
+    m_doc = read_manifest(store, prefix)
+    assert m_doc.kind == "checkpoint" and m_doc.meta["run_id"] == "r1" and m_doc.meta["step"] == 500
+    assert verify_directory(store, prefix, full=True).ok
+    event = json.loads((tmp_path / "progress.jsonl").read_text())
+    assert event["kind"] == "ckpt" and event["step"] == 500
+    assert event["manifest_sha256"] == m_doc.digest and event["bytes"] == m_doc.total_size
+
+
+def test_tokenizer_required_when_config_says_file(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path) as m, pytest.raises(CheckpointError, match="tokenizer.json is required"):
+        save(m, 1, config={"tl_tokenizer": "file"})
+    assert store.walk_files(ROOT) == {}
+
+
+@pytest.mark.parametrize(("change", "error", "rule"), [
+    ({"optimizer": "lion"}, CheckpointError, "not one of"),
+    ({"trainer_state": {"step": 1}}, SchemaValidationError, "trainer_state.json"),
+    ({"opt_extra": {"ghost.exp_avg": np.zeros(3, np.float32)}}, SafetensorsError, "ghost"),
+    ({"opt_extra": {"head.bias.exp_avg": np.zeros(3, np.float32)}}, SafetensorsError, "shape"),
+    ({"generation_config": {"top_p": 2}}, SchemaValidationError, "top_p"),
+])
+def test_bad_save_input_writes_nothing(store: Store, tmp_path: Path, change: dict[str, object],
+                                       error: type[Exception], rule: str) -> None:
+    params = model(0)
+    opt = adamw(params)
+    change = dict(change)  # parametrized values are shared between backends
+    opt.update(change.pop("opt_extra", {}))  # type: ignore[arg-type]
+    kw: dict[str, object] = {"optimizer": "adamw", "config": {}, "trainer_state": trainer_state(1)}
+    kw.update(change)
+    with mgr(store, tmp_path) as m, pytest.raises(error, match=rule):
+        m.save(1, params, opt, **kw)  # type: ignore[arg-type]
+    assert store.walk_files(ROOT) == {}
+
+
+def test_retention_keeps_newest_and_cleans_leftovers(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path, keep_ckpts=2) as m:
+        save(m, 1)
+        store.write_bytes(f"{ROOT}/step-000002/model.safetensors", b"orphan")  # uncommitted
+        store.write_bytes(f"{ROOT}/step-000009.tmp/x", b"stale staging")
+        for s in (3, 4, 5):
+            save(m, s)
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000004", "step-000005"]
+
+
+def test_async_save_snapshots_the_arrays(store: Store, tmp_path: Path) -> None:
+    params = model(3)
+    expected = params["embed.weight"].copy()
+    with mgr(store, tmp_path) as m:
+        fut = save(m, 7, params=params)
+        params["embed.weight"][:] = 42.0  # training goes on
+        assert fut.result().step == 7
+    state = mgr(store, tmp_path).resume()
+    np.testing.assert_array_equal(state.model["embed.weight"], expected)
+
+
+def test_failed_async_save_does_not_move_latest(store: Store, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    m = mgr(store, tmp_path)
+    save(m, 1).result()
+    real = store.open_write
+    calls = {"n": 0}
+
+    def flaky(key: str):  # type: ignore[no-untyped-def]
+        if "step-000002" in key and "optimizer" in key:
+            raise StorageError(f"{key}: injected network failure", key=key)
+        calls["n"] += 1
+        return real(key)
+
+    monkeypatch.setattr(store, "open_write", flaky)
+    save(m, 2)
+    with pytest.raises(StorageError, match="injected"):
+        m.wait()
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000001\n"
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000001"]
+    monkeypatch.setattr(store, "open_write", real)
+    save(m, 3)
+    assert m.poll() in (True, False)
+    m.close()
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000003\n"
+
+
+def test_failure_is_raised_by_next_save(store: Store, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    m = mgr(store, tmp_path)
+    real = store.open_write
+    monkeypatch.setattr(store, "open_write", lambda key: (_ for _ in ()).throw(
+        StorageError(f"{key}: injected", key=key)))
+    fut = save(m, 1)
+    concurrent.futures.wait([fut])
+    monkeypatch.setattr(store, "open_write", real)
+    with pytest.raises(StorageError, match="injected"):
+        save(m, 2)
+    save(m, 2)
+    m.close()
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000002\n"
+
+
+def test_resume_falls_back_over_missing_manifest_and_truncation(store: Store,
+                                                                tmp_path: Path) -> None:
+    with mgr(store, tmp_path, keep_ckpts=0) as m:
+        for s in (1, 2, 3):
+            save(m, s)
+    store.delete(f"{ROOT}/step-000003/{MANIFEST}")
+    weights = store.read_bytes(f"{ROOT}/step-000002/model.safetensors")
+    store.write_bytes(f"{ROOT}/step-000002/model.safetensors", weights[:-7])
+    with pytest.warns(CheckpointSkippedWarning) as record:
+        state = mgr(store, tmp_path).resume()
+    assert state.step == 1
+    messages = [str(w.message) for w in record]
+    assert any("step-000003" in s and "not committed" in s for s in messages)
+    assert any("step-000002" in s and "model.safetensors" in s for s in messages)
+    np.testing.assert_array_equal(state.model["embed.weight"], model(1)["embed.weight"])
+    assert state.trainer_state == trainer_state(1) and state.optimizer == "adamw"
+
+
+def test_resume_flipped_byte_and_nothing_verifies(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path) as m:
+        save(m, 1)
+    key = f"{ROOT}/step-000001/optimizer.safetensors"
+    data = store.read_bytes(key)
+    store.write_bytes(key, data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with pytest.warns(CheckpointSkippedWarning, match="sha256"), \
+            pytest.raises(NoValidCheckpointError, match="no checkpoint verifies"):
+        mgr(store, tmp_path).resume()
+
+
+def test_resume_explicit_step_and_numeric_order(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path, keep_ckpts=0) as m:
+        for s in (999_999, 1_000_000, 2):
+            save(m, s) if s != 2 else None
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-1000000", "step-999999"]
+    assert mgr(store, tmp_path).resume().step == 1_000_000
+    assert mgr(store, tmp_path).resume("step-999999").step == 999_999
+    assert mgr(store, tmp_path).resume(f"{ROOT}/step-999999").step == 999_999
+    with pytest.raises(CheckpointError, match="not a step directory"):
+        mgr(store, tmp_path).resume("nonsense")
+
+
+def test_lfs_pointer_in_place_of_weights_is_refused(store: Store, tmp_path: Path) -> None:
+    """A manifest that vouches for Git LFS pointer text: verification passes, the
+    safetensors header check refuses it before any tensor is read."""
+    from registry.commit import DirectoryWriter
+    lfs = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 9\n"
+    with DirectoryWriter(store, f"{ROOT}/step-000004", kind="checkpoint",
+                         meta={"run_id": "r1", "step": 4}) as w:
+        w.write_bytes("model.safetensors", lfs)
+        w.write_bytes("optimizer.safetensors", lfs)
+        w.write_json("config.json", {})
+        w.write_json("trainer_state.json", trainer_state(4))
+        w.commit()
+    with pytest.raises(SafetensorsError, match="Git LFS pointer"):
+        mgr(store, tmp_path).resume("step-000004")
+
+
+def test_resume_with_garbled_latest_scans(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path) as m:
+        save(m, 5)
+    store.write_bytes(f"{ROOT}/LATEST", b"garbage\x00")
+    with pytest.warns(CheckpointSkippedWarning, match="LATEST"):
+        assert mgr(store, tmp_path).resume().step == 5
+
+
+def test_progress_event_only_after_latest(store: Store, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    m = mgr(store, tmp_path, async_save=False)
+    seen: list[bytes] = []
+    real = m._emit
+
+    def check(result):  # type: ignore[no-untyped-def]
+        seen.append(store.read_bytes(f"{ROOT}/LATEST"))
+        real(result)
+
+    monkeypatch.setattr(m, "_emit", check)
+    save(m, 8)
+    assert seen == [b"step-000008\n"]
+    lines = io.StringIO((tmp_path / "progress.jsonl").read_text()).readlines()
+    assert len(lines) == 1
