@@ -185,6 +185,20 @@ class PointerRegressionError(PointerConflictError):
     """Moving the pointer would make it go backwards (``LATEST`` only moves forward)."""
 
 
+# -- releases ------------------------------------------------------------------
+
+
+class GateFailedError(RegistryError):
+    """A release fails one or more gates; ``results`` holds every check
+    (``registry.gates.GateResult``), failing or not."""
+
+    def __init__(self, where: str, results: Any) -> None:
+        self.where = where
+        self.results = tuple(results)
+        failed = "; ".join(f"{r.name}: {r.reason}" for r in self.results if not r.passed)
+        super().__init__(f"{where}: fails the release gates ({failed})")
+
+
 # -- checkpoints ---------------------------------------------------------------
 
 

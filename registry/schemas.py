@@ -16,9 +16,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable
-from importlib import resources
 from importlib.resources.abc import Traversable
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -26,6 +24,7 @@ from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 
 from registry.errors import DocumentError, SchemaValidationError
+from registry.resources import resource_dir
 
 __all__ = [
     "load_json",
@@ -42,10 +41,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _schema_dir() -> Traversable:
-    packaged = resources.files("registry") / "_resources" / "schemas"
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "schemas"
+    return resource_dir("schemas")
 
 
 def schema_path(name: str) -> Traversable:

@@ -40,6 +40,7 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.StoragePermissionError: 6,
     E.InsufficientSpaceError: 6,
     E.CheckpointError: 7,
+    E.GateFailedError: 1,
 }
 
 

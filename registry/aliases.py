@@ -1,0 +1,95 @@
+"""Aliases: mutable names for immutable releases (``models/<model_id>/refs/<alias>``).
+
+An alias is a pointer holding a version and a newline. It is moved with
+compare-and-swap against the value read just before, so two concurrent
+``alias set`` calls never silently clobber each other: one gets
+PointerConflictError. ``<model_id>@<alias>`` is accepted wherever
+``<model_id>@<version>`` is; a version of that name wins over an alias.
+"""
+
+from __future__ import annotations
+
+from registry.errors import InvalidNameError, NotCommittedError, PointerError
+from registry.manifest import MANIFEST
+from registry.names import check_name
+from registry.pointer import move_pointer, read_pointer
+from registry.store import Store, join
+from registry.verify import is_committed
+
+
+def alias_key(model_id: str, alias: str) -> str:
+    return join("models", check_name(model_id, "model_id"), "refs", check_name(alias, "alias"))
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """Split ``model_id@version_or_alias``; the part after ``@`` may be absent.
+
+    Raises:
+        InvalidNameError: a part breaks the naming rule.
+    """
+    model_id, sep, rest = ref.partition("@")
+    check_name(model_id, "model_id")
+    if sep and not rest:
+        raise InvalidNameError(f"{ref!r}: nothing after '@'", name=ref)
+    return model_id, (check_name(rest, "version or alias") if sep else None)
+
+
+def resolve(store: Store, model_id: str, name: str) -> str:
+    """The version ``name`` designates: itself if such a version directory exists,
+    else the version its alias points to.
+
+    Raises:
+        NotCommittedError: neither a version nor an alias of that name exists.
+        PointerError: the alias file is garbled.
+    """
+    if store.exists(join("models", model_id, name, MANIFEST)):
+        return name
+    key = alias_key(model_id, name)
+    target = read_pointer(store, key)
+    if target is None:
+        raise NotCommittedError(f"{store.url_of(join('models', model_id))}: no version or "
+                                f"alias named {name!r}", path=join("models", model_id, name))
+    try:
+        return check_name(target, "version")
+    except InvalidNameError as e:
+        raise PointerError(store.url_of(key), str(e)) from None
+
+
+def set_alias(store: Store, model_id: str, alias: str, version: str) -> str | None:
+    """Point ``alias`` at ``version`` (compare-and-swap); returns the previous version.
+
+    The caller checks the gates first (``registry alias set`` refuses a failing
+    version unless ``--force``).
+
+    Raises:
+        NotCommittedError: ``version`` is not a committed release.
+        PointerConflictError: another writer moved the alias meanwhile.
+        InvalidNameError: a bad model id, alias or version.
+    """
+    key = alias_key(model_id, alias)
+    check_name(version, "version")
+    if not is_committed(store, join("models", model_id, version)):
+        raise NotCommittedError(f"{store.url_of(join('models', model_id, version))}: "
+                                "no such committed release", path=join("models", model_id, version))
+    try:
+        current = read_pointer(store, key)
+    except PointerError:
+        current = store.read_bytes(key).decode("utf-8", "replace").strip() or None
+    move_pointer(store, key, version, expected=current, check_expected=True)
+    return current
+
+
+def list_aliases(store: Store, model_id: str) -> dict[str, str]:
+    """alias -> version for every alias of the model (garbled ones are skipped)."""
+    out = {}
+    prefix = join("models", check_name(model_id, "model_id"), "refs")
+    for name, is_dir in store.list_dir(prefix):
+        if is_dir or name.endswith((".lock", ".tmp")):
+            continue
+        try:
+            value = read_pointer(store, join(prefix, name))
+        except PointerError:
+            continue
+        if value is not None:
+            out[name] = value
+    return out

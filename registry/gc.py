@@ -1,0 +1,79 @@
+"""``registry gc``: remove abandoned claims and uncommitted leftovers, never a commit.
+
+Looks at every model folder (``models/<model_id>/``) and every run's checkpoint
+tree (``runs/<run_id>/ckpt/``): staging directories (``*.tmp*``), claims
+(``*.claim``) and version or step directories without a valid MANIFEST.json,
+older than ``older_than`` seconds (by their newest file). A committed
+directory is never touched: it is re-checked right before deletion.
+"""
+
+from __future__ import annotations
+
+import time
+
+from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
+from registry.store import Store, join
+from registry.verify import verify_directory
+
+
+def _age(store: Store, key: str, now: float) -> float:
+    files = store.walk_files(key)
+    keys = [join(key, f) for f in files] if files else [key]
+    newest = 0.0
+    for k in keys:
+        try:
+            mtime = store.info(k).mtime
+        except FileNotFoundError:
+            continue
+        newest = max(newest, mtime or 0.0)
+    return now - newest
+
+
+def _folders(store: Store) -> list[str]:
+    out = [join("models", m) for m in store.subdirs("models")]
+    out += [join("runs", r, "ckpt") for r in store.subdirs("runs")]
+    return out
+
+
+def collect(store: Store, *, older_than: float, dry_run: bool = False) -> list[str]:
+    """Delete (or with ``dry_run`` only list) abandoned leftovers; returns their keys."""
+    now = time.time()
+    doomed = []
+    for folder in _folders(store):
+        for name, is_dir in store.list_dir(folder):
+            key = join(folder, name)
+            if name == "refs" or name.endswith(".lock") or name in ("LATEST", "policy.json"):
+                continue
+            leftover = TMP_MARK in name or name.endswith(CLAIM_SUFFIX)
+            if not leftover and is_dir:
+                leftover = verify_directory(store, key).manifest is None
+            if leftover and _age(store, key, now) >= older_than:
+                doomed.append((key, is_dir))
+    for key, is_dir in doomed:
+        if dry_run:
+            continue
+        if not is_dir:
+            store.delete(key)
+        elif verify_directory(store, key).manifest is None:  # committed meanwhile? keep it
+            delete_directory(store, key)
+    return [k for k, _ in doomed]
+
+
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"15m"``, ``"2h"``, ``"7d"`` or plain seconds -> seconds.
+
+    Raises:
+        ValueError: not a duration.
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            value = float(t[:-1]) * units[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise ValueError(f"duration {text!r}: expected e.g. 90s, 15m, 2h, 7d") from None
+    if value < 0:
+        raise ValueError(f"duration {text!r}: negative")
+    return value

@@ -1,0 +1,123 @@
+"""Streaming dtype conversion of safetensors weights for releases (DESIGN section 4).
+
+Conversion goes tensor by tensor: each output tensor is declared (dtype, shape)
+up front and computed only when the writer reaches it, so peak memory is about
+one source tensor plus its converted form, whatever the model size.
+
+int4 (per DESIGN): a 2-D float tensor ``<name>`` of shape ``[rows, cols]`` with
+``cols % group_size == 0`` becomes ``<name>.qweight`` (U8 ``[rows, cols/2]``, two
+signed 4-bit values per byte, low nibble = even column) and ``<name>.scales``
+(F32 ``[rows, cols/group_size]``); ``w = q * scale`` per group. Symmetric
+round-to-nearest with ``scale = max|w| / 7`` never clips, so every dequantized
+value is within half a quantization step (``scale / 2``) of the original.
+Other tensors stay in their source dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import IO, Any
+
+import ml_dtypes
+import numpy as np
+
+from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
+
+RELEASE_DTYPES = ("f32", "bf16", "int4")
+_FLOAT = {"F64", "F32", "F16", "BF16"}
+#: rows quantized per block, so temporaries stay small for huge matrices.
+_BLOCK_BYTES = 64 * 1024 * 1024
+
+
+def quantize_int4(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize ``w`` ``[rows, cols]`` to (qweight U8 ``[rows, cols/2]``, scales F32
+    ``[rows, cols/group_size]``). Requires ``cols % group_size == 0``, even group."""
+    rows, cols = w.shape
+    groups = cols // group_size
+    qweight = np.empty((rows, cols // 2), dtype=np.uint8)
+    scales = np.empty((rows, groups), dtype=np.float32)
+    step = max(1, _BLOCK_BYTES // max(1, cols * 4))
+    for r0 in range(0, rows, step):
+        block = np.asarray(w[r0:r0 + step], dtype=np.float32).reshape(-1, groups, group_size)
+        s = np.abs(block).max(axis=2) / np.float32(7.0)
+        s[s == 0] = 1.0  # an all-zero group: any scale dequantizes to exact zeros
+        q = np.rint(block / s[:, :, None]).astype(np.int8).reshape(block.shape[0], cols)
+        u = q.view(np.uint8) & 0x0F
+        qweight[r0:r0 + step] = u[:, 0::2] | (u[:, 1::2] << 4)
+        scales[r0:r0 + step] = s
+    return qweight, scales
+
+
+def dequantize_int4(qweight: np.ndarray, scales: np.ndarray, group_size: int) -> np.ndarray:
+    """Inverse of :func:`quantize_int4`: F32 ``[rows, cols]``."""
+    rows = qweight.shape[0]
+    q = np.empty((rows, qweight.shape[1] * 2), dtype=np.int8)
+    low = (qweight & 0x0F).astype(np.int8)
+    high = (qweight >> 4).astype(np.int8)
+    q[:, 0::2] = np.where(low > 7, low - 16, low)
+    q[:, 1::2] = np.where(high > 7, high - 16, high)
+    groups = scales.shape[1]
+    return (q.reshape(rows, groups, group_size).astype(np.float32)
+            * scales.astype(np.float32)[:, :, None]).reshape(rows, -1)
+
+
+def _qualifies(info: TensorInfo, group_size: int) -> bool:
+    return (info.dtype in _FLOAT and len(info.shape) == 2 and info.shape[1] > 0
+            and info.shape[1] % group_size == 0)
+
+
+def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str, group_size: int,
+         path: str) -> tuple[list[tuple[str, LazyTensor]], dict[str, str]]:
+    """Declare the converted tensors of a source file, computed lazily from ``f``.
+
+    Args:
+        header: the validated source header.
+        f: the open source file (read as the writer asks for each tensor).
+        dtype: ``"f32"``, ``"bf16"`` or ``"int4"``.
+        group_size: int4 group length along columns (even, >= 2).
+
+    Returns:
+        ``(tensors, metadata)`` for :func:`registry.safetensors_io.write_safetensors`.
+
+    Raises:
+        ValueError: unknown dtype or bad group size.
+    """
+    if dtype not in RELEASE_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(RELEASE_DTYPES)}")
+    if dtype == "int4" and (group_size < 2 or group_size % 2):
+        raise ValueError(f"group_size {group_size}: must be an even number >= 2")
+
+    def load(name: str) -> Callable[[], np.ndarray]:
+        return lambda: read_tensor(f, header, name, path=path)
+
+    out: list[tuple[str, LazyTensor]] = []
+    for name, info in header.tensors.items():
+        src = load(name)
+        if info.dtype not in _FLOAT:
+            out.append((name, LazyTensor(info.dtype, info.shape, src)))
+        elif dtype == "f32":
+            out.append((name, LazyTensor("F32", info.shape, _cast(src, np.float32))))
+        elif dtype == "bf16":
+            out.append((name, LazyTensor("BF16", info.shape, _cast(src, ml_dtypes.bfloat16))))
+        elif _qualifies(info, group_size):
+            rows, cols = info.shape
+            out.append((f"{name}.qweight", LazyTensor(
+                "U8", (rows, cols // 2), lambda s=src: quantize_int4(s(), group_size)[0])))
+            out.append((f"{name}.scales", LazyTensor(
+                "F32", (rows, cols // group_size), lambda s=src: quantize_int4(s(), group_size)[1])))
+        else:
+            out.append((name, LazyTensor(info.dtype, info.shape, src)))
+    meta = {"format": "tinyllm"}
+    if dtype == "int4":
+        meta.update({"quant": "int4", "group_size": str(group_size)})
+    return out, meta
+
+
+def _cast(src: Callable[[], np.ndarray], to: Any) -> Callable[[], np.ndarray]:
+    # astype to ml_dtypes.bfloat16 rounds to nearest even.
+    return lambda: src().astype(to, copy=False)
+
+
+def parameter_count(header: SafetensorsHeader) -> int:
+    """Number of scalar parameters in a (source) header."""
+    return sum(int(np.prod(i.shape, dtype=np.int64)) for i in header.tensors.values())

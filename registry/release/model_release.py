@@ -1,0 +1,364 @@
+"""ModelRelease: immutable releases from a checkpoint or an existing model directory.
+
+Implements seed 000 "Released model" and DESIGN sections 4-5::
+
+    models/<model_id>/<version>/{model.safetensors, config.json, generation_config.json?,
+        tokenizer.json?, tokenizer_config.json?, MODEL_CARD.md, ledger.json,
+        evals/summary.json, heads/<name>.json*, MANIFEST.json}
+
+Every gate is evaluated on the inputs *before* a byte is written; a release
+that fails any gate is refused with every failing check. The directory is
+then written with the commit protocol (claim + manifest on object stores,
+staging + rename locally), so a version is published exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from registry import gates, schemas
+from registry.checkpoint.layout import TINYLLM, Layout, run_root
+from registry.checkpoint.tree import CheckpointTree
+from registry.commit import DirectoryWriter
+from registry.errors import DocumentError, RegistryError, VersionExistsError
+from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
+from registry.ledger import revoked_reasons
+from registry.manifest import MANIFEST, Manifest, utc_now
+from registry.modeldir import check_files, hidden_size
+from registry.names import check_name
+from registry.release import policy
+from registry.release.card import render_card
+from registry.release.convert import parameter_count, plan
+from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
+from registry.store import Store, join, open_store
+from registry.verify import require_verified
+
+CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+RESERVED = {MANIFEST, "ledger.json", "MODEL_CARD.md"}
+
+
+def release_prefix(model_id: str, version: str) -> str:
+    """Key of a release directory, after checking both names."""
+    return join("models", check_name(model_id, "model_id"), check_name(version, "version"))
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    """A committed release: its names, URL, manifest and the gates it passed."""
+
+    model_id: str
+    version: str
+    url: str
+    manifest: Manifest
+    gates: tuple[GateResult, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "version": self.version, "url": self.url,
+                "manifest_sha256": self.manifest.digest, "files": len(self.manifest.files),
+                "bytes": self.manifest.total_size, "source": self.manifest.meta.get("source"),
+                "gates": [g.to_dict() for g in self.gates]}
+
+
+def load_doc(value: Any, *, what: str) -> tuple[Any, str]:
+    """A JSON document given inline or as a file path: ``(document, where)``.
+
+    Raises:
+        DocumentError: the file is missing, not UTF-8 or not JSON.
+    """
+    if isinstance(value, _StoredDoc):
+        return schemas.load_json(value.data, path=value.where), value.where
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            with open(value, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise DocumentError(str(value), f"cannot read {what}: {e.strerror}") from None
+        return schemas.load_json(data, path=str(value)), str(value)
+    return json.loads(json.dumps(value)), what
+
+
+def _dump(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+class ModelRelease:
+    """Creates and checks releases in one store.
+
+    Args:
+        store: a store URL or an open Store.
+
+    Attributes:
+        on_commit: callables run with each ReleaseResult after its commit (the
+            index registers itself here); their failures never undo a commit.
+    """
+
+    def __init__(self, store: str | Store | None = None) -> None:
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self.on_commit: list[Callable[[ReleaseResult], None]] = []
+
+    # -- inputs and gates --------------------------------------------------------
+
+    def _facts(self, *, card: str | None, ledger: Any, evals: Any) -> ReleaseFacts:
+        rows, ledger_error = _validated(ledger, "ledger.json", schemas.validate_ledger)
+        summary, evals_error = _validated(evals, "evals/summary.json",
+                                          schemas.validate_eval_summary)
+        return ReleaseFacts(card, rows, ledger_error, summary, evals_error)
+
+    def _gate(self, model_id: str, where: str, facts: ReleaseFacts,
+              require: Iterable[Threshold | str]) -> tuple[GateResult, ...]:
+        thresholds = policy.thresholds(self.store, model_id, extra=require)
+        results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
+        if not gates.passed(results):
+            raise GateFailedError(where, results)
+        return tuple(results)
+
+    def _heads(self, heads: Iterable[Any], config: Mapping[str, Any]) -> list[dict[str, Any]]:
+        docs, seen = [], set()
+        size = hidden_size(dict(config))
+        for h in heads:
+            doc, where = load_doc(h, what="linear head")
+            if size is None:
+                raise DocumentError(where, "config.json has no hidden_size to check the head "
+                                           "against")
+            schemas.validate_linear_head(doc, path=where, hidden_size=size)
+            if doc["name"] in seen:
+                raise DocumentError(where, f"head name {doc['name']!r} given twice")
+            seen.add(doc["name"])
+            docs.append(doc)
+        return docs
+
+    # -- creating ----------------------------------------------------------------
+
+    def create(self, run_id: str, step: int, model_id: str, version: str, *,
+               dtype: str = "f32", group_size: int = 128, ledger: Any, eval_summary: Any,
+               heads: Sequence[Any] = (), card_fields: Mapping[str, Any] | None = None,
+               generation_config: Any = None, tokenizer_config: Any = None,
+               require: Iterable[Threshold | str] = (), layout: Layout = TINYLLM,
+               checkpoint_root: str | None = None, subdir: str = "") -> ReleaseResult:
+        """Release ``step`` of run ``run_id`` as ``model_id`` ``version``.
+
+        Args:
+            run_id, step: the source checkpoint (verified by sha256 first).
+            dtype: ``"f32"``, ``"bf16"`` (round to nearest even) or ``"int4"``
+                (``<name>.qweight`` + ``<name>.scales``, ``group_size`` columns
+                per scale); converted streaming, tensor by tensor.
+            ledger: ledger rows (list or path to ledger JSON).
+            eval_summary: the EvalSuite summary (dict or path).
+            heads: linear heads (dicts or paths), checked against the hidden size.
+            card_fields: extra card facts (``description``, ``intended_use``...).
+            generation_config, tokenizer_config: dicts or paths; the
+                checkpoint's generation_config.json is carried when not given.
+            require: extra thresholds (``"acc>=0.8"``) on top of the model's policy.
+            layout, checkpoint_root, subdir: where the checkpoint lives
+                (LoongSage trees: ``subdir="hf_model"``).
+
+        Returns:
+            The ReleaseResult (``manifest.meta["source"]`` names the checkpoint's
+            run, step and manifest sha256).
+
+        Raises:
+            InvalidNameError: a bad model_id or version (``../x``, ``refs``...).
+            VersionExistsError: the version exists (or another publisher won).
+            NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
+            GateFailedError: a gate fails; nothing is written.
+            SchemaValidationError, DocumentError: a head or config is invalid.
+        """
+        prefix = release_prefix(model_id, version)
+        self._refuse_existing(prefix)
+        tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
+                              else run_root(check_name(run_id, "run_id")), layout)
+        src = join(tree.prefix(step), subdir)
+        src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
+        names = {e.path[len(subdir) + 1:] if subdir else e.path for e in src_manifest.files
+                 if not subdir or e.path.startswith(subdir + "/")}
+        return self._release(self.store, src, names, prefix, model_id, version, source=source,
+                             dtype=dtype, group_size=group_size, ledger=ledger,
+                             evals=eval_summary, heads=heads, card=None,
+                             card_fields=card_fields, generation_config=generation_config,
+                             tokenizer_config=tokenizer_config, require=require, copy_all=False)
+
+    def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str, *,
+                ledger: Any, eval_summary: Any, heads: Sequence[Any] = (),
+                card: str | os.PathLike[str] | None = None,
+                card_fields: Mapping[str, Any] | None = None, dtype: str | None = None,
+                group_size: int = 128, require: Iterable[Threshold | str] = ()) -> ReleaseResult:
+        """Release an existing model directory (a Hugging Face export, say) as is.
+
+        Every file of ``model_dir`` is carried (``model.safetensors`` byte for
+        byte unless ``dtype`` asks for a conversion); the release adds
+        MODEL_CARD.md (``card`` file verbatim, else the directory's own, else
+        rendered), ledger.json, evals/summary.json and heads. ``source`` is
+        ``{"uri": <model_dir>}``. Raises as :meth:`create`, plus DocumentError
+        when the directory lacks model.safetensors or config.json.
+        """
+        prefix = release_prefix(model_id, version)
+        self._refuse_existing(prefix)
+        url = os.fspath(model_dir)
+        src_store = open_store(url)
+        names = set(src_store.walk_files(""))
+        if not names:
+            raise DocumentError(url, "not a model directory (no files)")
+        card_text = None
+        if card is not None:
+            try:
+                with open(card, encoding="utf-8") as f:
+                    card_text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise DocumentError(os.fspath(card), f"cannot read the model card: {e}") from None
+        elif "MODEL_CARD.md" in names:
+            card_text = src_store.read_bytes("MODEL_CARD.md").decode("utf-8", "replace")
+        uri = url if "://" in url else os.path.abspath(url)
+        return self._release(src_store, "", names, prefix, model_id, version,
+                             source={"uri": uri}, dtype=dtype, group_size=group_size,
+                             ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
+                             card_fields=card_fields, generation_config=None,
+                             tokenizer_config=None, require=require, copy_all=True)
+
+    def _refuse_existing(self, prefix: str) -> None:
+        if self.store.exists(join(prefix, MANIFEST)):
+            raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
+                                     "are immutable, publish a new version", path=prefix)
+
+    def _release(self, src_store: Store, src: str, names: set[str], prefix: str,
+                 model_id: str, version: str, *, source: dict[str, Any], dtype: str | None,
+                 group_size: int, ledger: Any, evals: Any, heads: Sequence[Any],
+                 card: str | None, card_fields: Mapping[str, Any] | None,
+                 generation_config: Any, tokenizer_config: Any,
+                 require: Iterable[Threshold | str], copy_all: bool) -> ReleaseResult:
+        where = src_store.url_of(src)
+        config = schemas.load_json(src_store.read_bytes(join(src, "config.json")),
+                                   path=f"{where}/config.json") if "config.json" in names else {}
+        if not isinstance(config, dict):
+            raise DocumentError(f"{where}/config.json", "must be a JSON object")
+        check_files(names, config, where=where)
+        model_key = join(src, "model.safetensors")
+        size = src_store.info(model_key).size
+        with src_store.open_read(model_key) as f:
+            header = read_header(f, path=src_store.url_of(model_key), file_size=size)
+        extra: dict[str, bytes] = {}
+        if generation_config is not None:
+            doc, gwhere = load_doc(generation_config, what="generation_config.json")
+            schemas.validate(doc, "generation-config", path=gwhere)
+            extra["generation_config.json"] = _dump(doc)
+        if tokenizer_config is not None:
+            extra["tokenizer_config.json"] = _dump(load_doc(tokenizer_config,
+                                                            what="tokenizer_config.json")[0])
+        head_docs = self._heads(heads, config)
+        facts = self._facts(card=card, ledger=ledger, evals=evals)
+        if card is None and facts.evals is not None and facts.ledger is not None:
+            card = render_card({
+                "model_id": model_id, "version": version, "created_at": utc_now(),
+                "source": source, "dtype": dtype or _source_dtype(header),
+                "group_size": group_size, "parameter_count": parameter_count(header),
+                "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
+                **dict(card_fields or {})})
+            facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
+        results = self._gate(model_id, self.store.url_of(prefix), facts, require)
+        assert facts.ledger is not None and facts.evals is not None and card is not None
+
+        carried = sorted(n for n in names if n not in RESERVED and n != "model.safetensors"
+                         and not n.startswith("evals/") and not n.startswith("heads/")
+                         and (copy_all or n in CARRIED) and n not in extra)
+        with DirectoryWriter(self.store, prefix, kind="release",
+                             meta={"model_id": model_id, "version": version, "source": source},
+                             conflict_error=VersionExistsError) as w:
+            if dtype is None:
+                _copy(src_store, model_key, w, "model.safetensors")
+            else:
+                with src_store.open_read(model_key) as f, w.open("model.safetensors") as out:
+                    tensors, meta = plan(header, f, dtype=dtype, group_size=group_size,
+                                         path=src_store.url_of(model_key))
+                    write_safetensors(out, tensors, metadata=meta, path="model.safetensors")
+            for name in carried:
+                _copy(src_store, join(src, name), w, name)
+            for name, data in extra.items():
+                w.write_bytes(name, data)
+            w.write_bytes("MODEL_CARD.md", card.encode())
+            w.write_bytes("ledger.json", _dump(facts.ledger))
+            w.write_bytes("evals/summary.json", _dump(facts.evals))
+            for h in head_docs:
+                w.write_bytes(f"heads/{h['name']}.json", _dump(h))
+            manifest = w.commit()
+        result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results)
+        for hook in self.on_commit:
+            hook(result)
+        return result
+
+    # -- checking committed releases ----------------------------------------------
+
+    def facts(self, model_id: str, version: str) -> ReleaseFacts:
+        """The gate facts of a committed release, read from the store.
+
+        Raises:
+            NotCommittedError, ManifestError: the release is not committed.
+        """
+        prefix = release_prefix(model_id, version)
+        manifest = require_verified(self.store, prefix, full=False)
+        listed = {e.path for e in manifest.files}
+
+        def read(name: str) -> bytes | None:
+            return self.store.read_bytes(join(prefix, name)) if name in listed else None
+
+        card_bytes = read("MODEL_CARD.md")
+        card = card_bytes.decode("utf-8", "replace") if card_bytes is not None else None
+        return self._facts(card=card, ledger=_stored(read("ledger.json"), prefix, "ledger.json",
+                                                     self.store),
+                           evals=_stored(read("evals/summary.json"), prefix,
+                                         "evals/summary.json", self.store))
+
+    def check(self, model_id: str, version: str,
+              require: Iterable[Threshold | str] = ()) -> list[GateResult]:
+        """Re-evaluate every gate of a committed release against the live ledger
+        and the model's policy (plus ``require``)."""
+        facts = self.facts(model_id, version)
+        thresholds = policy.thresholds(self.store, model_id, extra=require)
+        return gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
+
+
+def _validated(value: Any, what: str,
+               validate: Callable[..., None]) -> tuple[Any, str | None]:
+    """``(document, None)`` when ``value`` loads and validates, else ``(None, why)``."""
+    if value is None:
+        return None, f"{what} is missing"
+    try:
+        doc, where = load_doc(value, what=what)
+        validate(doc, path=where)
+    except RegistryError as e:
+        return None, str(e)
+    return doc, None
+
+
+class _StoredDoc:
+    """Raw bytes of a document read from a release, with where they came from."""
+
+    def __init__(self, data: bytes, where: str) -> None:
+        self.data = data
+        self.where = where
+
+
+def _stored(data: bytes | None, prefix: str, name: str, store: Store) -> _StoredDoc | None:
+    return None if data is None else _StoredDoc(data, store.url_of(join(prefix, name)))
+
+
+def _source_dtype(header: SafetensorsHeader) -> str:
+    dtypes = {i.dtype for i in header.tensors.values()}
+    return "f32" if dtypes == {"F32"} else ",".join(sorted(d.lower() for d in dtypes))
+
+
+def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str) -> None:
+    local = src_store.local_path(key)
+    if local is not None:
+        w.put_file(relpath, local)
+        return
+    with src_store.open_read(key) as f, w.open(relpath) as out:
+        _pump(f, out)
+
+
+def _pump(f: IO[bytes], out: Any) -> None:
+    while block := f.read(8 * 1024 * 1024):
+        out.write(block)

@@ -1,0 +1,29 @@
+"""Ledgers, eval summaries and heads for release tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ledger_row(source_id: str = "wiki", **kw: Any) -> dict[str, Any]:
+    row = {"source_id": source_id, "name": f"{source_id} corpus",
+           "uri": f"s3://data/{source_id}", "license": "CC-BY-4.0",
+           "allowed_uses": ["train", "eval"], "revoked": False, "revoked_at": None,
+           "revocation_reason": None}
+    row.update(kw)
+    return row
+
+
+def summary(value: float = 0.9, threshold: float = 0.5, **kw: Any) -> dict[str, Any]:
+    result = {"task": "copy", "metric": "accuracy", "value": value, "n": 100,
+              "threshold": threshold, "higher_is_better": True, "passed": value >= threshold}
+    doc = {"suite": "smoke", "suite_version": "1", "created_at": "2026-11-29T10:00:00Z",
+           "results": [result], "passed": result["passed"]}
+    doc.update(kw)
+    return doc
+
+
+def head(name: str = "sentiment", input_dim: int = 8, labels: int = 2) -> dict[str, Any]:
+    return {"name": name, "input_dim": input_dim, "labels": [f"l{i}" for i in range(labels)],
+            "weight": [[0.1] * input_dim for _ in range(labels)], "bias": [0.0] * labels,
+            "pooling": "mean"}
