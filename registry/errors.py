@@ -58,7 +58,12 @@ class InvalidStoreURLError(StorageError, ValueError):
     """The store URL cannot be opened (unknown protocol, missing bucket)."""
 
 
-# -- names and documents -------------------------------------------------------
+# -- names, arguments and documents -------------------------------------------
+
+
+class UsageError(RegistryError, ValueError):
+    """An argument has a value the operation does not accept (unknown dtype,
+    layout, duration, an empty reason)."""
 
 
 class InvalidNameError(RegistryError, ValueError):

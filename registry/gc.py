@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
+from registry.errors import UsageError
 from registry.store import Store, join
 from registry.verify import verify_directory
 
@@ -63,7 +64,7 @@ def parse_duration(text: str) -> float:
     """``"90s"``, ``"15m"``, ``"2h"``, ``"7d"`` or plain seconds -> seconds.
 
     Raises:
-        ValueError: not a duration.
+        UsageError: not a duration.
     """
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     t = text.strip().lower()
@@ -73,7 +74,7 @@ def parse_duration(text: str) -> float:
         else:
             value = float(t)
     except ValueError:
-        raise ValueError(f"duration {text!r}: expected e.g. 90s, 15m, 2h, 7d") from None
+        raise UsageError(f"duration {text!r}: expected e.g. 90s, 15m, 2h, 7d") from None
     if value < 0:
-        raise ValueError(f"duration {text!r}: negative")
+        raise UsageError(f"duration {text!r}: negative")
     return value

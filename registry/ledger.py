@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry import schemas
-from registry.errors import ObjectExistsError
+from registry.errors import ObjectExistsError, UsageError
 from registry.manifest import utc_now
 from registry.names import check_name
 from registry.store import Store, join
@@ -45,7 +45,7 @@ def revoke(store: Store, source_id: str, reason: str) -> tuple[Revocation, bool]
     """
     check_name(source_id, "source_id")
     if not reason.strip():
-        raise ValueError("a revocation needs a reason")
+        raise UsageError("a revocation needs a reason")
     rev = Revocation(source_id, utc_now(), reason.strip())
     key = join(PREFIX, f"{source_id}.json")
     try:

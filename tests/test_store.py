@@ -43,13 +43,40 @@ def test_conditional_create_is_exclusive(store: Store) -> None:
     assert store.read_bytes("m/MANIFEST.json") == b"one"
 
 
-def test_create_same_bytes_after_retry_is_not_a_conflict(store: Store) -> None:
+def test_create_same_bytes_twice_is_a_conflict(store: Store) -> None:
     store.create("k", b"same")
-    if store.url.startswith("s3://"):
-        store.create("k", b"same")  # read back: our own earlier attempt landed
+    with pytest.raises(ObjectExistsError):
+        store.create("k", b"same")
+
+
+@pytest.mark.parametrize("op", ["create", "swap"])
+def test_s3_retried_conditional_put_that_landed_is_success(s3_bucket: str, op: str) -> None:
+    """The first PUT lands but its answer is lost (a 409 here); the retry gets a
+    412 caused by our own write: read back, find our bytes, report success."""
+    from botocore.exceptions import ClientError
+
+    store = open_store(f"s3://{s3_bucket}/x")
+    token = None
+    if op == "swap":
+        store.write_bytes("p", b"old")
+        token = store.read_versioned("p")[1]
+    real_call = store.call
+    state = {"first": True}
+
+    def flaky(method: str, **kw):  # type: ignore[no-untyped-def]
+        out = real_call(method, **kw)
+        if method == "put_object" and state.pop("first", False):
+            raise ClientError({"Error": {"Code": "ConditionalRequestConflict"}}, "PutObject")
+        return out
+
+    store.call = flaky  # type: ignore[method-assign]
+    if op == "create":
+        store.create("p", b"mine")
     else:
-        with pytest.raises(ObjectExistsError):
-            store.create("k", b"same")
+        store.swap("p", b"mine", token)
+    assert store.read_bytes("p") == b"mine"
+    with pytest.raises((ObjectExistsError, PointerConflictError)):
+        store.create("p", b"mine") if op == "create" else store.swap("p", b"mine", token)
 
 
 def test_swap_compare_and_swap(store: Store) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from registry.errors import PointerError
+from registry.errors import PointerError, UsageError
 from registry.pointer import parse_pointer
 from registry.store import join
 
@@ -95,8 +95,8 @@ def run_root(run_id: str) -> str:
 
 
 def get_layout(name: str) -> Layout:
-    """The layout called ``name``. Raises ValueError for an unknown one."""
+    """The layout called ``name``. Raises UsageError for an unknown one."""
     try:
         return LAYOUTS[name]
     except KeyError:
-        raise ValueError(f"unknown layout {name!r} (known: {', '.join(LAYOUTS)})") from None
+        raise UsageError(f"unknown layout {name!r} (known: {', '.join(LAYOUTS)})") from None

@@ -28,6 +28,7 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.IntegrityError: 1,
     E.NotCommittedError: 1,
     E.InvalidNameError: 2,
+    E.UsageError: 2,
     E.ObjectNotFoundError: 3,
     E.NoValidCheckpointError: 3,
     E.CommitConflictError: 4,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -43,13 +45,18 @@ def _report(result: ReleaseResult, as_json: bool) -> None:
                f"{len(m.files)} files, {m.total_size} bytes, manifest sha256 {m.digest}")
 
 
-def _on_gate_failure(e: GateFailedError, as_json: bool) -> None:
-    if as_json:
-        print_json({"passed": False, "gates": [r.to_dict() for r in e.results]})
-    else:
-        _print_gates(e.results)
-    typer.echo(f"error: {e.where}: not released: fails the release gates", err=True)
-    raise typer.Exit(EXIT_FAILED)
+@contextmanager
+def _gate_failures(as_json: bool) -> Iterator[None]:
+    """Print every gate (failing ones with their reasons) before exiting 1."""
+    try:
+        yield
+    except GateFailedError as e:
+        if as_json:
+            print_json({"passed": False, "gates": [r.to_dict() for r in e.results]})
+        else:
+            _print_gates(e.results)
+        typer.echo(f"error: {e.where}: not released: fails the release gates", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 @app.command()
@@ -66,14 +73,11 @@ def publish(
     require: RequireOpt = None, store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
-    try:
-        with error_boundary():
-            result = ModelRelease(store).publish(
-                model_dir, model_id, version, ledger=ledger, eval_summary=evals,
-                heads=head or [], card=card, dtype=dtype, group_size=group_size,
-                require=require or [])
-    except GateFailedError as e:
-        _on_gate_failure(e, as_json)
+    with error_boundary(), _gate_failures(as_json):
+        result = ModelRelease(store).publish(
+            model_dir, model_id, version, ledger=ledger, eval_summary=evals,
+            heads=head or [], card=card, dtype=dtype, group_size=group_size,
+            require=require or [])
     _report(result, as_json)
 
 
@@ -105,18 +109,15 @@ def release_create(
             typer.echo(f"error: --card-field {kv!r}: expected KEY=VALUE", err=True)
             raise typer.Exit(EXIT_USAGE)
         fields[key] = value
-    try:
-        with error_boundary():
-            lay = get_layout(layout)
-            loong = lay.name == "loongsage"
-            result = ModelRelease(store).create(
-                run, step, model_id, version, dtype=dtype, group_size=group_size,
-                ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
-                require=require or [], layout=lay,
-                checkpoint_root=(checkpoint_path or "") if loong else None,
-                subdir="hf_model" if loong else "")
-    except GateFailedError as e:
-        _on_gate_failure(e, as_json)
+    with error_boundary(), _gate_failures(as_json):
+        lay = get_layout(layout)
+        loong = lay.name == "loongsage"
+        result = ModelRelease(store).create(
+            run, step, model_id, version, dtype=dtype, group_size=group_size,
+            ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
+            require=require or [], layout=lay,
+            checkpoint_root=(checkpoint_path or "") if loong else None,
+            subdir="hf_model" if loong else "")
     _report(result, as_json)
 
 
@@ -220,10 +221,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftov
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
     with error_boundary():
         s = open_store(store)
-        try:
-            seconds = parse_duration(older_than)
-        except ValueError as e:
-            raise InvalidNameError(str(e), name=older_than) from None
+        seconds = parse_duration(older_than)
         removed = collect(s, older_than=seconds, dry_run=dry_run)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run})

@@ -21,6 +21,7 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 
+from registry.errors import UsageError
 from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
 
 RELEASE_DTYPES = ("f32", "bf16", "int4")
@@ -80,12 +81,12 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str, group_size: int
         ``(tensors, metadata)`` for :func:`registry.safetensors_io.write_safetensors`.
 
     Raises:
-        ValueError: unknown dtype or bad group size.
+        UsageError: unknown dtype or bad group size.
     """
     if dtype not in RELEASE_DTYPES:
-        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(RELEASE_DTYPES)}")
+        raise UsageError(f"dtype {dtype!r}: expected one of {', '.join(RELEASE_DTYPES)}")
     if dtype == "int4" and (group_size < 2 or group_size % 2):
-        raise ValueError(f"group_size {group_size}: must be an even number >= 2")
+        raise UsageError(f"group_size {group_size}: must be an even number >= 2")
 
     def load(name: str) -> Callable[[], np.ndarray]:
         return lambda: read_tensor(f, header, name, path=path)

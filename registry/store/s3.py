@@ -63,8 +63,11 @@ class S3Store(Store):
     def _conditional_put(self, key: str, data: bytes, **condition: str) -> None:
         """PUT with a precondition; retry S3's 409 ConditionalRequestConflict.
 
-        A 412 after a retried request may mean our own first attempt landed:
-        the caller compares content before calling it a conflict.
+        Raises:
+            ObjectExistsError: the precondition failed. Its ``retried`` attribute
+                is True when the request had been sent more than once (here or by
+                botocore), so the 412 may answer our own first attempt that
+                landed: only then may a caller read back and compare.
         """
         for attempt in range(5):
             try:
@@ -76,7 +79,9 @@ class S3Store(Store):
                     time.sleep(0.05 * 2**attempt)
                     continue
                 if code in ("PreconditionFailed", "412") or isinstance(exc, FileExistsError):
-                    raise ObjectExistsError(f"{key}: precondition failed", key=key) from exc
+                    err = ObjectExistsError(f"{key}: precondition failed", key=key)
+                    err.retried = attempt > 0 or _botocore_retries(exc) > 0  # type: ignore[attr-defined]
+                    raise err from exc
                 with translated(key):
                     raise
 
@@ -107,29 +112,30 @@ class S3Store(Store):
     def create(self, key: str, data: bytes) -> None:
         try:
             self._conditional_put(key, data, IfNoneMatch="*")
-        except ObjectExistsError:
-            try:
-                current, _ = self.read_versioned(key)
-            except StorageError:
-                current = None
-            if current != data:
+        except ObjectExistsError as e:
+            if not getattr(e, "retried", False) or self._content(key) != data:
                 raise ObjectExistsError(f"{key}: already exists", key=key) from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         with translated(key):
             return sync(self.fs.loop, self._get, key)  # type: ignore[no-any-return]
 
+    def _content(self, key: str) -> bytes | None:
+        try:
+            return self.read_versioned(key)[0]
+        except StorageError:
+            return None
+
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        # A 412 is a lost race -- unless the request was retried and our own
+        # first attempt is what made the precondition fail; only then is
+        # finding our bytes in place proof of success.
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
         try:
             self._conditional_put(key, data, **condition)
-        except ObjectExistsError:
-            try:
-                current, etag = self.read_versioned(key)
-            except StorageError:
-                current, etag = None, None
-            if current != data:
-                raise PointerConflictError(key, expected=expected, actual=etag) from None
+        except ObjectExistsError as e:
+            if not getattr(e, "retried", False) or self._content(key) != data:
+                raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def info(self, key: str) -> ObjectInfo:
         with translated(key):
@@ -168,6 +174,17 @@ class S3Store(Store):
                 self.fs.rm(paths)
         if self.exists(prefix):
             self.delete(prefix)
+
+
+def _botocore_retries(exc: BaseException) -> int:
+    """How many times botocore re-sent the request that ended in ``exc``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
+        seen = seen.__cause__ or seen.__context__
+    return 0
 
 
 class _MultipartWriter:
