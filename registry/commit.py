@@ -31,7 +31,6 @@ from typing import Any
 
 from registry.errors import CommitConflictError, ObjectExistsError
 from registry.manifest import (
-    HASH_CHUNK,
     MANIFEST,
     FileEntry,
     HashingWriter,
@@ -143,12 +142,11 @@ class DirectoryWriter:
                                           + "\n").encode())
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str]) -> FileEntry:
-        """Copy a local file in, streaming, hashing each chunk as it passes."""
-        buf = bytearray(HASH_CHUNK)
-        view = memoryview(buf)
+        """Copy a local file in, streaming, hashing each chunk as it passes
+        (on a helper thread, overlapped with the copy: see
+        :meth:`HashingWriter.copy_from`)."""
         with open(local_path, "rb", buffering=0) as src, self.open(relpath) as w:
-            while n := src.readinto(view):
-                w.write(view[:n])
+            w.copy_from(src)
         return self.entries[relpath]
 
     # -- committing ------------------------------------------------------------

@@ -204,6 +204,18 @@ class GateFailedError(RegistryError):
         super().__init__(f"{where}: fails the release gates ({failed})")
 
 
+# -- the index ------------------------------------------------------------------
+
+
+class IndexDatabaseError(RegistryError):
+    """The SQL index cannot be reached or refused an operation. The store is the
+    source of truth: ``registry index rebuild`` repairs the index from it."""
+
+
+class IndexOutOfDateError(IndexDatabaseError):
+    """The index database's schema is behind this registry: run ``registry db upgrade``."""
+
+
 # -- checkpoints ---------------------------------------------------------------
 
 

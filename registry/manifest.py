@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
@@ -24,6 +26,10 @@ FORMAT = "tinyllm-manifest"
 FORMAT_VERSION = 1
 #: bytes per read when hashing; one reusable buffer, so memory stays flat.
 HASH_CHUNK = 4 * 1024 * 1024
+#: :meth:`HashingWriter.copy_from`: bytes per read, and buffers in rotation
+#: (one being read, one being hashed, one being written).
+COPY_CHUNK = 1024 * 1024
+COPY_DEPTH = 4
 
 
 def utc_now() -> str:
@@ -200,6 +206,51 @@ class HashingWriter:
         self.raw.write(data)
         self.size += len(data)
         return len(data)
+
+    def copy_from(self, src: IO[bytes], *, chunk: int = COPY_CHUNK,
+                  depth: int = COPY_DEPTH) -> int:
+        """Copy the readable binary stream ``src`` to its end through this writer.
+
+        The same bytes reach ``raw`` and the digest as with :meth:`write`, in
+        order, but the sha256 of each chunk runs on a helper thread while the
+        caller's thread reads the next chunk and writes this one: hashlib
+        releases the GIL, so hashing and copying overlap on two cores. Memory:
+        ``depth`` buffers of ``chunk`` bytes.
+
+        Returns:
+            The number of bytes copied.
+
+        Notes:
+            A buffer is reused only once its hash is done and ``raw.write``
+            has returned (file objects do not keep the buffers they are given).
+        """
+        bufs = [bytearray(chunk) for _ in range(depth)]
+        readinto = src.readinto  # type: ignore[attr-defined]
+        first = readinto(bufs[0])
+        if not first:
+            return 0
+        if first < chunk:  # a small file: a helper thread is not worth starting
+            self.write(memoryview(bufs[0])[:first])
+            while n := readinto(bufs[0]):
+                self.write(memoryview(bufs[0])[:n])
+            return self.size
+        pending: deque[Future[None]] = deque()
+        with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
+            n, i = first, 0
+            try:
+                while n:
+                    view = memoryview(bufs[i % depth])[:n]
+                    pending.append(hasher.submit(self._h.update, view))
+                    self.raw.write(view)
+                    self.size += n
+                    i += 1
+                    if len(pending) == depth:  # the next buffer is free again
+                        pending.popleft().result()
+                    n = readinto(bufs[i % depth])
+            finally:
+                for fut in pending:
+                    fut.result()
+        return self.size
 
     @property
     def sha256(self) -> str:

@@ -72,3 +72,34 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "registry", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+POSTGRES = os.environ.get("REGISTRY_TEST_POSTGRES",
+                          "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty index database: SQLite in a temp dir, or a new Postgres
+    database on the server CI provides (a test fails, not skips, in CI when the
+    server is unreachable: REGISTRY_REQUIRE_POSTGRES=1)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'index.db'}"
+        return
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    admin = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except OperationalError as e:
+        admin.dispose()
+        if os.environ.get("REGISTRY_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL at {POSTGRES} is unreachable: {e}")
+        pytest.skip(f"PostgreSQL at {POSTGRES} is unreachable")
+    yield POSTGRES.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()

@@ -42,6 +42,8 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.InsufficientSpaceError: 6,
     E.CheckpointError: 7,
     E.GateFailedError: 1,
+    E.IndexDatabaseError: 8,
+    E.IndexOutOfDateError: 9,
 }
 
 

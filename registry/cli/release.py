@@ -8,15 +8,16 @@ from typing import Annotated
 
 import typer
 
-from registry.aliases import list_aliases, parse_ref, resolve, set_alias
+from registry.aliases import list_aliases, parse_ref, resolve
 from registry.checkpoint import get_layout
-from registry.cli.app import JsonOpt, StoreOpt, app, print_json
+from registry.api import Registry
+from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_FAILED, EXIT_USAGE, error_boundary
 from registry.errors import GateFailedError, InvalidNameError
 from registry.gates import GateResult, passed
 from registry.gc import collect, parse_duration
 from registry.release import ModelRelease, ReleaseResult
-from registry.release.policy import set_policy, thresholds
+from registry.release.policy import thresholds
 from registry.store import open_store
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
@@ -70,11 +71,12 @@ def publish(
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
                                                               "int4 [default: as is].")] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
-    require: RequireOpt = None, store: StoreOpt = None, as_json: JsonOpt = False,
+    require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
     with error_boundary(), _gate_failures(as_json):
-        result = ModelRelease(store).publish(
+        result = Registry(store, db).publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [])
@@ -99,7 +101,8 @@ def release_create(
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", help="LoongSage checkpoint_path, relative to the store.")] = None,
-    require: RequireOpt = None, store: StoreOpt = None, as_json: JsonOpt = False,
+    require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
     fields = {}
@@ -112,7 +115,7 @@ def release_create(
     with error_boundary(), _gate_failures(as_json):
         lay = get_layout(layout)
         loong = lay.name == "loongsage"
-        result = ModelRelease(store).create(
+        result = Registry(store, db).create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
@@ -159,14 +162,10 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
               version: Annotated[str, typer.Argument(help="Committed version.")],
               force: Annotated[bool, typer.Option("--force", help="Allow a version that "
                                                                   "fails the gates.")] = False,
-              store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Point ALIAS of MODEL_ID at VERSION (compare-and-swap)."""
+              store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Point ALIAS of MODEL_ID at VERSION (compare-and-swap); it must pass the gates."""
     with error_boundary():
-        rel = ModelRelease(store)
-        results = rel.check(model_id, version)
-        if not passed(results) and not force:
-            raise GateFailedError(f"{model_id}@{version}", results)
-        previous = set_alias(rel.store, model_id, alias, version)
+        previous = Registry(store, db).set_alias(model_id, alias, version, force=force)
     if as_json:
         print_json({"model_id": model_id, "alias": alias, "version": version,
                     "previous": previous})
@@ -194,10 +193,10 @@ app.add_typer(policy_app, name="policy")
 
 @policy_app.command("set")
 def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
-               require: RequireOpt = None, store: StoreOpt = None) -> None:
+               require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None) -> None:
     """Replace MODEL_ID's thresholds (none given: clear them)."""
     with error_boundary():
-        parsed = set_policy(open_store(store), model_id, require or [])
+        parsed = Registry(store, db).set_policy(model_id, require or [])
     typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds"))
 
 

@@ -14,6 +14,7 @@ the next part, so hashing and network overlap. Memory is bounded by
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -59,6 +60,14 @@ class S3Store(Store):
         async with resp["Body"] as body:
             data = await body.read()
         return data, resp["ETag"]
+
+    def _multipart_checksum(self) -> dict[str, str]:
+        """Extra arguments of a multipart upload: CRC32 parts, as boto3 does,
+        unless the client computes request checksums only when required."""
+        client = sync(self.fs.loop, self.fs.set_session)
+        if getattr(client.meta.config, "request_checksum_calculation", None) == "when_supported":
+            return {"ChecksumAlgorithm": "CRC32"}
+        return {}
 
     def _conditional_put(self, key: str, data: bytes, **condition: str) -> None:
         """PUT with a precondition; retry S3's 409 ConditionalRequestConflict.
@@ -190,38 +199,53 @@ def _botocore_retries(exc: BaseException) -> int:
 class _MultipartWriter:
     """Streaming writer: single PUT for small objects, parallel multipart otherwise.
 
-    ``write`` returns as soon as the data is buffered or handed to an upload;
-    at most ``MAX_INFLIGHT`` parts are in flight, so memory stays bounded.
+    ``write`` returns as soon as the data is copied into the part being filled;
+    a full part is handed to the upload as it is (an ``io.BytesIO`` that
+    aiohttp streams from without copying it again) and a new one started. At
+    most ``MAX_INFLIGHT`` parts are in flight, so memory stays under
+    ``PART_SIZE * (MAX_INFLIGHT + 1)`` bytes.
+
+    Like boto3's ``upload_file``, a multipart upload declares CRC32 checksums
+    when botocore computes request checksums anyway (its default,
+    ``request_checksum_calculation="when_supported"``): S3 then checks every
+    part and keeps a composite CRC32 of the object.
     """
 
     def __init__(self, store: S3Store, key: str) -> None:
         self.store = store
         self.key = key
-        self._buf = bytearray()
+        self._part = io.BytesIO()
         self._upload_id: str | None = None
+        self._checksum: dict[str, str] = {}
         self._parts: deque[tuple[int, Future[Any]]] = deque()
         self._done: list[dict[str, Any]] = []
         self.closed = False
 
     def write(self, data: bytes | memoryview) -> int:
-        n = len(data)
-        if not self._buf and n == PART_SIZE:
-            self._send(bytes(data))
-            return n
-        self._buf += data
-        while len(self._buf) >= PART_SIZE:
-            self._send(bytes(self._buf[:PART_SIZE]))
-            del self._buf[:PART_SIZE]
+        view = memoryview(data).cast("B")
+        n = len(view)
+        pos = 0
+        while pos < n:
+            take = min(PART_SIZE - self._part.tell(), n - pos)
+            self._part.write(view[pos:pos + take])
+            pos += take
+            if self._part.tell() >= PART_SIZE:
+                self._send(self._part)
+                self._part = io.BytesIO()
         return n
 
-    def _send(self, part: bytes) -> None:
+    def _send(self, part: io.BytesIO) -> None:
         if self._upload_id is None:
+            self._checksum = self.store._multipart_checksum()
             with translated(self.key):
-                resp = self.store.call("create_multipart_upload", Key=self.store._key(self.key))
+                resp = self.store.call("create_multipart_upload", Key=self.store._key(self.key),
+                                       **self._checksum)
             self._upload_id = resp["UploadId"]
         number = len(self._done) + len(self._parts) + 1
+        part.seek(0)
         fut = self.store.submit("upload_part", Key=self.store._key(self.key),
-                                UploadId=self._upload_id, PartNumber=number, Body=part)
+                                UploadId=self._upload_id, PartNumber=number, Body=part,
+                                **self._checksum)
         self._parts.append((number, fut))
         while len(self._parts) >= MAX_INFLIGHT:
             self._reap()
@@ -230,7 +254,10 @@ class _MultipartWriter:
         number, fut = self._parts.popleft()
         with translated(self.key):
             resp = fut.result()
-        self._done.append({"PartNumber": number, "ETag": resp["ETag"]})
+        done = {"PartNumber": number, "ETag": resp["ETag"]}
+        if self._checksum and "ChecksumCRC32" in resp:
+            done["ChecksumCRC32"] = resp["ChecksumCRC32"]
+        self._done.append(done)
 
     def close(self) -> None:
         if self.closed:
@@ -239,11 +266,12 @@ class _MultipartWriter:
         key = self.store._key(self.key)
         with translated(self.key):
             if self._upload_id is None:
-                self.store.call("put_object", Key=key, Body=bytes(self._buf))
+                self._part.seek(0)
+                self.store.call("put_object", Key=key, Body=self._part)
                 return
-            if self._buf:
-                self._send(bytes(self._buf))
-                self._buf.clear()
+            if self._part.tell():
+                self._send(self._part)
+            self._part = io.BytesIO()
             while self._parts:
                 self._reap()
             self.store.call("complete_multipart_upload", Key=key, UploadId=self._upload_id,

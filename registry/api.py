@@ -1,0 +1,196 @@
+"""The Registry facade: one object for a store and its index.
+
+Every write goes to the store first (the source of truth) and then to the
+index. A failing index write never undoes or blocks the store commit: it is
+reported as an :class:`IndexWriteWarning` (and kept in ``index_errors``), and
+``registry index rebuild`` repairs the index from the store alone.
+
+Example::
+
+    reg = Registry("s3://bucket/registry", db="postgresql+psycopg://db/registry")
+    reg.create_release("run-1", 500, "tiny", "1.0", dtype="bf16",
+                       ledger="ledger.json", eval_summary="summary.json")
+    reg.passing("tiny")            # versions passing every gate now
+    reg.pull("tiny@prod", to="/srv/models/tiny")
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from registry.aliases import parse_ref, resolve, set_alias
+from registry.checkpoint import CheckpointManager, SaveResult
+from registry.errors import GateFailedError, InvalidNameError
+from registry.gates import GateResult, Threshold, passed
+from registry.index import Index, queries
+from registry.index.rebuild import rebuild
+from registry.index.record import (
+    record_alias,
+    record_checkpoint,
+    record_policy,
+    record_release,
+    record_revocation,
+)
+from registry.ledger import Revocation, revoke
+from registry.release import ModelRelease, ReleaseResult
+from registry.release.policy import set_policy
+from registry.store import Store, open_store
+from registry.verify import read_manifest
+
+T = TypeVar("T")
+
+
+class IndexWriteWarning(UserWarning):
+    """The store commit succeeded but the index could not be updated."""
+
+
+def _thresholds(require: Iterable[Threshold | str]) -> list[Threshold]:
+    return [r if isinstance(r, Threshold) else Threshold.parse(r) for r in require]
+
+
+class Registry:
+    """A store plus its SQL index.
+
+    Args:
+        store: store URL or Store (default ``$REGISTRY_STORE`` or ``./artifacts``).
+        db: SQLAlchemy URL of the index (default ``$REGISTRY_DB`` or
+            ``sqlite:///registry.db``); opened on first use, so pulling and
+            checkpointing work without any database.
+    """
+
+    def __init__(self, store: str | Store | None = None, db: str | None = None) -> None:
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self.db = db
+        self._index: Index | None = None
+        self.index_errors: list[str] = []
+
+    @property
+    def index(self) -> Index:
+        if self._index is None:
+            self._index = Index(self.db)
+        return self._index
+
+    def _record(self, what: str, fn: Callable[[Session], Any]) -> None:
+        try:
+            self.index.run(fn)
+        except Exception as e:  # the store commit stands whatever the index does
+            msg = (f"{what} is committed in the store but the index was not updated ({e}); "
+                   "run `registry index rebuild`")
+            self.index_errors.append(msg)
+            warnings.warn(msg, IndexWriteWarning, stacklevel=3)
+
+    def _query(self, fn: Callable[[Session], T]) -> T:
+        return self.index.run(fn)
+
+    # -- writes -----------------------------------------------------------------
+
+    def checkpoint_manager(self, run_id: str, **kw: Any) -> CheckpointManager:
+        """A CheckpointManager whose commits are also indexed (see its docs)."""
+        mgr = CheckpointManager(self.store, run_id, **kw)
+
+        def hook(r: SaveResult) -> None:
+            manifest = read_manifest(self.store, mgr.tree.prefix(r.step))
+            self._record(f"{r.path}",
+                         lambda s: record_checkpoint(s, run_id, r.step, r.path, manifest))
+
+        mgr.on_commit.append(hook)
+        return mgr
+
+    def _releaser(self) -> ModelRelease:
+        rel = ModelRelease(self.store)
+        rel.on_commit.append(lambda r: self._record(
+            r.url, lambda s: record_release(s, self.store, r.model_id, r.version)))
+        return rel
+
+    def create_release(self, run_id: str, step: int, model_id: str, version: str,
+                       **kw: Any) -> ReleaseResult:
+        """:meth:`ModelRelease.create`, then index it."""
+        return self._releaser().create(run_id, step, model_id, version, **kw)
+
+    def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str,
+                **kw: Any) -> ReleaseResult:
+        """:meth:`ModelRelease.publish`, then index it."""
+        return self._releaser().publish(model_dir, model_id, version, **kw)
+
+    def set_alias(self, model_id: str, alias: str, version: str, *,
+                  force: bool = False) -> str | None:
+        """Point ``alias`` at ``version`` (must pass the gates unless ``force``).
+
+        Raises:
+            GateFailedError: the version fails a gate and ``force`` is False.
+            NotCommittedError, PointerConflictError: see :func:`registry.aliases.set_alias`.
+        """
+        results = self.gate_check(model_id, version)
+        if not passed(results) and not force:
+            raise GateFailedError(f"{model_id}@{version}", results)
+        previous = set_alias(self.store, model_id, alias, version)
+        self._record(f"alias {model_id}@{alias}",
+                     lambda s: record_alias(s, model_id, alias, version))
+        return previous
+
+    def revoke(self, source_id: str, reason: str) -> tuple[Revocation, bool]:
+        """Revoke a data source: store (``ledger/``) first, then the index."""
+        rev, created = revoke(self.store, source_id, reason)
+        self._record(f"revocation of {source_id}", lambda s: record_revocation(s, rev))
+        return rev, created
+
+    def set_policy(self, model_id: str, require: Iterable[str]) -> list[Threshold]:
+        parsed = set_policy(self.store, model_id, require)
+        self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
+        return parsed
+
+    def rebuild_index(self) -> dict[str, int]:
+        """Recompute the whole index from the store."""
+        return rebuild(self.index, self.store)
+
+    # -- reads ------------------------------------------------------------------
+
+    def resolve(self, ref: str) -> tuple[str, str]:
+        """``model_id@version`` or ``model_id@alias`` -> ``(model_id, version)``."""
+        model_id, name = parse_ref(ref)
+        if name is None:
+            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
+                                   name=ref)
+        return model_id, resolve(self.store, model_id, name)
+
+    def gate_check(self, model_id: str, version: str,
+                   require: Iterable[Threshold | str] = ()) -> list[GateResult]:
+        """Every gate of a committed release, evaluated now from the store."""
+        return ModelRelease(self.store).check(model_id, version, require=require)
+
+    def passing(self, model_id: str, *, require: Iterable[Threshold | str] = (),
+                latest: bool = False) -> list[dict[str, Any]]:
+        """Versions passing every gate now (index), newest first."""
+        req = _thresholds(require)
+        return self._query(lambda s: queries.passing(s, model_id, require=req, latest=latest))
+
+    def releases_for_source(self, source_id: str) -> list[dict[str, Any]]:
+        return self._query(lambda s: queries.releases_for_source(s, source_id))
+
+    def show(self, model_id: str, version: str) -> dict[str, Any]:
+        return self._query(lambda s: queries.show(s, model_id, version))
+
+    def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:
+        return self._query(lambda s: queries.ls(s, model_id))
+
+    def diff(self, model_id: str, a: str, b: str) -> dict[str, Any]:
+        return self._query(lambda s: queries.diff(s, model_id, a, b))
+
+    def revocations(self) -> list[dict[str, Any]]:
+        return self._query(queries.revocations)
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+        self.store.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,169 @@
+"""Index commands: ``db upgrade``, ``index rebuild``, ``ledger``, ``query``, ``show``,
+``ls``, ``diff``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from registry.api import Registry
+from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
+from registry.cli.errors import EXIT_USAGE, error_boundary
+from registry.errors import InvalidNameError
+from registry.index import Index
+from registry.ledger import revocations
+
+db_app = typer.Typer(help="The index database schema.", no_args_is_help=True)
+index_app = typer.Typer(help="The SQL index derived from the store.", no_args_is_help=True)
+ledger_app = typer.Typer(help="The live data ledger (revocations).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(index_app, name="index")
+app.add_typer(ledger_app, name="ledger")
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOpt = None) -> None:
+    """Bring the index schema to the newest migration (Alembic head)."""
+    with error_boundary():
+        index = Index(db, check=False)
+        head = index.upgrade()
+    typer.echo(f"{index}: at revision {head}")
+
+
+@index_app.command("rebuild")
+def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Recompute the whole index from the store alone (local or S3)."""
+    with error_boundary():
+        counts = Registry(store, db).rebuild_index()
+    if as_json:
+        print_json(counts)
+    else:
+        typer.echo(", ".join(f"{v} {k}" for k, v in counts.items()))
+
+
+@ledger_app.command("revoke")
+def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.")],
+                  reason: Annotated[str, typer.Option("--reason", help="Why (kept forever).")],
+                  store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Revoke a data source: releases trained on it stop passing the gates at once."""
+    with error_boundary():
+        rev, created = Registry(store, db).revoke(source_id, reason)
+    if as_json:
+        print_json({**rev.to_dict(), "created": created})
+    else:
+        typer.echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
+                   + ("" if created else " (already revoked)"))
+
+
+@ledger_app.command("ls")
+def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """List revoked sources (from the store)."""
+    with error_boundary():
+        revs = [r.to_dict() for r in revocations(Registry(store).store).values()]
+    if as_json:
+        print_json(revs)
+    else:
+        for r in revs:
+            typer.echo(f"{r['source_id']}\t{r['revoked_at']}\t{r['revocation_reason']}")
+
+
+@app.command()
+def query(
+    model_id: Annotated[str | None, typer.Argument(help="Model id.")] = None,
+    passing: Annotated[bool, typer.Option("--passing", help="Versions passing every gate "
+                                                            "now.")] = False,
+    require: Annotated[list[str] | None, typer.Option(
+        "--require", help="Extra threshold METRIC>=VALUE (repeatable).")] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="Only the newest.")] = False,
+    source: Annotated[str | None, typer.Option("--source", help="Releases trained on this "
+                                                                "data source.")] = None,
+    store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Ask the index: MODEL_ID --passing [--require M>=V] [--latest], or --source ID."""
+    with error_boundary():
+        reg = Registry(store, db)
+        if source is not None:
+            rows = reg.releases_for_source(source)
+        elif model_id is not None and passing:
+            rows = reg.passing(model_id, require=require or [], latest=latest)
+        else:
+            raise InvalidNameError("query: give MODEL_ID --passing, or --source SOURCE_ID")
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        if source is not None:
+            typer.echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['uri']}")
+        else:
+            typer.echo(f"{model_id}@{r['version']}\t{r['created_at']}\t{r['dtype']}\t"
+                       f"{r['manifest_sha256']}")
+
+
+def _ref(reg: Registry, ref: str) -> tuple[str, str]:
+    return reg.resolve(ref)
+
+
+@app.command()
+def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
+         store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Manifest summary, each gate with its reason, evals and sources of a release."""
+    with error_boundary():
+        reg = Registry(store, db)
+        doc = reg.show(*_ref(reg, ref))
+    if as_json:
+        print_json(doc)
+        return
+    typer.echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
+    typer.echo(f"  manifest sha256 {doc['manifest_sha256']}, {doc['files']} files, "
+               f"{doc['bytes']} bytes, dtype {doc['dtype']}, created {doc['created_at']}")
+    for g in doc["gates"]:
+        typer.echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
+    for r in doc["evals"]["results"]:
+        typer.echo(f"  eval {r['task']}/{r['metric']} = {r['value']:g} (threshold "
+                   f"{r['threshold']:g}, n={r['n']})")
+    for src in doc["sources"]:
+        typer.echo(f"  source {src['source_id']} ({src['license']})"
+                   + (f" REVOKED: {src['revocation_reason']}" if src["revoked"] else ""))
+
+
+@app.command("ls")
+def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = None,
+           store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """List models, or the releases of MODEL_ID (newest first, passing or not)."""
+    with error_boundary():
+        rows = Registry(store, db).ls(model_id)
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        if model_id is None:
+            typer.echo(f"{r['model_id']}\t{r['releases']} releases\tnewest {r['newest']}\t"
+                       f"newest passing {r['newest_passing']}")
+        else:
+            typer.echo(f"{r['version']}\t{r['created_at']}\t{r['dtype']}\t{r['bytes']}\t"
+                       f"{'passing' if r['passing'] else 'FAILING'}\t{','.join(r['aliases'])}")
+
+
+@app.command()
+def diff(a: Annotated[str, typer.Argument(help="MODEL_ID@A")],
+         b: Annotated[str, typer.Argument(help="MODEL_ID@B")],
+         store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Files added, removed and changed (sha256) between two releases; eval deltas."""
+    with error_boundary():
+        reg = Registry(store, db)
+        ma, va = _ref(reg, a)
+        mb, vb = _ref(reg, b)
+        if ma != mb:
+            typer.echo(f"error: {a} and {b} are releases of different models", err=True)
+            raise typer.Exit(EXIT_USAGE)
+        doc = reg.diff(ma, va, vb)
+    if as_json:
+        print_json(doc)
+        return
+    for key, mark in (("added", "+"), ("removed", "-"), ("changed", "~")):
+        for path in doc[key]:
+            typer.echo(f"{mark} {path}")
+    for e in doc["evals"]:
+        delta = f"{e['delta']:+g}" if e["delta"] is not None else "n/a"
+        typer.echo(f"  eval {e['metric']}: {e['a']} -> {e['b']} ({delta})")

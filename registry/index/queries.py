@@ -1,0 +1,228 @@
+"""What the CLI and API ask the index (DESIGN section 6).
+
+Gate semantics are those of :mod:`registry.gates`: the facts that never change
+after a release (card, ledger.json, eval summary) are stored precomputed; live
+revocations and policy thresholds are joined at query time, so a revocation
+makes a version stop passing at once. A test checks these queries agree with
+``registry.gates.evaluate`` run on the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import ColumnElement, exists, or_, select
+from sqlalchemy.orm import Session
+
+from registry.errors import NotCommittedError
+from registry.gates import GateResult, Threshold
+from registry.index.schema import (
+    Alias,
+    Checkpoint,
+    EvalResult,
+    LedgerSource,
+    Model,
+    Policy,
+    Release,
+    ReleaseFile,
+    ReleaseSource,
+    Revocation,
+)
+
+
+def _policy(s: Session, model_id: str, require: Iterable[Threshold]) -> list[Threshold]:
+    rows = s.execute(select(Policy.metric, Policy.op, Policy.value).join(Model)
+                     .where(Model.model_id == model_id).order_by(Policy.position)).all()
+    return [Threshold(m, op, v) for m, op, v in rows] + list(require)
+
+
+def _revoked() -> ColumnElement[bool]:
+    return (exists().where(ReleaseSource.release_pk == Release.id,
+                           ReleaseSource.source_pk == LedgerSource.id,
+                           LedgerSource.source_id == Revocation.source_id))
+
+
+def _meets(t: Threshold) -> list[ColumnElement[bool]]:
+    match = or_(EvalResult.metric == t.metric, EvalResult.task_metric == t.metric)
+    ok = EvalResult.value >= t.value if t.op == ">=" else EvalResult.value <= t.value
+    return [exists().where(EvalResult.release_pk == Release.id, match),
+            ~exists().where(EvalResult.release_pk == Release.id, match, ~ok)]
+
+
+def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
+            latest: bool = False) -> list[dict[str, Any]]:
+    """Versions of ``model_id`` passing every gate now, newest first.
+
+    Args:
+        require: thresholds on top of the model's policy.
+        latest: only the newest passing version (at most one row).
+    """
+    q = (select(Release.version, Release.created_at, Release.manifest_sha256, Release.dtype,
+                Release.bytes, Release.uri)
+         .join(Model).where(Model.model_id == model_id, Release.card_ok, Release.ledger_ok,
+                            Release.evals_passed, ~_revoked()))
+    for t in _policy(s, model_id, require):
+        q = q.where(*_meets(t))
+    q = q.order_by(Release.created_at.desc(), Release.id.desc())
+    if latest:
+        q = q.limit(1)
+    return [dict(r._mapping) for r in s.execute(q)]
+
+
+def releases_for_source(s: Session, source_id: str) -> list[dict[str, Any]]:
+    """Every release whose ledger lists ``source_id``, by model then age."""
+    q = (select(Model.model_id, Release.version, Release.uri, Release.created_at,
+                ReleaseSource.allowed_uses, ReleaseSource.revoked_in_file)
+         .select_from(Release).join(Model).join(ReleaseSource)
+         .join(LedgerSource, LedgerSource.id == ReleaseSource.source_pk)
+         .where(LedgerSource.source_id == source_id)
+         .order_by(Model.model_id, Release.created_at, Release.version))
+    revoked = s.scalar(select(Revocation.reason).where(Revocation.source_id == source_id))
+    return [{**dict(r._mapping), "allowed_uses": r.allowed_uses.split(",") if r.allowed_uses
+             else [], "live_revoked": revoked is not None} for r in s.execute(q)]
+
+
+def _release(s: Session, model_id: str, version: str) -> Release:
+    rel = s.scalar(select(Release).join(Model).where(Model.model_id == model_id,
+                                                     Release.version == version))
+    if rel is None:
+        raise NotCommittedError(f"{model_id}@{version}: not in the index (a release that "
+                                "exists in the store is added by `registry index rebuild`)",
+                                path=f"models/{model_id}/{version}")
+    return rel
+
+
+def gate_results(s: Session, model_id: str, version: str, *,
+                 require: Iterable[Threshold] = ()) -> list[GateResult]:
+    """Every gate of one release, evaluated now, with reasons."""
+    rel = _release(s, model_id, version)
+    card = GateResult("model_card", rel.card_ok, "MODEL_CARD.md present" if rel.card_ok
+                      else "MODEL_CARD.md is missing or empty")
+    revoked = s.execute(select(LedgerSource.source_id, Revocation.reason)
+                        .join(ReleaseSource, ReleaseSource.source_pk == LedgerSource.id)
+                        .join(Revocation, Revocation.source_id == LedgerSource.source_id)
+                        .where(ReleaseSource.release_pk == rel.id)
+                        .order_by(LedgerSource.source_id)).all()
+    if rel.ledger_ok and revoked:
+        ledger = GateResult("ledger", False, "; ".join(
+            f"source {sid} is revoked in the live ledger ({why})" for sid, why in revoked))
+    else:
+        ledger = GateResult("ledger", rel.ledger_ok, rel.ledger_reason)
+    results = [card, ledger, GateResult("evals", rel.evals_passed, rel.evals_reason)]
+    evals = s.execute(select(EvalResult.task, EvalResult.metric, EvalResult.value)
+                      .where(EvalResult.release_pk == rel.id)).all()
+    for t in _policy(s, model_id, require):
+        values = [v for task, metric, v in evals if t.metric in (metric, f"{task}/{metric}")]
+        name = f"policy:{t}"
+        if not values:
+            results.append(GateResult(name, False, f"metric {t.metric} not in the eval summary"))
+            continue
+        bad = [v for v in values if not (v >= t.value if t.op == ">=" else v <= t.value)]
+        results.append(GateResult(name, not bad, f"{t.metric}={bad[0]:g}, required {t.op} "
+                                  f"{t.value:g}" if bad else
+                                  f"{t.metric}={values[0]:g} {t.op} {t.value:g}"))
+    return results
+
+
+def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
+    """Manifest summary, gates with reasons, evals and sources of one release."""
+    rel = _release(s, model_id, version)
+    files = s.execute(select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
+                      .where(ReleaseFile.release_pk == rel.id).order_by(ReleaseFile.path)).all()
+    sources = s.execute(select(LedgerSource.source_id, LedgerSource.name, LedgerSource.license,
+                               LedgerSource.uri, ReleaseSource.allowed_uses, Revocation.reason)
+                        .join(ReleaseSource, ReleaseSource.source_pk == LedgerSource.id)
+                        .outerjoin(Revocation, Revocation.source_id == LedgerSource.source_id)
+                        .where(ReleaseSource.release_pk == rel.id)
+                        .order_by(LedgerSource.source_id)).all()
+    evals = s.execute(select(EvalResult.task, EvalResult.metric, EvalResult.value, EvalResult.n,
+                             EvalResult.threshold, EvalResult.higher_is_better,
+                             EvalResult.passed)
+                      .where(EvalResult.release_pk == rel.id)
+                      .order_by(EvalResult.task, EvalResult.metric)).all()
+    aliases = s.scalars(select(Alias.alias).where(Alias.model_pk == rel.model_pk,
+                                                  Alias.version == version)
+                        .order_by(Alias.alias)).all()
+    gates = gate_results(s, model_id, version)
+    return {
+        "model_id": model_id, "version": version, "uri": rel.uri,
+        "manifest_sha256": rel.manifest_sha256, "bytes": rel.bytes, "files": len(files),
+        "dtype": rel.dtype, "created_at": rel.created_at, "aliases": list(aliases),
+        "source": {"run_id": rel.source_run_id, "step": rel.source_step, "uri": rel.source_uri,
+                   "manifest_sha256": rel.source_manifest_sha256},
+        "passed": all(g.passed for g in gates), "gates": [g.to_dict() for g in gates],
+        "evals": {"suite": rel.suite, "suite_version": rel.suite_version,
+                  "results": [dict(r._mapping) for r in evals]},
+        "sources": [{"source_id": r.source_id, "name": r.name, "license": r.license,
+                     "uri": r.uri, "allowed_uses": r.allowed_uses.split(",")
+                     if r.allowed_uses else [], "revoked": r.reason is not None,
+                     "revocation_reason": r.reason} for r in sources],
+        "manifest": [{"path": p, "bytes": b, "sha256": h} for p, b, h in files],
+    }
+
+
+def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
+    """Models (with release counts), or the releases of one model newest first."""
+    if model_id is None:
+        rows = s.execute(select(Model.model_id).order_by(Model.model_id)).scalars().all()
+        out = []
+        for m in rows:
+            versions = s.scalars(select(Release.version).join(Model).where(Model.model_id == m)
+                                 .order_by(Release.created_at.desc(), Release.id.desc())).all()
+            ok = passing(s, m, latest=True)
+            out.append({"model_id": m, "releases": len(versions),
+                        "newest": versions[0] if versions else None,
+                        "newest_passing": ok[0]["version"] if ok else None})
+        return out
+    ok = {r["version"] for r in passing(s, model_id)}
+    aliases: dict[str, list[str]] = {}
+    for alias, version in s.execute(select(Alias.alias, Alias.version).join(Model)
+                                    .where(Model.model_id == model_id)):
+        aliases.setdefault(version, []).append(alias)
+    rows = s.execute(select(Release.version, Release.created_at, Release.dtype, Release.bytes,
+                            Release.manifest_sha256).join(Model)
+                     .where(Model.model_id == model_id)
+                     .order_by(Release.created_at.desc(), Release.id.desc())).all()
+    return [{**dict(r._mapping), "passing": r.version in ok,
+             "aliases": sorted(aliases.get(r.version, []))} for r in rows]
+
+
+def diff(s: Session, model_id: str, a: str, b: str) -> dict[str, Any]:
+    """Files added, removed and changed (by sha256) from ``a`` to ``b``; eval deltas."""
+    ra, rb = _release(s, model_id, a), _release(s, model_id, b)
+
+    def files(rel: Release) -> dict[str, tuple[int, str]]:
+        return {p: (n, h) for p, n, h in s.execute(
+            select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
+            .where(ReleaseFile.release_pk == rel.id))}
+
+    def evals(rel: Release) -> dict[str, float]:
+        return {f"{t}/{m}": v for t, m, v in s.execute(
+            select(EvalResult.task, EvalResult.metric, EvalResult.value)
+            .where(EvalResult.release_pk == rel.id))}
+
+    fa, fb = files(ra), files(rb)
+    ea, eb = evals(ra), evals(rb)
+    return {
+        "model_id": model_id, "a": a, "b": b,
+        "added": sorted(set(fb) - set(fa)), "removed": sorted(set(fa) - set(fb)),
+        "changed": sorted(p for p in set(fa) & set(fb) if fa[p][1] != fb[p][1]),
+        "unchanged": sorted(p for p in set(fa) & set(fb) if fa[p][1] == fb[p][1]),
+        "evals": [{"metric": k, "a": ea.get(k), "b": eb.get(k),
+                   "delta": (eb[k] - ea[k]) if k in ea and k in eb else None}
+                  for k in sorted(set(ea) | set(eb))],
+    }
+
+
+def checkpoints(s: Session, run_id: str) -> list[dict[str, Any]]:
+    rows = s.execute(select(Checkpoint.step, Checkpoint.uri, Checkpoint.manifest_sha256,
+                            Checkpoint.bytes, Checkpoint.created_at)
+                     .where(Checkpoint.run_id == run_id).order_by(Checkpoint.step)).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def revocations(s: Session) -> list[dict[str, Any]]:
+    rows = s.execute(select(Revocation.source_id, Revocation.revoked_at, Revocation.reason)
+                     .order_by(Revocation.source_id)).all()
+    return [dict(r._mapping) for r in rows]

@@ -1,0 +1,129 @@
+"""Index write paths: one function per committed fact, each idempotent (upsert).
+
+Facts are read back from the store after their commit, so incremental indexing
+and ``registry index rebuild`` run the very same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from registry import gates
+from registry.gates import Threshold
+from registry.index.schema import (
+    Alias,
+    Checkpoint,
+    EvalResult,
+    LedgerSource,
+    Model,
+    Policy,
+    Release,
+    ReleaseFile,
+    ReleaseSource,
+    Revocation,
+)
+from registry.ledger import Revocation as StoreRevocation
+from registry.manifest import Manifest
+from registry.release import ModelRelease, release_prefix
+from registry.safetensors_io import read_header
+from registry.store import Store, join
+from registry.verify import read_manifest
+
+
+def model_pk(s: Session, model_id: str) -> int:
+    """Primary key of the model row, created if needed."""
+    pk = s.scalar(select(Model.id).where(Model.model_id == model_id))
+    if pk is None:
+        row = Model(model_id=model_id)
+        s.add(row)
+        s.flush()
+        pk = row.id
+    return pk
+
+
+def _dtype(store: Store, prefix: str, manifest: Manifest) -> str:
+    entry = manifest.entry("model.safetensors")
+    if entry is None:
+        return "none"
+    key = join(prefix, "model.safetensors")
+    with store.open_read(key) as f:
+        header = read_header(f, path=store.url_of(key), file_size=entry.size)
+    if header.metadata.get("quant") == "int4":
+        return "int4"
+    floats = sorted({i.dtype for i in header.tensors.values()} & {"F64", "F32", "F16", "BF16"})
+    return ",".join(d.lower() for d in floats) or "none"
+
+
+def record_release(s: Session, store: Store, model_id: str, version: str) -> int:
+    """Index the committed release ``model_id@version`` (replacing any row); returns its pk."""
+    prefix = release_prefix(model_id, version)
+    manifest = read_manifest(store, prefix)
+    facts = ModelRelease(store).facts(model_id, version)
+    card = gates.gate_model_card(facts.card)
+    ledger = gates.gate_ledger(facts.ledger, facts.ledger_error, revoked={})
+    evals = gates.gate_evals(facts.evals, facts.evals_error)
+    mpk = model_pk(s, model_id)
+    s.execute(delete(Release).where(Release.model_pk == mpk, Release.version == version))
+    source = manifest.meta.get("source", {})
+    summary = facts.evals or {}
+    row = Release(model_pk=mpk, version=version, uri=store.url_of(prefix),
+                  manifest_sha256=manifest.digest, bytes=manifest.total_size,
+                  dtype=_dtype(store, prefix, manifest), source_run_id=source.get("run_id"),
+                  source_step=source.get("step"), source_uri=source.get("uri"),
+                  source_manifest_sha256=source.get("manifest_sha256"),
+                  created_at=manifest.created_at, card_ok=card.passed, ledger_ok=ledger.passed,
+                  ledger_reason=ledger.reason, evals_passed=evals.passed,
+                  evals_reason=evals.reason, suite=summary.get("suite"),
+                  suite_version=summary.get("suite_version"))
+    s.add(row)
+    s.flush()
+    s.add_all(ReleaseFile(release_pk=row.id, path=e.path, bytes=e.size, sha256=e.sha256)
+              for e in manifest.files)
+    for r in (facts.ledger or []):
+        spk = _source_pk(s, r)
+        s.add(ReleaseSource(release_pk=row.id, source_pk=spk,
+                            allowed_uses=",".join(r["allowed_uses"]),
+                            revoked_in_file=bool(r["revoked"])))
+    s.add_all(EvalResult(release_pk=row.id, task=r["task"], metric=r["metric"],
+                         task_metric=f"{r['task']}/{r['metric']}", value=r["value"], n=r["n"],
+                         threshold=r["threshold"], higher_is_better=r["higher_is_better"],
+                         passed=r["passed"]) for r in summary.get("results", []))
+    return row.id
+
+
+def _source_pk(s: Session, row: dict[str, object]) -> int:
+    src = s.scalar(select(LedgerSource).where(LedgerSource.source_id == row["source_id"]))
+    if src is None:
+        src = LedgerSource(source_id=row["source_id"], name=row["name"], uri=row["uri"],
+                           license=row["license"])
+        s.add(src)
+        s.flush()
+    return src.id
+
+
+def record_checkpoint(s: Session, run_id: str, step: int, uri: str, manifest: Manifest) -> None:
+    s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step == step))
+    s.add(Checkpoint(run_id=run_id, step=step, uri=uri, manifest_sha256=manifest.digest,
+                     bytes=manifest.total_size, created_at=manifest.created_at))
+
+
+def record_alias(s: Session, model_id: str, alias: str, version: str) -> None:
+    mpk = model_pk(s, model_id)
+    s.execute(delete(Alias).where(Alias.model_pk == mpk, Alias.alias == alias))
+    s.add(Alias(model_pk=mpk, alias=alias, version=version))
+
+
+def record_revocation(s: Session, rev: StoreRevocation) -> None:
+    s.execute(delete(Revocation).where(Revocation.source_id == rev.source_id))
+    s.add(Revocation(source_id=rev.source_id, revoked_at=rev.revoked_at,
+                     reason=rev.revocation_reason))
+
+
+def record_policy(s: Session, model_id: str, thresholds: Iterable[Threshold]) -> None:
+    mpk = model_pk(s, model_id)
+    s.execute(delete(Policy).where(Policy.model_pk == mpk))
+    s.add_all(Policy(model_pk=mpk, position=i, metric=t.metric, op=t.op, value=t.value)
+              for i, t in enumerate(thresholds))
