@@ -230,3 +230,53 @@ def test_progress_event_only_after_latest(store: Store, tmp_path: Path,
     assert seen == [b"step-000008\n"]
     lines = io.StringIO((tmp_path / "progress.jsonl").read_text()).readlines()
     assert len(lines) == 1
+
+
+def test_resave_after_crash_between_commit_and_latest(store: Store, tmp_path: Path) -> None:
+    """The crash came after step 20 was committed but before LATEST moved: resume
+    goes back to 10, and saving 20 again replaces the never-vouched-for directory."""
+    with mgr(store, tmp_path, keep_ckpts=0, async_save=False) as m:
+        save(m, 10)
+        save(m, 20)
+    store.write_bytes(f"{ROOT}/LATEST", b"step-000010\n")  # as if killed before step 4
+    m = mgr(store, tmp_path, keep_ckpts=0, async_save=False)
+    assert m.resume().step == 10
+    save(m, 20, params=model(99))
+    m.close()
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000020\n"
+    np.testing.assert_array_equal(mgr(store, tmp_path).resume().model["embed.weight"],
+                                  model(99)["embed.weight"])
+
+
+def test_fallback_moves_latest_back_and_resave_works(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path, keep_ckpts=0, async_save=False) as m:
+        save(m, 10)
+        save(m, 20)
+    store.delete(f"{ROOT}/step-000020/trainer_state.json")
+    m = mgr(store, tmp_path, keep_ckpts=0, async_save=False)
+    with pytest.warns(CheckpointSkippedWarning, match="step-000020"):
+        assert m.resume().step == 10
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000010\n"
+    save(m, 20)
+    assert verify_directory(store, f"{ROOT}/step-000020", full=True).ok
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000020\n"
+
+
+def test_saving_over_a_vouched_checkpoint_is_refused(store: Store, tmp_path: Path) -> None:
+    with mgr(store, tmp_path, keep_ckpts=0, async_save=False) as m:
+        save(m, 10)
+        save(m, 20)
+        before = store.read_bytes(f"{ROOT}/step-000010/model.safetensors")
+        with pytest.raises(CheckpointError, match="already a committed checkpoint"):
+            save(m, 10, params=model(5))
+    assert store.read_bytes(f"{ROOT}/step-000010/model.safetensors") == before
+
+
+def test_half_deleted_step_can_be_saved_again(store: Store, tmp_path: Path) -> None:
+    """Retention killed after removing MANIFEST.json leaves files under the final name."""
+    with mgr(store, tmp_path, keep_ckpts=0, async_save=False) as m:
+        save(m, 10)
+    store.write_bytes(f"{ROOT}/step-000030/model.safetensors", b"half deleted")
+    with mgr(store, tmp_path, keep_ckpts=0, async_save=False) as m:
+        save(m, 30)
+    assert verify_directory(store, f"{ROOT}/step-000030", full=True).ok

@@ -32,12 +32,13 @@ from registry.checkpoint.state import (
     validate_save_inputs,
 )
 from registry.checkpoint.tree import CheckpointTree
-from registry.commit import DirectoryWriter
-from registry.errors import CheckpointError
+from registry.commit import DirectoryWriter, delete_directory
+from registry.errors import CheckpointError, PointerError
 from registry.manifest import Manifest, utc_now
 from registry.names import check_name
 from registry.safetensors_io import check_optimizer_state, read_safetensors, write_safetensors
 from registry.store import Store, join, open_store
+from registry.verify import is_committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +192,7 @@ class CheckpointManager:
                gen: dict[str, Any] | None) -> SaveResult:
         t0 = time.perf_counter()
         prefix = self.tree.prefix(step)
+        self._clear_leftover(step, prefix)
         staging = prefix + ".tmp" if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": step}, staging=staging,
@@ -214,6 +216,26 @@ class CheckpointManager:
             hook(result)
         self.tree.retain(self.keep_ckpts)
         return result
+
+    def _clear_leftover(self, step: int, prefix: str) -> None:
+        """Remove what a crashed save of ``step`` left (seed 000 "Resuming").
+
+        A step beyond LATEST was never vouched for (the crash came between its
+        commit and the pointer move), and a step that does not verify is
+        broken: both are deleted, MANIFEST.json first, so this save can write
+        it afresh. A verified step at or before LATEST is a real checkpoint:
+        saving over it is refused.
+        """
+        try:
+            latest = self.tree.latest()
+        except PointerError:
+            latest = None
+        if latest is not None and step <= latest and is_committed(self.store, prefix):
+            raise CheckpointError(
+                f"{self.store.url_of(prefix)}: already a committed checkpoint at or before "
+                f"LATEST (step {latest}); resuming from an older step does not overwrite "
+                "newer checkpoints: delete them (registry ckpt gc) or use a new run id")
+        delete_directory(self.store, prefix)
 
     def _emit(self, r: SaveResult) -> None:
         if self.progress_file is None:
@@ -274,6 +296,9 @@ class CheckpointManager:
             The ResumeState of the first candidate that verifies (sha256 of
             every file against MANIFEST.json), trying older steps after a
             warning (CheckpointSkippedWarning) naming each skipped step and why.
+            When LATEST named a step that does not verify, LATEST is moved
+            back (compare-and-swap) to the step resumed from, so it always
+            names a complete checkpoint.
 
         Raises:
             NoValidCheckpointError: no step verifies.
@@ -289,6 +314,8 @@ class CheckpointManager:
                 raise CheckpointError(f"{path}: not a step directory "
                                       f"({self.tree.layout.dir_format})")
         step, manifest = self.tree.resumable(start)
+        if path is None:
+            self.tree.reset_latest(step)
         return self.load(step, manifest)
 
     def load(self, step: int, manifest: Manifest) -> ResumeState:

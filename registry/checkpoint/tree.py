@@ -87,6 +87,18 @@ class CheckpointTree:
         move_pointer(self.store, self.pointer_key, self.layout.pointer_value(step),
                      order=self.layout.order)
 
+    def reset_latest(self, step: int) -> None:
+        """Point the pointer at ``step`` even if that is backwards (compare-and-swap
+        against what it holds now): used when the step it named does not verify."""
+        try:
+            raw = self.store.read_bytes(self.pointer_key)
+            current: str | None = raw.decode("utf-8", "replace").strip() or None
+        except FileNotFoundError:
+            current = None
+        if current != self.layout.pointer_value(step):
+            move_pointer(self.store, self.pointer_key, self.layout.pointer_value(step),
+                         expected=current, check_expected=True)
+
     def info(self, step: int, *, full: bool = False) -> StepInfo:
         return StepInfo(step, self.prefix(step),
                         verify_directory(self.store, self.prefix(step), full=full))

@@ -1,0 +1,1 @@
+"""Runnable examples; ``examples.tinytrainer`` is importable from the repository root."""
