@@ -1,0 +1,67 @@
+"""``registry pull``: a verified model directory on this host, from local disk or S3."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from registry.aliases import parse_ref
+from registry.cli.app import JsonOpt, StoreOpt, app, print_json
+from registry.cli.errors import error_boundary
+from registry.errors import InvalidNameError
+from registry.pull import pull as do_pull
+from registry.store import open_store
+
+
+@app.command()
+def pull(
+    ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
+    to: Annotated[str | None, typer.Option("--to", help="Model directory to create "
+                                           "[default: inside the cache].")] = None,
+    cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE",
+                                              help="Cache directory [default: "
+                                                   "~/.cache/model-registry].")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 8,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every file "
+                                                          "materialized.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a target directory "
+                                                        "holding other content.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    store: StoreOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Download, verify and place a release where the engine reads it (needs no index)."""
+    show_bar = not quiet and not as_json and sys.stderr.isatty()
+    with error_boundary():
+        model_id, name = parse_ref(ref)
+        if name is None:
+            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
+                                   name=ref)
+        s = open_store(store)
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                      disable=not show_bar, transient=True) as bar:
+            task = bar.add_task(f"pull {ref}", total=None)
+            result = do_pull(s, model_id, name, to=to, cache=cache, workers=workers,
+                             verify=verify, force=force,
+                             on_start=lambda total: bar.update(task, total=total),
+                             progress=lambda n: bar.advance(task, n))
+    if as_json:
+        print_json(result.to_dict())
+        return
+    mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
+    if not quiet:
+        typer.echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "
+                   f"({result.downloaded} downloaded), {result.bytes} bytes "
+                   f"({result.transferred} transferred), {result.seconds:.2f} s, "
+                   f"{mbps:.1f} MB/s" + (", verified" if result.verified else ""))
+    else:
+        typer.echo(result.path)

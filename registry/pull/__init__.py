@@ -1,0 +1,153 @@
+"""Pull to serving hosts: verified, atomic, deduplicated, parallel (DESIGN section 7).
+
+Needs only read access to the store, never the index.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.aliases import resolve
+from registry.errors import InsufficientSpaceError, IntegrityError
+from registry.manifest import FileEntry
+from registry.pull.cache import Cache
+from registry.pull.download import fetch
+from registry.pull.materialize import current_digest, materialize, verify_materialized
+from registry.release import release_prefix
+from registry.store import Store
+from registry.verify import read_manifest
+
+#: headroom kept free on the cache's filesystem, bytes.
+FREE_MARGIN = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """A pulled release: where it is and what it cost.
+
+    Attributes:
+        path: the materialized model directory.
+        files: files in the release; ``downloaded``: how many were fetched
+            (the rest were cache hits).
+        bytes: total bytes of the release; ``transferred``: bytes downloaded.
+        seconds: wall time of the pull.
+        placed: False when the target already held this release.
+    """
+
+    model_id: str
+    version: str
+    manifest_sha256: str
+    path: str
+    files: int
+    downloaded: int
+    bytes: int
+    transferred: int
+    seconds: float
+    placed: bool
+    verified: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+
+def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> None:
+    free = shutil.disk_usage(cache.root).free
+    need = need_blobs + FREE_MARGIN
+    if free < need:
+        raise InsufficientSpaceError(
+            f"{cache.root}: {free} bytes free, the pull needs {need_blobs} bytes "
+            f"(+{FREE_MARGIN} margin)", key=str(cache.root), needed=need, available=free)
+    probe = target.parent if not target.exists() else target
+    while not probe.exists():
+        probe = probe.parent
+    if probe.stat().st_dev != cache.root.stat().st_dev:  # copies, not hardlinks
+        free_t = shutil.disk_usage(probe).free
+        if free_t < total + FREE_MARGIN:
+            raise InsufficientSpaceError(
+                f"{probe}: {free_t} bytes free, the model directory needs {total} bytes",
+                key=str(probe), needed=total + FREE_MARGIN, available=free_t)
+
+
+def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
+         cache: str | Path | None = None, workers: int = 8, verify: bool = False,
+         force: bool = False, progress: Callable[[int], None] | None = None,
+         on_start: Callable[[int], None] | None = None) -> PullResult:
+    """Pull release ``model_id@name`` (a version or an alias) to a model directory.
+
+    Args:
+        to: where to place the model directory; default
+            ``<cache>/models/<model_id>/<version>``.
+        cache: the cache directory (default ``$REGISTRY_CACHE``).
+        workers: parallel downloads (files, and byte ranges of large files).
+        verify: re-hash every materialized file afterwards.
+        force: replace a target directory that holds other content.
+        progress: called with each chunk's byte count as it lands.
+        on_start: called once with the number of bytes to download.
+
+    Returns:
+        A PullResult.
+
+    Raises:
+        NotCommittedError, ManifestError: the release is not committed or its
+            manifest is invalid (including unsafe paths).
+        IntegrityError: a stored file's size or sha256 differs from the
+            manifest; nothing is placed under a final name.
+        InsufficientSpaceError: not enough free disk, checked before the
+            first byte.
+        CommitConflictError: the target holds other content and not ``force``.
+
+    Notes:
+        Concurrent pulls of one release into one cache and target all succeed:
+        blobs and the directory are placed by atomic renames of unique temp
+        names. A killed pull leaves only temp names, removed by the next pull.
+    """
+    t0 = time.perf_counter()
+    version = resolve(store, model_id, name)
+    prefix = release_prefix(model_id, version)
+    manifest = read_manifest(store, prefix)
+    c = Cache(cache)
+    target = Path(to).expanduser().resolve() if to is not None else (
+        c.models / model_id / version)
+    c.clean_stale()
+    on_progress = progress or (lambda n: None)
+    missing: dict[str, FileEntry] = {}
+    if current_digest(target) != manifest.digest:
+        for e in manifest.files:
+            if not c.has(e.sha256, e.size):
+                missing.setdefault(e.sha256, e)
+    need = sum(e.size for e in missing.values())
+    _check_space(c, target, need, manifest.total_size)
+    if on_start:
+        on_start(need)
+    workers = max(1, workers)
+    transferred = 0
+    with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
+            ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files:
+        futures = [files.submit(fetch, store, prefix, e, c, ranged_pool=ranges,
+                                inflight=workers, progress=on_progress)
+                   for e in sorted(missing.values(), key=lambda e: -e.size)]
+        errors = []
+        for fut in futures:
+            try:
+                transferred += fut.result()
+            except IntegrityError as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
+    placed = materialize(manifest, c, target, force=force)
+    if verify:
+        problems = verify_materialized(target, manifest)
+        if problems:
+            raise problems[0]
+    return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
+                      len(missing), manifest.total_size, transferred,
+                      time.perf_counter() - t0, placed, verify)
+
+
+__all__ = ["PullResult", "pull"]

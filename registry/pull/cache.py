@@ -1,0 +1,92 @@
+"""The serving host's content-addressed cache.
+
+Layout (under ``$REGISTRY_CACHE``, default ``~/.cache/model-registry``)::
+
+    <cache>/
+    ├── blobs/sha256/<hex>             verified file contents, read-only, shared
+    ├── tmp/<hex>.<pid>.<rand>.incomplete   downloads in progress
+    └── models/<model_id>/<version>/   materialized model directories (when no --to)
+        └── MANIFEST.json              (hardlinks into blobs/ where possible)
+
+A blob enters ``blobs/`` only by an atomic rename after its size and sha256
+matched the manifest, so a blob's presence means it was verified. Temp files
+carry the pid of their writer: a later pull deletes those whose writer is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+DEFAULT_CACHE = Path("~/.cache/model-registry")
+INCOMPLETE = ".incomplete"
+
+
+def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """``path``, else ``$REGISTRY_CACHE``, else ``$XDG_CACHE_HOME/model-registry``."""
+    if path is not None:
+        return Path(path).expanduser().resolve()
+    env = os.environ.get("REGISTRY_CACHE")
+    if env:
+        return Path(env).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) / "model-registry" if xdg else DEFAULT_CACHE.expanduser()).resolve()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_pid(name: str) -> int | None:
+    """The writer pid encoded in a temp name (``x.<pid>.<rand>...``), if any."""
+    for part in name.split("."):
+        if part.startswith("pid") and part[3:].isdigit():
+            return int(part[3:])
+    return None
+
+
+def temp_tag() -> str:
+    """``pid<pid>.<random>``: unique per writer, and tells whether the writer lives."""
+    return f"pid{os.getpid()}.{uuid.uuid4().hex[:12]}"
+
+
+class Cache:
+    """A cache directory (created on first use)."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = cache_dir(root)
+        self.blobs = self.root / "blobs" / "sha256"
+        self.tmp = self.root / "tmp"
+        self.models = self.root / "models"
+        for d in (self.blobs, self.tmp, self.models):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def blob(self, sha256: str) -> Path:
+        return self.blobs / sha256
+
+    def has(self, sha256: str, size: int) -> bool:
+        """A verified blob of this digest (and size) is present."""
+        try:
+            return self.blob(sha256).stat().st_size == size
+        except FileNotFoundError:
+            return False
+
+    def new_temp(self, sha256: str) -> Path:
+        return self.tmp / f"{sha256}.{temp_tag()}{INCOMPLETE}"
+
+    def clean_stale(self) -> list[Path]:
+        """Delete temp files whose writer process is gone; returns them."""
+        removed = []
+        for p in self.tmp.iterdir():
+            pid = owner_pid(p.name)
+            if pid is not None and not pid_alive(pid):
+                p.unlink(missing_ok=True)
+                removed.append(p)
+        return removed
