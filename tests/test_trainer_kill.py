@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from examples.tinytrainer import (
+from registry.examples.tinytrainer import (
     PCG32,
     TrainerError,
     learning_rate,

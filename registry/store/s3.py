@@ -102,14 +102,20 @@ class S3Store(Store):
                                 cache_type="readahead")
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        with translated(key):
+        try:
             resp = self.call("get_object", Key=self._key(key), Range=f"bytes={start}-{end - 1}")
-            body = resp["Body"]
+        except Exception as exc:
+            if s3_error_code(exc) in ("InvalidRange", "416") or "not satisfiable" in str(exc):
+                return b""  # starts at or past the end of the object
+            with translated(key):
+                raise
+        body = resp["Body"]
 
-            async def _read() -> bytes:
-                async with body:
-                    return await body.read()  # type: ignore[no-any-return]
+        async def _read() -> bytes:
+            async with body:
+                return await body.read()  # type: ignore[no-any-return]
 
+        with translated(key):
             return sync(self.fs.loop, _read)  # type: ignore[no-any-return]
 
     def read_bytes(self, key: str) -> bytes:

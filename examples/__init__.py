@@ -1,1 +1,0 @@
-"""Runnable examples; ``examples.tinytrainer`` is importable from the repository root."""

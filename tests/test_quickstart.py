@@ -1,0 +1,45 @@
+"""The main job end to end: ``registry quickstart`` on the embedded default (local
+folder + SQLite) and on the S3 test server + Postgres, checked against the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from registry.store import open_store
+from registry.verify import verify_directory
+from tests.conftest import run_cli
+
+
+def check_outcome(store_url: str, work: Path, stdout: str) -> None:
+    store = open_store(store_url)
+    for prefix in ("models/tiny-lm/1.0", "models/tiny-lm/1.1", "models/all-minilm-l6-v2/1"):
+        assert verify_directory(store, prefix, full=True).ok, prefix
+    assert store.read_bytes("models/tiny-lm/refs/prod") == b"1.1\n"
+    assert store.exists("ledger/revocations/synth-b.json")
+    for model in ("tiny-lm", "all-minilm-l6-v2"):
+        served = work / "serving" / model
+        r = run_cli("verify", str(served), "--full")
+        assert r.returncode == 0, r.stdout
+    assert "SIGKILLed the trainer" in stdout and "resumed from step" in stdout
+    assert "passing versions of tiny-lm now: ['1.1']" in stdout
+
+
+def test_quickstart_embedded_default(tmp_path: Path) -> None:
+    r = run_cli("quickstart", cwd=tmp_path, env={"REGISTRY_STORE": "", "REGISTRY_DB": ""})
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert (tmp_path / "registry.db").exists()
+    check_outcome(str(tmp_path / "artifacts"), tmp_path / "quickstart", r.stdout)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_quickstart_s3_and_postgres(tmp_path: Path, s3_bucket: str, db_url: str) -> None:
+    store = f"s3://{s3_bucket}/registry"
+    r = run_cli("quickstart", "--store", store, "--db", db_url, "--workdir", str(tmp_path / "q"),
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    check_outcome(store, tmp_path / "q", r.stdout)
+    r = run_cli("query", "tiny-lm", "--passing", "--json", "--store", store, "--db", db_url)
+    assert [v["version"] for v in json.loads(r.stdout)] == ["1.1"]
