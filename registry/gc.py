@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
+from registry.checkpoint.layout import LOONGSAGE, TINYLLM
+from registry.commit import CLAIM_SUFFIX, delete_directory
 from registry.errors import UsageError
 from registry.store import Store, join
 from registry.verify import verify_directory
@@ -36,8 +37,24 @@ def _folders(store: Store) -> list[str]:
     return out
 
 
+def committed_here(store: Store, key: str) -> bool:
+    """A committed directory whose manifest belongs at ``key``: a release's
+    version (or a checkpoint's step directory) is the directory's own name.
+    A staging directory holding a copied manifest is not committed here."""
+    report = verify_directory(store, key)
+    if report.manifest is None:
+        return False
+    name = key.rsplit("/", 1)[-1]
+    meta = report.manifest.meta
+    if report.manifest.kind == "release":
+        return bool(meta.get("version") == name)
+    layout = LOONGSAGE if meta.get("layout") == "loongsage" else TINYLLM
+    return layout.parse_dir(name) == meta.get("step")
+
+
 def collect(store: Store, *, older_than: float, dry_run: bool = False) -> list[str]:
-    """Delete (or with ``dry_run`` only list) abandoned leftovers; returns their keys."""
+    """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
+    deleted (or that would be)."""
     now = time.time()
     doomed = []
     for folder in _folders(store):
@@ -45,19 +62,23 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False) -> list[s
             key = join(folder, name)
             if name == "refs" or name.endswith(".lock") or name in ("LATEST", "policy.json"):
                 continue
-            leftover = TMP_MARK in name or name.endswith(CLAIM_SUFFIX)
-            if not leftover and is_dir:
-                leftover = verify_directory(store, key).manifest is None
-            if leftover and _age(store, key, now) >= older_than:
+            if is_dir and committed_here(store, key):
+                continue
+            if not is_dir and not name.endswith(CLAIM_SUFFIX):
+                continue
+            if _age(store, key, now) >= older_than:
                 doomed.append((key, is_dir))
+    removed = []
     for key, is_dir in doomed:
-        if dry_run:
+        if is_dir and committed_here(store, key):  # committed meanwhile: keep it
             continue
-        if not is_dir:
-            store.delete(key)
-        elif verify_directory(store, key).manifest is None:  # committed meanwhile? keep it
-            delete_directory(store, key)
-    return [k for k, _ in doomed]
+        if not dry_run:
+            if is_dir:
+                delete_directory(store, key)
+            else:
+                store.delete(key)
+        removed.append(key)
+    return removed
 
 
 def parse_duration(text: str) -> float:

@@ -1,7 +1,9 @@
 """Naming rules for model ids, versions, run ids, aliases and source ids (DESIGN section 4).
 
 A name matches ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``, and is never ``.``, ``..``
-or ``refs`` (which would collide with the ``refs/`` folder of aliases).
+or ``refs`` (which would collide with the ``refs/`` folder of aliases), never
+contains ``.tmp`` and never ends in ``.claim`` or ``.lock`` (the commit
+protocol's staging directories, claims and lock files).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def check_name(value: object, what: str = "name") -> str:
         raise InvalidNameError(f"{what} {value!r}: reserved name", name=value)
     if ".." in value:
         raise InvalidNameError(f"{what} {value!r}: must not contain '..'", name=value)
+    if ".tmp" in value or value.endswith(".claim") or value.endswith(".lock"):
+        raise InvalidNameError(f"{what} {value!r}: '.tmp', '.claim' and '.lock' are reserved "
+                               "for staging directories, claims and locks", name=value)
     if not NAME_RE.fullmatch(value):
         raise InvalidNameError(
             f"{what} {value!r}: must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}", name=value)

@@ -40,9 +40,16 @@ def quantize_int4(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarra
     step = max(1, _BLOCK_BYTES // max(1, cols * 4))
     for r0 in range(0, rows, step):
         block = np.asarray(w[r0:r0 + step], dtype=np.float32).reshape(-1, groups, group_size)
-        s = np.abs(block).max(axis=2) / np.float32(7.0)
+        amax = np.abs(block).max(axis=2)
+        s = amax / np.float32(7.0)
         s[s == 0] = 1.0  # an all-zero group: any scale dequantizes to exact zeros
-        q = np.rint(block / s[:, :, None]).astype(np.int8).reshape(block.shape[0], cols)
+        for _ in range(4):  # subnormal groups: max/7 may round down below max/7.5
+            low = amax / s > 7.5
+            if not low.any():
+                break
+            s[low] = np.nextafter(s[low], np.float32(np.inf))
+        q = np.clip(np.rint(block / s[:, :, None]), -7, 7).astype(np.int8)
+        q = q.reshape(block.shape[0], cols)
         u = q.view(np.uint8) & 0x0F
         qweight[r0:r0 + step] = u[:, 0::2] | (u[:, 1::2] << 4)
         scales[r0:r0 + step] = s
