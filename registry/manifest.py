@@ -190,6 +190,11 @@ def parse_manifest(data: bytes, *, source: str) -> Manifest:
     return m
 
 
+#: writes larger than this overlap hashing and writing (see HashingWriter.write).
+PIPELINE_CHUNK = 8 * 1024 * 1024
+_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hash-write")
+
+
 class HashingWriter:
     """Wraps a binary writer; hashes and counts every byte written through it.
 
@@ -202,10 +207,22 @@ class HashingWriter:
         self._h = hashlib.sha256()
 
     def write(self, data: bytes | memoryview) -> int:
-        self._h.update(data)
-        self.raw.write(data)
-        self.size += len(data)
-        return len(data)
+        """Hash and write ``data``. A write over PIPELINE_CHUNK bytes (a whole
+        tensor, say) is cut into chunks, each written on a helper thread while
+        this one hashes it; it returns once every chunk is written."""
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if n <= PIPELINE_CHUNK:
+            self._h.update(view)
+            self.raw.write(view)
+        else:
+            for start in range(0, n, PIPELINE_CHUNK):
+                piece = view[start:start + PIPELINE_CHUNK]
+                written = _WRITERS.submit(self.raw.write, piece)
+                self._h.update(piece)
+                written.result()
+        self.size += n
+        return n
 
     def copy_from(self, src: IO[bytes], *, chunk: int = COPY_CHUNK,
                   depth: int = COPY_DEPTH) -> int:
