@@ -131,6 +131,7 @@ class CheckpointManager:
                                    layout)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
         self._pending: Future[SaveResult] | None = None
+        self._spare: dict[str, dict[str, np.ndarray]] = {}
         #: called with the SaveResult after LATEST moved (the index hooks in here).
         self.on_commit: list[Callable[[SaveResult], None]] = []
 
@@ -170,10 +171,13 @@ class CheckpointManager:
         tok = (read_file_or_doc(tokenizer, what=f"{where}/tokenizer.json")
                if tokenizer is not None else None)
         self.wait()  # at most one save in flight; raises a previous failure
+        # The previous save has landed (wait() above): its snapshot buffers are free.
         model = snapshot_f32(model_tensors, what=f"{where}/model.safetensors",
-                             copy=self.async_save)
+                             copy=self.async_save, reuse=self._spare.get("model"))
         opt = snapshot_f32(optimizer_state, what=f"{where}/optimizer.safetensors",
-                           copy=self.async_save)
+                           copy=self.async_save, reuse=self._spare.get("optimizer"))
+        if self.async_save:
+            self._spare = {"model": model, "optimizer": opt}
         state = json.loads(json.dumps(trainer_state))
         gen = json.loads(json.dumps(generation_config)) if generation_config else None
         validate_save_inputs(step, model, opt, optimizer=optimizer, config=config_doc,
