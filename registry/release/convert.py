@@ -30,6 +30,32 @@ _FLOAT = {"F64", "F32", "F16", "BF16"}
 _BLOCK_BYTES = 64 * 1024 * 1024
 
 
+def _scales(block: np.ndarray) -> np.ndarray:
+    """Per-group scales of ``block`` ``[rows, groups, group_size]``: ``max|w| / 7``,
+    nudged up where float rounding (subnormals) would leave ``max|w|/s > 7.5``."""
+    amax = np.abs(block).max(axis=2)
+    s = amax / np.float32(7.0)
+    s[s == 0] = 1.0  # an all-zero group: any scale dequantizes to exact zeros
+    for _ in range(4):
+        low = amax / s > 7.5
+        if not low.any():
+            break
+        s[low] = np.nextafter(s[low], np.float32(np.inf))
+    return s
+
+
+def int4_scales(w: np.ndarray, group_size: int) -> np.ndarray:
+    """Only the scales of :func:`quantize_int4` (F32 ``[rows, cols/group_size]``)."""
+    rows, cols = w.shape
+    out = np.empty((rows, cols // group_size), dtype=np.float32)
+    step = max(1, _BLOCK_BYTES // max(1, cols * 4))
+    for r0 in range(0, rows, step):
+        block = np.asarray(w[r0:r0 + step], dtype=np.float32).reshape(-1, cols // group_size,
+                                                                      group_size)
+        out[r0:r0 + step] = _scales(block)
+    return out
+
+
 def quantize_int4(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Quantize ``w`` ``[rows, cols]`` to (qweight U8 ``[rows, cols/2]``, scales F32
     ``[rows, cols/group_size]``). Requires ``cols % group_size == 0``, even group."""
@@ -40,14 +66,7 @@ def quantize_int4(w: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarra
     step = max(1, _BLOCK_BYTES // max(1, cols * 4))
     for r0 in range(0, rows, step):
         block = np.asarray(w[r0:r0 + step], dtype=np.float32).reshape(-1, groups, group_size)
-        amax = np.abs(block).max(axis=2)
-        s = amax / np.float32(7.0)
-        s[s == 0] = 1.0  # an all-zero group: any scale dequantizes to exact zeros
-        for _ in range(4):  # subnormal groups: max/7 may round down below max/7.5
-            low = amax / s > 7.5
-            if not low.any():
-                break
-            s[low] = np.nextafter(s[low], np.float32(np.inf))
+        s = _scales(block)
         q = np.clip(np.rint(block / s[:, :, None]), -7, 7).astype(np.int8)
         q = q.reshape(block.shape[0], cols)
         u = q.view(np.uint8) & 0x0F
@@ -112,7 +131,7 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str, group_size: int
             out.append((f"{name}.qweight", LazyTensor(
                 "U8", (rows, cols // 2), lambda s=src: quantize_int4(s(), group_size)[0])))
             out.append((f"{name}.scales", LazyTensor(
-                "F32", (rows, cols // group_size), lambda s=src: quantize_int4(s(), group_size)[1])))
+                "F32", (rows, cols // group_size), lambda s=src: int4_scales(s(), group_size))))
         else:
             out.append((name, LazyTensor(info.dtype, info.shape, src)))
     meta = {"format": "tinyllm"}
