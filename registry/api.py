@@ -30,6 +30,7 @@ from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.index.rebuild import rebuild
 from registry.index.record import (
+    forget_checkpoints,
     record_alias,
     record_checkpoint,
     record_policy,
@@ -99,6 +100,8 @@ class Registry:
                          lambda s: record_checkpoint(s, run_id, r.step, r.path, manifest))
 
         mgr.on_commit.append(hook)
+        mgr.on_retain.append(lambda steps: steps and self._record(
+            f"retention of {run_id}", lambda s: forget_checkpoints(s, run_id, steps)))
         return mgr
 
     def _releaser(self) -> ModelRelease:

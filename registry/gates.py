@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from registry.errors import GateFailedError
+from registry.errors import GateFailedError, UsageError
 
 __all__ = ["GateFailedError", "GateResult", "ReleaseFacts", "Threshold", "evaluate", "passed"]
 
@@ -46,13 +46,13 @@ class Threshold:
 
     @classmethod
     def parse(cls, text: str) -> Threshold:
-        """Parse ``"accuracy>=0.8"``. Raises ValueError naming the text."""
+        """Parse ``"accuracy>=0.8"``. Raises UsageError (a ValueError) naming the text."""
         m = _THRESHOLD.fullmatch(text)
         if not m:
-            raise ValueError(f"threshold {text!r}: expected METRIC>=VALUE or METRIC<=VALUE")
+            raise UsageError(f"threshold {text!r}: expected METRIC>=VALUE or METRIC<=VALUE")
         value = float(m.group(3))
         if math.isnan(value):
-            raise ValueError(f"threshold {text!r}: value is not a number")
+            raise UsageError(f"threshold {text!r}: value is not a number")
         return cls(m.group(1), m.group(2), value)
 
     def __str__(self) -> str:

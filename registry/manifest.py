@@ -33,8 +33,9 @@ COPY_DEPTH = 4
 
 
 def utc_now() -> str:
-    """The current time as an RFC 3339 UTC string (``2026-11-29T13:45:07Z``)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current time as an RFC 3339 UTC string with microseconds
+    (``2026-11-29T13:45:07.123456Z``): releases made in one second still sort."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def check_path(path: object, *, source: str) -> str:

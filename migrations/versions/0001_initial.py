@@ -68,6 +68,9 @@ def upgrade() -> None:
                   primary_key=True),
         sa.Column("source_pk", sa.Integer, sa.ForeignKey("ledger_sources.id"),
                   primary_key=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("uri", sa.Text, nullable=False),
+        sa.Column("license", sa.Text, nullable=False),
         sa.Column("allowed_uses", sa.String(64), nullable=False),
         sa.Column("revoked_in_file", sa.Boolean, nullable=False),
     )

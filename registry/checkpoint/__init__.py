@@ -5,7 +5,15 @@ from __future__ import annotations
 from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout, run_root
 from registry.checkpoint.manager import CheckpointManager, ResumeState, SaveResult
 from registry.checkpoint.tree import CheckpointSkippedWarning, CheckpointTree, StepInfo
+from registry.checkpoint.loongsage import (
+    LoongSageCheckpointer,
+    LoongSaveResult,
+    TrainingState,
+    load_dist_ckpt,
+    load_training_state,
+)
 
 __all__ = ["LAYOUTS", "LOONGSAGE", "TINYLLM", "CheckpointManager", "CheckpointSkippedWarning",
-           "CheckpointTree", "Layout", "ResumeState", "SaveResult", "StepInfo", "get_layout",
-           "run_root"]
+           "CheckpointTree", "Layout", "LoongSageCheckpointer", "LoongSaveResult", "ResumeState",
+           "SaveResult", "StepInfo", "TrainingState", "get_layout", "load_dist_ckpt",
+           "load_training_state", "run_root"]

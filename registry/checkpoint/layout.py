@@ -85,7 +85,7 @@ class Layout:
 
 TINYLLM = Layout("tinyllm", "LATEST", re.compile(r"step-(\d{6,})"), "step-{step:06d}", True)
 LOONGSAGE = Layout("loongsage", "latest_checkpointed_iteration.txt",
-                   re.compile(r"train_step_(\d+)"), "train_step_{step}", False)
+                   re.compile(r"train_step_(0|[1-9]\d*)"), "train_step_{step}", False)
 LAYOUTS = {layout.name: layout for layout in (TINYLLM, LOONGSAGE)}
 
 

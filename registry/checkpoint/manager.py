@@ -134,6 +134,8 @@ class CheckpointManager:
         self._spare: dict[str, dict[str, np.ndarray]] = {}
         #: called with the SaveResult after LATEST moved (the index hooks in here).
         self.on_commit: list[Callable[[SaveResult], None]] = []
+        #: called with the steps retention deleted after each save.
+        self.on_retain: list[Callable[[list[int]], None]] = []
 
     # -- saving ------------------------------------------------------------------
 
@@ -218,7 +220,11 @@ class CheckpointManager:
         self._emit(result)
         for hook in self.on_commit:
             hook(result)
-        self.tree.retain(self.keep_ckpts)
+        deleted = self.tree.retain(self.keep_ckpts)
+        steps = [s for s in (self.tree.layout.parse_dir(k.rsplit("/", 1)[-1]) for k in deleted)
+                 if s is not None]
+        for retained in self.on_retain:
+            retained(steps)
         return result
 
     def _clear_leftover(self, step: int, prefix: str) -> None:

@@ -22,12 +22,13 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from alembic import command
+from alembic.util.exc import CommandError
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from filelock import FileLock
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry.errors import IndexDatabaseError, IndexOutOfDateError
@@ -86,7 +87,11 @@ class Index:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if check:
-            self._ensure_schema()
+            try:
+                self._ensure_schema()
+            except BaseException:
+                self.engine.dispose()
+                raise
 
     def __repr__(self) -> str:
         return f"Index({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -101,16 +106,21 @@ class Index:
 
     def _ensure_schema(self) -> None:
         try:
-            current = self.current_revision()
             head = head_revision()
-            if current == head:
+            if self.current_revision() == head:
                 return
-            if current is None:
-                with self.engine.connect() as conn:
-                    empty = not inspect(conn).get_table_names()
-                if empty:
-                    self.upgrade()
+            # A fresh database is migrated by whoever takes the lock first; the
+            # others wait, then find it at head (never half-migrated).
+            with self._schema_lock():
+                current = self.current_revision()
+                if current == head:
                     return
+                if current is None:
+                    with self.engine.connect() as conn:
+                        empty = not inspect(conn).get_table_names()
+                    if empty:
+                        self._migrate()
+                        return
             raise IndexOutOfDateError(
                 f"{self}: index schema at revision {current or 'none'}, this registry needs "
                 f"{head}: run `registry db upgrade`")
@@ -118,12 +128,29 @@ class Index:
             raise IndexDatabaseError(f"{self}: cannot reach the index: "
                                      f"{str(e.orig).strip()}") from None
 
-    def upgrade(self) -> str:
-        """Bring the schema to head (idempotent, serialized); returns the head."""
+    def _schema_lock(self) -> Any:
         lock = self._lock_path()
-        with FileLock(lock) if lock else _advisory_lock(self.engine):
+        return FileLock(lock) if lock else _advisory_lock(self.engine)
+
+    def _migrate(self) -> None:
+        try:
             with self.engine.begin() as conn:
                 command.upgrade(_alembic_config(conn), "head")
+        except (CommandError, SQLAlchemyError) as e:
+            raise IndexDatabaseError(
+                f"{self}: cannot upgrade the index schema ({str(e).splitlines()[0]}); if this "
+                "database was not made by this registry, point --db at an empty database and "
+                "run `registry index rebuild`") from None
+
+    def upgrade(self) -> str:
+        """Bring the schema to head (idempotent, serialized); returns the head.
+
+        Raises:
+            IndexDatabaseError: the database holds a schema the migrations do not
+                know (an unknown revision, or tables without a version).
+        """
+        with self._schema_lock():
+            self._migrate()
         return head_revision()
 
     @contextmanager
@@ -147,6 +174,13 @@ class Index:
             try:
                 with self.session() as s:
                     return fn(s)
+            except IntegrityError:
+                # Two writers inserted the same model or source row at once:
+                # the transaction is replayed and now finds the other's row.
+                if attempt < _RETRIES - 1:
+                    time.sleep(0.01 * random.uniform(0.5, 1.5))
+                    continue
+                raise
             except OperationalError as e:
                 if "locked" in str(e.orig).lower() and attempt < _RETRIES - 1:
                     time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.5))

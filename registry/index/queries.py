@@ -64,7 +64,7 @@ def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
                             Release.evals_passed, ~_revoked()))
     for t in _policy(s, model_id, require):
         q = q.where(*_meets(t))
-    q = q.order_by(Release.created_at.desc(), Release.id.desc())
+    q = q.order_by(Release.created_at.desc(), Release.version.desc())
     if latest:
         q = q.limit(1)
     return [dict(r._mapping) for r in s.execute(q)]
@@ -130,8 +130,8 @@ def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
     rel = _release(s, model_id, version)
     files = s.execute(select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
                       .where(ReleaseFile.release_pk == rel.id).order_by(ReleaseFile.path)).all()
-    sources = s.execute(select(LedgerSource.source_id, LedgerSource.name, LedgerSource.license,
-                               LedgerSource.uri, ReleaseSource.allowed_uses, Revocation.reason)
+    sources = s.execute(select(LedgerSource.source_id, ReleaseSource.name, ReleaseSource.license,
+                               ReleaseSource.uri, ReleaseSource.allowed_uses, Revocation.reason)
                         .join(ReleaseSource, ReleaseSource.source_pk == LedgerSource.id)
                         .outerjoin(Revocation, Revocation.source_id == LedgerSource.source_id)
                         .where(ReleaseSource.release_pk == rel.id)
@@ -169,7 +169,7 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
         out = []
         for m in rows:
             versions = s.scalars(select(Release.version).join(Model).where(Model.model_id == m)
-                                 .order_by(Release.created_at.desc(), Release.id.desc())).all()
+                                 .order_by(Release.created_at.desc(), Release.version.desc())).all()
             ok = passing(s, m, latest=True)
             out.append({"model_id": m, "releases": len(versions),
                         "newest": versions[0] if versions else None,
@@ -183,7 +183,7 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     rows = s.execute(select(Release.version, Release.created_at, Release.dtype, Release.bytes,
                             Release.manifest_sha256).join(Model)
                      .where(Model.model_id == model_id)
-                     .order_by(Release.created_at.desc(), Release.id.desc())).all()
+                     .order_by(Release.created_at.desc(), Release.version.desc())).all()
     return [{**dict(r._mapping), "passing": r.version in ok,
              "aliases": sorted(aliases.get(r.version, []))} for r in rows]
 

@@ -84,8 +84,8 @@ def record_release(s: Session, store: Store, model_id: str, version: str) -> int
               for e in manifest.files)
     for r in (facts.ledger or []):
         spk = _source_pk(s, r)
-        s.add(ReleaseSource(release_pk=row.id, source_pk=spk,
-                            allowed_uses=",".join(r["allowed_uses"]),
+        s.add(ReleaseSource(release_pk=row.id, source_pk=spk, name=r["name"], uri=r["uri"],
+                            license=r["license"], allowed_uses=",".join(r["allowed_uses"]),
                             revoked_in_file=bool(r["revoked"])))
     s.add_all(EvalResult(release_pk=row.id, task=r["task"], metric=r["metric"],
                          task_metric=f"{r['task']}/{r['metric']}", value=r["value"], n=r["n"],
@@ -108,6 +108,11 @@ def record_checkpoint(s: Session, run_id: str, step: int, uri: str, manifest: Ma
     s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step == step))
     s.add(Checkpoint(run_id=run_id, step=step, uri=uri, manifest_sha256=manifest.digest,
                      bytes=manifest.total_size, created_at=manifest.created_at))
+
+
+def forget_checkpoints(s: Session, run_id: str, steps: list[int]) -> None:
+    """Drop the rows of checkpoints that retention deleted from the store."""
+    s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step.in_(steps)))
 
 
 def record_alias(s: Session, model_id: str, alias: str, version: str) -> None:

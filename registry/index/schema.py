@@ -84,6 +84,10 @@ class ReleaseSource(Base):
     release_pk: Mapped[int] = mapped_column(ForeignKey("releases.id", ondelete="CASCADE"),
                                             primary_key=True)
     source_pk: Mapped[int] = mapped_column(ForeignKey("ledger_sources.id"), primary_key=True)
+    #: as this release's ledger.json states them (a later release may relicense)
+    name: Mapped[str] = mapped_column(Text)
+    uri: Mapped[str] = mapped_column(Text)
+    license: Mapped[str] = mapped_column(Text)
     allowed_uses: Mapped[str] = mapped_column(String(64))
     revoked_in_file: Mapped[bool] = mapped_column(Boolean)
 

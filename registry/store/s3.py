@@ -14,8 +14,10 @@ the next part, so hashing and network overlap. Memory is bounded by
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import time
+import zlib
 from collections import deque
 from concurrent.futures import Future
 from typing import IO, Any
@@ -214,7 +216,10 @@ class _MultipartWriter:
     Like boto3's ``upload_file``, a multipart upload declares CRC32 checksums
     when botocore computes request checksums anyway (its default,
     ``request_checksum_calculation="when_supported"``): S3 then checks every
-    part and keeps a composite CRC32 of the object.
+    part and keeps a composite CRC32 of the object. The writer computes each
+    part's CRC32 as the bytes arrive (zlib releases the GIL) and sends it with
+    the part, so botocore does not re-read the part for it on the event loop,
+    where it would hold up every other part in flight.
     """
 
     def __init__(self, store: S3Store, key: str) -> None:
@@ -223,6 +228,7 @@ class _MultipartWriter:
         self._part = io.BytesIO()
         self._upload_id: str | None = None
         self._checksum: dict[str, str] = {}
+        self._crc = 0
         self._parts: deque[tuple[int, Future[Any]]] = deque()
         self._done: list[dict[str, Any]] = []
         self.closed = False
@@ -233,7 +239,9 @@ class _MultipartWriter:
         pos = 0
         while pos < n:
             take = min(PART_SIZE - self._part.tell(), n - pos)
-            self._part.write(view[pos:pos + take])
+            piece = view[pos:pos + take]
+            self._part.write(piece)
+            self._crc = zlib.crc32(piece, self._crc)
             pos += take
             if self._part.tell() >= PART_SIZE:
                 self._send(self._part)
@@ -249,9 +257,13 @@ class _MultipartWriter:
             self._upload_id = resp["UploadId"]
         number = len(self._done) + len(self._parts) + 1
         part.seek(0)
+        checksum = dict(self._checksum)
+        if checksum:
+            checksum["ChecksumCRC32"] = base64.b64encode(self._crc.to_bytes(4, "big")).decode()
+        self._crc = 0
         fut = self.store.submit("upload_part", Key=self.store._key(self.key),
                                 UploadId=self._upload_id, PartNumber=number, Body=part,
-                                **self._checksum)
+                                **checksum)
         self._parts.append((number, fut))
         while len(self._parts) >= MAX_INFLIGHT:
             self._reap()

@@ -1,0 +1,97 @@
+"""What a LoongSage step directory holds (seed 003), shared by saving, loading and adopting.
+
+::
+
+    <checkpoint_path>/latest_checkpointed_iteration.txt   "<N>\\n": the last resumable step
+    <checkpoint_path>/train_step_<N>/
+        dist_ckpt/model.safetensors        parameters, F32
+        dist_ckpt/optimizer.safetensors    per parameter state (tinyllm optimizer conventions)
+        dist_ckpt/scheduler.json           {"scheduler_state": <the LR scheduler state>}
+        dist_ckpt/rng.json                 {"topology": {"tp","pp","ep","dp"}, "rng_state": ...}
+        hf_model/model.safetensors         HF export: weights (F32, metadata format "pt")
+        hf_model/config.json               + tokenizer.json when given
+        data_source/global_dataset_state_dict_ds<i>.json
+                                           {"prompt_data_path": ..., "state": ...}
+        MANIFEST.json                      kind checkpoint, layout "loongsage": every file above
+
+Real LoongSage writes ``dist_ckpt/`` as Megatron torch_dist shards and the data
+source states as ``.pt`` pickles; trees it wrote can be verified and released
+(after ``registry ckpt adopt``) but only trees written by this module can be
+loaded with :func:`registry.checkpoint.loongsage.load_training_state`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from registry.errors import UsageError
+from registry.names import NAME_RE
+from registry.store import Store
+
+DIST = "dist_ckpt"
+HF = "hf_model"
+DATA = "data_source"
+MODEL = "model.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+SCHEDULER = "scheduler.json"
+RNG = "rng.json"
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+DIST_FILES = (MODEL, OPTIMIZER, SCHEDULER, RNG)
+DATA_RE = re.compile(r"data_source/global_dataset_state_dict_ds(\d+)\.(json|pt)")
+
+TOPOLOGY_KEYS = ("tp", "pp", "ep", "dp")
+#: seed 003 section 3: "If the PP/TP size changed when resuming, RNG restoration
+#: is skipped with a warning". EP and DP are recorded too, but do not gate RNG.
+RNG_TOPOLOGY_KEYS = ("tp", "pp")
+
+
+class DataSourceFreshWarning(UserWarning):
+    """A data source has no saved state in the checkpoint: it starts from scratch."""
+
+
+class RngSkippedWarning(UserWarning):
+    """The parallel topology changed since the save: RNG state is not restored."""
+
+
+class NoTrackerWarning(UserWarning):
+    """Step directories exist but no tracker file vouches for any: none is resumable."""
+
+
+def data_file(index: int) -> str:
+    """Relative path of data source ``index``'s state in a step directory."""
+    return f"{DATA}/global_dataset_state_dict_ds{index}.json"
+
+
+def check_topology(topology: Mapping[str, Any] | None, *, what: str) -> dict[str, int]:
+    """``{"tp", "pp", "ep", "dp"}`` sizes, missing ones 1.
+
+    Raises:
+        UsageError: an unknown key, or a size that is not a positive integer.
+    """
+    out = dict.fromkeys(TOPOLOGY_KEYS, 1)
+    for key, value in (topology or {}).items():
+        if key not in out:
+            raise UsageError(f"{what}: unknown topology key {key!r} "
+                             f"(known: {', '.join(TOPOLOGY_KEYS)})")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{what}: topology {key}={value!r} must be a positive integer")
+        out[key] = value
+    return out
+
+
+def derive_run_id(store: Store, root: str) -> str:
+    """A manifest ``run_id`` for the tree at ``root``: its key's segments joined
+    with ``-`` (the store URL's last segment for the store root), reduced to
+    the naming rule (``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``)."""
+    parts = [p for p in root.strip("/").split("/") if p]
+    if not parts:
+        tail = store.url.rstrip("/").rsplit("/", 1)[-1]
+        parts = [tail.split("://")[-1]]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts))
+    name = re.sub(r"\.{2,}", ".", name).lstrip("._-")[-128:].lstrip("._-")
+    if not name or name == "refs" or not NAME_RE.fullmatch(name):
+        return "loongsage"
+    return name

@@ -1,0 +1,419 @@
+"""Loading from LoongSage checkpoint trees (seed 003, "Model Loading").
+
+Two paths, picked automatically by :func:`load_training_state`:
+
+* from the checkpoint: only the step the tracker file records is resumable.
+  It is verified in full (sha256 of every file against MANIFEST.json); a
+  tracker that is empty, garbled, or names a missing or unverifiable step is
+  an error -- never silently another step;
+* from ``hf_model_path``: when there is no tracker (no usable checkpoint).
+
+``hf_model_path`` is required either way (its config.json gives the model
+structure). :func:`load_dist_ckpt` reads one concrete ``train_step_<N>/dist_ckpt``
+(``ref_dist_ckpt_path``, ``opd.teachers[].dist_ckpt_path``): no tracker, no scan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from registry import schemas
+from registry.checkpoint.layout import LOONGSAGE
+from registry.checkpoint.loongsage_format import (
+    CONFIG,
+    DATA_RE,
+    DIST,
+    DIST_FILES,
+    MODEL,
+    OPTIMIZER,
+    RNG,
+    RNG_TOPOLOGY_KEYS,
+    SCHEDULER,
+    DataSourceFreshWarning,
+    NoTrackerWarning,
+    RngSkippedWarning,
+    check_topology,
+)
+from registry.checkpoint.manager import load_safetensors
+from registry.checkpoint.tree import CheckpointTree
+from registry.errors import (
+    CheckpointError,
+    DocumentError,
+    IntegrityError,
+    NoValidCheckpointError,
+    NotCommittedError,
+    ObjectNotFoundError,
+    PointerError,
+    UsageError,
+)
+from registry.manifest import Manifest, check_path
+from registry.safetensors_io import check_optimizer_state, read_safetensors
+from registry.store import Store, join, open_store
+from registry.verify import read_manifest, verify_directory
+
+
+@dataclass(frozen=True, slots=True)
+class DataSourceState:
+    """The state one data source resumes from (matched by ``prompt_data_path``).
+
+    Attributes:
+        state: the saved state, or None when the source starts fresh.
+        saved_index: the ``ds<i>`` it was saved as (None when fresh).
+    """
+
+    prompt_data_path: str
+    state: Any
+    saved_index: int | None
+
+    @property
+    def fresh(self) -> bool:
+        return self.saved_index is None
+
+
+@dataclass(frozen=True, slots=True)
+class DistCheckpoint:
+    """One verified ``train_step_<N>/dist_ckpt`` directory, read."""
+
+    step: int
+    path: str
+    manifest: Manifest
+    model: dict[str, np.ndarray]
+    optimizer_state: dict[str, np.ndarray] | None
+    optimizer: str | None
+    scheduler_state: Any
+    rng_state: Any
+    topology: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingState:
+    """What a training run starts from.
+
+    Attributes:
+        source: ``"checkpoint"`` (resumed from the tracked step) or ``"hf"``
+            (initialized from ``hf_model_path``).
+        step: the resumed step; 0 for a run initialized from HF weights.
+        path: URL of the step directory or of ``hf_model_path``.
+        hf_config: ``hf_model_path``'s config.json.
+        model: parameter name -> array (F32).
+        optimizer_state, optimizer, scheduler_state: None from HF.
+        rng_state: the saved RNG state, or None (from HF, or skipped because the
+            TP/PP sizes changed; ``rng_restored`` says which).
+        saved_topology: the sizes recorded at save time (None from HF).
+        data_sources: one per requested ``prompt_data_path``, in the order asked.
+        manifest: the step's manifest (None from HF).
+    """
+
+    source: str
+    step: int
+    path: str
+    hf_config: dict[str, Any]
+    model: dict[str, np.ndarray]
+    optimizer_state: dict[str, np.ndarray] | None
+    optimizer: str | None
+    scheduler_state: Any
+    rng_state: Any
+    rng_restored: bool
+    saved_topology: dict[str, int] | None
+    data_sources: tuple[DataSourceState, ...]
+    manifest: Manifest | None
+
+    def data_state(self, prompt_data_path: str) -> Any:
+        """The state of the data source ``prompt_data_path`` (None: fresh)."""
+        for ds in self.data_sources:
+            if ds.prompt_data_path == prompt_data_path:
+                return ds.state
+        raise KeyError(prompt_data_path)
+
+
+def _open(store: str | os.PathLike[str] | Store) -> Store:
+    return store if isinstance(store, Store) else open_store(os.fspath(store))
+
+
+def load_training_state(store: str | Store, checkpoint_path: str = "", *,
+                        hf_model_path: str | os.PathLike[str] | Store | None = None,
+                        data_sources: Iterable[str | Mapping[str, Any]] = (),
+                        topology: Mapping[str, int] | None = None) -> TrainingState:
+    """Pick the loading path and load (seed 003 section 3).
+
+    Args:
+        store, checkpoint_path: the store and the tree's key in it (``""``: root).
+        hf_model_path: folder or URL of the HF model (config.json, and weights
+            as model.safetensors or a sharded model.safetensors.index.json).
+            Required on both paths.
+        data_sources: this run's ``prompt_data_path`` values (or dicts holding
+            one), in any order.
+        topology: this run's ``{"tp", "pp", "ep", "dp"}`` sizes (missing: 1).
+
+    Raises:
+        UsageError: no hf_model_path; a bad topology or data source list.
+        DocumentError: hf_model_path has no valid config.json (or weights, on
+            the HF path).
+        PointerError: the tracker is empty or not a step number.
+        NoValidCheckpointError: the tracked step is missing or does not verify.
+        CheckpointError: the tracked step has no loadable dist_ckpt.
+
+    Warns:
+        NoTrackerWarning: step directories exist but there is no tracker.
+        RngSkippedWarning: the TP or PP size differs from the saved one.
+        DataSourceFreshWarning: a data source has no saved state.
+    """
+    store = _open(store)
+    if hf_model_path is None or (isinstance(hf_model_path, str) and not hf_model_path):
+        raise UsageError("hf_model_path is required: both loading paths (checkpoint "
+                         "and HF) read its config.json for the model structure")
+    hf_store = _open(hf_model_path)
+    hf_config = _hf_config(hf_store)
+    topo = check_topology(topology, what="topology")
+    paths = _source_paths(data_sources)
+    tree = CheckpointTree(store, checkpoint_path, LOONGSAGE)
+    tracker = store.url_of(tree.pointer_key)
+    try:
+        step = tree.latest()
+    except PointerError as e:
+        raise PointerError(e.path, f"{e.rule}; only the step the tracker records is "
+                                   "resumable, so no other step is tried") from None
+    if step is None:
+        if tree.steps():
+            warnings.warn(f"{tracker}: no tracker file, so none of the step directories of "
+                          f"{store.url_of(tree.root)} is resumable; initializing from "
+                          f"hf_model_path {hf_store.url}", NoTrackerWarning, stacklevel=2)
+        return TrainingState("hf", 0, hf_store.url, hf_config, _hf_weights(hf_store),
+                             None, None, None, None, False, None,
+                             tuple(DataSourceState(p, None, None) for p in paths), None)
+    prefix = tree.prefix(step)
+    manifest = _verified_step(tree, step, tracker)
+    dist = _read_dist(store, prefix, manifest, step, optimizer=True)
+    changed = {k: (dist.topology[k], topo[k]) for k in RNG_TOPOLOGY_KEYS
+               if dist.topology[k] != topo[k]}
+    if changed:
+        what = ", ".join(f"{k.upper()} {a} -> {b}" for k, (a, b) in changed.items())
+        warnings.warn(f"{store.url_of(prefix)}: parallel topology changed since the save "
+                      f"({what}): RNG state is not restored; model, optimizer, scheduler "
+                      "and data source state are", RngSkippedWarning, stacklevel=2)
+    data = _data_sources(store, prefix, manifest, paths)
+    return TrainingState("checkpoint", step, store.url_of(prefix), hf_config, dist.model,
+                         dist.optimizer_state, dist.optimizer, dist.scheduler_state,
+                         None if changed else dist.rng_state, not changed, dist.topology,
+                         data, manifest)
+
+
+def load_dist_ckpt(store: str | Store, path: str = "", *,
+                   optimizer: bool = False) -> DistCheckpoint:
+    """Read one concrete ``train_step_<N>/dist_ckpt`` directory (a reference
+    model's ``ref_dist_ckpt_path``, an OPD teacher's ``dist_ckpt_path``).
+
+    The tracker is not read and no step is picked: ``path`` names the step.
+    Every ``dist_ckpt/`` file is verified (size and sha256) against the step
+    directory's MANIFEST.json before it is read.
+
+    Args:
+        store: the store, and ``path`` the directory's key in it; or, with
+            ``path`` empty, the directory's folder path or URL.
+        optimizer: read the optimizer state too (a reference model needs none).
+
+    Raises:
+        UsageError: ``path`` is not a ``train_step_<N>/dist_ckpt`` directory.
+        NoValidCheckpointError: the step has no manifest, or a file does not verify.
+        CheckpointError: the manifest lists no dist_ckpt.
+    """
+    if not path:
+        if isinstance(store, Store):
+            raise UsageError("load_dist_ckpt: name the train_step_<N>/dist_ckpt directory")
+        url = os.fspath(store).rstrip("/")
+        base, _, path = url.rpartition("/")
+        base, _, stepdir = base.rpartition("/")
+        path = f"{stepdir}/{path}"
+        store = open_store(base or ".")
+    store = _open(store)
+    key = path.strip("/")
+    parts = key.split("/")
+    step = LOONGSAGE.parse_dir(parts[-2]) if len(parts) >= 2 and parts[-1] == DIST else None
+    if step is None:
+        hint = (" (it is a checkpoint_path: it holds the tracker file)"
+                if store.exists(join(key, LOONGSAGE.pointer)) else "")
+        raise UsageError(f"{store.url_of(key)}: must name one concrete "
+                         f"train_step_<N>/{DIST} directory{hint}; the tracker file is not "
+                         "read and no step is picked")
+    prefix = "/".join(parts[:-1])
+    try:
+        manifest = read_manifest(store, prefix)
+    except NotCommittedError as e:
+        raise NoValidCheckpointError(f"{e} (a tree written without manifests can be "
+                                     "adopted: registry ckpt adopt)") from None
+    _verify_entries(store, prefix, manifest, f"{DIST}/")
+    return _read_dist(store, prefix, manifest, step, optimizer=optimizer)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _source_paths(data_sources: Iterable[str | Mapping[str, Any]]) -> list[str]:
+    paths = []
+    for i, ds in enumerate(data_sources):
+        p = ds.get("prompt_data_path") if isinstance(ds, Mapping) else ds
+        if not isinstance(p, str) or not p:
+            raise UsageError(f"data source {i}: needs a non-empty prompt_data_path")
+        if p in paths:
+            raise UsageError(f"data source {i}: prompt_data_path {p!r} given twice")
+        paths.append(p)
+    return paths
+
+
+def _verified_step(tree: CheckpointTree, step: int, tracker: str) -> Manifest:
+    store, prefix = tree.store, tree.prefix(step)
+    never = "only the tracked step is resumable, so no other step is tried"
+    if step not in tree.steps():
+        raise NoValidCheckpointError(f"{tracker} records step {step}, but "
+                                     f"{store.url_of(prefix)} does not exist; {never}")
+    report = verify_directory(store, prefix, full=True)
+    if report.error is not None:
+        hint = (" (a tree written without manifests can be adopted: registry ckpt adopt)"
+                if isinstance(report.error, NotCommittedError) else "")
+        raise NoValidCheckpointError(f"{tracker} records step {step}, but {report.error}"
+                                     f"{hint}; {never}")
+    if report.problems:
+        raise NoValidCheckpointError(f"{tracker} records step {step}, but "
+                                     f"{store.url_of(prefix)} does not verify: "
+                                     f"{report.problems[0]}; {never}")
+    assert report.manifest is not None
+    return report.manifest
+
+
+def _verify_entries(store: Store, prefix: str, manifest: Manifest, under: str) -> None:
+    entries = [e for e in manifest.files if e.path.startswith(under)]
+    sizes = store.walk_files(join(prefix, under))
+
+    def check(e: Any) -> IntegrityError | None:
+        actual = sizes.get(e.path[len(under):])
+        if actual is None or actual != e.size:
+            return IntegrityError(e.path, expected_size=e.size, actual_size=actual)
+        h = hashlib.sha256()
+        for block in store.iter_read(join(prefix, e.path)):
+            h.update(block)
+        if h.hexdigest() != e.sha256:
+            return IntegrityError(e.path, expected_size=e.size, actual_size=actual,
+                                  expected_sha256=e.sha256, actual_sha256=h.hexdigest())
+        return None
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        problems = [p for p in pool.map(check, entries) if p]
+    if problems:
+        raise NoValidCheckpointError(f"{store.url_of(prefix)} does not verify: {problems[0]}")
+
+
+def _json_file(store: Store, prefix: str, rel: str) -> Any:
+    return schemas.load_json(store.read_bytes(join(prefix, rel)),
+                             path=store.url_of(join(prefix, rel)))
+
+
+def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
+               optimizer: bool) -> DistCheckpoint:
+    url = store.url_of(join(prefix, DIST))
+    for name in DIST_FILES:
+        if manifest.entry(f"{DIST}/{name}") is None:
+            raise CheckpointError(
+                f"{url}/{name}: not in the step's MANIFEST.json; this step has no dist_ckpt "
+                "this registry can load (saved with save_checkpoint off, or by Megatron in "
+                "torch_dist format)")
+    model, _ = load_safetensors(store, prefix, manifest, f"{DIST}/{MODEL}")
+    opt = opt_name = None
+    if optimizer:
+        opt, meta = load_safetensors(store, prefix, manifest, f"{DIST}/{OPTIMIZER}")
+        opt_name = meta.get("optimizer", "")
+        check_optimizer_state(opt, {k: v.shape for k, v in model.items()}, optimizer=opt_name,
+                              path=f"{url}/{OPTIMIZER}")
+    sched = _json_file(store, prefix, f"{DIST}/{SCHEDULER}")
+    rng = _json_file(store, prefix, f"{DIST}/{RNG}")
+    for doc, name, key in ((sched, SCHEDULER, "scheduler_state"), (rng, RNG, "rng_state")):
+        if not isinstance(doc, dict) or key not in doc:
+            raise DocumentError(f"{url}/{name}", f"must be a JSON object with {key!r}")
+    try:
+        topology = check_topology(rng.get("topology"), what=f"{url}/{RNG}")
+    except UsageError as e:
+        raise DocumentError(f"{url}/{RNG}", str(e)) from None
+    return DistCheckpoint(step, url, manifest, model, opt, opt_name, sched["scheduler_state"],
+                          rng["rng_state"], topology)
+
+
+def _data_sources(store: Store, prefix: str, manifest: Manifest,
+                  paths: list[str]) -> tuple[DataSourceState, ...]:
+    saved: dict[str, tuple[int, Any]] = {}
+    for e in manifest.files:
+        m = DATA_RE.fullmatch(e.path)
+        if m is None or m.group(2) != "json":
+            continue
+        doc = _json_file(store, prefix, e.path)
+        where = store.url_of(join(prefix, e.path))
+        if not isinstance(doc, dict) or not isinstance(doc.get("prompt_data_path"), str):
+            raise DocumentError(where, "must be a JSON object with a prompt_data_path string")
+        if doc["prompt_data_path"] in saved:
+            raise DocumentError(where, f"prompt_data_path {doc['prompt_data_path']!r} is "
+                                       "saved twice")
+        saved[doc["prompt_data_path"]] = (int(m.group(1)), doc.get("state"))
+    out = []
+    for p in paths:
+        if p in saved:
+            idx, state = saved[p]
+            out.append(DataSourceState(p, state, idx))
+            continue
+        warnings.warn(f"data source {p!r}: no saved state in "
+                      f"{store.url_of(join(prefix, 'data_source'))} (saved: "
+                      f"{sorted(saved) or 'none'}); it starts fresh",
+                      DataSourceFreshWarning, stacklevel=3)
+        out.append(DataSourceState(p, None, None))
+    return tuple(out)
+
+
+def _hf_config(hf: Store) -> dict[str, Any]:
+    try:
+        data = hf.read_bytes(CONFIG)
+    except ObjectNotFoundError:
+        raise DocumentError(hf.url_of(CONFIG), "missing: hf_model_path must hold the HF "
+                                               "config.json (it gives the model structure)"
+                            ) from None
+    doc = schemas.load_json(data, path=hf.url_of(CONFIG))
+    if not isinstance(doc, dict):
+        raise DocumentError(hf.url_of(CONFIG), "must be a JSON object")
+    return doc
+
+
+def _read_weights(hf: Store, rel: str) -> dict[str, np.ndarray]:
+    size = hf.info(rel).size
+    with hf.open_read(rel) as f:
+        tensors, _ = read_safetensors(f, path=hf.url_of(rel), file_size=size)
+    return tensors
+
+
+def _hf_weights(hf: Store) -> dict[str, np.ndarray]:
+    """The HF model's weights as F32: model.safetensors, or the shards a
+    model.safetensors.index.json names."""
+    index = "model.safetensors.index.json"
+    if hf.exists(MODEL):
+        tensors = _read_weights(hf, MODEL)
+    elif hf.exists(index):
+        doc = schemas.load_json(hf.read_bytes(index), path=hf.url_of(index))
+        wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wmap, dict) or not wmap:
+            raise DocumentError(hf.url_of(index), "needs a non-empty weight_map object")
+        tensors = {}
+        for shard in sorted(set(wmap.values())):
+            check_path(shard, source=hf.url_of(index))
+            tensors.update(_read_weights(hf, shard))
+        missing = sorted(set(wmap) - set(tensors))
+        if missing:
+            raise DocumentError(hf.url_of(index), f"tensor {missing[0]!r} is in weight_map "
+                                                  "but in none of the shards")
+    else:
+        raise DocumentError(hf.url_of(MODEL), "missing: no usable checkpoint, so the "
+                                              "initial weights come from hf_model_path")
+    return {k: np.asarray(v, dtype=np.float32) if v.dtype.kind == "f" or
+            v.dtype.name == "bfloat16" else v for k, v in tensors.items()}

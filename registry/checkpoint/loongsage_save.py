@@ -1,0 +1,386 @@
+"""Saving LoongSage checkpoint trees (seed 003, "Model Saving").
+
+A save writes ``<checkpoint_path>/train_step_<N>/`` (see
+:mod:`registry.checkpoint.loongsage_format`) with the registry's commit protocol
+(staging + rename locally, claim + manifest on object stores), one
+``MANIFEST.json`` for the whole step directory, and only then moves the tracker
+``latest_checkpointed_iteration.txt`` to ``N``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from registry.checkpoint.layout import LOONGSAGE
+from registry.checkpoint.loongsage_format import (
+    CONFIG,
+    DIST,
+    HF,
+    MODEL,
+    OPTIMIZER,
+    RNG,
+    SCHEDULER,
+    TOKENIZER,
+    check_topology,
+    data_file,
+    derive_run_id,
+)
+from registry.checkpoint.manager import write_safetensors_file
+from registry.checkpoint.state import (
+    OPTIMIZERS,
+    config_dict,
+    encode_json,
+    read_file_or_doc,
+    to_numpy,
+)
+from registry.checkpoint.tree import CheckpointTree
+from registry.commit import DirectoryWriter, delete_directory
+from registry.errors import CheckpointError, PointerError, UsageError
+from registry.manifest import Manifest
+from registry.names import check_name
+from registry.safetensors_io import check_optimizer_state
+from registry.store import Store, open_store
+from registry.verify import is_committed
+
+
+@dataclass(frozen=True, slots=True)
+class LoongSaveResult:
+    """A landed save: its step, URL, manifest, size, write seconds, and whether
+    the tracker moved to it (only saves holding ``dist_ckpt/`` are resumable)."""
+
+    step: int
+    path: str
+    manifest_sha256: str
+    bytes: int
+    seconds: float
+    tracked: bool
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    step: int
+    model: dict[str, np.ndarray] | None
+    optimizer: dict[str, np.ndarray] | None
+    optimizer_name: str
+    docs: dict[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Landed:
+    step: int
+    prefix: str
+    manifest: Manifest
+    seconds: float
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _dumps(doc: Any, *, what: str) -> bytes:
+    try:
+        return (json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False,
+                           default=_json_default) + "\n").encode()
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{what}: not JSON-serializable: {e}") from None
+
+
+class LoongSageCheckpointer:
+    """Saves a training run into a LoongSage checkpoint tree (seed 003).
+
+    Args:
+        store: store URL or an open Store.
+        checkpoint_path: key of the tree in the store (``""``: the store root).
+        save_freq: ``trainer.save_freq``; a save every that many steps, ``<= 0``: none.
+        total_steps: the final step; it is always saved (when a switch is on).
+        save_checkpoint: ``trainer.save_checkpoint``: write ``dist_ckpt/`` (and
+            ``data_source/``); only such saves move the tracker.
+        save_hf: ``trainer.save_hf``: write ``hf_model/`` (needs ``hf_config``).
+        async_save: ``trainer.async_save``: the write runs on one background
+            thread; the arrays are snapshotted into reused buffers first.
+        hf_config: ``config.json`` of the HF export (dict or JSON text, kept verbatim).
+        tokenizer: ``tokenizer.json`` of the HF export (path, JSON text or dict).
+        topology: parallel sizes ``{"tp", "pp", "ep", "dp"}`` recorded in ``rng.json``.
+        keep: committed steps kept (the tracker's always), pruned on the writer
+            before each save; ``0`` (default, as the seed): keep all.
+        run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
+
+    Raises:
+        UsageError: bad switches or sizes, or ``save_hf`` without ``hf_config``.
+
+    Notes:
+        Call :meth:`on_step_start` at the start of each train step (non-blocking
+        finalize of the previous async save: the tracker moves there),
+        :meth:`maybe_save` after it, and :meth:`finish` at the end (blocking
+        flush). At most one save is in flight. A failed save never moves the
+        tracker; its exception is raised by the next finalize. One
+        checkpointer should be the only writer of its tree.
+    """
+
+    def __init__(self, store: str | Store, checkpoint_path: str = "", *, save_freq: int,
+                 total_steps: int, save_checkpoint: bool = True, save_hf: bool = False,
+                 async_save: bool = True, hf_config: Mapping[str, Any] | str | bytes | None = None,
+                 tokenizer: Any = None, topology: Mapping[str, int] | None = None,
+                 keep: int = 0, run_id: str | None = None) -> None:
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self.tree = CheckpointTree(self.store, checkpoint_path, LOONGSAGE)
+        where = self.store.url_of(self.tree.root)
+        for name, value in (("save_freq", save_freq), ("total_steps", total_steps),
+                            ("keep", keep)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise UsageError(f"{where}: {name} {value!r} must be an integer")
+        if total_steps < 1:
+            raise UsageError(f"{where}: total_steps {total_steps} must be at least 1")
+        self.save_freq, self.total_steps, self.keep = save_freq, total_steps, keep
+        self.save_checkpoint, self.save_hf = bool(save_checkpoint), bool(save_hf)
+        self.async_save = async_save
+        self.topology = check_topology(topology, what=where)
+        self.run_id = check_name(run_id, "run_id") if run_id is not None else \
+            derive_run_id(self.store, self.tree.root)
+        self.hf_config: bytes | None = None
+        self.tokenizer: bytes | None = None
+        if save_hf:
+            if hf_config is None:
+                raise UsageError(f"{where}: save_hf needs hf_config (the config.json of "
+                                 "the HF export)")
+            self.hf_config = encode_json(hf_config, what=f"{where}/{HF}/{CONFIG}")
+            doc = config_dict(self.hf_config, what=f"{where}/{HF}/{CONFIG}")
+            if tokenizer is not None:
+                self.tokenizer = read_file_or_doc(tokenizer, what=f"{where}/{HF}/{TOKENIZER}")
+            elif doc.get("tl_tokenizer") == "file":
+                raise UsageError(f"{where}/{HF}/{CONFIG}: says \"tl_tokenizer\": \"file\" "
+                                 "but no tokenizer was given")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
+        self._pending: Future[_Landed] | None = None
+        self._buffers: dict[str, np.ndarray] = {}
+        #: every save finalized so far, oldest first.
+        self.saved: list[LoongSaveResult] = []
+        #: called with each LoongSaveResult after it was finalized (tracker moved).
+        self.on_commit: list[Callable[[LoongSaveResult], None]] = []
+
+    # -- when ----------------------------------------------------------------------
+
+    def should_save(self, step: int) -> bool:
+        """Seed 003 4.1: every ``save_freq`` steps, and always the final step;
+        never when both ``save_checkpoint`` and ``save_hf`` are off."""
+        if not (self.save_checkpoint or self.save_hf):
+            return False
+        return (self.save_freq > 0 and step % self.save_freq == 0) or step == self.total_steps
+
+    # -- the training loop's calls --------------------------------------------------
+
+    def on_step_start(self) -> bool:
+        """Finalize the previous async save if it has landed, without blocking.
+
+        Returns:
+            True when no save is in flight any more.
+
+        Raises:
+            The landed save's exception, if it failed (the tracker did not move).
+        """
+        pending = self._pending
+        if pending is None:
+            return True
+        if not pending.done():
+            return False
+        self._pending = None
+        self._finalize(pending.result())
+        return True
+
+    def maybe_save(self, step: int, *, model: Mapping[str, Any] | None = None,
+                   optimizer_state: Mapping[str, Any] | None = None,
+                   optimizer: str = "adamw", scheduler_state: Any = None,
+                   rng_state: Any = None,
+                   data_sources: Iterable[Mapping[str, Any]] = ()) -> bool:
+        """Save ``step`` if :meth:`should_save` says so; returns whether it did.
+
+        Args:
+            step: the train step just finished (``train_step_<step>``).
+            model: parameter name -> array (numpy or torch, any float dtype; F32 on disk).
+            optimizer_state: ``<param>.exp_avg``/``.exp_avg_sq`` (adamw) or
+                ``<param>.momentum_buffer`` (sgd, muon); needed with save_checkpoint.
+            optimizer: ``"adamw"``, ``"sgd"`` or ``"muon"``.
+            scheduler_state, rng_state: JSON-serializable (numpy values become lists).
+            data_sources: ``{"prompt_data_path": str, "state": <JSON>}`` per data
+                source, in the run's order (``..._ds<i>.json``).
+
+        Returns:
+            False when no save is due. True once the save is scheduled (async:
+            the arrays are snapshotted, the caller may change them at once) or
+            written and the tracker moved (sync).
+
+        Raises:
+            CheckpointError, SafetensorsError, UsageError: bad input; nothing written.
+            Any error of the previous async save.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise UsageError(f"step {step!r} must be a non-negative integer")
+        if not self.should_save(step):
+            return False
+        where = self.store.url_of(self.tree.prefix(step))
+        if model is None or not model:
+            raise CheckpointError(f"{where}: no model parameters given")
+        docs = self._documents(step, scheduler_state, rng_state, data_sources, where)
+        if self.save_checkpoint:
+            if optimizer not in OPTIMIZERS:
+                raise CheckpointError(f"{where}: optimizer {optimizer!r} is not one of "
+                                      f"{', '.join(OPTIMIZERS)}")
+            if optimizer_state is None:
+                raise CheckpointError(f"{where}: save_checkpoint needs optimizer_state")
+        self.wait()  # at most one save in flight; raises a previous failure
+        params = self._snapshot("m", model, f"{where}/{DIST}/{MODEL}")
+        opt = None
+        if self.save_checkpoint:
+            assert optimizer_state is not None
+            opt = self._snapshot("o", optimizer_state, f"{where}/{DIST}/{OPTIMIZER}")
+            check_optimizer_state(opt, {k: v.shape for k, v in params.items()},
+                                  optimizer=optimizer, path=f"{where}/{DIST}/{OPTIMIZER}")
+        job = _Job(step, params, opt, optimizer, docs)
+        if self.async_save:
+            self._pending = self._pool.submit(self._write, job)
+        else:
+            self._finalize(self._write(job))
+        return True
+
+    def wait(self) -> LoongSaveResult | None:
+        """Blocking flush: wait for the in-flight save and finalize it.
+
+        Returns:
+            The newest finalized save, or None when there is none.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._finalize(pending.result())
+        return self.saved[-1] if self.saved else None
+
+    def finish(self) -> LoongSaveResult | None:
+        """End of training: blocking flush (raising a failed save's error), then
+        stop the writer thread and release the snapshot buffers."""
+        try:
+            return self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._buffers.clear()
+
+    close = finish
+
+    def __enter__(self) -> LoongSageCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _documents(self, step: int, scheduler_state: Any, rng_state: Any,
+                   data_sources: Iterable[Mapping[str, Any]], where: str) -> dict[str, bytes]:
+        docs: dict[str, bytes] = {}
+        if self.save_checkpoint:
+            docs[f"{DIST}/{SCHEDULER}"] = _dumps({"scheduler_state": scheduler_state},
+                                                 what=f"{where}/{DIST}/{SCHEDULER}")
+            docs[f"{DIST}/{RNG}"] = _dumps({"step": step, "topology": self.topology,
+                                            "rng_state": rng_state},
+                                           what=f"{where}/{DIST}/{RNG}")
+            seen: set[str] = set()
+            for i, ds in enumerate(data_sources):
+                path = ds.get("prompt_data_path") if isinstance(ds, Mapping) else None
+                if not isinstance(path, str) or not path:
+                    raise CheckpointError(f"{where}: data source {i} needs a non-empty "
+                                          "prompt_data_path")
+                if path in seen:
+                    raise CheckpointError(f"{where}: data source {i}: prompt_data_path "
+                                          f"{path!r} given twice")
+                seen.add(path)
+                docs[data_file(i)] = _dumps({"ds_idx": i, "prompt_data_path": path,
+                                             "state": ds.get("state")},
+                                            what=f"{where}/{data_file(i)}")
+        return docs
+
+    def _snapshot(self, tag: str, tensors: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
+        """F32 C-contiguous arrays: async, copies into buffers reused from save to
+        save (safe: the previous save has landed); sync, views where possible."""
+        out = {}
+        for name, t in tensors.items():
+            if not isinstance(name, str) or not name:
+                raise CheckpointError(f"{what}: tensor name {name!r} must be a non-empty string")
+            a = to_numpy(t)
+            if not np.issubdtype(a.dtype, np.floating) and a.dtype.name != "bfloat16":
+                raise CheckpointError(f"{what}: tensor {name!r} has dtype {a.dtype}, "
+                                      "expected floating point (saved as F32)")
+            if not self.async_save:
+                out[name] = np.asarray(a, dtype=np.float32, order="C")
+                continue
+            key = f"{tag}:{name}"
+            buf = self._buffers.get(key)
+            if buf is None or buf.shape != a.shape:
+                buf = self._buffers[key] = np.empty(a.shape, np.float32)
+            np.copyto(buf, a, casting="unsafe")
+            out[name] = buf
+        return out
+
+    def _write(self, job: _Job) -> _Landed:
+        t0 = time.perf_counter()
+        prefix = self.tree.prefix(job.step)
+        if self.keep > 0:
+            self.tree.retain(self.keep)
+        self._clear_leftover(job.step, prefix)
+        staging = prefix + ".tmp" if self.store.atomic_rename else None
+        with DirectoryWriter(self.store, prefix, kind="checkpoint",
+                             meta={"run_id": self.run_id, "step": job.step,
+                                   "layout": LOONGSAGE.name},
+                             staging=staging, sole_writer=True) as w:
+            if self.save_checkpoint:
+                assert job.model is not None and job.optimizer is not None
+                write_safetensors_file(w, f"{DIST}/{MODEL}", job.model,
+                                       {"format": "tinyllm", "step": str(job.step)})
+                write_safetensors_file(w, f"{DIST}/{OPTIMIZER}", job.optimizer,
+                                       {"format": "tinyllm", "optimizer": job.optimizer_name,
+                                        "step": str(job.step)})
+            if self.save_hf:
+                assert job.model is not None and self.hf_config is not None
+                write_safetensors_file(w, f"{HF}/{MODEL}", job.model, {"format": "pt"})
+                w.write_bytes(f"{HF}/{CONFIG}", self.hf_config)
+                if self.tokenizer is not None:
+                    w.write_bytes(f"{HF}/{TOKENIZER}", self.tokenizer)
+            for rel, data in job.docs.items():
+                w.write_bytes(rel, data)
+            manifest = w.commit()
+        return _Landed(job.step, prefix, manifest, time.perf_counter() - t0)
+
+    def _finalize(self, landed: _Landed) -> None:
+        """The seed's finalize: the write has landed, so the tracker may name it."""
+        if self.save_checkpoint:
+            self.tree.set_latest(landed.step)
+        parts = tuple(p for p, on in ((DIST, self.save_checkpoint), (HF, self.save_hf)) if on)
+        result = LoongSaveResult(landed.step, self.store.url_of(landed.prefix),
+                                 landed.manifest.digest, landed.manifest.total_size,
+                                 landed.seconds, self.save_checkpoint, parts)
+        self.saved.append(result)
+        for hook in self.on_commit:
+            hook(result)
+
+    def _clear_leftover(self, step: int, prefix: str) -> None:
+        """A step directory beyond the tracker was never vouched for (the crash
+        came between its commit and the tracker move, or it is HF-only): it is
+        replaced. A committed step at or before the tracker is refused."""
+        try:
+            latest = self.tree.latest()
+        except PointerError:
+            latest = None
+        if latest is not None and step <= latest and is_committed(self.store, prefix):
+            raise CheckpointError(
+                f"{self.store.url_of(prefix)}: already a committed checkpoint at or before "
+                f"the tracker (step {latest}); saving does not overwrite it")
+        delete_directory(self.store, prefix)
