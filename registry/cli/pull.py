@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -48,7 +49,8 @@ def pull(
         s = open_store(store)
         with Progress("[progress.description]{task.description}", BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                      disable=not show_bar, transient=True) as bar:
+                      console=Console(stderr=True), disable=not show_bar,
+                      transient=True) as bar:
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, name, to=to, cache=cache, workers=workers,
                              verify=verify, force=force,

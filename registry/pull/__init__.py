@@ -18,7 +18,7 @@ from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
-from registry.pull.materialize import current_digest, materialize, verify_materialized
+from registry.pull.materialize import current_digest, materialize
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
@@ -140,11 +140,15 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                 errors.append(err)
         if errors:
             raise errors[0]
-    placed = materialize(manifest, c, target, force=force)
-    if verify:
-        problems = verify_materialized(target, manifest)
-        if problems:
-            raise problems[0]
+    try:
+        placed = materialize(manifest, c, target, force=force, verify=verify)
+    except IntegrityError as err:
+        # A cache blob went bad after it was verified: drop it, so the next
+        # pull downloads it again.
+        for e in manifest.files:
+            if e.path == err.path:
+                c.blob(e.sha256).unlink(missing_ok=True)
+        raise
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       len(missing), manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify)

@@ -92,7 +92,14 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  expected_sha256=entry.sha256, actual_sha256=actual)
         os.chmod(tmp, 0o444)
-        os.replace(tmp, cache.blob(entry.sha256))  # identical content if it raced
+        try:
+            # link, not replace: a blob another pull placed meanwhile has the same
+            # content, and directories already hardlinked to it stay linked.
+            os.link(tmp, cache.blob(entry.sha256))
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hardlinks
+            os.replace(tmp, cache.blob(entry.sha256))
         return got
     except OSError as e:
         if e.errno == 28:

@@ -17,7 +17,12 @@ import shutil
 import uuid
 from pathlib import Path
 
-from registry.errors import CommitConflictError, IntegrityError, ObjectExistsError
+from registry.errors import (
+    CommitConflictError,
+    InsufficientSpaceError,
+    IntegrityError,
+    ObjectExistsError,
+)
 from registry.manifest import MANIFEST, Manifest, hash_file, parse_manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 from registry.store.local import _AT_FDCWD, _renameat2, fsync_path, rename_noreplace
@@ -71,18 +76,43 @@ def clean_stale_staging(target: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool) -> bool:
+def _refuse_foreign(target: Path, manifest: Manifest) -> None:
+    # Re-read: a concurrent pull of this very release may have placed it meanwhile.
+    if current_digest(target) != manifest.digest:
+        raise CommitConflictError(f"{target}: holds other content (not this release); "
+                                  "refusing to replace it without --force", path=str(target))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
+                verify: bool = False) -> bool:
     """Place the release at ``target``; returns False when it was already there.
+
+    Args:
+        verify: re-hash every file in the staging directory before it is
+            placed, so a corrupt cache blob never reaches the final name.
 
     Raises:
         CommitConflictError: ``target`` holds other content and not ``force``.
-        IntegrityError: a manifest path would escape ``target``.
+        IntegrityError: a manifest path would escape ``target``, or (with
+            ``verify``) a file differs from the manifest.
+        InsufficientSpaceError: the disk filled up while copying.
     """
     if current_digest(target) == manifest.digest:
+        if verify:
+            problems = verify_materialized(target, manifest)
+            if problems:
+                raise problems[0]
         return False
     if target.exists() and not is_empty_dir(target) and not force:
-        raise CommitConflictError(f"{target}: holds other content (not this release); "
-                                  "refusing to replace it without --force", path=str(target))
+        _refuse_foreign(target, manifest)
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(target)
     staging = target.parent / f".{target.name}.{temp_tag()}.pull-{uuid.uuid4().hex[:6]}"
@@ -98,7 +128,16 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool) 
                     raise
                 shutil.copyfile(cache.blob(e.sha256), dest)
         (staging / MANIFEST).write_bytes(manifest.to_bytes())
+        if verify:
+            problems = verify_materialized(staging, manifest)
+            if problems:
+                raise problems[0]
         return _place(staging, target, manifest, force=force)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise InsufficientSpaceError(f"{target}: no space left on device while placing "
+                                         "the model directory", key=str(target)) from None
+        raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -121,15 +160,15 @@ def _place(staging: Path, target: Path, manifest: Manifest, *, force: bool) -> b
     if current_digest(target) == manifest.digest:
         return False
     if not force:
-        raise CommitConflictError(f"{target}: holds other content (not this release); "
-                                  "refusing to replace it without --force", path=str(target))
-    old = target.parent / f".{target.name}.{temp_tag()}.old"
+        _refuse_foreign(target, manifest)
+        return False
     if _exchange(staging, target):
-        shutil.rmtree(staging, ignore_errors=True)  # staging now holds the old content
+        _remove(staging)  # staging now holds the old content
     else:
+        old = target.parent / f".{target.name}.{temp_tag()}.old"
         os.rename(target, old)
         os.rename(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     return True
 
 

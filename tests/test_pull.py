@@ -1,0 +1,1061 @@
+"""Pull (DESIGN section 7) on memory, local disk and a real S3 server.
+
+What is checked, and how:
+
+* Pull by version and by alias (Python API and ``registry pull``), into ``--to``
+  and into the cache's default ``models/<model_id>/<version>``: the directory
+  holds exactly the release's files plus MANIFEST.json, byte-equal to the
+  store's, hardlinked to ``blobs/sha256/<hex>`` (same inode), and
+  ``registry verify DIR --full`` passes. Uncommitted releases, invalid manifests
+  and manifests with escaping paths are refused with one clear error line and
+  nothing is placed.
+* Dedupe: a second version sharing all but one file downloads only that file;
+  reads are counted with wrappers around the store's read methods (and, on
+  S3, around every S3 API call, so requests and bytes on the wire are counted).
+* Integrity: a stored file with a flipped byte, truncated, replaced by a Git
+  LFS pointer or by an HTML error page is refused with IntegrityError naming
+  the file and the expected and actual values; nothing under the final name,
+  no blob for it, no temp file. Large files take the ranged path
+  (``RANGE_THRESHOLD``/``RANGE_SIZE`` monkeypatched to 1 MiB / 256 KiB).
+  ``--verify`` re-hashes what was materialized: cache hits are trusted (a blob
+  only enters ``blobs/`` verified, read-only), so a blob corrupted afterwards
+  is caught only by ``--verify``.
+* Atomicity: 4 real processes pull one release into one cache and one target
+  at once, 10 times; a pull SIGKILLed while downloading or while linking the
+  staging directory leaves nothing under the final name and no wrong blob, and
+  the next pull removes its leftovers and completes (tests/support/pull_child.py).
+* Bad input: foreign content in the target (refused unless ``--force``); disk
+  space checked before the first byte; ENOSPC while writing becomes a clean
+  InsufficientSpaceError.
+* Output: ``--json`` is JSON; without a TTY no progress bar, a summary line with
+  files, bytes, seconds and MB/s; ``--quiet`` prints only the path.
+
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import hashlib
+import importlib
+import io
+import json
+import os
+import random
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import registry.pull as pull_module
+from registry.aliases import set_alias
+from registry.errors import (
+    CommitConflictError,
+    InsufficientSpaceError,
+    IntegrityError,
+    ManifestError,
+    NotCommittedError,
+    ObjectNotFoundError,
+    UnsafePathError,
+)
+from registry.manifest import MANIFEST, Manifest, parse_manifest
+from registry.pull import FREE_MARGIN, PullResult, pull
+from registry.release import ModelRelease, release_prefix
+from registry.safetensors_io import write_safetensors
+from registry.store import Store, join, open_store
+from registry.store.s3 import S3Store
+from registry.verify import verify_directory
+from tests.conftest import run_cli
+from tests.release_util import ledger_row, summary
+
+MODEL = "tiny"
+KIB = 1024
+MIB = 1024 * KIB
+#: a file over the (monkeypatched) RANGE_THRESHOLD: 6 ranges of 256 KiB, the last short.
+BIG = MIB + 300 * KIB + 123
+#: the modules (``registry.pull.materialize`` is also the name of a function there).
+download = importlib.import_module("registry.pull.download")
+materialize = importlib.import_module("registry.pull.materialize")
+cache_mod = importlib.import_module("registry.pull.cache")
+CHILD = Path(__file__).resolve().parent / "support" / "pull_child.py"
+RACERS = 4
+REPETITIONS = 10
+#: what rich draws for a progress bar.
+BAR_CHARS = re.compile("[━╸╺█▏▎▍▌▋▊▉]|\x1b\\[")
+
+
+# -- releases -------------------------------------------------------------------
+
+
+def _safetensors() -> bytes:
+    buf = io.BytesIO()
+    rng = np.random.default_rng(3)
+    write_safetensors(buf, {"embed.weight": rng.standard_normal((16, 8), dtype=np.float32),
+                            "norm.bias": np.zeros(8, dtype=np.float32)},
+                      metadata={"format": "tinyllm"}, path="model.safetensors")
+    return buf.getvalue()
+
+
+def release_files(*, big: bool = False) -> dict[str, bytes]:
+    """A small model directory; ``data/copy-of-a.bin`` has ``data/a.bin``'s bytes."""
+    rng = random.Random(1)
+    a = rng.randbytes(4 * KIB)
+    files = {"model.safetensors": _safetensors(),
+             "config.json": b'{"hidden_size": 8}\n',
+             "MODEL_CARD.md": b"# tiny\n\nA model for pull tests.\n",
+             "data/a.bin": a, "data/copy-of-a.bin": a,
+             "data/b.bin": rng.randbytes(2500),
+             "data/nested/deep/c.txt": b"c" * 700}
+    if big:
+        files["big.bin"] = rng.randbytes(BIG)
+    return files
+
+
+def publish(store: Store, root: Path, version: str, files: dict[str, bytes]) -> Manifest:
+    """Publish ``files`` as release ``tiny@version`` (through ModelRelease.publish)."""
+    src = root / f"src-{version}"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    return ModelRelease(store).publish(src, MODEL, version, ledger=[ledger_row()],
+                                       eval_summary=summary()).manifest
+
+
+def stored(store: Store, version: str) -> dict[str, bytes]:
+    """Every file of the release in the store, MANIFEST.json included."""
+    prefix = release_prefix(MODEL, version)
+    data = store.read_bytes(join(prefix, MANIFEST))
+    m = parse_manifest(data, source=prefix)
+    out = {e.path: store.read_bytes(join(prefix, e.path)) for e in m.files}
+    out[MANIFEST] = data
+    return out
+
+
+def distinct(m: Manifest) -> dict[str, int]:
+    return {e.sha256: e.size for e in m.files}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- what a pull leaves on disk --------------------------------------------------------
+
+
+def on_disk(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_pulled(target: Path, store: Store, version: str, cache: Path | None = None, *,
+                  linked: bool | None = True) -> None:
+    """``target`` holds exactly the release's bytes (+ MANIFEST.json) and verifies
+    fully; each file is a hardlink of its cache blob (``linked``), or a copy
+    (False), or either (None)."""
+    expected = stored(store, version)
+    got = on_disk(target)
+    assert sorted(got) == sorted(expected)
+    for rel, data in expected.items():
+        assert got[rel] == data, rel
+    m = parse_manifest(expected[MANIFEST], source=version)
+    if cache is not None and linked is not None:
+        for e in m.files:
+            st = (target / e.path).stat()
+            blob = (cache / "blobs" / "sha256" / e.sha256).stat()
+            if linked:
+                assert (st.st_ino, st.st_dev) == (blob.st_ino, blob.st_dev), e.path
+                assert st.st_nlink >= 2
+            else:
+                assert st.st_ino != blob.st_ino and st.st_nlink == 1, e.path
+    report = verify_directory(open_store(str(target)), "", full=True)
+    assert report.ok, report.to_dict()
+
+
+def blobs(cache: Path) -> dict[str, bytes]:
+    d = cache / "blobs" / "sha256"
+    return {p.name: p.read_bytes() for p in d.iterdir()} if d.is_dir() else {}
+
+
+def assert_clean(cache: Path, target: Path) -> None:
+    """No temp file, no staging directory, every blob holds what its name says."""
+    tmp = cache / "tmp"
+    assert not tmp.exists() or sorted(os.listdir(tmp)) == []
+    if target.parent.is_dir():
+        assert [p for p in os.listdir(target.parent) if p.startswith(f".{target.name}.")] == []
+    for name, data in blobs(cache).items():
+        assert sha256(data) == name
+
+
+def assert_cli_error(p: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+# -- counting reads ---------------------------------------------------------------
+
+
+class ReadLog:
+    """Wraps the read methods of one store instance; on S3 also every S3 API call.
+
+    ``reads``: (method, key, bytes) per call of iter_read / read_range / read_bytes;
+    ``requests``: (S3 operation, key, Range, ContentLength) per S3 API request.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.reads: list[tuple[str, str, int]] = []
+        self.requests: list[tuple[str, str | None, str | None, int | None]] = []
+        iter_read, read_range, read_bytes = store.iter_read, store.read_range, store.read_bytes
+
+        def counted_iter(key: str, *a: Any, **kw: Any) -> Iterator[bytes]:
+            n = 0
+            try:
+                for block in iter_read(key, *a, **kw):
+                    n += len(block)
+                    yield block
+            finally:
+                self.reads.append(("iter_read", key, n))
+
+        def counted_range(key: str, start: int, end: int) -> bytes:
+            data = read_range(key, start, end)
+            self.reads.append(("read_range", key, len(data)))
+            return data
+
+        def counted_bytes(key: str) -> bytes:
+            data = read_bytes(key)
+            self.reads.append(("read_bytes", key, len(data)))
+            return data
+
+        store.iter_read = counted_iter  # type: ignore[method-assign]
+        store.read_range = counted_range  # type: ignore[method-assign]
+        store.read_bytes = counted_bytes  # type: ignore[method-assign]
+        if isinstance(store, S3Store):
+            call = store.fs._call_s3
+
+            async def counted_call(method: str, *a: Any, **kw: Any) -> Any:
+                resp = await call(method, *a, **kw)
+                length = resp.get("ContentLength") if isinstance(resp, dict) else None
+                self.requests.append((method, kw.get("Key"), kw.get("Range"), length))
+                return resp
+
+            store.fs._call_s3 = counted_call  # type: ignore[method-assign]
+
+    def clear(self) -> None:
+        self.reads.clear()
+        self.requests.clear()
+
+    def data_bytes(self, version: str) -> dict[str, int]:
+        """Bytes read per data file (not MANIFEST.json) of ``version``, by method calls."""
+        prefix = release_prefix(MODEL, version) + "/"
+        out: dict[str, int] = collections.Counter()
+        for _, key, n in self.reads:
+            if key.startswith(prefix) and not key.endswith(MANIFEST):
+                out[key[len(prefix):]] += n
+        return dict(out)
+
+    def data_gets(self, version: str) -> dict[str, list[int]]:
+        """S3 GET requests per data file of ``version``: their ContentLengths."""
+        marker = "/" + release_prefix(MODEL, version) + "/"
+        out: dict[str, list[int]] = collections.defaultdict(list)
+        for method, key, _, length in self.requests:
+            if method == "get_object" and key and marker in "/" + key \
+                    and not key.endswith(MANIFEST):
+                out[("/" + key).split(marker, 1)[1]].append(int(length or 0))
+        return dict(out)
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def durable(durable_store_url: str) -> Iterator[Store]:
+    s = open_store(durable_store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files over 1 MiB take the ranged path, in 256 KiB ranges; streams in 1 KiB."""
+    monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
+    monkeypatch.setattr(download, "RANGE_SIZE", 256 * KIB)
+    monkeypatch.setattr(download, "STREAM_CHUNK", KIB)
+
+
+# == 1. pull by version and alias =====================================================
+
+
+def test_pull_by_version_and_alias(store: Store, tmp_path: Path) -> None:
+    m = publish(store, tmp_path, "1", release_files())
+    set_alias(store, MODEL, "prod", "1")
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    chunks: list[int] = []
+    starts: list[int] = []
+    r = pull(store, MODEL, "1", to=serve, cache=cache, workers=4, progress=chunks.append,
+             on_start=starts.append)
+    need = distinct(m)
+    assert isinstance(r, PullResult)
+    assert (r.model_id, r.version, r.manifest_sha256, r.path) == (
+        MODEL, "1", m.digest, str(serve.resolve()))
+    assert (r.files, r.downloaded, r.bytes, r.transferred) == (
+        len(m.files), len(need), m.total_size, sum(need.values()))
+    assert len(need) == len(m.files) - 1  # a.bin and copy-of-a.bin: one download
+    assert r.placed and not r.verified and r.seconds > 0
+    assert starts == [r.transferred] and sum(chunks) == r.transferred
+    assert_pulled(serve, store, "1", cache)
+    assert sorted(blobs(cache)) == sorted(need)
+
+    # By alias, into the cache's default location: all cache hits, linked to the same blobs.
+    r2 = pull(store, MODEL, "prod", cache=cache, verify=True)
+    default = cache.resolve() / "models" / MODEL / "1"
+    assert (r2.version, r2.path, r2.downloaded, r2.transferred, r2.placed, r2.verified) == (
+        "1", str(default), 0, 0, True, True)
+    assert_pulled(default, store, "1", cache)
+    # Again: the target already holds this release, a no-op.
+    r3 = pull(store, MODEL, "prod", cache=cache)
+    assert (r3.placed, r3.downloaded, r3.path) == (False, 0, str(default))
+    assert_clean(cache, serve)
+    assert_clean(cache, default)
+
+
+def test_cli_pull_by_version_and_alias(durable_store_url: str, durable: Store,
+                                       tmp_path: Path) -> None:
+    m = publish(durable, tmp_path, "1", release_files())
+    set_alias(durable, MODEL, "prod", "1")
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    need = distinct(m)
+
+    # By version into --to. No TTY: no progress bar, one summary line on stdout.
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(serve), "--cache", str(cache),
+                "--workers", "3", "--store", durable_store_url)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "" and not BAR_CHARS.search(p.stdout)
+    assert len(p.stdout.splitlines()) == 1
+    match = re.fullmatch(
+        rf"pulled {MODEL}@1 to {re.escape(str(serve.resolve()))}: (\d+) files "
+        r"\((\d+) downloaded\), (\d+) bytes \((\d+) transferred\), (\d+\.\d\d) s, "
+        r"(\d+\.\d) MB/s", p.stdout.strip())
+    assert match, p.stdout
+    assert [int(match[i]) for i in range(1, 5)] == [
+        len(m.files), len(need), m.total_size, sum(need.values())]
+    assert_pulled(serve, durable, "1", cache)
+
+    # By alias into the default location ($REGISTRY_CACHE); --quiet: only the path.
+    default = cache.resolve() / "models" / MODEL / "1"
+    p = run_cli("pull", f"{MODEL}@prod", "--quiet", "--store", durable_store_url,
+                env={"REGISTRY_CACHE": str(cache)})
+    assert p.returncode == 0, p.stderr
+    assert (p.stdout, p.stderr) == (f"{default}\n", "")
+    assert_pulled(default, durable, "1", cache)
+
+    # --json: one JSON document, nothing on stderr (here a no-op, re-hashed).
+    p = run_cli("pull", f"{MODEL}@prod", "--cache", str(cache), "--json", "--verify",
+                "--store", durable_store_url)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    doc = json.loads(p.stdout)
+    assert doc == {**doc, "model_id": MODEL, "version": "1", "manifest_sha256": m.digest,
+                   "path": str(default), "files": len(m.files), "downloaded": 0,
+                   "bytes": m.total_size, "transferred": 0, "placed": False,
+                   "verified": True}
+    assert isinstance(doc["seconds"], float)
+
+    for d in (serve, default):
+        p = run_cli("verify", str(d), "--full")
+        assert p.returncode == 0 and p.stdout.startswith("OK "), p.stdout + p.stderr
+    assert_clean(cache, serve)
+    assert_clean(cache, default)
+
+
+def _read_pty(fd: int, proc: subprocess.Popen[bytes], timeout: float = 120) -> bytes:
+    """Everything written to the pty whose master is ``fd`` until ``proc`` exits."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = selectors.DefaultSelector()
+        ready.register(fd, selectors.EVENT_READ)
+        events = ready.select(0.2)
+        ready.close()
+        if events:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child side is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    return out
+
+
+def test_progress_bar_goes_to_stderr_when_it_is_a_tty(tmp_path: Path) -> None:
+    pty = pytest.importorskip("pty")
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files(big=True))
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "registry", "pull", f"{MODEL}@1", "--to",
+             str(tmp_path / "serve"), "--cache", str(tmp_path / "cache"), "--store",
+             str(tmp_path / "store")], stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        err = _read_pty(master, proc)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, err
+    assert out.decode().startswith(f"pulled {MODEL}@1 to ") and len(out.splitlines()) == 1
+    assert BAR_CHARS.search(err.decode(errors="replace"))
+
+
+def _escaping_manifest(path: str) -> bytes:
+    doc = {"format": "tinyllm-manifest", "format_version": 1, "kind": "release",
+           "created_at": "2026-11-29T10:00:00Z", "model_id": MODEL, "version": "2",
+           "source": {"uri": "/nowhere"},
+           "files": [{"path": path, "size": 3, "sha256": sha256(b"pwn")}]}
+    return json.dumps(doc).encode()
+
+
+REFUSED = {
+    # case: (API error, CLI exit code, message fragment)
+    "uncommitted": (NotCommittedError, 1, "no version or alias named '2'"),
+    "not-json": (ManifestError, 5, "MANIFEST.json"),
+    "schema": (ManifestError, 5, "MANIFEST.json"),
+    "escape": (UnsafePathError, 5, "'..' segment"),
+    "escape-nested": (UnsafePathError, 5, "'..' segment"),
+    "absolute": (UnsafePathError, 5, "is absolute"),
+}
+#: the cases also run through the CLI (each costs a process).
+CLI_CASES = {"uncommitted", "not-json", "escape"}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_uncommitted_or_invalid_release_is_refused(durable_store_url: str, durable: Store,
+                                                   tmp_path: Path, case: str) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    prefix = release_prefix(MODEL, "2")
+    durable.write_bytes(join(prefix, "config.json"), b"{}")  # files, but maybe no manifest
+    durable.write_bytes(join("models", MODEL, "x"), b"pwn")  # what ../x would name
+    manifest = {"uncommitted": None, "not-json": b"<html>502 Bad Gateway</html>",
+                "schema": json.dumps({"format": "tinyllm-manifest", "files": "all"}).encode(),
+                "escape": _escaping_manifest("../x"),
+                "escape-nested": _escaping_manifest("a/../../x"),
+                "absolute": _escaping_manifest(str(tmp_path / "x"))}[case]
+    if manifest is not None:
+        durable.write_bytes(join(prefix, MANIFEST), manifest)
+    error, code, fragment = REFUSED[case]
+    cache, serve = tmp_path / "cache", tmp_path / "out" / "serve"
+
+    with pytest.raises(error) as e:
+        pull(durable, MODEL, "2", to=serve, cache=cache)
+    assert fragment in str(e.value)
+    if case in CLI_CASES:
+        p = run_cli("pull", f"{MODEL}@2", "--to", str(serve), "--cache", str(cache),
+                    "--store", durable_store_url)
+        assert_cli_error(p, code, fragment)
+        assert p.stdout == ""
+    # Nothing placed, nothing written anywhere: not the target, not x next to it, no blob.
+    assert not serve.exists() and not (tmp_path / "out").exists()
+    assert not (tmp_path / "x").exists() and blobs(cache) == {}
+
+
+# == 2. dedupe =============================================================================
+
+
+def test_second_version_downloads_only_the_changed_file(store: Store, tmp_path: Path) -> None:
+    v1 = release_files()
+    v2 = dict(v1, **{"data/b.bin": random.Random(2).randbytes(3000)})
+    m1 = publish(store, tmp_path, "1", v1)
+    m2 = publish(store, tmp_path, "2", v2)
+    changed = m2.entry("data/b.bin")
+    assert changed is not None
+    assert {e.path for e in m2.files if m1.entry(e.path) != e} == {"data/b.bin"}
+    cache = tmp_path / "cache"
+    log = ReadLog(store)
+
+    r1 = pull(store, MODEL, "1", cache=cache, workers=4)
+    assert r1.downloaded == len(distinct(m1))
+    log.clear()
+    r2 = pull(store, MODEL, "2", cache=cache, workers=4)
+    assert (r2.files, r2.downloaded, r2.transferred, r2.bytes) == (
+        len(m2.files), 1, changed.size, m2.total_size)
+    # The store was read for that one file only, exactly its bytes.
+    assert log.data_bytes("2") == {"data/b.bin": changed.size}
+    assert log.data_bytes("1") == {}
+    if isinstance(store, S3Store):
+        gets = log.data_gets("2")
+        assert list(gets) == ["data/b.bin"] and sum(gets["data/b.bin"]) == changed.size
+        assert len(gets["data/b.bin"]) == 1  # one GET for a small file
+        touched = {k for _, k, _, _ in log.requests if k and "/models/tiny/2/" in "/" + k}
+        assert touched <= {f"root/models/tiny/2/{p}" for p in ("data/b.bin", MANIFEST)}
+
+    d1, d2 = Path(r1.path), Path(r2.path)
+    assert_pulled(d1, store, "1", cache)
+    assert_pulled(d2, store, "2", cache)
+    for e in m2.files:  # shared files are one inode in both directories
+        if e.path != "data/b.bin":
+            assert (d1 / e.path).stat().st_ino == (d2 / e.path).stat().st_ino
+    assert sorted(blobs(cache)) == sorted(distinct(m1) | distinct(m2))
+    assert_clean(cache, d2)
+
+
+# == 3. integrity =======================================================================
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256(data)}\n"
+            f"size {len(data)}\n").encode()
+
+
+def tampered(data: bytes, kind: str) -> bytes:
+    if kind == "flip":
+        mid = len(data) // 2 + 1
+        return data[:mid] + bytes([data[mid] ^ 0x01]) + data[mid + 1:]
+    if kind == "truncate":
+        return data[: len(data) // 2]
+    if kind == "lfs":
+        return lfs_pointer(data)
+    if kind == "html":
+        return b"<html>502 Bad Gateway</html>"
+    raise AssertionError(kind)
+
+
+def assert_integrity_error(err: IntegrityError, path: str, m: Manifest, bad: bytes) -> None:
+    entry = m.entry(path)
+    assert entry is not None
+    assert err.path == path and str(err).startswith(f"{path}: ")
+    assert err.expected_size == entry.size
+    if len(bad) == entry.size:
+        assert (err.expected_sha256, err.actual_sha256) == (entry.sha256, sha256(bad))
+        assert entry.sha256 in str(err) and sha256(bad) in str(err)
+    else:
+        assert err.actual_size is not None and err.actual_size != entry.size
+        if len(bad) < entry.size:
+            assert err.actual_size == len(bad)
+        assert str(err.expected_size) in str(err) and str(err.actual_size) in str(err)
+
+
+def assert_nothing_placed(cache: Path, target: Path, entry_sha: str, bad: bytes) -> None:
+    assert not target.exists()
+    assert entry_sha not in blobs(cache) and sha256(bad) not in blobs(cache)
+    assert_clean(cache, target)
+
+
+@pytest.mark.parametrize("kind", ["flip", "truncate", "lfs", "html"])
+def test_tampered_file_is_refused(store: Store, tmp_path: Path, small_ranges: None,
+                                  kind: str) -> None:
+    m = publish(store, tmp_path, "1", release_files())
+    key = join(release_prefix(MODEL, "1"), "data/b.bin")
+    good = store.read_bytes(key)
+    bad = tampered(good, kind)
+    store.write_bytes(key, bad)
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    with pytest.raises(IntegrityError) as e:
+        pull(store, MODEL, "1", to=serve, cache=cache, workers=4)
+    assert_integrity_error(e.value, "data/b.bin", m, bad)
+    entry = m.entry("data/b.bin")
+    assert entry is not None
+    assert_nothing_placed(cache, serve, entry.sha256, bad)
+    # The cache is not poisoned: once the store is repaired the pull completes.
+    store.write_bytes(key, good)
+    r = pull(store, MODEL, "1", to=serve, cache=cache, workers=4)
+    assert r.downloaded == 1 and r.transferred == entry.size
+    assert_pulled(serve, store, "1", cache)
+
+
+def test_cli_reports_tampered_file(durable_store_url: str, durable: Store,
+                                   tmp_path: Path) -> None:
+    m = publish(durable, tmp_path, "1", release_files())
+    key = join(release_prefix(MODEL, "1"), "config.json")
+    bad = tampered(durable.read_bytes(key), "flip")
+    durable.write_bytes(key, bad)
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    entry = m.entry("config.json")
+    assert entry is not None
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(serve), "--cache", str(cache), "--store",
+                durable_store_url)
+    assert_cli_error(p, 1, "config.json", entry.sha256, sha256(bad))
+    assert_nothing_placed(cache, serve, entry.sha256, bad)
+
+
+@pytest.mark.parametrize("kind", ["ok", "flip", "truncate", "html"])
+def test_large_file_ranged(durable: Store, tmp_path: Path, small_ranges: None,
+                           kind: str) -> None:
+    store = durable
+    m = publish(store, tmp_path, "1", release_files(big=True))
+    key = join(release_prefix(MODEL, "1"), "big.bin")
+    entry = m.entry("big.bin")
+    assert entry is not None and entry.size > download.RANGE_THRESHOLD
+    bad = b""
+    if kind != "ok":
+        bad = tampered(store.read_bytes(key), kind)
+        store.write_bytes(key, bad)
+    log = ReadLog(store)
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    if kind == "ok":
+        chunks: list[int] = []
+        r = pull(store, MODEL, "1", to=serve, cache=cache, workers=3, progress=chunks.append)
+        assert r.transferred == sum(distinct(m).values()) == sum(chunks)
+        ranges = [n for meth, k, n in log.reads if k == key and meth == "read_range"]
+        assert len(ranges) >= 6 and sum(ranges) == BIG  # 6 ranges (+ an empty probe)
+        assert not [k for meth, k, _ in log.reads if k == key and meth != "read_range"]
+        assert_pulled(serve, store, "1", cache)
+        assert_clean(cache, serve)
+        return
+    with pytest.raises(IntegrityError) as e:
+        pull(store, MODEL, "1", to=serve, cache=cache, workers=3)
+    assert_integrity_error(e.value, "big.bin", m, bad)
+    assert_nothing_placed(cache, serve, entry.sha256, bad)
+
+
+# -- --verify ---------------------------------------------------------------------------
+
+
+def corrupt_blob(cache: Path, digest: str) -> bytes:
+    """Flip one byte of a cache blob in place (the materialized hardlinks see it too)."""
+    blob = cache / "blobs" / "sha256" / digest
+    assert not os.access(blob, os.W_OK) or os.geteuid() == 0
+    assert blob.stat().st_mode & 0o222 == 0  # blobs are read-only
+    blob.chmod(0o644)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(blob, "r+b") as f:
+        f.write(data)
+    blob.chmod(0o444)
+    return bytes(data)
+
+
+def test_verify_rehashes_materialized_files(durable_store_url: str, durable: Store,
+                                            tmp_path: Path) -> None:
+    """Cache hits are trusted (a blob only enters blobs/ verified and read-only);
+    ``--verify`` re-hashes the materialized files and so catches a blob that was
+    corrupted after it was verified."""
+    m = publish(durable, tmp_path, "1", release_files())
+    cache = tmp_path / "cache"
+    pull(durable, MODEL, "1", to=tmp_path / "a", cache=cache)
+    entry = m.entry("data/b.bin")
+    assert entry is not None
+    bad = corrupt_blob(cache, entry.sha256)
+
+    # Without --verify the blob is trusted (sizes match): the design's cache hit.
+    r = pull(durable, MODEL, "1", to=tmp_path / "b", cache=cache)
+    assert r.downloaded == 0 and (tmp_path / "b" / "data/b.bin").read_bytes() == bad
+
+    with pytest.raises(IntegrityError) as e:
+        pull(durable, MODEL, "1", to=tmp_path / "c", cache=cache, verify=True)
+    assert_integrity_error(e.value, "data/b.bin", m, bad)
+    assert not (cache / "blobs" / "sha256" / entry.sha256).exists()  # the bad blob is dropped
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "d"), "--cache", str(cache),
+                "--verify", "--json", "--store", durable_store_url)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["downloaded"] == 1  # healed: downloaded again, verified
+
+
+def test_failed_verify_places_nothing_and_heals(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    m = publish(store, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "c"
+    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
+    entry = m.entry("data/b.bin")
+    assert entry is not None
+    corrupt_blob(cache, entry.sha256)
+    with pytest.raises(IntegrityError):
+        pull(store, MODEL, "1", to=target, cache=cache, verify=True)
+    assert not target.exists()
+    r = pull(store, MODEL, "1", to=target, cache=cache, verify=True)
+    assert r.downloaded == 1
+    assert_pulled(target, store, "1", cache)
+
+
+# == 4. atomicity and concurrency ==========================================================
+
+
+def wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def test_concurrent_pulls_of_one_release_all_succeed(durable_store_url: str, durable: Store,
+                                                     tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    base = tmp_path / "race"
+    base.mkdir()
+    procs = [subprocess.Popen([sys.executable, str(CHILD), "race", durable_store_url, MODEL,
+                               "1", str(base), str(REPETITIONS)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(RACERS)]
+    try:
+        for rep in range(REPETITIONS):
+            wait_for(lambda: len(list(base.glob(f"ready-{rep}-*"))) == RACERS, 120,
+                     f"{RACERS} racers ready for repetition {rep}")
+            (base / f"go-{rep}").touch()
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out + err
+        lines = [json.loads(x) for x in out.splitlines()]
+        assert [x["rep"] for x in lines] == list(range(REPETITIONS))
+        assert all(x["ok"] for x in lines), lines
+    for rep in range(REPETITIONS):
+        placed = [json.loads(out.splitlines()[rep])["placed"] for out, _ in outs]
+        assert placed.count(True) >= 1, placed
+        cache, target = base / str(rep) / "cache", base / str(rep) / "model"
+        # Content, not inodes: racing downloads of one blob replace each other
+        # (see test_redownloaded_blob_keeps_existing_hardlinks).
+        assert_pulled(target, durable, "1", cache, linked=None)
+        assert_clean(cache, target)
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        if not sel.select(timeout):
+            raise AssertionError("child did not report in time")
+        return proc.stdout.readline().strip()
+    finally:
+        sel.close()
+
+
+@pytest.mark.parametrize("phase", ["stream", "ranged", "link"])
+def test_killed_pull_leaves_no_partial_and_next_pull_cleans_up(
+        durable_store_url: str, durable: Store, tmp_path: Path, phase: str) -> None:
+    publish(durable, tmp_path, "1", release_files(big=phase == "ranged"))
+    cache, target = tmp_path / "cache", tmp_path / "serve" / "model"
+    proc = subprocess.Popen([sys.executable, str(CHILD), "stall", durable_store_url, MODEL, "1",
+                             str(cache), str(target), phase],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = read_line(proc, 60)
+        assert line == "STALL", (line, proc.stderr.read() if proc.poll() is not None else "")
+        time.sleep(0.1)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()  # reaped: its pid is no longer alive
+    assert proc.returncode == -signal.SIGKILL
+
+    tag = f"pid{proc.pid}."
+    assert not target.exists()
+    for name, data in blobs(cache).items():  # no blob with wrong content
+        assert sha256(data) == name
+    leftovers_tmp = [p for p in os.listdir(cache / "tmp") if tag in p]
+    leftovers_staging = [p for p in os.listdir(target.parent) if tag in p] \
+        if target.parent.exists() else []
+    if phase == "link":
+        assert len(leftovers_staging) == 1 and ".pull-" in leftovers_staging[0]
+    else:
+        assert leftovers_tmp and all(p.endswith(".incomplete") for p in leftovers_tmp)
+
+    # The next pull (defaults: the large file streams) cleans up and completes.
+    r = pull(durable, MODEL, "1", to=target, cache=cache, workers=2)
+    assert r.placed
+    assert_pulled(target, durable, "1", cache)
+    assert_clean(cache, target)
+
+
+def test_release_placed_by_a_concurrent_pull_is_not_foreign(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race, deterministically: another pull places the directory right after
+    this one found the target absent."""
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    real = materialize.current_digest
+    raced: list[Path] = []
+
+    def racing(path: Path) -> str | None:
+        digest = real(path)
+        if digest is None and not raced:
+            raced.append(path)
+            assert pull(store, MODEL, "1", to=target, cache=cache).placed  # the other pull
+        return digest
+
+    monkeypatch.setattr(materialize, "current_digest", racing)
+    r = pull(store, MODEL, "1", to=target, cache=cache)
+    assert raced and not r.placed
+    assert_pulled(target, store, "1", cache)
+    assert_clean(cache, target)
+
+
+def test_redownloaded_blob_keeps_existing_hardlinks(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a concurrent pull does, deterministically: it saw the blob missing,
+    downloaded it, and lands it after another pull already materialized."""
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    cache = tmp_path / "cache"
+    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
+    monkeypatch.setattr(cache_mod.Cache, "has", lambda self, sha, size: False)
+    pull(store, MODEL, "1", to=tmp_path / "b", cache=cache)
+    assert_pulled(tmp_path / "b", store, "1", cache)
+    assert_pulled(tmp_path / "a", store, "1", cache)
+
+
+# == 5. bad input ==============================================================================
+
+
+def test_foreign_target_refused_unless_force(durable_store_url: str, durable: Store,
+                                             tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    v2 = dict(release_files(), **{"config.json": b'{"hidden_size": 8, "v": 2}\n'})
+    publish(durable, tmp_path, "2", v2)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+
+    # An empty directory is not foreign content.
+    target.mkdir()
+    pull(durable, MODEL, "1", to=target, cache=cache)
+    assert_pulled(target, durable, "1", cache)
+    # Another release in the target: refused, left as it was; --force replaces it.
+    with pytest.raises(CommitConflictError, match="holds other content"):
+        pull(durable, MODEL, "2", to=target, cache=cache)
+    assert_pulled(target, durable, "1", cache)
+    r = pull(durable, MODEL, "2", to=target, cache=cache, force=True)
+    assert r.placed
+    assert_pulled(target, durable, "2", cache)
+    assert_clean(cache, target)
+
+    # Foreign files (no manifest): the CLI refuses without --force, replaces with it.
+    other = tmp_path / "other"
+    (other / "sub").mkdir(parents=True)
+    (other / "weights.bin").write_bytes(b"mine")
+    (other / "sub" / "notes.txt").write_text("keep?")
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(other), "--cache", str(cache), "--store",
+                durable_store_url)
+    assert_cli_error(p, 4, str(other), "holds other content", "--force")
+    assert on_disk(other) == {"weights.bin": b"mine", "sub/notes.txt": b"keep?"}
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(other), "--cache", str(cache), "--force",
+                "--verify", "--quiet", "--store", durable_store_url)
+    assert p.returncode == 0 and p.stdout == f"{other}\n", p.stderr
+    assert_pulled(other, durable, "1", cache)
+    assert_clean(cache, other)
+
+
+def test_force_over_a_regular_file_leaves_nothing_behind(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "serve" / "model"
+    target.parent.mkdir()
+    target.write_text("not a model directory")
+    with pytest.raises(CommitConflictError):
+        pull(store, MODEL, "1", to=target, cache=cache)
+    assert pull(store, MODEL, "1", to=target, cache=cache, force=True).placed
+    assert_pulled(target, store, "1", cache)
+    assert sorted(os.listdir(target.parent)) == ["model"]
+
+
+def test_missing_object_is_refused(store: Store, tmp_path: Path) -> None:
+    publish(store, tmp_path, "1", release_files())
+    key = join(release_prefix(MODEL, "1"), "data/b.bin")
+    store.delete(key)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    with pytest.raises(ObjectNotFoundError) as e:
+        pull(store, MODEL, "1", to=target, cache=cache)
+    assert "data/b.bin" in str(e.value)
+    assert not target.exists()
+    assert_clean(cache, target)
+
+
+def test_incomplete_target_refused_unless_force(tmp_path: Path) -> None:
+    """A target holding this release minus one file is not "already there"."""
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    pull(store, MODEL, "1", to=target, cache=cache)
+    (target / "data" / "b.bin").unlink()
+    with pytest.raises(CommitConflictError):
+        pull(store, MODEL, "1", to=target, cache=cache)
+    assert pull(store, MODEL, "1", to=target, cache=cache, force=True).placed
+    assert_pulled(target, store, "1", cache)
+    assert_clean(cache, target)
+
+
+_Usage = collections.namedtuple("_Usage", "total used free")
+
+
+def test_insufficient_space_is_refused_before_the_first_byte(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m1 = publish(store, tmp_path, "1", release_files())
+    v2 = dict(release_files(), **{"data/b.bin": b"new" * 1000})
+    m2 = publish(store, tmp_path, "2", v2)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    free = [FREE_MARGIN + 100]
+
+    def disk_usage(path: Any) -> Any:
+        return _Usage(10**12, 10**12 - free[0], free[0])
+
+    monkeypatch.setattr(pull_module.shutil, "disk_usage", disk_usage)
+    log = ReadLog(store)
+    with pytest.raises(InsufficientSpaceError) as e:
+        pull(store, MODEL, "1", to=target, cache=cache)
+    need = sum(distinct(m1).values())
+    assert (e.value.available, e.value.needed) == (free[0], need + FREE_MARGIN)
+    assert str(cache.resolve()) in str(e.value) and str(need) in str(e.value)
+    assert log.data_bytes("1") == {}  # not a byte of a file was read
+    if isinstance(store, S3Store):
+        assert log.data_gets("1") == {}
+    assert not target.exists() and blobs(cache) == {}
+    assert_clean(cache, target)
+
+    # Only the bytes still missing from the cache count.
+    free[0] = 10**12
+    pull(store, MODEL, "1", to=target, cache=cache)
+    changed = m2.entry("data/b.bin")
+    assert changed is not None
+    free[0] = FREE_MARGIN + changed.size
+    r = pull(store, MODEL, "2", cache=cache)
+    assert r.transferred == changed.size
+    assert_pulled(Path(r.path), store, "2", cache)
+
+
+class _FullDisk:
+    """A file object whose writes fail with ENOSPC once ``limit`` bytes are written."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self.raw, self.limit, self.written = raw, limit, 0
+
+    def write(self, data: Any) -> int:
+        if self.written + len(data) > self.limit:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.written += len(data)
+        return int(self.raw.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.raw.close()
+
+
+def fill_disk_after(monkeypatch: pytest.MonkeyPatch, path: str, limit: int) -> None:
+    """Writes to the temp file of ``path``'s download fail with ENOSPC after ``limit`` bytes."""
+    def fake_open(file: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
+        raw = open(file, mode, *a, **kw)  # noqa: SIM115
+        return _FullDisk(raw, limit) if "w" in mode and path in str(file) else raw
+
+    monkeypatch.setattr(download, "open", fake_open, raising=False)
+
+
+def test_disk_full_while_downloading(store: Store, tmp_path: Path, small_ranges: None,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    m = publish(store, tmp_path, "1", release_files())
+    entry = m.entry("data/b.bin")
+    assert entry is not None
+    fill_disk_after(monkeypatch, entry.sha256, 1500)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    with pytest.raises(InsufficientSpaceError, match="no space left"):
+        pull(store, MODEL, "1", to=target, cache=cache, workers=4)
+    assert not target.exists() and entry.sha256 not in blobs(cache)
+    assert_clean(cache, target)
+    monkeypatch.undo()
+    pull(store, MODEL, "1", to=target, cache=cache)
+    assert_pulled(target, store, "1", cache)
+
+
+def test_disk_full_while_downloading_ranges(durable: Store, tmp_path: Path, small_ranges: None,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    store = durable
+    m = publish(store, tmp_path, "1", release_files(big=True))
+    entry = m.entry("big.bin")
+    assert entry is not None
+    fill_disk_after(monkeypatch, entry.sha256, 600 * KIB)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    with pytest.raises(InsufficientSpaceError):
+        pull(store, MODEL, "1", to=target, cache=cache, workers=4)
+    assert not target.exists() and entry.sha256 not in blobs(cache)
+    assert_clean(cache, target)
+
+
+def test_disk_full_via_cli_is_one_line(tmp_path: Path) -> None:
+    """A real small filesystem is not available; the CLI path is shown with a child
+    that patches disk_usage (the same error boundary handles every RegistryError)."""
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    code = ("import shutil, sys, collections\n"
+            "U = collections.namedtuple('U', 'total used free')\n"
+            "shutil.disk_usage = lambda p: U(10**9, 10**9 - 1000, 1000)\n"
+            "from registry.cli import main\n"
+            "sys.argv[0] = 'registry'\n"
+            "main()\n")
+    p = subprocess.run([sys.executable, "-c", code, "pull", f"{MODEL}@1", "--to",
+                        str(tmp_path / "serve"), "--cache", str(tmp_path / "cache"),
+                        "--store", str(tmp_path / "store")],
+                       capture_output=True, text=True, timeout=120)
+    assert_cli_error(p, 6, "1000 bytes free")
+    assert not (tmp_path / "serve").exists() and blobs(tmp_path / "cache") == {}
+
+
+def test_copy_when_hardlinks_are_impossible(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+
+    def no_link(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(materialize.os, "link", no_link)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    pull(store, MODEL, "1", to=target, cache=cache)
+    assert_pulled(target, store, "1", cache, linked=False)
+    assert_clean(cache, target)
+
+
+def test_copy_across_filesystems(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or \
+            shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second writable filesystem")
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    target = shm / f"registry-pull-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        pull(store, MODEL, "1", to=target, cache=tmp_path / "cache")
+        assert_pulled(target, store, "1", tmp_path / "cache", linked=False)
+        assert_clean(tmp_path / "cache", target)
+    finally:
+        import shutil
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def test_disk_full_while_materializing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+
+    def no_link(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    def full(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
+        Path(dst).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr(materialize.os, "link", no_link)
+    monkeypatch.setattr(materialize.shutil, "copyfile", full)
+    cache, target = tmp_path / "cache", tmp_path / "serve"
+    try:
+        with pytest.raises(InsufficientSpaceError):
+            pull(store, MODEL, "1", to=target, cache=cache)
+    finally:
+        assert not target.exists()
+        assert_clean(cache, target)
