@@ -1,0 +1,127 @@
+"""Pulling a release to a serving host (issue 6, item 8).
+
+A release of ``--size-mib`` MiB (default 1024: one 768 MiB weights file and a
+few smaller ones) is pulled, every byte verified, from a local store and from
+the S3 test server (moto, threaded, in this process), against the peers in the
+same run: ``cp -r`` of the same bytes (local) and s3fs ``get(recursive=True)``
+(S3). Then a warm re-pull of the unchanged release (no download, no re-hash).
+Targets: ratio <= 1.15 locally, <= 1.0 on S3, warm re-pull <= 0.1 s per GiB.
+
+    python bench/pull_bench.py [--size-mib 1024] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from registry.commit import commit_local_directory  # noqa: E402
+from registry.pull import pull  # noqa: E402
+from registry.store import open_store  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def make_release_dir(path: Path, size_mib: int) -> None:
+    """One big weights file (3/4 of the size) and three smaller ones."""
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    sizes = {"model.safetensors": size_mib * 3 // 4, "extra/a.bin": size_mib // 8,
+             "extra/b.bin": size_mib // 16, "extra/c.bin": size_mib - size_mib * 3 // 4
+             - size_mib // 8 - size_mib // 16}
+    for name, mib in sizes.items():
+        dest = path / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as f:
+            for _ in range(mib):
+                f.write(rng.bytes(MIB))
+    (path / "config.json").write_text('{"hidden_size": 4096}\n')
+
+
+def timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
+                  peer: Any) -> dict[str, Any]:
+    store = open_store(store_url)
+    commit_local_directory(store, src, "models/bench/1", kind="release", model_id="bench",
+                           version="1", source={"uri": str(src)})
+    ours, peers, warm = [], [], []
+    for i in range(repeat):
+        cache, target = tmp / f"{name}-cache-{i}", tmp / f"{name}-serve-{i}"
+        ours.append(timed(lambda: pull(store, "bench", "1", to=target, cache=cache)))
+        warm.append(timed(lambda: pull(store, "bench", "1", to=target, cache=cache)))
+        dest = tmp / f"{name}-peer-{i}"
+        peers.append(timed(lambda: peer(dest)))
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(dest, ignore_errors=True)
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    return {"ours_seconds": statistics.median(ours), "peer_seconds": statistics.median(peers),
+            "ratio": statistics.median(ours) / statistics.median(peers),
+            "warm_seconds": statistics.median(warm),
+            "warm_seconds_per_gib": statistics.median(warm) / (total / 1024**3),
+            "ours_mb_per_s": total / 1e6 / statistics.median(ours),
+            "samples": {"ours": ours, "peer": peers, "warm": warm}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).with_name("results-pull.json")))
+    args = ap.parse_args()
+    from tests.support.s3server import S3Server
+    results: dict[str, Any] = {"size_mib": args.size_mib}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as t:
+        tmp = Path(t)
+        src = tmp / "release"
+        make_release_dir(src, args.size_mib)
+        local_store = tmp / "store"
+        results["local"] = bench_backend(
+            "local", str(local_store), src, tmp, args.repeat,
+            lambda dest: subprocess.run(["cp", "-r", str(local_store / "models/bench/1"),
+                                         str(dest)], check=True))
+        server = S3Server(serialize=False).start()
+        os.environ.update(server.env())
+        import boto3
+        import s3fs
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        results["s3"] = bench_backend(
+            "s3", f"s3://{bucket}/r", src, tmp, args.repeat,
+            lambda dest: fs.get(f"{bucket}/r/models/bench/1/", str(dest) + "/", recursive=True))
+        server.stop()
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"pull of a {args.size_mib} MiB release, every byte verified, medians of "
+          f"{args.repeat}:")
+    print("| backend | ours (s) | peer | peer (s) | ratio | target | warm re-pull s/GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for backend, peer, target in (("local", "cp -r", 1.15), ("s3", "s3fs get", 1.0)):
+        r = results[backend]
+        print(f"| {backend} | {r['ours_seconds']:.2f} | {peer} | {r['peer_seconds']:.2f} | "
+              f"{r['ratio']:.2f} | <= {target} | {r['warm_seconds_per_gib']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
