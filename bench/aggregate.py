@@ -1,0 +1,99 @@
+"""Merge ``bench/results-*.json`` into ``bench/results.json`` and a Markdown table
+of ratios against the peers measured in the same run (``bench/results.md``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+Row = tuple[str, str, float | None, str, float | None, str]
+
+
+def _rows_checkpoint(r: dict[str, Any]) -> Iterator[Row]:
+    m = r["median_seconds"]
+    yield ("checkpoint", "sync save (1 GiB + 2 GiB AdamW)", m["ours_sync"],
+           "safetensors save_file + sha256", r["save_ratio_vs_save_file_plus_sha256"], "<= 0.8")
+    yield ("checkpoint", "sync save", m["ours_sync"], "save_file + sha256 + sync",
+           r["save_ratio_vs_save_file_plus_sha256_plus_sync"], "(durable peer)")
+    yield ("checkpoint", "async save: caller blocked", m["async_blocked"], "sync save",
+           r["async_blocked_fraction_of_sync"], "<= 0.10")
+    yield ("checkpoint", "resume verification", m["verify"], "sha256sum",
+           r["verify_ratio_vs_sha256sum"], "<= 1.1")
+
+
+def _rows_release(r: dict[str, Any]) -> Iterator[Row]:
+    for dtype in ("bf16", "int4"):
+        d = r[dtype]
+        yield ("release", f"{dtype} conversion (peak RSS {d['ours_peak_rss_mib']:.0f} MiB vs "
+               f"{d['naive_peak_rss_mib']:.0f} MiB)", d["ours_seconds"],
+               "load_file + astype + save_file + sha256", d["ratio"],
+               "<= 0.8" if dtype == "bf16" else "(reported)")
+
+
+def _rows_pull(r: dict[str, Any]) -> Iterator[Row]:
+    yield ("pull", "local, every byte verified", r["local"]["ours_seconds"], "cp -r",
+           r["local"]["ratio"], "<= 1.15")
+    yield ("pull", "S3, every byte verified", r["s3"]["ours_seconds"], "s3fs get",
+           r["s3"]["ratio"], "<= 1.0")
+    for backend in ("local", "s3"):
+        yield ("pull", f"warm re-pull ({backend}), s/GiB", r[backend]["warm_seconds_per_gib"],
+               "-", None, "<= 0.1 s/GiB")
+
+
+def _rows_index(r: dict[str, Any]) -> Iterator[Row]:
+    for backend, d in r.items():
+        for q in ("query_passing", "query_source"):
+            yield ("index", f"{backend} {q} p50 / p95 ms", d[q]["p50_ms"],
+                   f"p95 {d[q]['p95_ms']} ms", None, "p50 <= 20, p95 <= 50")
+
+
+def _rows_mlflow(r: dict[str, Any]) -> Iterator[Row]:
+    for case, d in r.items():
+        yield ("mlflow", f"{case} publish", d["publish"]["ours"], "log_artifacts + "
+               "register_model", d["publish"]["ratio"], "(reported)")
+        yield ("mlflow", f"{case} pull", d["download"]["ours"], "download_artifacts",
+               d["download"]["ratio"], "(reported)")
+
+
+def _rows_generic(name: str, r: Any) -> Iterator[Row]:
+    targets = r.get("targets") if isinstance(r, dict) else None
+    if isinstance(targets, dict):
+        for key, t in targets.items():
+            if isinstance(t, dict):
+                yield (name, key, t.get("ours"), str(t.get("peer", "")), t.get("ratio")
+                       if t.get("ratio") is not None else t.get("value"),
+                       str(t.get("target", "")))
+
+
+EXTRACT = {"checkpoint": _rows_checkpoint, "release": _rows_release, "pull": _rows_pull,
+           "index": _rows_index, "mlflow": _rows_mlflow}
+
+
+def main() -> int:
+    merged: dict[str, Any] = {}
+    rows: list[Row] = []
+    for path in sorted(HERE.glob("results-*.json")):
+        name = path.stem.removeprefix("results-")
+        doc = json.loads(path.read_text())
+        merged[name] = doc
+        try:
+            rows += list(EXTRACT.get(name, lambda d, n=name: _rows_generic(n, d))(doc))
+        except (KeyError, TypeError) as e:
+            print(f"{path.name}: cannot tabulate ({e})", file=sys.stderr)
+    (HERE / "results.json").write_text(json.dumps(merged, indent=2) + "\n")
+    lines = ["| benchmark | measure | ours | peer | ratio | target |", "|---|---|---|---|---|---|"]
+    for bench, measure, ours, peer, ratio, target in rows:
+        o = f"{ours:.3g}" if isinstance(ours, (int, float)) else "-"
+        q = f"{ratio:.2f}" if isinstance(ratio, (int, float)) else "-"
+        lines.append(f"| {bench} | {measure} | {o} | {peer} | {q} | {target} |")
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
