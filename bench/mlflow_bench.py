@@ -1,8 +1,10 @@
 """The registry against MLflow's model registry, on the same model directory (issue 8).
 
 Publishing: ``Registry.publish`` (hash every file, commit with a manifest,
-index) against ``mlflow.log_artifacts`` + ``mlflow.register_model`` (SQLite
-tracking store). Downloading: ``registry.pull.pull`` (hash while downloading,
+index) against ``mlflow.log_artifacts`` + registering those artifacts as a model
+version (``MlflowClient.create_model_version``; MLflow 3's ``register_model``
+needs a flavor's LoggedModel, which a plain model directory is not), with a
+SQLite tracking store. Downloading: ``registry.pull.pull`` (hash while downloading,
 verify, place atomically) against ``mlflow.artifacts.download_artifacts``.
 Both on a local artifact store and on the S3 test server (moto, threaded, in
 this process). The directory is all-MiniLM-L6-v2 (from the PyPI package
@@ -40,6 +42,7 @@ def timed(fn: Any) -> tuple[float, Any]:
 def run_case(label: str, model_dir: Path, tmp: Path, *, store_url: str, artifact_root: str,
              repeat: int) -> dict[str, Any]:
     import mlflow
+    from mlflow import MlflowClient
 
     from registry.api import Registry
     from registry.pull import pull
@@ -69,7 +72,14 @@ def run_case(label: str, model_dir: Path, tmp: Path, *, store_url: str, artifact
         def log_and_register() -> Any:
             with mlflow.start_run(experiment_id=exp) as run:
                 mlflow.log_artifacts(str(model_dir), "model")
-            return mlflow.register_model(f"runs:/{run.info.run_id}/model", f"bench-{label}")
+            # MLflow 3's register_model wants a LoggedModel (mlflow.<flavor>.log_model);
+            # a plain model directory is registered as a model version of its artifacts.
+            client = MlflowClient()
+            if not client.search_registered_models(f"name='bench-{label}'"):
+                client.create_registered_model(f"bench-{label}")
+            return client.create_model_version(f"bench-{label}",
+                                               f"{run.info.artifact_uri}/model",
+                                               run_id=run.info.run_id)
 
         t, mv = timed(log_and_register)
         ml_pub.append(t)
