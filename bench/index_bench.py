@@ -77,7 +77,9 @@ def populate(index: Index, *, models: int, releases_per_model: int, evals_per_re
                     "suite": "bench", "suite_version": "1"})
                 for s in rng.sample(range(sources), 3):
                     link_rows.append({"release_pk": rid, "source_pk": s + 1,
-                                      "allowed_uses": "train,eval", "revoked_in_file": False})
+                                      "name": f"source {s}", "uri": f"s3://data/src-{s}",
+                                      "license": "CC-BY-4.0", "allowed_uses": "train,eval",
+                                      "revoked_in_file": False})
                 for k in range(evals_per_release):
                     eid += 1
                     metric = "accuracy" if k == 0 else f"metric{k}"

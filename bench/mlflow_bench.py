@@ -100,12 +100,17 @@ def run_case(label: str, model_dir: Path, tmp: Path, *, store_url: str, artifact
 
 
 def synthetic(path: Path, size_mib: int) -> Path:
+    """A model directory whose weights are ``size_mib`` MiB of F32 in 64 MiB tensors."""
     import numpy as np
+
+    from registry.safetensors_io import LazyTensor, write_safetensors
     rng = np.random.default_rng(0)
     path.mkdir(parents=True)
+    rows = 64 * 1024 * 1024 // 4 // 4096
+    tensors = [(f"layer{i}.weight", LazyTensor("F32", (rows, 4096), lambda: rng.standard_normal(
+        (rows, 4096), dtype=np.float32))) for i in range(max(1, size_mib // 64))]
     with open(path / "model.safetensors", "wb") as f:
-        for _ in range(size_mib):
-            f.write(rng.bytes(1024 * 1024))
+        write_safetensors(f, tensors, metadata={"format": "tinyllm"})
     (path / "config.json").write_text('{"hidden_size": 4096}\n')
     return path
 

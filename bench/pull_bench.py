@@ -88,9 +88,17 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).with_name("results-pull.json")))
+    ap.add_argument("--range-threshold-mib", type=int, default=None,
+                    help="files above this are fetched in parallel byte ranges "
+                         "[default: registry.pull.download.RANGE_THRESHOLD]")
     args = ap.parse_args()
+    if args.range_threshold_mib is not None:
+        from registry.pull import download
+        download.RANGE_THRESHOLD = args.range_threshold_mib * MIB
     from tests.support.s3server import S3Server
-    results: dict[str, Any] = {"size_mib": args.size_mib}
+    from registry.pull import download
+    results: dict[str, Any] = {"size_mib": args.size_mib,
+                               "range_threshold_bytes": download.RANGE_THRESHOLD}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as t:
         tmp = Path(t)
         src = tmp / "release"

@@ -88,15 +88,22 @@ def child_naive(store: str, dtype: str, out_dir: str) -> None:
             h.update(block)
 
 
+def vm_hwm() -> int:
+    """This process's own peak RSS in bytes (VmHWM: reset by exec, unlike
+    ru_maxrss, which a child inherits from the parent it was forked from)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def peak_of(*args: str) -> tuple[float, int]:
-    """Wall time and peak RSS (bytes) of one child run, via /usr/bin/time-free wait4."""
+    """Wall time and peak RSS (bytes) of one child run."""
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *args])
-    _, status, usage = os.wait4(proc.pid, 0)
+    out = subprocess.run([sys.executable, __file__, "--child", *args], check=True,
+                         capture_output=True, text=True).stdout
     elapsed = time.perf_counter() - t
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"child {args} failed")
-    return elapsed, usage.ru_maxrss * 1024
+    return elapsed, int(out.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -109,6 +116,7 @@ def main() -> int:
     if args.child:
         kind, store, dtype, extra = args.child
         (child_ours if kind == "ours" else child_naive)(store, dtype, extra)
+        print(vm_hwm())
         return 0
     result: dict[str, Any] = {"model_mib": args.model_mib}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
