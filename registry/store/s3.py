@@ -20,13 +20,14 @@ import time
 import zlib
 from collections import deque
 from concurrent.futures import Future
+from collections.abc import Iterator
 from typing import IO, Any
 
 import s3fs
 from fsspec.asyn import sync
 
 from registry.errors import ObjectExistsError, PointerConflictError, StorageError
-from registry.store.base import ObjectInfo, Store
+from registry.store.base import CHUNK, ObjectInfo, Store
 from registry.store.translate import s3_error_code, translated
 
 PART_SIZE = 16 * 1024 * 1024
@@ -122,6 +123,23 @@ class S3Store(Store):
 
     def read_bytes(self, key: str) -> bytes:
         return self.read_versioned(key)[0]
+
+    def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        """Stream ``key`` with one GET (not a ranged request per block, as a
+        buffered s3fs file would): one round trip, and servers that read the
+        whole object for every range request are not penalized."""
+        with translated(key):
+            resp = self.call("get_object", Key=self._key(key))
+        body = resp["Body"]
+        try:
+            while True:
+                with translated(key):
+                    block = sync(self.fs.loop, body.read, chunk)
+                if not block:
+                    return
+                yield block
+        finally:
+            body.close()
 
     def open_write(self, key: str) -> IO[bytes]:
         return _MultipartWriter(self, key)  # type: ignore[return-value]
