@@ -37,6 +37,9 @@ def pull(
     force: Annotated[bool, typer.Option("--force", help="Replace a target directory "
                                                         "holding other content.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    range_threshold_mib: Annotated[int, typer.Option(
+        "--range-threshold-mib", help="Files larger than this many MiB are fetched in "
+                                      "parallel byte ranges.")] = 64,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index)."""
@@ -54,6 +57,7 @@ def pull(
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, name, to=to, cache=cache, workers=workers,
                              verify=verify, force=force,
+                             range_threshold=range_threshold_mib * 1024 * 1024,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:

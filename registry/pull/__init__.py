@@ -77,7 +77,8 @@ def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> Non
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
-         on_start: Callable[[int], None] | None = None) -> PullResult:
+         on_start: Callable[[int], None] | None = None,
+         range_threshold: int | None = None) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -89,6 +90,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         force: replace a target directory that holds other content.
         progress: called with each chunk's byte count as it lands.
         on_start: called once with the number of bytes to download.
+        range_threshold: files larger than this (bytes) are fetched as parallel
+            byte ranges (default 64 MiB); others stream in one GET each.
 
     Returns:
         A PullResult.
@@ -130,7 +133,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files:
         futures = [files.submit(fetch, store, prefix, e, c, ranged_pool=ranges,
-                                inflight=workers, progress=on_progress)
+                                inflight=workers, progress=on_progress,
+                                range_threshold=range_threshold)
                    for e in sorted(missing.values(), key=lambda e: -e.size)]
         errors = []
         for fut in futures:

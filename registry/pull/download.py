@@ -53,7 +53,7 @@ def _write_ranged(store: Store, key: str, size: int, f: object, h: object,
 
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
-          fsync: bool = True) -> int:
+          fsync: bool = True, range_threshold: int | None = None) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
 
     Raises:
@@ -68,7 +68,8 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     got = 0
     try:
         with open(tmp, "wb") as f:
-            if entry.size > RANGE_THRESHOLD:
+            threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
+            if entry.size > threshold:
                 got = _write_ranged(store, key, entry.size, f, h, ranged_pool, inflight, progress)
                 if got == entry.size:  # the object may be longer than the manifest says
                     got += len(store.read_range(key, entry.size, entry.size + 1))
