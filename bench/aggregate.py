@@ -69,8 +69,13 @@ def _rows_generic(name: str, r: Any) -> Iterator[Row]:
                        str(t.get("target", "")))
 
 
+def _rows_pull_one_get(r: dict[str, Any]) -> Iterator[Row]:
+    for bench, measure, ours, peer, ratio, target in _rows_pull(r):
+        yield (bench, f"{measure} (--range-threshold-mib off)", ours, peer, ratio, target)
+
+
 EXTRACT = {"checkpoint": _rows_checkpoint, "release": _rows_release, "pull": _rows_pull,
-           "index": _rows_index, "mlflow": _rows_mlflow}
+           "pull-noranges": _rows_pull_one_get, "index": _rows_index, "mlflow": _rows_mlflow}
 
 
 def main() -> int:
