@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from typing import Annotated
 
 import typer
 
-from registry.api import Registry
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_USAGE, error_boundary
 from registry.errors import InvalidNameError
-from registry.index import Index
 from registry.ledger import revocations
 
 db_app = typer.Typer(help="The index database schema.", no_args_is_help=True)
@@ -22,9 +22,24 @@ app.add_typer(index_app, name="index")
 app.add_typer(ledger_app, name="ledger")
 
 
+if TYPE_CHECKING:
+    from registry.api import Registry
+
+
+def _registry(store: str | None, db: str | None) -> Registry:
+    """The Registry facade, imported on use: SQLAlchemy and Alembic load only
+    for the commands that touch the index."""
+    from registry.api import Registry
+
+    return Registry(store, db)
+
+
+
 @db_app.command("upgrade")
 def db_upgrade(db: DbOpt = None) -> None:
     """Bring the index schema to the newest migration (Alembic head)."""
+    from registry.index import Index
+
     with error_boundary():
         index = Index(db, check=False)
         head = index.upgrade()
@@ -35,7 +50,7 @@ def db_upgrade(db: DbOpt = None) -> None:
 def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Recompute the whole index from the store alone (local or S3)."""
     with error_boundary():
-        counts = Registry(store, db).rebuild_index()
+        counts = _registry(store, db).rebuild_index()
     if as_json:
         print_json(counts)
     else:
@@ -48,7 +63,7 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
                   store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Revoke a data source: releases trained on it stop passing the gates at once."""
     with error_boundary():
-        rev, created = Registry(store, db).revoke(source_id, reason)
+        rev, created = _registry(store, db).revoke(source_id, reason)
     if as_json:
         print_json({**rev.to_dict(), "created": created})
     else:
@@ -60,7 +75,7 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
 def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List revoked sources (from the store)."""
     with error_boundary():
-        revs = [r.to_dict() for r in revocations(Registry(store).store).values()]
+        revs = [r.to_dict() for r in revocations(_registry(store, None).store).values()]
     if as_json:
         print_json(revs)
     else:
@@ -82,7 +97,7 @@ def query(
 ) -> None:
     """Ask the index: MODEL_ID --passing [--require M>=V] [--latest], or --source ID."""
     with error_boundary():
-        reg = Registry(store, db)
+        reg = _registry(store, db)
         if source is not None:
             rows = reg.releases_for_source(source)
         elif model_id is not None and passing:
@@ -109,7 +124,7 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
          store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Manifest summary, each gate with its reason, evals and sources of a release."""
     with error_boundary():
-        reg = Registry(store, db)
+        reg = _registry(store, db)
         doc = reg.show(*_ref(reg, ref))
     if as_json:
         print_json(doc)
@@ -132,7 +147,7 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = N
            store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """List models, or the releases of MODEL_ID (newest first, passing or not)."""
     with error_boundary():
-        rows = Registry(store, db).ls(model_id)
+        rows = _registry(store, db).ls(model_id)
     if as_json:
         print_json(rows)
         return
@@ -151,7 +166,7 @@ def diff(a: Annotated[str, typer.Argument(help="MODEL_ID@A")],
          store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Files added, removed and changed (sha256) between two releases; eval deltas."""
     with error_boundary():
-        reg = Registry(store, db)
+        reg = _registry(store, db)
         ma, va = _ref(reg, a)
         mb, vb = _ref(reg, b)
         if ma != mb:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -10,7 +12,6 @@ import typer
 
 from registry.aliases import list_aliases, parse_ref, resolve
 from registry.checkpoint import get_layout
-from registry.api import Registry
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_FAILED, EXIT_USAGE, error_boundary
 from registry.errors import GateFailedError, InvalidNameError
@@ -29,6 +30,19 @@ HeadOpt = Annotated[list[str] | None, typer.Option("--head", help="Linear head J
                                                                   "(repeatable).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
+
+
+if TYPE_CHECKING:
+    from registry.api import Registry
+
+
+def _registry(store: str | None, db: str | None) -> Registry:
+    """The Registry facade, imported on use: SQLAlchemy and Alembic load only
+    for the commands that touch the index."""
+    from registry.api import Registry
+
+    return Registry(store, db)
+
 
 
 def _print_gates(results: tuple[GateResult, ...] | list[GateResult]) -> None:
@@ -76,7 +90,7 @@ def publish(
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
     with error_boundary(), _gate_failures(as_json):
-        result = Registry(store, db).publish(
+        result = _registry(store, db).publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [])
@@ -115,7 +129,7 @@ def release_create(
     with error_boundary(), _gate_failures(as_json):
         lay = get_layout(layout)
         loong = lay.name == "loongsage"
-        result = Registry(store, db).create_release(
+        result = _registry(store, db).create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
@@ -165,7 +179,7 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
               store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Point ALIAS of MODEL_ID at VERSION (compare-and-swap); it must pass the gates."""
     with error_boundary():
-        previous = Registry(store, db).set_alias(model_id, alias, version, force=force)
+        previous = _registry(store, db).set_alias(model_id, alias, version, force=force)
     if as_json:
         print_json({"model_id": model_id, "alias": alias, "version": version,
                     "previous": previous})
@@ -196,7 +210,7 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
                require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None) -> None:
     """Replace MODEL_ID's thresholds (none given: clear them)."""
     with error_boundary():
-        parsed = Registry(store, db).set_policy(model_id, require or [])
+        parsed = _registry(store, db).set_policy(model_id, require or [])
     typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds"))
 
 

@@ -14,7 +14,6 @@ from registry.errors import InvalidStoreURLError
 from registry.store.base import CHUNK, ObjectInfo, Store, join
 from registry.store.local import LocalStore
 from registry.store.memory import MemoryStore
-from registry.store.s3 import S3Store
 
 DEFAULT_STORE = "./artifacts"
 
@@ -40,11 +39,21 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
     if scheme in ("s3", "s3a"):
         if not parts.netloc:
             raise InvalidStoreURLError(f"{url}: an s3:// URL needs a bucket")
+        from registry.store.s3 import S3Store  # s3fs loads only when S3 is used
+
         return S3Store(url, f"{parts.netloc}{parts.path}", **storage_options)
     if scheme == "memory":
         return MemoryStore(url, f"{parts.netloc}{parts.path}")
     raise InvalidStoreURLError(f"{url}: unsupported store protocol {scheme!r} "
                                "(use a local path, file://, s3:// or memory://)")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "S3Store":
+        from registry.store.s3 import S3Store
+
+        return S3Store
+    raise AttributeError(name)
 
 
 __all__ = ["CHUNK", "DEFAULT_STORE", "LocalStore", "MemoryStore", "ObjectInfo", "S3Store",
