@@ -38,16 +38,15 @@ from registry.checkpoint.state import (
     config_dict,
     encode_json,
     read_file_or_doc,
-    to_numpy,
+    snapshot_f32,
 )
 from registry.checkpoint.tree import CheckpointTree
-from registry.commit import DirectoryWriter, delete_directory
-from registry.errors import CheckpointError, PointerError, UsageError
+from registry.commit import DirectoryWriter
+from registry.errors import CheckpointError, UsageError
 from registry.manifest import Manifest
 from registry.names import check_name
 from registry.safetensors_io import check_optimizer_state
 from registry.store import Store, open_store
-from registry.verify import is_committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +163,7 @@ class LoongSageCheckpointer:
                                  "but no tokenizer was given")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
         self._pending: Future[_Landed] | None = None
-        self._buffers: dict[str, np.ndarray] = {}
+        self._buffers: dict[str, dict[str, np.ndarray]] = {}
         #: every save finalized so far, oldest first.
         self.saved: list[LoongSaveResult] = []
         #: called with each LoongSaveResult after it was finalized (tracker moved).
@@ -311,23 +310,10 @@ class LoongSageCheckpointer:
     def _snapshot(self, tag: str, tensors: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
         """F32 C-contiguous arrays: async, copies into buffers reused from save to
         save (safe: the previous save has landed); sync, views where possible."""
-        out = {}
-        for name, t in tensors.items():
-            if not isinstance(name, str) or not name:
-                raise CheckpointError(f"{what}: tensor name {name!r} must be a non-empty string")
-            a = to_numpy(t)
-            if not np.issubdtype(a.dtype, np.floating) and a.dtype.name != "bfloat16":
-                raise CheckpointError(f"{what}: tensor {name!r} has dtype {a.dtype}, "
-                                      "expected floating point (saved as F32)")
-            if not self.async_save:
-                out[name] = np.asarray(a, dtype=np.float32, order="C")
-                continue
-            key = f"{tag}:{name}"
-            buf = self._buffers.get(key)
-            if buf is None or buf.shape != a.shape:
-                buf = self._buffers[key] = np.empty(a.shape, np.float32)
-            np.copyto(buf, a, casting="unsafe")
-            out[name] = buf
+        out = snapshot_f32(tensors, what=what, copy=self.async_save,
+                           reuse=self._buffers.get(tag))
+        if self.async_save:
+            self._buffers[tag] = out
         return out
 
     def _write(self, job: _Job) -> _Landed:
@@ -335,7 +321,7 @@ class LoongSageCheckpointer:
         prefix = self.tree.prefix(job.step)
         if self.keep > 0:
             self.tree.retain(self.keep)
-        self._clear_leftover(job.step, prefix)
+        self.tree.clear_for_save(job.step)
         staging = prefix + ".tmp" if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": job.step,
@@ -370,17 +356,3 @@ class LoongSageCheckpointer:
         self.saved.append(result)
         for hook in self.on_commit:
             hook(result)
-
-    def _clear_leftover(self, step: int, prefix: str) -> None:
-        """A step directory beyond the tracker was never vouched for (the crash
-        came between its commit and the tracker move, or it is HF-only): it is
-        replaced. A committed step at or before the tracker is refused."""
-        try:
-            latest = self.tree.latest()
-        except PointerError:
-            latest = None
-        if latest is not None and step <= latest and is_committed(self.store, prefix):
-            raise CheckpointError(
-                f"{self.store.url_of(prefix)}: already a committed checkpoint at or before "
-                f"the tracker (step {latest}); saving does not overwrite it")
-        delete_directory(self.store, prefix)

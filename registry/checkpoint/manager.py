@@ -32,13 +32,12 @@ from registry.checkpoint.state import (
     validate_save_inputs,
 )
 from registry.checkpoint.tree import CheckpointTree
-from registry.commit import DirectoryWriter, delete_directory
-from registry.errors import CheckpointError, PointerError
+from registry.commit import DirectoryWriter
+from registry.errors import CheckpointError
 from registry.manifest import Manifest, utc_now
 from registry.names import check_name
 from registry.safetensors_io import check_optimizer_state, read_safetensors, write_safetensors
 from registry.store import Store, join, open_store
-from registry.verify import is_committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +197,7 @@ class CheckpointManager:
                gen: dict[str, Any] | None) -> SaveResult:
         t0 = time.perf_counter()
         prefix = self.tree.prefix(step)
-        self._clear_leftover(step, prefix)
+        self.tree.clear_for_save(step)
         staging = prefix + ".tmp" if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": step}, staging=staging,
@@ -226,26 +225,6 @@ class CheckpointManager:
         for retained in self.on_retain:
             retained(steps)
         return result
-
-    def _clear_leftover(self, step: int, prefix: str) -> None:
-        """Remove what a crashed save of ``step`` left (seed 000 "Resuming").
-
-        A step beyond LATEST was never vouched for (the crash came between its
-        commit and the pointer move), and a step that does not verify is
-        broken: both are deleted, MANIFEST.json first, so this save can write
-        it afresh. A verified step at or before LATEST is a real checkpoint:
-        saving over it is refused.
-        """
-        try:
-            latest = self.tree.latest()
-        except PointerError:
-            latest = None
-        if latest is not None and step <= latest and is_committed(self.store, prefix):
-            raise CheckpointError(
-                f"{self.store.url_of(prefix)}: already a committed checkpoint at or before "
-                f"LATEST (step {latest}); resuming from an older step does not overwrite "
-                "newer checkpoints: delete them (registry ckpt gc) or use a new run id")
-        delete_directory(self.store, prefix)
 
     def _emit(self, r: SaveResult) -> None:
         if self.progress_file is None:

@@ -11,12 +11,12 @@ import warnings
 from dataclasses import dataclass
 
 from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
-from registry.errors import NoValidCheckpointError, PointerError, RegistryError
+from registry.errors import CheckpointError, NoValidCheckpointError, PointerError, RegistryError
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
 from registry.store import Store, join
 from registry.checkpoint.layout import TINYLLM, Layout
-from registry.verify import VerifyReport, require_verified, verify_directory
+from registry.verify import VerifyReport, is_committed, require_verified, verify_directory
 
 
 class CheckpointSkippedWarning(UserWarning):
@@ -86,6 +86,29 @@ class CheckpointTree:
         """Move the pointer to ``step``, never backwards (compare-and-swap)."""
         move_pointer(self.store, self.pointer_key, self.layout.pointer_value(step),
                      order=self.layout.order)
+
+    def clear_for_save(self, step: int) -> None:
+        """Remove what a crashed save of ``step`` left, before saving it again.
+
+        A step beyond the pointer was never vouched for (the crash came between
+        its commit and the pointer move), and a step that does not verify is
+        broken: both are deleted, MANIFEST.json first. A committed step at or
+        before the pointer is a real checkpoint: saving over it is refused.
+
+        Raises:
+            CheckpointError: ``step`` is committed at or before the pointer.
+        """
+        prefix = self.prefix(step)
+        try:
+            latest = self.latest()
+        except PointerError:
+            latest = None
+        if latest is not None and step <= latest and is_committed(self.store, prefix):
+            raise CheckpointError(
+                f"{self.store.url_of(prefix)}: already a committed checkpoint at or before "
+                f"{self.layout.pointer} (step {latest}); saving does not overwrite it: delete "
+                "newer checkpoints (registry ckpt gc) or use a new run id")
+        delete_directory(self.store, prefix)
 
     def reset_latest(self, step: int) -> None:
         """Point the pointer at ``step`` even if that is backwards (compare-and-swap

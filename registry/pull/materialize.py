@@ -10,7 +10,6 @@ unless ``force``, which swaps the directories (atomically with
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import shutil
