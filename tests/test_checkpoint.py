@@ -97,6 +97,66 @@ def test_retention_keeps_newest_and_cleans_leftovers(store: Store, tmp_path: Pat
     assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000004", "step-000005"]
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_background_delete_never_races_the_next_save(store: Store, tmp_path: Path,
+                                                     async_save: bool) -> None:
+    """Retention off the save path (Orbax's enable_background_delete): every
+    save lands, each deletion finishes before the next save stages its files,
+    and after close() exactly the keep_ckpts newest steps are left."""
+    with mgr(store, tmp_path, keep_ckpts=2, async_save=async_save,
+             background_delete=True) as m:
+        for s in range(1, 7):
+            save(m, s)
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000005", "step-000006"]
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000006\n"
+    assert all(verify_directory(store, f"{ROOT}/step-{s:06d}", full=True).ok for s in (5, 6))
+
+
+def test_sync_save_returns_before_background_delete(store: Store, tmp_path: Path) -> None:
+    """A sync save returns once LATEST names the step, before the old step is
+    deleted; close() finishes the deletion."""
+    import threading
+    gate = threading.Event()
+    m = mgr(store, tmp_path, keep_ckpts=1, async_save=False, background_delete=True)
+    real_retain = m.tree.retain
+    calls = []
+
+    def slow_retain(keep: int, **kw: object) -> list[str]:
+        calls.append(keep)
+        if len(calls) == 2:  # the retention after step 2: hold it
+            assert gate.wait(30)
+        return real_retain(keep, **kw)  # type: ignore[arg-type]
+    m.tree.retain = slow_retain  # type: ignore[method-assign]
+    save(m, 1)
+    save(m, 2)
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000002\n"
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000001", "step-000002"]
+    assert m.poll() is True  # nothing in flight; poll does not wait for the deletion
+    gate.set()
+    m.close()
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000002"]
+
+
+def test_background_delete_error_is_raised_next_and_cleared(store: Store,
+                                                            tmp_path: Path) -> None:
+    m = mgr(store, tmp_path, keep_ckpts=1, async_save=False, background_delete=True)
+    failures = iter([StorageError("runs/r1/ckpt/step-000001: injected delete failure")])
+
+    def fail_once(steps: list[int]) -> None:
+        err = next(failures, None)
+        if err is not None:
+            raise err
+    m.on_retain.append(fail_once)
+    save(m, 1)
+    with pytest.raises(StorageError, match="injected delete failure"):
+        save(m, 2)
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000001\n"  # step 2 not written
+    save(m, 2)
+    save(m, 3)
+    m.close()
+    assert [n for n, d in store.list_dir(ROOT) if d] == ["step-000003"]
+
+
 def test_async_save_snapshots_the_arrays(store: Store, tmp_path: Path) -> None:
     params = model(3)
     expected = params["embed.weight"].copy()

@@ -92,6 +92,9 @@ def load_safetensors(store: Store, prefix: str, manifest: Manifest,
         return read_safetensors(f, path=store.url_of(join(prefix, relpath)),
                                 file_size=entry.size)
 
+#: writes the model file beside the optimizer file (see ``_write``).
+_FILE_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-file")
+
 
 class CheckpointManager:
     """Saves and resumes the checkpoints of one training run.
@@ -105,6 +108,13 @@ class CheckpointManager:
             event is appended after LATEST moved (seed step 5).
         async_save: ``save()`` returns once the arrays are snapshotted; the
             write happens on one background thread.
+        background_delete: retention (deleting the steps beyond
+            ``keep_ckpts``) runs on a background thread after LATEST moved,
+            instead of inside the save (Orbax's ``enable_background_delete``).
+            A sync ``save()`` then returns once the step is committed and
+            LATEST names it; the deletion finishes before the next save starts
+            writing, before ``resume`` and in ``close``. A deletion error is
+            raised by the next ``poll``/``save``/``resume``/``close``.
 
     Raises:
         InvalidNameError: ``run_id`` breaks the naming rule.
@@ -119,8 +129,8 @@ class CheckpointManager:
 
     def __init__(self, store_url: str | Store, run_id: str, *, keep_ckpts: int,
                  progress_file: str | os.PathLike[str] | None = None,
-                 async_save: bool = True, layout: Layout = TINYLLM,
-                 root: str | None = None) -> None:
+                 async_save: bool = True, background_delete: bool = False,
+                 layout: Layout = TINYLLM, root: str | None = None) -> None:
         self.store = store_url if isinstance(store_url, Store) else open_store(store_url)
         self.run_id = check_name(run_id, "run_id")
         self.keep_ckpts = keep_ckpts
@@ -130,6 +140,9 @@ class CheckpointManager:
                                    layout)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
         self._pending: Future[SaveResult] | None = None
+        self.background_delete = background_delete
+        self._deleter: ThreadPoolExecutor | None = None
+        self._deleting: Future[None] | None = None
         self._spare: dict[str, dict[str, np.ndarray]] = {}
         #: called with the SaveResult after LATEST moved (the index hooks in here).
         self.on_commit: list[Callable[[SaveResult], None]] = []
@@ -196,16 +209,22 @@ class CheckpointManager:
                optimizer: str, config: bytes, state: dict[str, Any], tokenizer: bytes | None,
                gen: dict[str, Any] | None) -> SaveResult:
         t0 = time.perf_counter()
+        self._finish_delete()  # retention must not race this save's staging
         prefix = self.tree.prefix(step)
         self.tree.clear_for_save(step)
         staging = prefix + ".tmp" if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": step}, staging=staging,
                              sole_writer=True) as w:
-            write_safetensors_file(w, "model.safetensors", model, {"format": "tinyllm"})
-            write_safetensors_file(w, "optimizer.safetensors", opt,
-                                   {"format": "tinyllm", "optimizer": optimizer,
-                                    "step": str(step)})
+            # The two big files are written (and hashed) at once, one per core.
+            model_written = _FILE_WRITERS.submit(
+                write_safetensors_file, w, "model.safetensors", model, {"format": "tinyllm"})
+            try:
+                write_safetensors_file(w, "optimizer.safetensors", opt,
+                                       {"format": "tinyllm", "optimizer": optimizer,
+                                        "step": str(step)})
+            finally:
+                model_written.result()
             w.write_bytes("config.json", config)
             if tokenizer is not None:
                 w.write_bytes("tokenizer.json", tokenizer)
@@ -219,12 +238,27 @@ class CheckpointManager:
         self._emit(result)
         for hook in self.on_commit:
             hook(result)
+        if self.background_delete:
+            if self._deleter is None:
+                self._deleter = ThreadPoolExecutor(max_workers=1,
+                                                   thread_name_prefix="ckpt-delete")
+            self._deleting = self._deleter.submit(self._retain)
+        else:
+            self._retain()
+        return result
+
+    def _retain(self) -> None:
         deleted = self.tree.retain(self.keep_ckpts)
         steps = [s for s in (self.tree.layout.parse_dir(k.rsplit("/", 1)[-1]) for k in deleted)
                  if s is not None]
         for retained in self.on_retain:
             retained(steps)
-        return result
+
+    def _finish_delete(self) -> None:
+        """Wait for a background retention; raise its error (then cleared)."""
+        deleting, self._deleting = self._deleting, None
+        if deleting is not None:
+            deleting.result()
 
     def _emit(self, r: SaveResult) -> None:
         if self.progress_file is None:
@@ -245,6 +279,9 @@ class CheckpointManager:
         Raises:
             The landed save's exception, if it failed.
         """
+        deleting = self._deleting
+        if deleting is not None and deleting.done():
+            self._finish_delete()
         pending = self._pending
         if pending is None:
             return True
@@ -264,7 +301,12 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
-            self._pool.shutdown(wait=True)
+            try:
+                self._finish_delete()
+            finally:
+                self._pool.shutdown(wait=True)
+                if self._deleter is not None:
+                    self._deleter.shutdown(wait=True)
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -296,6 +338,7 @@ class CheckpointManager:
                 format (written by something else than this registry).
         """
         self.wait()
+        self._finish_delete()
         start = None
         if path is not None:
             start = self.tree.layout.parse_dir(path.rstrip("/").rsplit("/", 1)[-1])
