@@ -28,6 +28,7 @@ from registry.checkpoint import CheckpointManager, SaveResult
 from registry.errors import GateFailedError, InvalidNameError
 from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
+from registry.pull import PullResult, pull
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
@@ -160,6 +161,17 @@ class Registry:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
         return model_id, resolve(self.store, model_id, name)
+
+    def pull(self, ref: str, **kw: Any) -> PullResult:
+        """Pull ``model_id@version`` or ``model_id@alias`` to a model directory
+        on this host: :func:`registry.pull.pull` (its keyword arguments and
+        errors: ``to``, ``cache``, ``workers``, ``verify``, ``force``,
+        ``fsync``, ...). Reads only the store, never the index."""
+        model_id, name = parse_ref(ref)
+        if name is None:
+            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
+                                   name=ref)
+        return pull(self.store, model_id, name, **kw)
 
     def gate_check(self, model_id: str, version: str,
                    require: Iterable[Threshold | str] = ()) -> list[GateResult]:

@@ -15,8 +15,10 @@ What is checked, and how:
 * Integrity: a stored file with a flipped byte, truncated, replaced by a Git
   LFS pointer or by an HTML error page is refused with IntegrityError naming
   the file and the expected and actual values; nothing under the final name,
-  no blob for it, no temp file. Large files take the ranged path
-  (``RANGE_THRESHOLD``/``RANGE_SIZE`` monkeypatched to 1 MiB / 256 KiB).
+  no blob for it, no temp file. Large files take the ranged path (split at
+  once: ``RANGE_THRESHOLD`` 1 MiB, ranges of 256 KiB at least); whether a
+  stream is split is decided from its measured rate and time to first byte
+  (a slowed stream is split, a fast one is not).
   ``--verify`` re-hashes what was materialized: cache hits are trusted (a blob
   only enters ``blobs/`` verified, read-only), so a blob corrupted afterwards
   is caught only by ``--verify``.
@@ -41,6 +43,7 @@ import importlib
 import io
 import json
 import os
+import threading
 import random
 import re
 import selectors
@@ -209,7 +212,8 @@ def assert_cli_error(p: subprocess.CompletedProcess[str], code: int, *needles: s
 class ReadLog:
     """Wraps the read methods of one store instance; on S3 also every S3 API call.
 
-    ``reads``: (method, key, bytes) per call of iter_read / read_range / read_bytes;
+    ``reads``: (method, key, bytes) per call of iter_read / iter_range /
+    read_range / read_bytes;
     ``requests``: (S3 operation, key, Range, ContentLength) per S3 API request.
     """
 
@@ -217,6 +221,7 @@ class ReadLog:
         self.reads: list[tuple[str, str, int]] = []
         self.requests: list[tuple[str, str | None, str | None, int | None]] = []
         iter_read, read_range, read_bytes = store.iter_read, store.read_range, store.read_bytes
+        iter_range = store.iter_range
 
         def counted_iter(key: str, *a: Any, **kw: Any) -> Iterator[bytes]:
             n = 0
@@ -226,6 +231,15 @@ class ReadLog:
                     yield block
             finally:
                 self.reads.append(("iter_read", key, n))
+
+        def counted_iter_range(key: str, *a: Any, **kw: Any) -> Iterator[bytes]:
+            n = 0
+            try:
+                for block in iter_range(key, *a, **kw):
+                    n += len(block)
+                    yield block
+            finally:
+                self.reads.append(("iter_range", key, n))
 
         def counted_range(key: str, start: int, end: int) -> bytes:
             data = read_range(key, start, end)
@@ -239,6 +253,7 @@ class ReadLog:
 
         store.iter_read = counted_iter  # type: ignore[method-assign]
         store.read_range = counted_range  # type: ignore[method-assign]
+        store.iter_range = counted_iter_range  # type: ignore[method-assign]
         store.read_bytes = counted_bytes  # type: ignore[method-assign]
         if isinstance(store, S3Store):
             call = store.fs._call_s3
@@ -287,10 +302,14 @@ def durable(durable_store_url: str) -> Iterator[Store]:
 
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Files over 1 MiB take the ranged path, in 256 KiB ranges; streams in 1 KiB."""
+    """Files over 1 MiB are split at once (after their first 1 KiB block) into
+    ranges of at least 256 KiB; streams in 1 KiB blocks."""
     monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
-    monkeypatch.setattr(download, "RANGE_SIZE", 256 * KIB)
+    monkeypatch.setattr(download, "MIN_SEGMENT", 256 * KIB)
     monkeypatch.setattr(download, "STREAM_CHUNK", KIB)
+    monkeypatch.setattr(download, "PROBE_SECONDS", 0.0)
+    monkeypatch.setattr(download, "MIN_SPLIT_SECONDS", 0.0)
+    monkeypatch.setattr(download, "SPLIT_FACTOR", 0.0)
 
 
 # == 1. pull by version and alias =====================================================
@@ -590,6 +609,65 @@ def test_cli_reports_tampered_file(durable_store_url: str, durable: Store,
     assert_nothing_placed(cache, serve, entry.sha256, bad)
 
 
+def test_plan_split_measures_instead_of_assuming() -> None:
+    """The split decision from a stream's rate and time to first byte (TTFB)."""
+    mib = 1024 * 1024
+    # A real object store: 80 MB/s per stream, 30 ms per request: 8 ranges.
+    assert download.plan_split(700 * mib, 80e6, 0.03, 8) == 8
+    # moto: 1.1 GB/s, but 0.49 s before the first byte of any (ranged) GET.
+    assert download.plan_split(700 * mib, 1.1e9, 0.49, 8) == 1
+    # Local disk: the rest takes 0.35 s, under MIN_SPLIT_SECONDS.
+    assert download.plan_split(700 * mib, 2e9, 0.0001, 8) == 1
+    # Slow, but each range would cost too much set-up for its share: fewer.
+    assert download.plan_split(100 * mib, 20e6, 0.2, 8) == 2
+    # Too little left, or one worker: never.
+    assert download.plan_split(20 * mib, 1e6, 0.01, 8) == 1
+    assert download.plan_split(700 * mib, 80e6, 0.03, 1) == 1
+
+
+@pytest.mark.parametrize("start,end,pieces", [(0, 10 * MIB, 3), (KIB, 700 * MIB + 5, 8),
+                                              (5, 2 * MIB, 8)])
+def test_cut_covers_the_range_once(start: int, end: int, pieces: int) -> None:
+    bounds = download.cut(start, end, pieces)
+    assert 1 <= len(bounds) <= pieces
+    assert bounds[0][0] == start and bounds[-1][1] == end
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all((e - s) % MIB == 0 for s, e in bounds[:-1])
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_slow_stream_is_split_fast_one_is_not(durable: Store, tmp_path: Path, slow: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default split rules (SPLIT_FACTOR, MIN_SPLIT_SECONDS): a stream slowed to
+    ~0.5 MB/s (as one S3 stream is slow against its parallel ranges) is cut
+    into ranges; the same file streaming at full speed is not."""
+    store = durable
+    m = publish(store, tmp_path, "1", release_files(big=True))
+    key = join(release_prefix(MODEL, "1"), "big.bin")
+    monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
+    monkeypatch.setattr(download, "MIN_SEGMENT", 256 * KIB)
+    monkeypatch.setattr(download, "STREAM_CHUNK", 16 * KIB)
+    monkeypatch.setattr(download, "PROBE_SECONDS", 0.1)
+    if slow:
+        real = store.iter_read
+
+        def slowed(k: str, chunk: int = KIB) -> Iterator[bytes]:
+            for block in real(k, chunk):
+                time.sleep(0.03)  # 16 KiB per 30 ms
+                yield block
+        monkeypatch.setattr(store, "iter_read", slowed)
+    log = ReadLog(store)
+    r = pull(store, MODEL, "1", to=tmp_path / "serve", cache=tmp_path / "cache", workers=4)
+    assert r.transferred == sum(distinct(m).values())
+    ranges = [n for meth, k, n in log.reads if k == key and meth == "iter_range"]
+    streamed = sum(n for meth, k, n in log.reads if k == key and meth == "iter_read")
+    if slow:
+        assert 2 <= len(ranges) <= 3 and streamed + sum(ranges) == BIG, log.reads
+    else:
+        assert ranges == [] and streamed == BIG
+    assert_pulled(tmp_path / "serve", store, "1", tmp_path / "cache")
+
+
 @pytest.mark.parametrize("kind", ["ok", "flip", "truncate", "html"])
 def test_large_file_ranged(durable: Store, tmp_path: Path, small_ranges: None,
                            kind: str) -> None:
@@ -608,9 +686,14 @@ def test_large_file_ranged(durable: Store, tmp_path: Path, small_ranges: None,
         chunks: list[int] = []
         r = pull(store, MODEL, "1", to=serve, cache=cache, workers=3, progress=chunks.append)
         assert r.transferred == sum(distinct(m).values()) == sum(chunks)
-        ranges = [n for meth, k, n in log.reads if k == key and meth == "read_range"]
-        assert len(ranges) >= 6 and sum(ranges) == BIG  # 6 ranges (+ an empty probe)
-        assert not [k for meth, k, _ in log.reads if k == key and meth != "read_range"]
+        # One stream for the first piece, then the tail cut into 2 more ranges
+        # (3 workers): every byte read exactly once.
+        streamed = [n for meth, k, n in log.reads if k == key and meth == "iter_read"]
+        ranges = [n for meth, k, n in log.reads if k == key and meth == "iter_range"]
+        assert len(streamed) == 1 and len(ranges) == 2, log.reads
+        assert streamed[0] + sum(ranges) == BIG
+        assert not [k for meth, k, _ in log.reads
+                    if k == key and meth not in ("iter_read", "iter_range")]
         assert_pulled(serve, store, "1", cache)
         assert_clean(cache, serve)
         return
@@ -927,35 +1010,23 @@ def test_insufficient_space_is_refused_before_the_first_byte(
     assert_pulled(Path(r.path), store, "2", cache)
 
 
-class _FullDisk:
-    """A file object whose writes fail with ENOSPC once ``limit`` bytes are written."""
-
-    def __init__(self, raw: Any, limit: int) -> None:
-        self.raw, self.limit, self.written = raw, limit, 0
-
-    def write(self, data: Any) -> int:
-        if self.written + len(data) > self.limit:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.written += len(data)
-        return int(self.raw.write(data))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.raw, name)
-
-    def __enter__(self) -> _FullDisk:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.raw.close()
-
-
 def fill_disk_after(monkeypatch: pytest.MonkeyPatch, path: str, limit: int) -> None:
-    """Writes to the temp file of ``path``'s download fail with ENOSPC after ``limit`` bytes."""
-    def fake_open(file: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
-        raw = open(file, mode, *a, **kw)  # noqa: SIM115
-        return _FullDisk(raw, limit) if "w" in mode and path in str(file) else raw
+    """Writes to the temp file of ``path``'s download fail with ENOSPC after
+    ``limit`` bytes (the download writes with ``os.pwrite`` through
+    ``download._pwrite_all``; the file is told by its /proc/self/fd link)."""
+    real = download._pwrite_all
+    written = [0]
+    lock = threading.Lock()
 
-    monkeypatch.setattr(download, "open", fake_open, raising=False)
+    def full(fd: int, data: Any, offset: int) -> None:
+        if path in os.readlink(f"/proc/self/fd/{fd}"):
+            with lock:
+                if written[0] + len(data) > limit:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written[0] += len(data)
+        real(fd, data, offset)
+
+    monkeypatch.setattr(download, "_pwrite_all", full)
 
 
 def test_disk_full_while_downloading(store: Store, tmp_path: Path, small_ranges: None,
@@ -1059,3 +1130,38 @@ def test_disk_full_while_materializing(tmp_path: Path, monkeypatch: pytest.Monke
     finally:
         assert not target.exists()
         assert_clean(cache, target)
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_fsync_option_through_the_registry_facade(store: Store, tmp_path: Path, fsync: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Registry.pull(ref, fsync=...)``: by default every downloaded blob is
+    fsynced before it enters the cache; ``fsync=False`` (``--no-fsync``) skips
+    that, and the pull is still verified and placed whole."""
+    from registry.api import Registry
+    m = publish(store, tmp_path, "1", release_files())
+    synced: list[str] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", counting)
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    with Registry(store, db=f"sqlite:///{tmp_path / 'unused.db'}") as reg:
+        r = reg.pull(f"{MODEL}@1", to=serve, cache=cache, fsync=fsync)
+    assert not (tmp_path / "unused.db").exists()  # pull never opens the index
+    blob_syncs = [p for p in synced if str(cache / "tmp") in p]
+    assert len(blob_syncs) == (len(distinct(m)) if fsync else 0), synced
+    assert r.downloaded == len(distinct(m)) and r.placed
+    assert_pulled(serve, store, "1", cache)
+
+
+def test_cli_no_fsync(durable_store_url: str, durable: Store, tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(serve), "--cache", str(cache), "--store",
+                durable_store_url, "--no-fsync", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["placed"] is True
+    assert_pulled(serve, durable, "1", cache)

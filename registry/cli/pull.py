@@ -38,8 +38,13 @@ def pull(
                                                         "holding other content.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     range_threshold_mib: Annotated[int, typer.Option(
-        "--range-threshold-mib", help="Files larger than this many MiB are fetched in "
-                                      "parallel byte ranges.")] = 64,
+        "--range-threshold-mib", help="Files larger than this many MiB may be split into "
+                                      "parallel byte ranges (when their stream is slow "
+                                      "enough for that to pay).")] = 64,
+    no_fsync: Annotated[bool, typer.Option(
+        "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
+                           "the host, e.g. a pod's emptyDir): faster, but a power loss "
+                           "can leave damaged files.")] = False,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index)."""
@@ -56,7 +61,7 @@ def pull(
                       transient=True) as bar:
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, name, to=to, cache=cache, workers=workers,
-                             verify=verify, force=force,
+                             verify=verify, force=force, fsync=not no_fsync,
                              range_threshold=range_threshold_mib * 1024 * 1024,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))

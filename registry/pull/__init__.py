@@ -78,7 +78,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
-         range_threshold: int | None = None) -> PullResult:
+         range_threshold: int | None = None, fsync: bool = True) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -90,8 +90,14 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         force: replace a target directory that holds other content.
         progress: called with each chunk's byte count as it lands.
         on_start: called once with the number of bytes to download.
-        range_threshold: files larger than this (bytes) are fetched as parallel
-            byte ranges (default 64 MiB); others stream in one GET each.
+        range_threshold: files larger than this (bytes, default 64 MiB) may be
+            split into parallel byte ranges, when their stream's measured rate
+            and time to first byte say it pays (see registry.pull.download);
+            every file starts as one streaming GET.
+        fsync: fsync every downloaded blob before it enters the cache, so a
+            pulled directory survives a power loss. False is for disks that
+            do not outlive the host (a pod's emptyDir): a killed process
+            still leaves nothing partial, but a power loss may.
 
     Returns:
         A PullResult.
@@ -134,7 +140,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files:
         futures = [files.submit(fetch, store, prefix, e, c, ranged_pool=ranges,
                                 inflight=workers, progress=on_progress,
-                                range_threshold=range_threshold)
+                                range_threshold=range_threshold, fsync=fsync)
                    for e in sorted(missing.values(), key=lambda e: -e.size)]
         errors = []
         for fut in futures:

@@ -1,60 +1,262 @@
 """Fetching one manifest entry into the cache: hashed while downloading, verified,
-then renamed into ``blobs/sha256/<hex>``.
+then linked into ``blobs/sha256/<hex>``.
 
-Small files stream in one GET. Files over ``RANGE_THRESHOLD`` bytes are fetched
-as parallel byte ranges; the ranges are consumed in order, so the sha256 is
-still computed on the fly while the other ranges are in flight. Memory is
-bounded by ``RANGE_SIZE * (in-flight ranges)``.
+Every file starts as one streaming GET; each block is written at its offset
+and hashed on a helper thread (hashlib releases the GIL) while the next block
+arrives. A file over ``RANGE_THRESHOLD`` bytes is split when that pays, which
+is measured, not assumed: after ``PROBE_SECONDS`` of streaming, the stream's
+rate says how long the rest would take, and its time to first byte what one
+more request costs. When the rest would take over ``MIN_SPLIT_SECONDS`` and
+over ``SPLIT_FACTOR`` request set-up times per range, the tail is cut into up
+to ``workers`` byte ranges fetched in parallel, each written at its offset
+(``os.pwrite``) as it streams, while the first stream finishes its own piece.
+The sha256 is still computed in file order: after its piece, the file's thread
+hashes the next ranges back from the temp file (page cache) as they land.
+
+On a real object store one stream is limited to tens of MB/s and a request
+costs tens of milliseconds, so large files are split. A server that reads the
+whole object for every range request (moto: about 0.5 s per range of a
+768 MiB object) answers its first byte late, and local disk streams fast:
+nothing is split there, so ranges never make a pull slower.
+
+Memory: at most ``HASH_DEPTH + 1`` blocks of ``STREAM_CHUNK`` bytes per file
+and one block per range.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from registry.errors import IntegrityError, InsufficientSpaceError
+from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.store import Store, join
 
+#: files larger than this (bytes) may be split into parallel byte ranges.
 RANGE_THRESHOLD = 64 * 1024 * 1024
-RANGE_SIZE = 16 * 1024 * 1024
+#: the smallest range a file is cut into, bytes.
+MIN_SEGMENT = 16 * 1024 * 1024
+#: block size of every stream, bytes.
 STREAM_CHUNK = 4 * 1024 * 1024
+#: seconds a stream runs before the split is decided.
+PROBE_SECONDS = 0.5
+#: a stream with less left than this (seconds at its rate) is never split.
+MIN_SPLIT_SECONDS = 1.0
+#: each range must take at least this many times one request's set-up time.
+SPLIT_FACTOR = 10.0
+#: blocks a file's hash may lag behind its download.
+HASH_DEPTH = 3
 
 Progress = Callable[[int], None]
+_ALIGN = 1024 * 1024
 
 
-def _ranges(size: int) -> list[tuple[int, int]]:
-    return [(start, min(size, start + RANGE_SIZE)) for start in range(0, size, RANGE_SIZE)]
+def plan_split(remaining: int, rate: float, ttfb: float, workers: int) -> int:
+    """How many pieces to cut the rest of a stream into (1: do not split).
+
+    Args:
+        remaining: bytes still to fetch.
+        rate: the stream's rate so far, bytes per second.
+        ttfb: seconds from the stream's request to its first byte: what one
+            more request costs.
+        workers: the most pieces (parallel requests) allowed.
+    """
+    if workers < 2 or rate <= 0 or remaining < 2 * MIN_SEGMENT:
+        return 1
+    left = remaining / rate
+    if left < MIN_SPLIT_SECONDS:
+        return 1
+    by_cost = workers if SPLIT_FACTOR <= 0 else int(left / (SPLIT_FACTOR * max(ttfb, 1e-4)))
+    return max(1, min(workers, remaining // MIN_SEGMENT, by_cost))
 
 
-def _write_ranged(store: Store, key: str, size: int, f: object, h: object,
-                  pool: ThreadPoolExecutor, inflight: int, progress: Progress) -> int:
-    got = 0
-    pending: deque[Future[bytes]] = deque()
-    todo = deque(_ranges(size))
-    while todo or pending:
-        while todo and len(pending) < inflight:
-            start, end = todo.popleft()
-            pending.append(pool.submit(store.read_range, key, start, end))
-        block = pending.popleft().result()
-        h.update(block)  # type: ignore[attr-defined]
-        f.write(block)  # type: ignore[attr-defined]
-        got += len(block)
-        progress(len(block))
-        if len(block) == 0:
-            break
-    return got
+def cut(start: int, end: int, pieces: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into at most ``pieces`` contiguous ranges whose
+    lengths are multiples of 1 MiB (of MIN_SEGMENT if that is smaller)."""
+    align = min(_ALIGN, MIN_SEGMENT)
+    step = -(-(end - start) // pieces)
+    step = max(align, -(-step // align) * align)
+    return [(s, min(end, s + step)) for s in range(start, end, step)]
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+class _Hasher:
+    """sha256 of blocks fed in order, on a helper thread for large files."""
+
+    def __init__(self, pipelined: bool) -> None:
+        self.h = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pull-sha256") if pipelined else None
+        self._pending: deque[Future[None]] = deque()
+
+    def update(self, block: bytes | memoryview) -> None:
+        """``block`` must not change afterwards (bytes, or a view of bytes)."""
+        if self._pool is None:
+            self.h.update(block)
+            return
+        self._pending.append(self._pool.submit(self.h.update, block))
+        while len(self._pending) > HASH_DEPTH:
+            self._pending.popleft().result()
+
+    def close(self) -> None:
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self.h.hexdigest()
+
+
+class _Pieces:
+    """The byte ranges of one file fetched by other threads, and how far each got."""
+
+    def __init__(self, bounds: list[tuple[int, int]]) -> None:
+        self.bounds = bounds
+        self.landed = [0] * len(bounds)
+        self.finished = [False] * len(bounds)
+        self.longer = False  # the object has bytes past the manifest's size
+        self.error: BaseException | None = None
+        self.stop = False
+        self.cond = threading.Condition()
+        self.futures: list[Future[None]] = []
+
+    def fetch(self, i: int, store: Store, key: str, fd: int, size: int,
+              progress: Progress) -> None:
+        start, end = self.bounds[i]
+        pos = start
+        try:
+            # The last range asks for one byte more: is the object longer?
+            for block in store.iter_range(key, start, end + (end == size), STREAM_CHUNK):
+                if self.stop:
+                    return
+                view = memoryview(block)
+                if len(view) > end - pos:
+                    view = view[:end - pos]
+                    self.longer = True
+                _pwrite_all(fd, view, pos)
+                pos += len(view)
+                progress(len(view))
+                with self.cond:
+                    self.landed[i] = pos - start
+                    self.cond.notify_all()
+                if self.longer:
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the file's thread
+            with self.cond:
+                self.error = self.error or e
+        finally:
+            with self.cond:
+                self.finished[i] = True
+                self.cond.notify_all()
+
+    def hash_in_order(self, fd: int, hasher: _Hasher) -> int:
+        """Hash every range in file order as it lands; returns the bytes landed."""
+        got = 0
+        for i, (start, end) in enumerate(self.bounds):
+            pos = start
+            while True:
+                with self.cond:
+                    while (start + self.landed[i] <= pos and not self.finished[i]
+                           and self.error is None):
+                        self.cond.wait()
+                    if self.error is not None:
+                        raise self.error
+                    upto, finished = start + self.landed[i], self.finished[i]
+                while pos < upto:
+                    block = os.pread(fd, min(STREAM_CHUNK, upto - pos), pos)
+                    hasher.update(block)
+                    pos += len(block)
+                if finished and pos >= start + self.landed[i]:
+                    break
+            got += pos - start
+            if pos < end:  # the object is shorter: stop here, the size check fails
+                break
+        return got
+
+    def close(self) -> None:
+        """Stop the ranges and wait for them: nothing writes to the file after."""
+        self.stop = True
+        wait(self.futures)  # fetch() records its errors; none escape
+
+
+def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher, *,
+              ranged_pool: ThreadPoolExecutor, workers: int, threshold: int,
+              progress: Progress) -> int:
+    """Stream ``key`` into ``fd``, splitting its tail when that pays; returns
+    the bytes received (more than ``entry.size`` when the object is longer)."""
+    size = entry.size
+    end = size  # where this stream stops (lowered by a split)
+    pos = 0
+    decided = size <= threshold or workers < 2
+    pieces: _Pieces | None = None
+    t0 = time.perf_counter()
+    first: float | None = None
+    ttfb = 0.0
+    stream = store.iter_read(key, STREAM_CHUNK)
+    try:
+        try:
+            for block in stream:
+                now = time.perf_counter()
+                if first is None:
+                    first, ttfb = now, now - t0
+                view = memoryview(block)
+                if pieces is not None and len(view) > end - pos:
+                    view = view[:end - pos]  # the rest is the ranges'
+                _pwrite_all(fd, view, pos)
+                hasher.update(view)
+                pos += len(view)
+                progress(len(view))
+                if pos > size or (pieces is not None and pos >= end):
+                    break
+                if not decided and now - first >= PROBE_SECONDS:
+                    decided = True
+                    k = plan_split(size - pos, pos / max(now - t0, 1e-6), ttfb, workers)
+                    if k >= 2:
+                        bounds = cut(pos, size, k)
+                        end = bounds[0][1]
+                        pieces = _Pieces(bounds[1:])
+                        pieces.futures = [
+                            ranged_pool.submit(pieces.fetch, i, store, key, fd, size, progress)
+                            for i in range(len(pieces.bounds))]
+        finally:
+            stream.close()  # drops the connection of a stream cut short
+        if pieces is None or pos < end:
+            return pos
+        got = pos + pieces.hash_in_order(fd, hasher)
+        return got + pieces.longer
+    finally:
+        if pieces is not None:
+            pieces.close()
 
 
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
+
+    Args:
+        ranged_pool: threads that fetch byte ranges of large files.
+        inflight: the most ranges one file is cut into.
+        progress: called with each block's byte count as it lands.
+        fsync: make the blob durable before it is linked into ``blobs/``.
+        range_threshold: files larger than this (bytes) may be split
+            (default ``RANGE_THRESHOLD``).
 
     Raises:
         IntegrityError: size or sha256 differs from the manifest (nothing is
@@ -64,27 +266,18 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     """
     key = join(prefix, entry.path)
     tmp = cache.new_temp(entry.sha256)
-    h = hashlib.sha256()
-    got = 0
+    threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
+    hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK)
     try:
-        with open(tmp, "wb") as f:
-            threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
-            if entry.size > threshold:
-                got = _write_ranged(store, key, entry.size, f, h, ranged_pool, inflight, progress)
-                if got == entry.size:  # the object may be longer than the manifest says
-                    got += len(store.read_range(key, entry.size, entry.size + 1))
-            else:
-                for block in store.iter_read(key, STREAM_CHUNK):
-                    h.update(block)
-                    f.write(block)
-                    got += len(block)
-                    progress(len(block))
-                    if got > entry.size:
-                        break
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
+                            workers=inflight, threshold=threshold, progress=progress)
+            actual = hasher.hexdigest()
             if got == entry.size and fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        actual = h.hexdigest()
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         if got != entry.size:
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  reason=f"size {got}{'+' if got > entry.size else ''} bytes, "
@@ -108,4 +301,5 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                                          f"{entry.path}", key=str(tmp)) from None
         raise
     finally:
+        hasher.close()
         Path(tmp).unlink(missing_ok=True)

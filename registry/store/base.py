@@ -196,6 +196,18 @@ class Store(ABC):
             while block := f.read(chunk):
                 yield block
 
+    def iter_range(self, key: str, start: int, end: int,
+                   chunk: int = CHUNK) -> Iterator[bytes]:
+        """Stream bytes ``[start, end)`` of ``key`` (fewer if the object is
+        shorter) in chunks of at most ``chunk`` bytes: one ranged request on
+        an object store. Raises ObjectNotFoundError."""
+        with self.open_read(key) as f:
+            f.seek(start)
+            left = end - start
+            while left > 0 and (block := f.read(min(chunk, left))):
+                left -= len(block)
+                yield block
+
     def subdirs(self, prefix: str) -> list[str]:
         """Names of the immediate sub-directories of ``prefix``, sorted."""
         return [name for name, is_dir in self.list_dir(prefix) if is_dir]

@@ -30,8 +30,10 @@ from registry.errors import ObjectExistsError, PointerConflictError, StorageErro
 from registry.store.base import CHUNK, ObjectInfo, Store
 from registry.store.translate import s3_error_code, translated
 
-PART_SIZE = 16 * 1024 * 1024
-MAX_INFLIGHT = 6
+#: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
+#: test server they did as well as 16 MiB x 6 and hold less memory (88 MiB).
+PART_SIZE = 8 * 1024 * 1024
+MAX_INFLIGHT = 10
 _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 
 
@@ -130,6 +132,30 @@ class S3Store(Store):
         whole object for every range request are not penalized."""
         with translated(key):
             resp = self.call("get_object", Key=self._key(key))
+        body = resp["Body"]
+        try:
+            while True:
+                with translated(key):
+                    block = sync(self.fs.loop, body.read, chunk)
+                if not block:
+                    return
+                yield block
+        finally:
+            body.close()
+
+    def iter_range(self, key: str, start: int, end: int,
+                   chunk: int = CHUNK) -> Iterator[bytes]:
+        """Stream bytes ``[start, end)`` with one ranged GET (nothing when
+        ``start`` is at or past the end of the object)."""
+        if end <= start:
+            return
+        try:
+            resp = self.call("get_object", Key=self._key(key), Range=f"bytes={start}-{end - 1}")
+        except Exception as exc:
+            if s3_error_code(exc) in ("InvalidRange", "416") or "not satisfiable" in str(exc):
+                return
+            with translated(key):
+                raise
         body = resp["Body"]
         try:
             while True:

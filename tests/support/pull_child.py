@@ -97,21 +97,19 @@ def stall(url: str, model_id: str, version: str, cache: str, target: str, phase:
         cls.iter_read = iter_read  # type: ignore[method-assign]
     elif phase == "ranged":
         download.RANGE_THRESHOLD = 1024 * 1024
-        download.RANGE_SIZE = 256 * 1024
-        original_range = cls.read_range
-        lock = threading.Lock()
-        calls = [0]
+        download.MIN_SEGMENT = 256 * 1024
+        download.STREAM_CHUNK = 1024
+        download.PROBE_SECONDS = download.MIN_SPLIT_SECONDS = download.SPLIT_FACTOR = 0.0
+        original_range = cls.iter_range
 
-        def read_range(self, key, start, end):  # type: ignore[no-untyped-def]
-            with lock:
-                calls[0] += 1
-                first = calls[0] == 1
-            if not first:
-                time.sleep(0.2)  # let the first range land in the temp file
-                stall_forever()
-            return original_range(self, key, start, end)
+        def iter_range(self, key, start, end, chunk=1024):  # type: ignore[no-untyped-def]
+            for i, block in enumerate(original_range(self, key, start, end, chunk)):
+                if i == 1:
+                    time.sleep(0.2)  # let the first blocks land in the temp file
+                    stall_forever()
+                yield block
 
-        cls.read_range = read_range  # type: ignore[method-assign]
+        cls.iter_range = iter_range  # type: ignore[method-assign]
     elif phase == "link":
         original_link = os.link
 
