@@ -19,6 +19,9 @@ def _rows_checkpoint(r: dict[str, Any]) -> Iterator[Row]:
            "safetensors save_file + sha256", r["save_ratio_vs_save_file_plus_sha256"], "<= 0.8")
     yield ("checkpoint", "sync save", m["ours_sync"], "save_file + sha256 + sync",
            r["save_ratio_vs_save_file_plus_sha256_plus_sync"], "(durable peer)")
+    if "disk_floor" in m:
+        yield ("checkpoint", "sync save", m["ours_sync"], "raw write + fsync (disk floor)",
+               r["save_ratio_vs_disk_floor"], "(floor)")
     yield ("checkpoint", "async save: caller blocked", m["async_blocked"], "sync save",
            r["async_blocked_fraction_of_sync"], "<= 0.10")
     yield ("checkpoint", "resume verification", m["verify"], "sha256sum",
@@ -39,6 +42,14 @@ def _rows_pull(r: dict[str, Any]) -> Iterator[Row]:
            r["local"]["ratio"], "<= 1.15")
     yield ("pull", "S3, every byte verified", r["s3"]["ours_seconds"], "s3fs get",
            r["s3"]["ratio"], "<= 1.0")
+    for backend, peer in (("local", "cp -r"), ("s3", "s3fs get")):
+        if "no_fsync_seconds" in r[backend]:
+            yield ("pull", f"{backend}, every byte verified, --no-fsync",
+                   r[backend]["no_fsync_seconds"], peer, r[backend]["no_fsync_ratio"],
+                   "(reported)")
+    if "sha256_largest_seconds" in r:
+        yield ("pull", "floor: sha256 of the largest file", r["sha256_largest_seconds"],
+               "cp -r", r["sha256_largest_seconds"] / r["local"]["peer_seconds"], "(floor)")
     for backend in ("local", "s3"):
         yield ("pull", f"warm re-pull ({backend}), s/GiB", r[backend]["warm_seconds_per_gib"],
                "-", None, "<= 0.1 s/GiB")
@@ -69,13 +80,8 @@ def _rows_generic(name: str, r: Any) -> Iterator[Row]:
                        str(t.get("target", "")))
 
 
-def _rows_pull_one_get(r: dict[str, Any]) -> Iterator[Row]:
-    for bench, measure, ours, peer, ratio, target in _rows_pull(r):
-        yield (bench, f"{measure} (--range-threshold-mib off)", ours, peer, ratio, target)
-
-
 EXTRACT = {"checkpoint": _rows_checkpoint, "release": _rows_release, "pull": _rows_pull,
-           "pull-noranges": _rows_pull_one_get, "index": _rows_index, "mlflow": _rows_mlflow}
+           "index": _rows_index, "mlflow": _rows_mlflow}
 
 
 def main() -> int:
