@@ -117,12 +117,24 @@ def verify_directory(store: Store, prefix: str, *, full: bool = False,
     except (NotCommittedError, ManifestError) as e:
         return VerifyReport(prefix, full, None, e, (), ())
     sizes = store.walk_files(prefix)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(lambda e: _check_entry(store, prefix, e, sizes, full),
-                                manifest.files))
+    problems = verify_entries(store, prefix, manifest.files, full=full, workers=workers,
+                              sizes=sizes)
     listed = {e.path for e in manifest.files} | {MANIFEST}
     extras = tuple(p for p in sizes if p not in listed)
-    return VerifyReport(prefix, full, manifest, None, tuple(r for r in results if r), extras)
+    return VerifyReport(prefix, full, manifest, None, tuple(problems), extras)
+
+
+def verify_entries(store: Store, prefix: str, entries: Any, *, full: bool = True,
+                   workers: int = 4, sizes: dict[str, int] | None = None,
+                   ) -> list[IntegrityError]:
+    """Check some manifest entries of the directory at ``prefix`` (sizes, and
+    sha256 when ``full``); returns one IntegrityError per file that differs,
+    in manifest order. Raises StorageError when the store fails."""
+    if sizes is None:
+        sizes = store.walk_files(prefix)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = list(pool.map(lambda e: _check_entry(store, prefix, e, sizes, full), entries))
+    return [r for r in results if r is not None]
 
 
 def is_committed(store: Store, prefix: str) -> bool:

@@ -611,3 +611,39 @@ def test_release_and_publish_of_hf_export(durable_store_url: str, tmp_path: Path
                                    eval_summary=summary(), layout=LOONGSAGE,
                                    checkpoint_root=ROOT, subdir="hf_model")
     assert not store.exists("models/m/3/MANIFEST.json")
+
+
+@pytest.mark.parametrize("damage", ["uncommitted", "flipped", "unlisted"])
+def test_publish_of_hf_export_needs_its_committed_step(durable_store_url: str, tmp_path: Path,
+                                                       damage: str) -> None:
+    """``registry publish <tree>/train_step_N/hf_model`` is verified in full
+    against the step's MANIFEST.json first; a step that is not committed, a
+    changed byte or a file added after the commit is refused, nothing released."""
+    store = open_store(durable_store_url)
+    run(ckpt(store, save_hf=True, hf_config=HF_CONFIG, tokenizer=TOKENIZER), range(1, 5))
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text(json.dumps([ledger_row()]))
+    evals = tmp_path / "summary.json"
+    evals.write_text(json.dumps(summary()))
+    step4 = f"{ROOT}/train_step_4"
+    if damage == "uncommitted":
+        store.delete(f"{step4}/{MANIFEST}")
+        needle = "not committed"
+    elif damage == "flipped":
+        key = f"{step4}/hf_model/model.safetensors"
+        data = bytearray(store.read_bytes(key))
+        data[-1] ^= 0xFF
+        store.write_bytes(key, bytes(data))
+        needle = "hf_model/model.safetensors: sha256"
+    else:
+        store.write_bytes(f"{step4}/hf_model/extra.bin", b"added later")
+        needle = "hf_model/extra.bin: not listed in the step's MANIFEST.json"
+    r = run_cli("publish", f"{durable_store_url}/{step4}/hf_model", "--model-id", "m",
+                "--version", "1", "--ledger", str(ledger), "--evals", str(evals),
+                "--store", durable_store_url, "--db", f"sqlite:///{tmp_path / 'index.db'}")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not store.exists("models/m/1/MANIFEST.json")
+    assert store.walk_files("models") == {}  # nothing of a release was written

@@ -33,6 +33,7 @@ from registry.names import check_name
 from registry.release import policy
 from registry.release.card import render_card
 from registry.release.convert import parameter_count, plan
+from registry.release.step_source import check_step_source
 from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
 from registry.store import Store, join, open_store
 from registry.verify import require_verified
@@ -194,11 +195,16 @@ class ModelRelease:
         MODEL_CARD.md (``card`` file verbatim, else the directory's own, else
         rendered), ledger.json, evals/summary.json and heads. ``source`` is
         ``{"uri": <model_dir>}``. Raises as :meth:`create`, plus DocumentError
-        when the directory lacks model.safetensors or config.json.
+        when the directory lacks model.safetensors or config.json. A directory
+        inside a checkpoint step (seed 003's ``train_step_<N>/hf_model``) is
+        first verified in full against the step's MANIFEST.json:
+        NotCommittedError when the step is not committed, IntegrityError when
+        a file is unlisted or differs (see ``release.step_source``).
         """
         prefix = release_prefix(model_id, version)
         self._refuse_existing(prefix)
         url = os.fspath(model_dir)
+        check_step_source(url)  # inside a checkpoint step: only from a committed one
         src_store = open_store(url)
         names = set(src_store.walk_files(""))
         if not names:
