@@ -647,3 +647,24 @@ def test_publish_of_hf_export_needs_its_committed_step(durable_store_url: str, t
     assert "Traceback" not in r.stderr
     assert not store.exists("models/m/1/MANIFEST.json")
     assert store.walk_files("models") == {}  # nothing of a release was written
+
+
+def test_release_create_loongsage_run_defaults_to_the_tree_name(durable_store_url: str,
+                                                                tmp_path: Path) -> None:
+    store = open_store(durable_store_url)
+    run(ckpt(store, save_hf=True, hf_config=HF_CONFIG, tokenizer=TOKENIZER), range(1, 5))
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text(json.dumps([ledger_row()]))
+    evals = tmp_path / "summary.json"
+    evals.write_text(json.dumps(summary()))
+    common = ["--step", "4", "--model-id", "m", "--version", "1", "--ledger", str(ledger),
+              "--evals", str(evals), "--store", durable_store_url,
+              "--db", f"sqlite:///{tmp_path / 'index.db'}", "--json"]
+    r = run_cli("release", "create", *common)  # tinyllm (the default) needs --run
+    assert r.returncode == 2 and "--run is required" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("release", "create", "--layout", "loongsage", "--checkpoint-path", ROOT,
+                *common)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["source"]["run_id"] == "loong"  # ROOT is exp/loong
+    assert verify_directory(store, "models/m/1", full=True).ok

@@ -14,7 +14,7 @@ from registry.aliases import list_aliases, parse_ref, resolve
 from registry.checkpoint import get_layout
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_FAILED, EXIT_USAGE, error_boundary
-from registry.errors import GateFailedError, InvalidNameError
+from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.gates import GateResult, passed
 from registry.gc import collect, parse_duration
 from registry.release import ModelRelease, ReleaseResult
@@ -103,7 +103,6 @@ app.add_typer(release_app, name="release")
 
 @release_app.command("create")
 def release_create(
-    run: Annotated[str, typer.Option("--run", help="Run id (tinyllm) of the checkpoint.")],
     step: Annotated[int, typer.Option("--step", help="Checkpoint step.")],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
     dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or int4.")] = "f32",
@@ -112,6 +111,9 @@ def release_create(
     card_field: Annotated[list[str] | None, typer.Option(
         "--card-field", help="KEY=VALUE for the model card (description, intended_use, "
                              "limitations).")] = None,
+    run: Annotated[str | None, typer.Option(
+        "--run", help="Run id of the checkpoint (required for tinyllm; for loongsage, "
+                      "default: the last part of --checkpoint-path).")] = None,
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", help="LoongSage checkpoint_path, relative to the store.")] = None,
@@ -129,6 +131,11 @@ def release_create(
     with error_boundary(), _gate_failures(as_json):
         lay = get_layout(layout)
         loong = lay.name == "loongsage"
+        if run is None:
+            run = (checkpoint_path or "").rstrip("/").rpartition("/")[2] if loong else None
+            if not run:
+                raise UsageError("--run is required" + (
+                    "" if loong else " with --layout tinyllm (runs/<run>/ckpt)"))
         result = _registry(store, db).create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
