@@ -3,8 +3,12 @@
 Looks at every model folder (``models/<model_id>/``) and every run's checkpoint
 tree (``runs/<run_id>/ckpt/``): staging directories (``*.tmp*``), claims
 (``*.claim``) and version or step directories without a valid MANIFEST.json,
-older than ``older_than`` seconds (by their newest file). A committed
-directory is never touched: it is re-checked right before deletion.
+older than ``older_than`` seconds (by their newest file). LoongSage trees live
+wherever their ``checkpoint_path`` says, so they are scanned only when named
+(``trees``), and there only step-shaped names are candidates
+(``train_step_<N>``, ``train_step_<N>.tmp*``, ``*.claim``): anything else a
+user keeps beside them is left alone. A committed directory is never
+touched: it is re-checked right before deletion.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import time
 
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
-from registry.commit import CLAIM_SUFFIX, delete_directory
+from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
 from registry.errors import UsageError
 from registry.store import Store, join
 from registry.verify import verify_directory
@@ -52,15 +56,30 @@ def committed_here(store: Store, key: str) -> bool:
     return layout.parse_dir(name) == meta.get("step")
 
 
-def collect(store: Store, *, older_than: float, dry_run: bool = False) -> list[str]:
+def _loongsage_candidate(name: str) -> bool:
+    step = name.split(TMP_MARK, 1)[0].removesuffix(CLAIM_SUFFIX)
+    return LOONGSAGE.parse_dir(step) is not None
+
+
+def collect(store: Store, *, older_than: float, dry_run: bool = False,
+            trees: tuple[str, ...] | list[str] = ()) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
-    deleted (or that would be)."""
+    deleted (or that would be).
+
+    Args:
+        older_than: seconds; younger leftovers may belong to a live writer.
+        trees: LoongSage ``checkpoint_path`` keys to scan as well.
+    """
     now = time.time()
     doomed = []
-    for folder in _folders(store):
+    folders = [(f, False) for f in _folders(store)]
+    folders += [(t.strip("/"), True) for t in trees]
+    for folder, loong in folders:
         for name, is_dir in store.list_dir(folder):
             key = join(folder, name)
             if name == "refs" or name.endswith(".lock") or name in ("LATEST", "policy.json"):
+                continue
+            if loong and not _loongsage_candidate(name):
                 continue
             if is_dir and committed_here(store, key):
                 continue

@@ -668,3 +668,28 @@ def test_release_create_loongsage_run_defaults_to_the_tree_name(durable_store_ur
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["source"]["run_id"] == "loong"  # ROOT is exp/loong
     assert verify_directory(store, "models/m/1", full=True).ok
+
+
+def test_gc_scans_a_named_loongsage_tree_and_only_step_shaped_names(durable_store_url: str,
+                                                                     ) -> None:
+    store = open_store(durable_store_url)
+    run(ckpt(store), range(1, 5))  # commits train_step_2 and train_step_4
+    store.write_bytes(f"{ROOT}/train_step_9/dist_ckpt/common.pt", b"crashed save")
+    store.write_bytes(f"{ROOT}/train_step_7.tmp/dist_ckpt/common.pt", b"stale staging")
+    store.write_bytes(f"{ROOT}/notes/todo.txt", b"the user's own file")
+    before = dict(store.walk_files(ROOT))
+    r = run_cli("gc", "--older-than", "0s", "--store", durable_store_url, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["removed"] == [] and store.walk_files(ROOT) == before
+    r = run_cli("gc", "--older-than", "0s", "--checkpoint-path", ROOT,
+                "--store", durable_store_url, "--json")
+    assert r.returncode == 0, r.stderr
+    removed = sorted(k.rsplit("/", 1)[-1] for k in json.loads(r.stdout)["removed"])
+    assert removed == ["train_step_7.tmp", "train_step_9"]
+    assert steps_on_disk(store) == ["notes", "train_step_2", "train_step_4"]
+    assert store.read_bytes(f"{ROOT}/notes/todo.txt") == b"the user's own file"
+    assert store.read_bytes(TRACKER).strip() == b"4"
+    for step in (2, 4):
+        assert verify_directory(store, f"{ROOT}/train_step_{step}", full=True).ok
+    r = run_cli("gc", "--checkpoint-path", "exp/typo", "--store", durable_store_url)
+    assert r.returncode == 2 and "no such checkpoint tree" in r.stderr, r.stderr

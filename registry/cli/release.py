@@ -237,12 +237,20 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
 def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftovers older "
                                                "than this (90s, 15m, 2h, 7d).")] = "1h",
        dry_run: Annotated[bool, typer.Option("--dry-run", help="List, delete nothing.")] = False,
+       checkpoint_path: Annotated[list[str] | None, typer.Option(
+           "--checkpoint-path", help="Also scan this LoongSage checkpoint tree (relative to "
+                                     "the store; repeatable).")] = None,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
     with error_boundary():
         s = open_store(store)
         seconds = parse_duration(older_than)
-        removed = collect(s, older_than=seconds, dry_run=dry_run)
+        for tree in checkpoint_path or []:
+            if not s.list_dir(tree.strip("/")):
+                raise UsageError(f"{s.url_of(tree.strip('/'))}: no such checkpoint tree "
+                                 "(nothing there)")
+        removed = collect(s, older_than=seconds, dry_run=dry_run,
+                          trees=checkpoint_path or [])
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run})
     else:
