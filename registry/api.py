@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from registry.aliases import parse_ref, resolve, set_alias
 from registry.checkpoint import CheckpointManager, SaveResult
+from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import GateFailedError, InvalidNameError
 from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
@@ -32,6 +33,7 @@ from registry.pull import PullResult, pull
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
+    keep_only_checkpoints,
     record_alias,
     record_checkpoint,
     record_policy,
@@ -104,6 +106,28 @@ class Registry:
         mgr.on_retain.append(lambda steps: steps and self._record(
             f"retention of {run_id}", lambda s: forget_checkpoints(s, run_id, steps)))
         return mgr
+
+    def loongsage_checkpointer(self, checkpoint_path: str, **kw: Any) -> LoongSageCheckpointer:
+        """A LoongSageCheckpointer (seed 003) whose saves are also indexed.
+
+        Each finalized save is recorded under the checkpointer's ``run_id``
+        (given, or derived from the tree); rows of steps its retention
+        (``keep``) deleted are dropped at the same time. Index failures are
+        warnings, as for every write of this facade.
+        """
+        c = LoongSageCheckpointer(self.store, checkpoint_path, **kw)
+
+        def hook(r: LoongSaveResult) -> None:
+            manifest = read_manifest(self.store, c.tree.prefix(r.step))
+            present = c.tree.steps()
+
+            def write(s: Session) -> None:
+                record_checkpoint(s, c.run_id, r.step, r.path, manifest)
+                keep_only_checkpoints(s, c.run_id, present)
+            self._record(r.path, write)
+
+        c.on_commit.append(hook)
+        return c
 
     def _releaser(self) -> ModelRelease:
         rel = ModelRelease(self.store)
@@ -195,6 +219,11 @@ class Registry:
 
     def diff(self, model_id: str, a: str, b: str) -> dict[str, Any]:
         return self._query(lambda s: queries.diff(s, model_id, a, b))
+
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        """Indexed checkpoints of a run (step, uri, manifest_sha256, bytes,
+        created_at), oldest first."""
+        return self._query(lambda s: queries.checkpoints(s, run_id))
 
     def revocations(self) -> list[dict[str, Any]]:
         return self._query(queries.revocations)

@@ -693,3 +693,22 @@ def test_gc_scans_a_named_loongsage_tree_and_only_step_shaped_names(durable_stor
         assert verify_directory(store, f"{ROOT}/train_step_{step}", full=True).ok
     r = run_cli("gc", "--checkpoint-path", "exp/typo", "--store", durable_store_url)
     assert r.returncode == 2 and "no such checkpoint tree" in r.stderr, r.stderr
+
+
+def test_registry_indexes_loongsage_saves_and_their_retention(store: Store,
+                                                             db_url: str) -> None:
+    from registry.api import Registry
+    with Registry(store, db=db_url) as reg:
+        c = reg.loongsage_checkpointer(ROOT, save_freq=2, total_steps=8, keep=2,
+                                       run_id="loong-run")
+        # Saves steps 2, 4, 6, 8; retention runs before each save and keeps 2,
+        # so step 2 is deleted before step 8 is written.
+        run(c, range(1, 9))
+        rows = reg.checkpoints("loong-run")
+        assert not reg.index_errors
+    assert steps_on_disk(store) == ["train_step_4", "train_step_6", "train_step_8"]
+    assert [r["step"] for r in rows] == [4, 6, 8]
+    for r in rows:
+        m = read_manifest(store, f"{ROOT}/train_step_{r['step']}")
+        assert r["manifest_sha256"] == m.digest and r["bytes"] == m.total_size
+        assert r["uri"] == store.url_of(f"{ROOT}/train_step_{r['step']}")

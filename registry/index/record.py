@@ -115,6 +115,13 @@ def forget_checkpoints(s: Session, run_id: str, steps: list[int]) -> None:
     s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.step.in_(steps)))
 
 
+def keep_only_checkpoints(s: Session, run_id: str, steps: list[int]) -> None:
+    """Drop the rows of ``run_id``'s checkpoints whose step is not in ``steps``
+    (the steps still in the store)."""
+    s.execute(delete(Checkpoint).where(Checkpoint.run_id == run_id,
+                                       Checkpoint.step.not_in(steps)))
+
+
 def record_alias(s: Session, model_id: str, alias: str, version: str) -> None:
     mpk = model_pk(s, model_id)
     s.execute(delete(Alias).where(Alias.model_pk == mpk, Alias.alias == alias))
