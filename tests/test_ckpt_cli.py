@@ -34,8 +34,19 @@ def test_ls_latest_verify(durable_store_url: str) -> None:
     assert r.returncode == 0 and r.stdout.startswith("step-000030\t")
     r = run_cli("ckpt", "verify", "r1", "--store", durable_store_url, "--step", "20")
     assert r.returncode == 0 and "OK   step-000020" in r.stdout
+    # step-000040 has no manifest: not a checkpoint (readers ignore it), so a
+    # run-wide verify lists it as SKIP and passes; named with --step it fails.
     r = run_cli("ckpt", "verify", "r1", "--store", durable_store_url)
-    assert r.returncode == 1 and "FAIL step-000040" in r.stdout and "not committed" in r.stdout
+    assert r.returncode == 0, r.stdout
+    assert "SKIP step-000040" in r.stdout and "not committed" in r.stdout
+    assert r.stdout.count("OK   step-") == 3
+    r = run_cli("ckpt", "verify", "r1", "--store", durable_store_url, "--step", "40")
+    assert r.returncode == 1 and "FAIL step-000040" in r.stdout
+    # The pointer naming an uncommitted step is a failure.
+    store.write_bytes(f"{ROOT}/LATEST", b"step-000040\n")
+    r = run_cli("ckpt", "verify", "r1", "--store", durable_store_url, "--json")
+    assert r.returncode == 1
+    assert {s["step"]: s["ignored"] for s in json.loads(r.stdout)}[40] is False
 
 
 def test_verify_detects_flipped_byte(durable_store_url: str) -> None:

@@ -67,7 +67,9 @@ from registry.errors import (
     ManifestError,
     NotCommittedError,
     ObjectNotFoundError,
+    StorageError,
     UnsafePathError,
+    UsageError,
 )
 from registry.manifest import MANIFEST, Manifest, parse_manifest
 from registry.pull import FREE_MARGIN, PullResult, pull
@@ -449,7 +451,7 @@ def _escaping_manifest(path: str) -> bytes:
 
 REFUSED = {
     # case: (API error, CLI exit code, message fragment)
-    "uncommitted": (NotCommittedError, 1, "no version or alias named '2'"),
+    "uncommitted": (NotCommittedError, 3, "no version or alias named '2'"),
     "not-json": (ManifestError, 5, "MANIFEST.json"),
     "schema": (ManifestError, 5, "MANIFEST.json"),
     "escape": (UnsafePathError, 5, "'..' segment"),
@@ -1165,3 +1167,70 @@ def test_cli_no_fsync(durable_store_url: str, durable: Store, tmp_path: Path) ->
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["placed"] is True
     assert_pulled(serve, durable, "1", cache)
+
+
+def test_bad_arguments_are_usage_errors(durable_store_url: str, durable: Store,
+                                        tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    cache = tmp_path / "cache"
+    for kw, needle in (({"to": ""}, "non-empty path"), ({"workers": 0}, "at least 1"),
+                       ({"range_threshold": -1}, "negative")):
+        with pytest.raises(UsageError, match=needle):
+            pull(durable, MODEL, "1", cache=cache, **kw)  # type: ignore[arg-type]
+    for args, needle in ((["--to", ""], "non-empty path"), (["--workers", "0"], "at least 1"),
+                         (["--range-threshold-mib", "-1"], "must not be negative")):
+        p = run_cli("pull", f"{MODEL}@1", "--cache", str(cache), "--store", durable_store_url,
+                    *args)
+        assert_cli_error(p, 2, needle)
+    assert not (cache / "models" / MODEL).exists()
+
+
+def test_target_overlapping_the_cache_or_the_store_is_refused(tmp_path: Path) -> None:
+    """With --force a pull replaces its target: a target that is, holds or
+    lies inside the cache or a local store would destroy them."""
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    publish(store, tmp_path, "1", release_files())
+    cache = tmp_path / "cache"
+    pull(store, MODEL, "1", cache=cache)  # the default target: <cache>/models/<id>/<v>
+    before = {p: p.read_bytes() for p in sorted(store_dir.rglob("*")) if p.is_file()}
+    blobs_before = sorted(os.listdir(cache / "blobs" / "sha256"))
+    for target in (cache, cache / "blobs", tmp_path, store_dir,
+                   store_dir / "models" / MODEL / "1", cache / "elsewhere"):
+        with pytest.raises(UsageError, match="lies inside"):
+            pull(store, MODEL, "1", to=target, cache=cache, force=True)
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(store_dir), "--cache", str(cache),
+                "--store", str(store_dir), "--force")
+    assert_cli_error(p, 2, "lies inside the store")
+    assert {p: p.read_bytes() for p in sorted(store_dir.rglob("*")) if p.is_file()} == before
+    assert sorted(os.listdir(cache / "blobs" / "sha256")) == blobs_before
+    assert_pulled(cache / "models" / MODEL / "1", store, "1", cache)
+
+
+def test_unusable_cache_or_target_parent_is_one_clean_error(durable_store_url: str,
+                                                             durable: Store,
+                                                             tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    a_file = tmp_path / "a-file"
+    a_file.write_bytes(b"not a directory")
+    with pytest.raises(StorageError, match="cannot use as the cache directory"):
+        pull(durable, MODEL, "1", cache=a_file)
+    p = run_cli("pull", f"{MODEL}@1", "--cache", str(a_file), "--store", durable_store_url)
+    assert_cli_error(p, 6, str(a_file), "cannot use as the cache directory")
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(a_file / "sub"), "--cache",
+                str(tmp_path / "cache"), "--store", durable_store_url)
+    assert_cli_error(p, 6, str(a_file), "cannot create the target's parent")
+    assert a_file.read_bytes() == b"not a directory"
+
+
+def test_target_with_an_unlisted_file_is_other_content(store: Store, tmp_path: Path) -> None:
+    publish(store, tmp_path, "1", release_files())
+    cache, serve = tmp_path / "cache", tmp_path / "serve"
+    pull(store, MODEL, "1", to=serve, cache=cache)
+    (serve / "junk.txt").write_bytes(b"left by someone")
+    with pytest.raises(CommitConflictError, match="holds other content"):
+        pull(store, MODEL, "1", to=serve, cache=cache)
+    assert (serve / "junk.txt").read_bytes() == b"left by someone"
+    r = pull(store, MODEL, "1", to=serve, cache=cache, force=True)
+    assert r.placed and not (serve / "junk.txt").exists()
+    assert_pulled(serve, store, "1", cache)

@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, get_layout, run_root
+from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_FAILED, error_boundary
 from registry.commit import CLAIM_SUFFIX
-from registry.errors import NoValidCheckpointError, PointerError, UsageError
+from registry.errors import NoValidCheckpointError, NotCommittedError, PointerError, UsageError
 from registry.names import check_name
 from registry.store import Store, join, open_store
 from registry.verify import verify_directory
@@ -130,19 +130,36 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
                 step: Annotated[int | None, typer.Option("--step", help="Only this step.")] = None,
                 as_json: JsonOpt = False) -> None:
-    """Verify every step (or --step N) fully, sha256 included. Exits 1 on any failure."""
+    """Verify every step (or --step N) fully, sha256 included. Exits 1 on any failure.
+
+    A step directory without MANIFEST.json (a crashed save, or a deletion cut
+    short) is not a checkpoint: readers ignore it, the next save or `ckpt gc`
+    removes it. It is listed as SKIP and fails the run only when named with
+    --step or when the pointer names it."""
     with error_boundary():
         tree = open_tree(run, store, layout)
         steps = [step] if step is not None else tree.steps()
         infos = [tree.info(s, full=True) for s in steps]
+        try:
+            latest = tree.latest()
+        except PointerError:
+            latest = None
+
+    def ignored(i: StepInfo) -> bool:
+        return (i.report.manifest is None and isinstance(i.report.error, NotCommittedError)
+                and step is None and i.step != latest)
     if as_json:
-        print_json([i.to_dict() for i in infos])
+        print_json([{**i.to_dict(), "ignored": ignored(i)} for i in infos])
     else:
         for i in infos:
             problems = i.to_dict()["problems"]
-            typer.echo(f"{'OK  ' if i.report.ok else 'FAIL'} {tree.layout.step_dir(i.step)}"
-                       + (": " + "; ".join(map(str, problems)) if problems else ""))  # type: ignore[arg-type]
-    if not infos or not all(i.report.ok for i in infos):
+            label = "OK  " if i.report.ok else ("SKIP" if ignored(i) else "FAIL")
+            note = " (ignored by readers; removed by the next save or `ckpt gc`)" \
+                if ignored(i) else ""
+            typer.echo(f"{label} {tree.layout.step_dir(i.step)}"
+                       + (": " + "; ".join(map(str, problems)) if problems else "") + note)  # type: ignore[arg-type]
+    checked = [i for i in infos if not ignored(i)]
+    if not checked or not all(i.report.ok for i in checked):
         raise typer.Exit(EXIT_FAILED)
 
 

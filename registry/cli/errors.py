@@ -26,7 +26,7 @@ EXIT_USAGE = 2  # typer/click usage errors
 EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.RegistryError: 1,
     E.IntegrityError: 1,
-    E.NotCommittedError: 1,
+    E.NotCommittedError: 3,  # nothing committed there: not found, for a reader
     E.InvalidNameError: 2,
     E.UsageError: 2,
     E.ObjectNotFoundError: 3,

@@ -18,7 +18,7 @@ from rich.progress import (
 from registry.aliases import parse_ref
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
-from registry.errors import InvalidNameError
+from registry.errors import InvalidNameError, UsageError
 from registry.pull import pull as do_pull
 from registry.store import open_store
 
@@ -54,6 +54,9 @@ def pull(
         if name is None:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
+        if range_threshold_mib < 0:
+            raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
+                             "negative (0: any file may be split)")
         s = open_store(store)
         with Progress("[progress.description]{task.description}", BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),

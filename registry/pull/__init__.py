@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.aliases import resolve
-from registry.errors import InsufficientSpaceError, IntegrityError
+from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
@@ -74,6 +74,23 @@ def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> Non
                 key=str(probe), needed=total + FREE_MARGIN, available=free_t)
 
 
+def _refuse_overlap(target: Path, cache: Cache, store: Store) -> None:
+    """A target that is, holds or lies inside the cache (outside its
+    ``models/``) or a local store would be destroyed by ``force``, or corrupt
+    them: refused."""
+    roots = [(cache.root.resolve(), "the cache", cache.models.resolve())]
+    local = store.local_path("")
+    if local is not None:
+        roots.append((Path(local).resolve(), "the store", None))
+    for root, what, allowed in roots:
+        inside = root == target or root in target.parents
+        if allowed is not None and allowed in target.parents:
+            inside = False  # the cache's own models/<model_id>/<version>
+        if inside or target in root.parents:
+            raise UsageError(f"{target}: is, holds or lies inside {what} ({root}); "
+                             "choose another --to")
+
+
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -109,7 +126,12 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             manifest; nothing is placed under a final name.
         InsufficientSpaceError: not enough free disk, checked before the
             first byte.
-        CommitConflictError: the target holds other content and not ``force``.
+        CommitConflictError: the target holds other content (files of another
+            release, or files the release does not list) and not ``force``.
+        UsageError: an empty ``to``, ``workers`` < 1, a negative
+            ``range_threshold``, or a target that is, holds or lies inside the
+            cache or a local store.
+        StorageError: the cache or the target's parent cannot be created.
 
     Notes:
         Concurrent pulls of one release into one cache and target all succeed:
@@ -117,12 +139,20 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         names. A killed pull leaves only temp names, removed by the next pull.
     """
     t0 = time.perf_counter()
+    if to is not None and not str(to).strip():
+        raise UsageError(f"--to {str(to)!r}: must be a non-empty path")
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: must be at least 1")
+    if range_threshold is not None and range_threshold < 0:
+        raise UsageError(f"--range-threshold-mib: {range_threshold} bytes: must not be "
+                         "negative (0: any file may be split)")
     version = resolve(store, model_id, name)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     c = Cache(cache)
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
+    _refuse_overlap(target, c, store)
     c.clean_stale()
     on_progress = progress or (lambda n: None)
     missing: dict[str, FileEntry] = {}

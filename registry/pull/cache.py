@@ -19,6 +19,8 @@ import os
 import uuid
 from pathlib import Path
 
+from registry.errors import StorageError
+
 DEFAULT_CACHE = Path("~/.cache/model-registry")
 INCOMPLETE = ".incomplete"
 
@@ -58,15 +60,24 @@ def temp_tag() -> str:
 
 
 class Cache:
-    """A cache directory (created on first use)."""
+    """A cache directory (created on first use).
+
+    Raises:
+        StorageError: the directory cannot be created or used (a file is in
+            the way, no permission).
+    """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = cache_dir(root)
         self.blobs = self.root / "blobs" / "sha256"
         self.tmp = self.root / "tmp"
         self.models = self.root / "models"
-        for d in (self.blobs, self.tmp, self.models):
-            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in (self.blobs, self.tmp, self.models):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"{self.root}: cannot use as the cache directory "
+                               f"({e.strerror or e})", key=str(self.root)) from None
 
     def blob(self, sha256: str) -> Path:
         return self.blobs / sha256

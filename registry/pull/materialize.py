@@ -21,6 +21,7 @@ from registry.errors import (
     InsufficientSpaceError,
     IntegrityError,
     ObjectExistsError,
+    StorageError,
 )
 from registry.manifest import MANIFEST, Manifest, hash_file, parse_manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
@@ -44,8 +45,9 @@ def _inside(root: Path, relpath: str) -> Path:
 
 
 def current_digest(target: Path) -> str | None:
-    """Manifest digest of a materialized directory whose files all have their
-    listed sizes; None when ``target`` is absent, foreign or incomplete."""
+    """Manifest digest of a materialized directory holding exactly its listed
+    files (and MANIFEST.json) at their listed sizes; None when ``target`` is
+    absent, foreign, incomplete or holds files the manifest does not list."""
     try:
         m = parse_manifest((target / MANIFEST).read_bytes(), source=str(target / MANIFEST))
     except (OSError, ValueError):
@@ -56,6 +58,12 @@ def current_digest(target: Path) -> str | None:
                 return None
         except OSError:
             return None
+    listed = {e.path for e in m.files} | {MANIFEST}
+    for dirpath, _dirs, names in os.walk(target):
+        rel = os.path.relpath(dirpath, target)
+        for n in names:
+            if (n if rel == "." else f"{rel}/{n}".replace(os.sep, "/")) not in listed:
+                return None
     return m.digest
 
 
@@ -112,7 +120,11 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
     if target.exists() and not is_empty_dir(target) and not force:
         _refuse_foreign(target, manifest)
         return False
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"{target.parent}: cannot create the target's parent directory "
+                           f"({e.strerror or e})", key=str(target.parent)) from None
     clean_stale_staging(target)
     staging = target.parent / f".{target.name}.{temp_tag()}.pull-{uuid.uuid4().hex[:6]}"
     staging.mkdir()
