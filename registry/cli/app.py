@@ -31,13 +31,13 @@ StoreOpt = Annotated[
     str | None,
     typer.Option("--store", envvar="REGISTRY_STORE",
                  help="Store URL: a folder, s3://bucket/prefix or memory://x "
-                      "[default: ./artifacts]."),
+                      "(default: ./artifacts)."),
 ]
 DbOpt = Annotated[
     str | None,
     typer.Option("--db", envvar="REGISTRY_DB",
                  help="Index database URL: sqlite:///path.db or "
-                      "postgresql+psycopg://user@host/db [default: sqlite:///registry.db]."),
+                      "postgresql+psycopg://user@host/db (default: sqlite:///registry.db)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 

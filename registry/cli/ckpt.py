@@ -195,7 +195,7 @@ def ckpt_adopt(checkpoint_path: Annotated[str, typer.Argument(
                         "URL, or a key in --store).")],
                store: StoreOpt = None,
                run_id: Annotated[str | None, typer.Option(
-                   "--run-id", help="run_id for the manifest [default: from the path].")] = None,
+                   "--run-id", help="run_id for the manifest (default: from the path).")] = None,
                as_json: JsonOpt = False) -> None:
     """Hash the step the tracker file vouches for and commit it in place: write its
     MANIFEST.json (conditional create). Afterwards `ckpt verify` checks it."""

@@ -27,7 +27,7 @@ from registry.store import open_store
 def pull(
     ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
     to: Annotated[str | None, typer.Option("--to", help="Model directory to create "
-                                           "[default: inside the cache].")] = None,
+                                           "(default: inside the cache).")] = None,
     cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE",
                                               help="Cache directory [default: "
                                                    "~/.cache/model-registry].")] = None,

@@ -50,7 +50,8 @@ def render() -> str:
         for p in cmd.params:
             if p.param_type_name == "option":
                 flags = ", ".join(f"`{o}`" for o in p.opts)
-                lines.append(f"- {flags}: {_first_paragraph(p.help)}")
+                required = " (required)" if p.required else ""
+                lines.append(f"- {flags}{required}: {_first_paragraph(p.help)}")
             else:
                 lines.append(f"- `{(p.name or '').upper()}`: "
                              f"{_first_paragraph(getattr(p, 'help', ''))}")

@@ -80,10 +80,10 @@ def publish(
                                                   "model.safetensors and config.json.")],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
     card: Annotated[str | None, typer.Option("--card", help="MODEL_CARD.md to use "
-                                                            "[default: rendered].")] = None,
+                                                            "(default: rendered).")] = None,
     head: HeadOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
-                                                              "int4 [default: as is].")] = None,
+                                                              "int4 (default: as is).")] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
     as_json: JsonOpt = False,
