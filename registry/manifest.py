@@ -8,6 +8,7 @@ directory's content and is what a release records as its source.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -242,6 +243,9 @@ class HashingWriter:
             A buffer is reused only once its hash is done and ``raw.write``
             has returned (file objects do not keep the buffers they are given).
         """
+        copied = self._copy_in_kernel(src)
+        if copied is not None:
+            return copied
         bufs = [bytearray(chunk) for _ in range(depth)]
         readinto = src.readinto  # type: ignore[attr-defined]
         first = readinto(bufs[0])
@@ -269,6 +273,50 @@ class HashingWriter:
                 for fut in pending:
                     fut.result()
         return self.size
+
+    def _copy_in_kernel(self, src: IO[bytes]) -> int | None:
+        """Local file to local file: the kernel copies (``copy_file_range``,
+        no user-space buffer) while a helper thread hashes each landed chunk
+        back from the destination's page cache, so the digest is of the bytes
+        written. None when ``raw`` or ``src`` is not such a file (or the
+        kernel refuses): nothing was copied."""
+        copy = getattr(self.raw, "copy_from_fd", None)
+        name = getattr(self.raw, "name", None)
+        try:
+            src_fd = src.fileno()
+        except (AttributeError, OSError, ValueError):
+            return None
+        if copy is None or name is None or self.size or src.tell() != 0:  # type: ignore[attr-defined]
+            return None
+        h = self._h
+        pending: deque[Future[None]] = deque()
+        back = os.open(name, os.O_RDONLY | os.O_CLOEXEC)  # the writer's fd is write-only
+
+        def hash_back(offset: int, length: int) -> None:
+            end = offset + length
+            while offset < end:
+                block = os.pread(back, min(HASH_CHUNK, end - offset), offset)
+                if not block:
+                    raise OSError(errno.EIO, f"{name}: short read hashing back a copy")
+                h.update(block)
+                offset += len(block)
+
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
+                def on_chunk(offset: int, length: int) -> None:
+                    pending.append(hasher.submit(hash_back, offset, length))
+                    if len(pending) > 2:
+                        pending.popleft().result()
+                try:
+                    copied = copy(src_fd, on_chunk)
+                finally:
+                    for fut in pending:
+                        fut.result()
+        finally:
+            os.close(back)
+        if copied is not None:
+            self.size += copied
+        return copied
 
     @property
     def sha256(self) -> str:

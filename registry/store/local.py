@@ -11,6 +11,7 @@ import ctypes.util
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from typing import IO
 
 import fsspec
@@ -92,6 +93,42 @@ class _DurableFile:
                              _SYNC_FILE_RANGE_WRITE)
             self._flushed = self._written
         return n
+
+    def copy_from_fd(self, src_fd: int, on_chunk: Callable[[int, int], None], *,
+                     chunk: int = WRITEBACK_EVERY) -> int | None:
+        """Append all of ``src_fd`` (from its offset 0) with ``copy_file_range``:
+        the kernel copies page cache to page cache, no user-space buffer. After
+        each chunk lands, ``on_chunk(offset, length)`` is called (to hash it
+        back from the page cache, reading ``self.name``) and its writeback is
+        started.
+
+        Returns:
+            The bytes copied, or None when the kernel cannot copy between these
+            files (nothing was copied; the caller copies through user space).
+        """
+        self._f.flush()
+        out = self._f.fileno()
+        base = self._written
+        pos = 0
+        while True:
+            try:
+                n = os.copy_file_range(src_fd, out, chunk, pos, base + pos)
+            except OSError as e:
+                if pos == 0 and e.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+                                            errno.EOPNOTSUPP, errno.EBADF):
+                    return None
+                raise
+            if n == 0:
+                break
+            on_chunk(base + pos, n)
+            pos += n
+            self._written += n
+            if _sync_file_range is not None:
+                _sync_file_range(out, self._flushed, self._written - self._flushed,
+                                 _SYNC_FILE_RANGE_WRITE)
+                self._flushed = self._written
+        self._f.seek(self._written)
+        return pos
 
     def close(self) -> None:
         if not self._f.closed:
