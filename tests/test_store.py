@@ -149,3 +149,32 @@ def test_s3_missing_bucket_is_a_storage_error(s3_server: object) -> None:
     s = open_store("s3://no-such-bucket-here/x")
     with pytest.raises(StorageError):
         s.write_bytes("k", b"1")
+
+
+@pytest.mark.parametrize("explicit", [None, True])
+def test_s3_part_bodies_are_unsigned_but_crc32_checked(s3_bucket: str, explicit: bool | None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every part carries a CRC32 the server checks; its body is not
+    SHA256-signed a second time (UNSIGNED-PAYLOAD), unless the user's own
+    config_kwargs["s3"] asks for payload signing."""
+    from fsspec.asyn import sync
+
+    from registry.store.s3 import S3Store
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 * 1024 * 1024)
+    opts = {} if explicit is None else {"config_kwargs": {"s3": {
+        "payload_signing_enabled": explicit}}}
+    store = S3Store(f"s3://{s3_bucket}/p", f"{s3_bucket}/p", **opts)
+    client = sync(store.fs.loop, store.fs.set_session)
+    seen: list[dict[str, str]] = []
+    client.meta.events.register("before-send.s3.UploadPart",
+                                lambda request, **kw: seen.append(dict(request.headers)))
+    blob = os.urandom(5 * 1024 * 1024 * 2 + 7)
+    with store.open_write("big.bin") as f:
+        f.write(blob)
+    assert store.read_bytes("big.bin") == blob
+    assert len(seen) == 3
+    for headers in seen:
+        assert "x-amz-checksum-crc32" in {k.lower() for k in headers}
+        signed = {k.lower(): v for k, v in headers.items()}["x-amz-content-sha256"]
+        signed = signed.decode() if isinstance(signed, bytes) else signed
+        assert (signed == "UNSIGNED-PAYLOAD") == (explicit is None), signed

@@ -41,8 +41,19 @@ class S3Store(Store):
     """A store under ``s3://bucket[/prefix]``."""
 
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
-        options = {"use_listings_cache": False, "skip_instance_cache": True}
+        options: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
         options.update(storage_options)
+        # Bodies are not SHA256-signed (UNSIGNED-PAYLOAD): each part carries a
+        # CRC32 the server checks, and the manifest's sha256 covers every byte
+        # end to end. Over https botocore already skips payload signing when a
+        # checksum is present; over http it would hash every byte a second
+        # time, on the event loop. boto3's upload_file sends unsigned payloads
+        # with a trailing CRC32 too. An explicit config_kwargs["s3"] wins.
+        config = dict(options.get("config_kwargs") or {})
+        s3_config = dict(config.get("s3") or {})
+        s3_config.setdefault("payload_signing_enabled", False)
+        config["s3"] = s3_config
+        options["config_kwargs"] = config
         super().__init__(url, s3fs.S3FileSystem(**options), root)
         self.bucket, _, self.prefix = self.root.partition("/")
 
