@@ -104,6 +104,12 @@ else:
             n = self._raw.write(data)
             emit(f"write:{self._name}")
             return n
+        def copy_from_fd(self, src_fd, on_chunk, **kw):
+            # the kernel-copy path (local to local): a write event per landed chunk
+            def chunk(offset, length):
+                on_chunk(offset, length)
+                emit(f"write:{self._name}")
+            return self._raw.copy_from_fd(src_fd, chunk, **kw)
         def close(self):
             self._raw.close()
             emit(f"closed:{self._name}")
