@@ -85,6 +85,15 @@ def hf_dir(tmp_path: Path, seed: int = 7, *, config: bool = True) -> Path:
     return d
 
 
+def gate_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A passing ledger.json and eval summary, as files for the CLI."""
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text(json.dumps([ledger_row()]))
+    evals = tmp_path / "summary.json"
+    evals.write_text(json.dumps(summary()))
+    return ledger, evals
+
+
 def mem() -> Store:
     """A fresh memory store (memory:// stores are process-global by name)."""
     return open_store(f"memory://ls-{uuid.uuid4().hex[:12]}")
@@ -577,10 +586,7 @@ def test_adopt_refusals() -> None:
 def test_release_and_publish_of_hf_export(durable_store_url: str, tmp_path: Path) -> None:
     store = open_store(durable_store_url)
     run(ckpt(store, save_hf=True, hf_config=HF_CONFIG, tokenizer=TOKENIZER), range(1, 5))
-    ledger = tmp_path / "ledger.json"
-    ledger.write_text(json.dumps([ledger_row()]))
-    evals = tmp_path / "summary.json"
-    evals.write_text(json.dumps(summary()))
+    ledger, evals = gate_files(tmp_path)
     common = ["--ledger", str(ledger), "--evals", str(evals), "--store", durable_store_url,
               "--db", f"sqlite:///{tmp_path / 'index.db'}", "--json"]
     r = run_cli("release", "create", "--run", "loong", "--layout", "loongsage",
@@ -621,10 +627,7 @@ def test_publish_of_hf_export_needs_its_committed_step(durable_store_url: str, t
     changed byte or a file added after the commit is refused, nothing released."""
     store = open_store(durable_store_url)
     run(ckpt(store, save_hf=True, hf_config=HF_CONFIG, tokenizer=TOKENIZER), range(1, 5))
-    ledger = tmp_path / "ledger.json"
-    ledger.write_text(json.dumps([ledger_row()]))
-    evals = tmp_path / "summary.json"
-    evals.write_text(json.dumps(summary()))
+    ledger, evals = gate_files(tmp_path)
     step4 = f"{ROOT}/train_step_4"
     if damage == "uncommitted":
         store.delete(f"{step4}/{MANIFEST}")
@@ -653,10 +656,7 @@ def test_release_create_loongsage_run_defaults_to_the_tree_name(durable_store_ur
                                                                 tmp_path: Path) -> None:
     store = open_store(durable_store_url)
     run(ckpt(store, save_hf=True, hf_config=HF_CONFIG, tokenizer=TOKENIZER), range(1, 5))
-    ledger = tmp_path / "ledger.json"
-    ledger.write_text(json.dumps([ledger_row()]))
-    evals = tmp_path / "summary.json"
-    evals.write_text(json.dumps(summary()))
+    ledger, evals = gate_files(tmp_path)
     common = ["--step", "4", "--model-id", "m", "--version", "1", "--ledger", str(ledger),
               "--evals", str(evals), "--store", durable_store_url,
               "--db", f"sqlite:///{tmp_path / 'index.db'}", "--json"]

@@ -225,23 +225,19 @@ class ReadLog:
         iter_read, read_range, read_bytes = store.iter_read, store.read_range, store.read_bytes
         iter_range = store.iter_range
 
-        def counted_iter(key: str, *a: Any, **kw: Any) -> Iterator[bytes]:
-            n = 0
-            try:
-                for block in iter_read(key, *a, **kw):
-                    n += len(block)
-                    yield block
-            finally:
-                self.reads.append(("iter_read", key, n))
+        def counted_stream(name: str, stream: Any) -> Any:
+            def counted(key: str, *a: Any, **kw: Any) -> Iterator[bytes]:
+                n = 0
+                try:
+                    for block in stream(key, *a, **kw):
+                        n += len(block)
+                        yield block
+                finally:
+                    self.reads.append((name, key, n))
+            return counted
 
-        def counted_iter_range(key: str, *a: Any, **kw: Any) -> Iterator[bytes]:
-            n = 0
-            try:
-                for block in iter_range(key, *a, **kw):
-                    n += len(block)
-                    yield block
-            finally:
-                self.reads.append(("iter_range", key, n))
+        counted_iter = counted_stream("iter_read", iter_read)
+        counted_iter_range = counted_stream("iter_range", iter_range)
 
         def counted_range(key: str, start: int, end: int) -> bytes:
             data = read_range(key, start, end)

@@ -117,15 +117,34 @@ class S3Store(Store):
             return self.fs.open(self.path(key), "rb", block_size=PART_SIZE,  # type: ignore[no-any-return]
                                 cache_type="readahead")
 
-    def read_range(self, key: str, start: int, end: int) -> bytes:
+    def _ranged_body(self, key: str, start: int, end: int) -> Any | None:
+        """The body of a GET of bytes ``[start, end)``; None when ``start`` is
+        at or past the end of the object (S3 answers 416)."""
         try:
             resp = self.call("get_object", Key=self._key(key), Range=f"bytes={start}-{end - 1}")
         except Exception as exc:
             if s3_error_code(exc) in ("InvalidRange", "416") or "not satisfiable" in str(exc):
-                return b""  # starts at or past the end of the object
+                return None
             with translated(key):
                 raise
-        body = resp["Body"]
+        return resp["Body"]
+
+    def _stream(self, key: str, body: Any, chunk: int) -> Iterator[bytes]:
+        """Yield ``body`` in blocks of at most ``chunk`` bytes; closes it."""
+        try:
+            while True:
+                with translated(key):
+                    block = sync(self.fs.loop, body.read, chunk)
+                if not block:
+                    return
+                yield block
+        finally:
+            body.close()
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        body = self._ranged_body(key, start, end)
+        if body is None:
+            return b""
 
         async def _read() -> bytes:
             async with body:
@@ -143,16 +162,7 @@ class S3Store(Store):
         whole object for every range request are not penalized."""
         with translated(key):
             resp = self.call("get_object", Key=self._key(key))
-        body = resp["Body"]
-        try:
-            while True:
-                with translated(key):
-                    block = sync(self.fs.loop, body.read, chunk)
-                if not block:
-                    return
-                yield block
-        finally:
-            body.close()
+        yield from self._stream(key, resp["Body"], chunk)
 
     def iter_range(self, key: str, start: int, end: int,
                    chunk: int = CHUNK) -> Iterator[bytes]:
@@ -160,23 +170,9 @@ class S3Store(Store):
         ``start`` is at or past the end of the object)."""
         if end <= start:
             return
-        try:
-            resp = self.call("get_object", Key=self._key(key), Range=f"bytes={start}-{end - 1}")
-        except Exception as exc:
-            if s3_error_code(exc) in ("InvalidRange", "416") or "not satisfiable" in str(exc):
-                return
-            with translated(key):
-                raise
-        body = resp["Body"]
-        try:
-            while True:
-                with translated(key):
-                    block = sync(self.fs.loop, body.read, chunk)
-                if not block:
-                    return
-                yield block
-        finally:
-            body.close()
+        body = self._ranged_body(key, start, end)
+        if body is not None:
+            yield from self._stream(key, body, chunk)
 
     def open_write(self, key: str) -> IO[bytes]:
         return _MultipartWriter(self, key)  # type: ignore[return-value]
