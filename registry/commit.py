@@ -26,14 +26,15 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
 from registry.errors import CommitConflictError, ObjectExistsError
+from registry.hashing import HashingWriter
 from registry.manifest import (
     MANIFEST,
     FileEntry,
-    HashingWriter,
     Manifest,
     check_path,
     list_local_files,
@@ -207,19 +208,37 @@ def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], pref
                            kind: str, **meta: Any) -> Manifest:
     """Commit a copy of the local directory ``local_dir`` at ``prefix``.
 
-    Every file is read once: hashed while it is copied. A ``MANIFEST.json`` at
-    the top of ``local_dir`` is not copied (a new one is written).
+    Every file is read once: hashed while it is copied. Up to
+    ``store.files_in_flight`` files are copied at once, largest first (a
+    file's sha256 runs on one core, so the largest file sets the pace). A
+    ``MANIFEST.json`` at the top of ``local_dir`` is not copied (a new one is
+    written). All or nothing: on any error every staged file is removed.
 
     Raises:
         CommitConflictError: ``prefix`` is already committed or claimed.
         UnsafePathError: a file name breaks the manifest path rules.
+        StorageError: reading the source or writing the store failed.
     """
     files = list_local_files(local_dir)
     for rel in files:
         check_path(rel, source=str(local_dir))
+    paths = {rel: os.path.join(local_dir, *rel.split("/")) for rel in files}
+    largest_first = sorted(files, key=lambda rel: -os.path.getsize(paths[rel]))
     with DirectoryWriter(store, prefix, kind=kind, meta=meta) as w:
-        for rel in files:
-            w.put_file(rel, os.path.join(local_dir, *rel.split("/")))
+        workers = min(store.files_in_flight, len(files))
+        if workers <= 1:
+            for rel in largest_first:
+                w.put_file(rel, paths[rel])
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="commit-file") as pool:
+                copies = [pool.submit(w.put_file, rel, paths[rel]) for rel in largest_first]
+                try:
+                    for copy in copies:
+                        copy.result()
+                except BaseException:
+                    for copy in copies:
+                        copy.cancel()
+                    raise  # the pool waits for the copies still running first
         return w.commit()
 
 

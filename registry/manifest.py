@@ -8,13 +8,10 @@ directory's content and is what a release records as its source.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-from collections import deque
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
@@ -27,10 +24,6 @@ FORMAT = "tinyllm-manifest"
 FORMAT_VERSION = 1
 #: bytes per read when hashing; one reusable buffer, so memory stays flat.
 HASH_CHUNK = 4 * 1024 * 1024
-#: :meth:`HashingWriter.copy_from`: bytes per read, and buffers in rotation
-#: (one being read, one being hashed, one being written).
-COPY_CHUNK = 1024 * 1024
-COPY_DEPTH = 4
 
 
 def utc_now() -> str:
@@ -190,137 +183,6 @@ def parse_manifest(data: bytes, *, source: str) -> Manifest:
                  doc["created_at"], meta)
     m._check(source=source)
     return m
-
-
-#: writes larger than this overlap hashing and writing (see HashingWriter.write).
-PIPELINE_CHUNK = 8 * 1024 * 1024
-_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hash-write")
-
-
-class HashingWriter:
-    """Wraps a binary writer; hashes and counts every byte written through it.
-
-    Used to hash files while they are written (one pass over the bytes).
-    """
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.size = 0
-        self._h = hashlib.sha256()
-
-    def write(self, data: bytes | memoryview) -> int:
-        """Hash and write ``data``. A write over PIPELINE_CHUNK bytes (a whole
-        tensor, say) is cut into chunks, each written on a helper thread while
-        this one hashes it; it returns once every chunk is written."""
-        view = memoryview(data).cast("B")
-        n = len(view)
-        if n <= PIPELINE_CHUNK:
-            self._h.update(view)
-            self.raw.write(view)
-        else:
-            for start in range(0, n, PIPELINE_CHUNK):
-                piece = view[start:start + PIPELINE_CHUNK]
-                written = _WRITERS.submit(self.raw.write, piece)
-                self._h.update(piece)
-                written.result()
-        self.size += n
-        return n
-
-    def copy_from(self, src: IO[bytes], *, chunk: int = COPY_CHUNK,
-                  depth: int = COPY_DEPTH) -> int:
-        """Copy the readable binary stream ``src`` to its end through this writer.
-
-        The same bytes reach ``raw`` and the digest as with :meth:`write`, in
-        order, but the sha256 of each chunk runs on a helper thread while the
-        caller's thread reads the next chunk and writes this one: hashlib
-        releases the GIL, so hashing and copying overlap on two cores. Memory:
-        ``depth`` buffers of ``chunk`` bytes.
-
-        Returns:
-            The number of bytes copied.
-
-        Notes:
-            A buffer is reused only once its hash is done and ``raw.write``
-            has returned (file objects do not keep the buffers they are given).
-        """
-        copied = self._copy_in_kernel(src)
-        if copied is not None:
-            return copied
-        bufs = [bytearray(chunk) for _ in range(depth)]
-        readinto = src.readinto  # type: ignore[attr-defined]
-        first = readinto(bufs[0])
-        if not first:
-            return 0
-        if first < chunk:  # a small file: a helper thread is not worth starting
-            self.write(memoryview(bufs[0])[:first])
-            while n := readinto(bufs[0]):
-                self.write(memoryview(bufs[0])[:n])
-            return self.size
-        pending: deque[Future[None]] = deque()
-        with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
-            n, i = first, 0
-            try:
-                while n:
-                    view = memoryview(bufs[i % depth])[:n]
-                    pending.append(hasher.submit(self._h.update, view))
-                    self.raw.write(view)
-                    self.size += n
-                    i += 1
-                    if len(pending) == depth:  # the next buffer is free again
-                        pending.popleft().result()
-                    n = readinto(bufs[i % depth])
-            finally:
-                for fut in pending:
-                    fut.result()
-        return self.size
-
-    def _copy_in_kernel(self, src: IO[bytes]) -> int | None:
-        """Local file to local file: the kernel copies (``copy_file_range``,
-        no user-space buffer) while a helper thread hashes each landed chunk
-        back from the destination's page cache, so the digest is of the bytes
-        written. None when ``raw`` or ``src`` is not such a file (or the
-        kernel refuses): nothing was copied."""
-        copy = getattr(self.raw, "copy_from_fd", None)
-        name = getattr(self.raw, "name", None)
-        try:
-            src_fd = src.fileno()
-        except (AttributeError, OSError, ValueError):
-            return None
-        if copy is None or name is None or self.size or src.tell() != 0:  # type: ignore[attr-defined]
-            return None
-        h = self._h
-        pending: deque[Future[None]] = deque()
-        back = os.open(name, os.O_RDONLY | os.O_CLOEXEC)  # the writer's fd is write-only
-
-        def hash_back(offset: int, length: int) -> None:
-            end = offset + length
-            while offset < end:
-                block = os.pread(back, min(HASH_CHUNK, end - offset), offset)
-                if not block:
-                    raise OSError(errno.EIO, f"{name}: short read hashing back a copy")
-                h.update(block)
-                offset += len(block)
-
-        try:
-            with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
-                def on_chunk(offset: int, length: int) -> None:
-                    pending.append(hasher.submit(hash_back, offset, length))
-                    if len(pending) > 2:
-                        pending.popleft().result()
-                try:
-                    copied = copy(src_fd, on_chunk)
-                finally:
-                    for fut in pending:
-                        fut.result()
-        finally:
-            os.close(back)
-        if copied is not None:
-            self.size += copied
-        return copied
-
-    @property
-    def sha256(self) -> str:
-        return self._h.hexdigest()
 
 
 def hash_stream(f: IO[bytes], *, chunk: int = HASH_CHUNK) -> tuple[int, str]:

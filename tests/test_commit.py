@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ from registry.manifest import MANIFEST
 from registry.pointer import move_pointer, read_pointer
 from registry.store import Store
 from registry.verify import is_committed, read_manifest, verify_directory
-import re
 
 STEP = re.compile(r"step-\d{6,}")
 
@@ -158,65 +158,3 @@ def test_alias_compare_and_swap(store: Store) -> None:
     assert json.dumps(read_pointer(store, "models/m/refs/prod")) == '"2"'
 
 
-def _big_dir(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    import os
-    src = tmp_path / "src"
-    (src / "sub").mkdir(parents=True)
-    files = {"big.bin": os.urandom(37 * 1024 * 1024 + 5), "sub/small.txt": b"x" * 10,
-             "empty": b""}
-    for rel, data in files.items():
-        (src / rel).write_bytes(data)
-    return src, files
-
-
-def test_local_commit_copies_in_the_kernel_and_hashes_what_landed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Local to local, files are copied with copy_file_range and hashed back
-    from the destination: the manifest describes the bytes written, so a copy
-    that went wrong is caught by readers instead of being vouched for."""
-    import hashlib
-    import os
-
-    from registry.store import open_store
-    src, files = _big_dir(tmp_path)
-    calls = []
-    real = os.copy_file_range
-
-    def corrupting(src_fd: int, dst_fd: int, count: int, offset_src: int | None = None,
-                   offset_dst: int | None = None) -> int:
-        calls.append(count)
-        n = real(src_fd, dst_fd, count, offset_src, offset_dst)
-        if offset_dst == 0 and n:  # the first chunk lands with its first byte flipped
-            first = os.pread(src_fd, 1, offset_src or 0)
-            os.pwrite(dst_fd, bytes([first[0] ^ 0xFF]), 0)
-        return n
-    monkeypatch.setattr(os, "copy_file_range", corrupting)
-    store = open_store(str(tmp_path / "store"))
-    m = commit_local_directory(store, src, "m/1", kind="release", model_id="m", version="1",
-                               source={"uri": str(src)})
-    assert calls  # the kernel path was taken
-    stored = (tmp_path / "store" / "m" / "1" / "big.bin").read_bytes()
-    entry = m.entry("big.bin")
-    assert entry is not None and entry.size == len(files["big.bin"])
-    assert entry.sha256 == hashlib.sha256(stored).hexdigest()  # what landed...
-    assert entry.sha256 != hashlib.sha256(files["big.bin"]).hexdigest()  # ...not the source
-    assert verify_directory(store, "m/1", full=True).ok
-
-
-def test_local_commit_falls_back_when_the_kernel_cannot_copy(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import errno
-    import os
-
-    from registry.store import open_store
-    src, files = _big_dir(tmp_path)
-
-    def refuse(*a: object, **kw: object) -> int:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-    monkeypatch.setattr(os, "copy_file_range", refuse)
-    store = open_store(str(tmp_path / "store"))
-    commit_local_directory(store, src, "m/1", kind="release", model_id="m", version="1",
-                           source={"uri": str(src)})
-    for rel, data in files.items():
-        assert (tmp_path / "store" / "m" / "1" / rel).read_bytes() == data
-    assert verify_directory(store, "m/1", full=True).ok

@@ -110,6 +110,10 @@ else:
                 on_chunk(offset, length)
                 emit(f"write:{self._name}")
             return self._raw.copy_from_fd(src_fd, chunk, **kw)
+        def pwrite_direct(self, view, offset):
+            # the direct-I/O path (local to local, large files): one event per buffer
+            self._raw.pwrite_direct(view, offset)
+            emit(f"write:{self._name}")
         def close(self):
             self._raw.close()
             emit(f"closed:{self._name}")

@@ -69,6 +69,9 @@ class Store(ABC):
     atomic_rename: bool = False
     conditional_create: bool = True
     compare_and_swap: bool = True
+    #: how many files a bulk copy into this store writes at once (a tuning
+    #: knob, not a capability: it never changes what is committed).
+    files_in_flight: int = 1
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.url = url

@@ -1,0 +1,263 @@
+"""Copying a local directory into a local store: direct I/O, the kernel copy,
+the user-space copy, and several files at once. Each path must store exactly
+the source bytes and a manifest of the bytes it wrote."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from registry import hashing
+from registry.commit import DirectoryWriter, commit_local_directory
+from registry.errors import RegistryError
+from registry.store import open_store
+from registry.store.local import _DurableFile
+from registry.verify import verify_directory
+
+MIB = 1024 * 1024
+
+
+def _big_dir(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    files = {"big.bin": os.urandom(37 * MIB + 5), "sub/small.txt": b"x" * 10,
+             "empty": b""}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    return src, files
+
+
+def _commit(tmp_path: Path, src: Path):
+    store = open_store(str(tmp_path / "store"))
+    m = commit_local_directory(store, src, "m/1", kind="release", model_id="m", version="1",
+                               source={"uri": str(src)})
+    return store, m
+
+
+def _assert_stored(tmp_path: Path, store, m, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        stored = (tmp_path / "store" / "m" / "1" / rel).read_bytes()
+        assert stored == data, rel
+        entry = m.entry(rel)
+        assert entry is not None and entry.size == len(data)
+        assert entry.sha256 == hashlib.sha256(data).hexdigest()
+    assert verify_directory(store, "m/1", full=True).ok
+
+
+def _no_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a filesystem without O_DIRECT (tmpfs)."""
+    monkeypatch.setattr(_DurableFile, "open_direct", lambda self: None)
+
+
+# -- direct I/O -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [hashing.DIRECT_MIN, hashing.DIRECT_CHUNK * 3,
+                                  hashing.DIRECT_CHUNK * 5 + 4095, 37 * MIB + 5])
+def test_large_files_are_written_with_direct_io(tmp_path: Path, size: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes on and off the chunk and alignment boundaries: the padding of the
+    last direct write is cut off, every byte is the source's."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"big.bin": os.urandom(size), "small.json": b"{}"}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    writes: list[tuple[int, int]] = []
+    real = _DurableFile.pwrite_direct
+
+    def spy(self: _DurableFile, view: memoryview, offset: int) -> None:
+        writes.append((offset, len(view)))
+        real(self, view, offset)
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", spy)
+    store, m = _commit(tmp_path, src)
+    _assert_stored(tmp_path, store, m, files)
+    chunks = -(-size // hashing.DIRECT_CHUNK)
+    assert [o for o, _ in writes] == [i * hashing.DIRECT_CHUNK for i in range(chunks)]
+    assert all(n % 4096 == 0 for _, n in writes)  # every direct write aligned
+
+
+def test_a_file_below_the_direct_threshold_is_copied_by_the_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"w.bin": os.urandom(hashing.DIRECT_MIN - 1)}
+    (src / "w.bin").write_bytes(files["w.bin"])
+    opened = []
+    real = _DurableFile.open_direct
+    monkeypatch.setattr(_DurableFile, "open_direct",
+                        lambda self: opened.append(self.name) or real(self))
+    store, m = _commit(tmp_path, src)
+    _assert_stored(tmp_path, store, m, files)
+    assert opened == []
+
+
+def test_a_refused_first_direct_write_falls_back_with_nothing_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem that opens O_DIRECT but refuses the alignment (EINVAL):
+    the file is copied by the next path, from its first byte, hashed once."""
+    src, files = _big_dir(tmp_path)
+    refused = []
+
+    def refuse(self: _DurableFile, view: memoryview, offset: int) -> None:
+        refused.append(offset)
+        raise OSError(errno.EINVAL, "Invalid argument")
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", refuse)
+    store, m = _commit(tmp_path, src)
+    assert refused == [0]
+    _assert_stored(tmp_path, store, m, files)
+
+
+def test_a_direct_write_failing_midway_commits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk full in the middle of a direct copy: an error naming the disk
+    problem, no committed directory, no staging left behind."""
+    src, _ = _big_dir(tmp_path)
+    real = _DurableFile.pwrite_direct
+
+    def full(self: _DurableFile, view: memoryview, offset: int) -> None:
+        if offset >= 2 * hashing.DIRECT_CHUNK:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, view, offset)
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", full)
+    store = open_store(str(tmp_path / "store"))
+    with pytest.raises((RegistryError, OSError)) as info:
+        commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                               version="1", source={"uri": str(src)})
+    assert "No space left" in str(info.value)
+    assert not (tmp_path / "store" / "m" / "1").exists()
+    assert [p.name for p in (tmp_path / "store" / "m").iterdir()] == []
+
+
+def test_a_direct_copy_hashes_the_buffer_it_wrote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest is of what reached the disk: a source that changes while it
+    is read still yields a manifest that verifies against the stored bytes."""
+    src, files = _big_dir(tmp_path)
+    real_fill = hashing._fill
+    calls = []
+
+    def changing(f, view):  # the source changes after its first chunk was read
+        n = real_fill(f, view)
+        calls.append(n)
+        if len(calls) == 1:
+            with open(src / "big.bin", "r+b") as g:
+                g.seek(hashing.DIRECT_CHUNK + 7)
+                g.write(b"CHANGED")
+        return n
+    monkeypatch.setattr(hashing, "_fill", changing)
+    store, m = _commit(tmp_path, src)
+    stored = (tmp_path / "store" / "m" / "1" / "big.bin").read_bytes()
+    assert stored[hashing.DIRECT_CHUNK + 7:hashing.DIRECT_CHUNK + 14] == b"CHANGED"
+    assert m.entry("big.bin").sha256 == hashlib.sha256(stored).hexdigest()
+    assert verify_directory(store, "m/1", full=True).ok
+
+
+# -- the kernel copy and the user-space copy -------------------------------------------
+
+def test_without_direct_io_the_kernel_copies_and_the_landed_bytes_are_hashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without direct I/O, files are copied with copy_file_range and hashed
+    back from the destination: the manifest describes the bytes written, so
+    a copy that went wrong is caught by readers instead of being vouched for."""
+    _no_direct(monkeypatch)
+    src, files = _big_dir(tmp_path)
+    calls = []
+    real = os.copy_file_range
+
+    def corrupting(src_fd: int, dst_fd: int, count: int, offset_src: int | None = None,
+                   offset_dst: int | None = None) -> int:
+        calls.append(count)
+        n = real(src_fd, dst_fd, count, offset_src, offset_dst)
+        if offset_dst == 0 and n and count > 10:  # big.bin lands with its first byte flipped
+            first = os.pread(src_fd, 1, offset_src or 0)
+            os.pwrite(dst_fd, bytes([first[0] ^ 0xFF]), 0)
+        return n
+    monkeypatch.setattr(os, "copy_file_range", corrupting)
+    store, m = _commit(tmp_path, src)
+    assert calls  # the kernel path was taken
+    stored = (tmp_path / "store" / "m" / "1" / "big.bin").read_bytes()
+    entry = m.entry("big.bin")
+    assert entry is not None and entry.size == len(files["big.bin"])
+    assert entry.sha256 == hashlib.sha256(stored).hexdigest()  # what landed...
+    assert entry.sha256 != hashlib.sha256(files["big.bin"]).hexdigest()  # ...not the source
+    assert verify_directory(store, "m/1", full=True).ok
+
+
+def test_without_direct_io_or_kernel_copy_user_space_copies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_direct(monkeypatch)
+    src, files = _big_dir(tmp_path)
+
+    def refuse(*a: object, **kw: object) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    store, m = _commit(tmp_path, src)
+    _assert_stored(tmp_path, store, m, files)
+
+
+# -- several files at once -----------------------------------------------------------
+
+def test_files_are_copied_several_at_once_largest_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {f"shard-{i}.bin": os.urandom((i + 1) * MIB) for i in range(4)}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    started: list[str] = []
+    active = [0]
+    peak = [0]
+    lock = threading.Lock()
+    real = DirectoryWriter.put_file
+
+    def tracked(self: DirectoryWriter, relpath: str, local_path: str):
+        with lock:
+            started.append(relpath)
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.2)  # long enough that the other worker starts meanwhile
+        try:
+            return real(self, relpath, local_path)
+        finally:
+            with lock:
+                active[0] -= 1
+    monkeypatch.setattr(DirectoryWriter, "put_file", tracked)
+    store = open_store(str(tmp_path / "store"))
+    monkeypatch.setattr(type(store), "files_in_flight", 2)
+    m = commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                               version="1", source={"uri": str(src)})
+    assert peak[0] == 2
+    assert started[:2] == ["shard-3.bin", "shard-2.bin"]
+    _assert_stored(tmp_path, store, m, files)
+
+
+def test_a_failing_file_stops_the_others_and_commits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"shard-{i}.bin").write_bytes(os.urandom(MIB + i))
+    real = DirectoryWriter.put_file
+    copied = []
+
+    def failing(self: DirectoryWriter, relpath: str, local_path: str):
+        if relpath == "shard-4.bin":
+            raise OSError(errno.EIO, "Input/output error", local_path)
+        time.sleep(0.1)
+        entry = real(self, relpath, local_path)
+        copied.append(relpath)
+        return entry
+    monkeypatch.setattr(DirectoryWriter, "put_file", failing)
+    store = open_store(str(tmp_path / "store"))
+    monkeypatch.setattr(type(store), "files_in_flight", 2)
+    with pytest.raises(OSError, match="Input/output error"):
+        commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                               version="1", source={"uri": str(src)})
+    assert len(copied) < 5  # the files not yet started were never copied
+    assert [p.name for p in (tmp_path / "store" / "m").iterdir()] == []
