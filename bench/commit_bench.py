@@ -5,7 +5,8 @@ Run from the repository root::
     python bench/commit_bench.py                    # 1 GiB, about 5 minutes
     python bench/commit_bench.py --size-mib 64      # a quick run
 
-What is measured (medians of ``--repeat`` alternating trials, same bytes, same run):
+What is measured (medians of ``--repeat`` alternating trials after one warm-up
+round that is not counted; same bytes, same run):
 
 local
     ``commit_local_directory`` into a fresh local store (every byte hashed,
@@ -265,13 +266,16 @@ def loadavg() -> list[float]:
 
 # -- the runs ----------------------------------------------------------------------
 
-def rounds(names: list[str], repeat: int) -> list[str]:
-    """``repeat`` rounds of every contender, alternating, the order rotated each
-    round so that no contender always runs right after the same one."""
-    order = []
+def rounds(names: list[str], repeat: int) -> list[tuple[str, bool]]:
+    """One warm-up round, then ``repeat`` rounds of every contender,
+    alternating, the order rotated each round so that no contender always runs
+    right after the same one. Each item is ``(contender, counted)``: the
+    warm-up round is not counted (the first run after the server starts or
+    the source is written pays for the pages the machine allocates first)."""
+    order = [(name, False) for name in names]
     for r in range(repeat):
         k = r % len(names)
-        order.extend(names[k:] + names[:k])
+        order.extend((name, True) for name in names[k:] + names[:k])
     return order
 
 
@@ -297,7 +301,7 @@ def bench_local(src: Path, work: Path, nbytes: int, repeat: int) -> dict[str, An
     """Ours vs ``cp -r && sync``; plus the floor of any commit that hashes every
     byte: sha256 of the source alone (``build_manifest``: no copy, no fsync)."""
     samples: dict[str, list[dict[str, Any]]] = {"ours": [], "cp": [], "sha256": []}
-    for i, name in enumerate(rounds(list(samples), repeat)):
+    for i, (name, counted) in enumerate(rounds(list(samples), repeat)):
         dst = work / f"local-{name}-{i}"
         subprocess.run(["sync"], check=True)  # nobody pays for earlier dirty pages
         if name == "ours":
@@ -310,8 +314,10 @@ def bench_local(src: Path, work: Path, nbytes: int, repeat: int) -> dict[str, An
         split = (f" (user {res['user_seconds']:.2f} + sys {res['sys_seconds']:.2f})"
                  if "user_seconds" in res else "")
         print(f"  local {name:6s} {res['seconds']:7.2f} s  "
-              f"cpu {res['cpu_seconds']:5.2f} s{split}", file=sys.stderr)
-        samples[name].append(res)
+              f"cpu {res['cpu_seconds']:5.2f} s{split}{'' if counted else '  (warm-up)'}",
+              file=sys.stderr)
+        if counted:
+            samples[name].append(res)
         shutil.rmtree(dst, ignore_errors=True)
     out = {name: summarize(s, nbytes) for name, s in samples.items()}
     out["ratio_ours_over_cp"] = out["ours"]["median_seconds"] / out["cp"]["median_seconds"]
@@ -352,7 +358,7 @@ def bench_s3(src: Path, nbytes: int, repeat: int, probe_mib: int) -> dict[str, A
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         client.create_bucket(Bucket=bucket)
         samples: dict[str, list[dict[str, Any]]] = {"ours": [], "s3fs": [], "boto3": []}
-        for i, name in enumerate(rounds(list(samples), repeat)):
+        for i, (name, counted) in enumerate(rounds(list(samples), repeat)):
             run = f"{name}-{i}"
             what = "ours-s3" if name == "ours" else name
             res = run_child({"what": what, "src": str(src), "dst": f"s3://{bucket}/{run}"})
@@ -365,8 +371,10 @@ def bench_s3(src: Path, nbytes: int, repeat: int, probe_mib: int) -> dict[str, A
                 raise RuntimeError(f"{name}: stored {stored - manifest} bytes, "
                                    f"expected {nbytes}")
             print(f"  s3 {name:5s} {res['seconds']:7.2f} s  cpu {res['cpu_seconds']:5.2f} s  "
-                  f"peak RSS {res['peak_rss'] / MIB:6.1f} MiB", file=sys.stderr)
-            samples[name].append(res)
+                  f"peak RSS {res['peak_rss'] / MIB:6.1f} MiB"
+                  f"{'' if counted else '  (warm-up)'}", file=sys.stderr)
+            if counted:
+                samples[name].append(res)
             s3_delete(client, bucket, keys)
         out: dict[str, Any] = {name: summarize(s, nbytes) for name, s in samples.items()}
         faster = min(("s3fs", "boto3"), key=lambda n: out[n]["median_seconds"])
@@ -460,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=1024,
                         help="size of the model directory in MiB (default 1024)")
-    parser.add_argument("--repeat", type=int, default=3, help="trials per contender")
+    parser.add_argument("--repeat", type=int, default=5, help="trials per contender")
     parser.add_argument("--out", default=str(REPO / "bench" / "results-commit.json"),
                         help="JSON results file")
     parser.add_argument("--only", choices=("local", "s3"), help="run one backend only")

@@ -216,14 +216,14 @@ def test_files_are_copied_several_at_once_largest_first(
     lock = threading.Lock()
     real = DirectoryWriter.put_file
 
-    def tracked(self: DirectoryWriter, relpath: str, local_path: str):
+    def tracked(self: DirectoryWriter, relpath: str, local_path: str, **kw):
         with lock:
             started.append(relpath)
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         time.sleep(0.2)  # long enough that the other worker starts meanwhile
         try:
-            return real(self, relpath, local_path)
+            return real(self, relpath, local_path, **kw)
         finally:
             with lock:
                 active[0] -= 1
@@ -246,11 +246,11 @@ def test_a_failing_file_stops_the_others_and_commits_nothing(
     real = DirectoryWriter.put_file
     copied = []
 
-    def failing(self: DirectoryWriter, relpath: str, local_path: str):
+    def failing(self: DirectoryWriter, relpath: str, local_path: str, **kw):
         if relpath == "shard-4.bin":
             raise OSError(errno.EIO, "Input/output error", local_path)
         time.sleep(0.1)
-        entry = real(self, relpath, local_path)
+        entry = real(self, relpath, local_path, **kw)
         copied.append(relpath)
         return entry
     monkeypatch.setattr(DirectoryWriter, "put_file", failing)
@@ -261,3 +261,98 @@ def test_a_failing_file_stops_the_others_and_commits_nothing(
                                version="1", source={"uri": str(src)})
     assert len(copied) < 5  # the files not yet started were never copied
     assert [p.name for p in (tmp_path / "store" / "m").iterdir()] == []
+
+
+# -- S3: one file sends at a time, the next overlaps the previous one's completion ----
+
+def _s3_dir(tmp_path: Path, sizes: dict[str, int]) -> tuple[Path, dict[str, bytes]]:
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {rel: os.urandom(n) for rel, n in sizes.items()}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    return src, files
+
+
+def _s3_store_with_log(s3_bucket: str, monkeypatch: pytest.MonkeyPatch, *,
+                       complete_delay: float = 0.0):
+    """An S3 store whose requests are logged as (event, file, time); each
+    CompleteMultipartUpload is held ``complete_delay`` seconds longer."""
+    from registry.store import s3 as s3mod
+    monkeypatch.setattr(s3mod, "PART_SIZE", 5 * MIB)  # S3's minimum part
+    store = open_store(f"s3://{s3_bucket}/p")
+    log: list[tuple[str, str, float]] = []
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, peak
+    real_call, real_submit = store.call, store.submit
+
+    def note(event: str, key: str) -> None:
+        with lock:
+            log.append((event, key.rsplit("/", 1)[-1], time.monotonic()))
+
+    def call(method: str, **kw):
+        if method == "complete_multipart_upload":
+            note("complete-start", kw["Key"])
+            time.sleep(complete_delay)
+        result = real_call(method, **kw)
+        note(f"{method}-end", kw.get("Key", ""))
+        return result
+
+    def submit(method: str, **kw):
+        note(method, kw.get("Key", ""))
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
+        fut = real_submit(method, **kw)
+
+        def done(_):
+            with lock:
+                in_flight[0] -= 1
+        fut.add_done_callback(done)
+        return fut
+    monkeypatch.setattr(store, "call", call)
+    monkeypatch.setattr(store, "submit", submit)
+    return store, log, in_flight
+
+
+def _first(log, event: str, name: str) -> float:
+    return min(t for e, n, t in log if e == event and n == name)
+
+
+def _last(log, event: str, name: str) -> float:
+    return max(t for e, n, t in log if e == event and n == name)
+
+
+def test_s3_next_file_is_sent_while_the_previous_upload_completes(
+        tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, files = _s3_dir(tmp_path, {"a.bin": 16 * MIB + 3, "b.bin": 11 * MIB})
+    store, log, _ = _s3_store_with_log(s3_bucket, monkeypatch, complete_delay=1.0)
+    assert (store.files_in_flight, store.files_sending) == (2, 1)
+    m = commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                               version="1", source={"uri": str(src)})
+    # one file sends at a time: b's first part after a's last part...
+    assert _first(log, "upload_part", "b.bin") > _last(log, "upload_part", "a.bin")
+    # ...but before a's (slow) completion returned
+    assert _first(log, "upload_part", "b.bin") < _first(log, "complete_multipart_upload-end",
+                                                        "a.bin")
+    for rel, data in files.items():
+        assert store.read_bytes(f"m/1/{rel}") == data
+        assert m.entry(rel).sha256 == hashlib.sha256(data).hexdigest()
+    assert verify_directory(store, "m/1", full=True).ok
+
+
+def test_s3_parts_in_flight_are_bounded_across_files(
+        tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two files sending at once share one budget of parts in flight, so the
+    memory of a commit does not grow with the files in flight."""
+    src, files = _s3_dir(tmp_path, {"a.bin": 21 * MIB, "b.bin": 21 * MIB + 1})
+    store, log, in_flight = _s3_store_with_log(s3_bucket, monkeypatch)
+    store.part_slots = threading.BoundedSemaphore(2)
+    monkeypatch.setattr(type(store), "files_sending", 2)
+    commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                           version="1", source={"uri": str(src)})
+    uploads = [n for e, n, _ in log if e == "upload_part"]
+    assert uploads.count("a.bin") == 5 and uploads.count("b.bin") == 5
+    assert in_flight[1] == 2  # never more than the budget, and the budget was used
+    for rel, data in files.items():
+        assert store.read_bytes(f"m/1/{rel}") == data

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import threading
 import time
 import zlib
 from collections import deque
@@ -40,6 +41,13 @@ _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 class S3Store(Store):
     """A store under ``s3://bucket[/prefix]``."""
 
+    #: A file's parts already fill the connection pool, so one file sends at
+    #: a time; the next starts while the previous one's multipart upload is
+    #: being completed (the server assembles the object then: seconds for a
+    #: large file, on AWS as on moto).
+    files_in_flight = 2
+    files_sending = 1
+
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
         options: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
         options.update(storage_options)
@@ -56,6 +64,8 @@ class S3Store(Store):
         options["config_kwargs"] = config
         super().__init__(url, s3fs.S3FileSystem(**options), root)
         self.bucket, _, self.prefix = self.root.partition("/")
+        #: parts in flight across every writer of this store (memory bound).
+        self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
 
     # -- raw calls ---------------------------------------------------------------
 
@@ -261,8 +271,9 @@ class _MultipartWriter:
     ``write`` returns as soon as the data is copied into the part being filled;
     a full part is handed to the upload as it is (an ``io.BytesIO`` that
     aiohttp streams from without copying it again) and a new one started. At
-    most ``MAX_INFLIGHT`` parts are in flight, so memory stays under
-    ``PART_SIZE * (MAX_INFLIGHT + 1)`` bytes.
+    most ``MAX_INFLIGHT`` parts are in flight across all writers of a store
+    (``S3Store.part_slots``), so memory stays under
+    ``PART_SIZE * (MAX_INFLIGHT + writers)`` bytes.
 
     Like boto3's ``upload_file``, a multipart upload declares CRC32 checksums
     when botocore computes request checksums anyway (its default,
@@ -312,12 +323,19 @@ class _MultipartWriter:
         if checksum:
             checksum["ChecksumCRC32"] = base64.b64encode(self._crc.to_bytes(4, "big")).decode()
         self._crc = 0
-        fut = self.store.submit("upload_part", Key=self.store._key(self.key),
-                                UploadId=self._upload_id, PartNumber=number, Body=part,
-                                **checksum)
-        self._parts.append((number, fut))
         while len(self._parts) >= MAX_INFLIGHT:
             self._reap()
+        slots = self.store.part_slots
+        slots.acquire()  # freed as each part's request ends, whoever reaps it
+        try:
+            fut = self.store.submit("upload_part", Key=self.store._key(self.key),
+                                    UploadId=self._upload_id, PartNumber=number, Body=part,
+                                    **checksum)
+        except BaseException:
+            slots.release()
+            raise
+        fut.add_done_callback(lambda _: slots.release())
+        self._parts.append((number, fut))
 
     def _reap(self) -> None:
         number, fut = self._parts.popleft()
