@@ -24,11 +24,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from registry.errors import CommitConflictError, ObjectExistsError
@@ -143,16 +142,11 @@ class DirectoryWriter:
         return self.write_bytes(relpath, (json.dumps(doc, indent=2, ensure_ascii=False)
                                           + "\n").encode())
 
-    def put_file(self, relpath: str, local_path: str | os.PathLike[str], *,
-                 sending: AbstractContextManager[Any] | None = None) -> FileEntry:
+    def put_file(self, relpath: str, local_path: str | os.PathLike[str]) -> FileEntry:
         """Copy a local file in, streaming, hashing each chunk as it passes
-        (see :meth:`HashingWriter.copy_from`). ``sending``, when given, is held
-        while the bytes are sent and released before the file is closed
-        (fsynced; on S3 its multipart upload completed), so that another file
-        can send meanwhile."""
+        (see :meth:`HashingWriter.copy_from`)."""
         with open(local_path, "rb", buffering=0) as src, self.open(relpath) as w:
-            with sending or nullcontext():
-                w.copy_from(src)
+            w.copy_from(src)
         return self.entries[relpath]
 
     # -- committing ------------------------------------------------------------
@@ -214,11 +208,9 @@ def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], pref
     """Commit a copy of the local directory ``local_dir`` at ``prefix``.
 
     Every file is read once: hashed while it is copied. Files are copied
-    largest first, up to ``store.files_in_flight`` at once of which
-    ``store.files_sending`` send bytes at once: on local disk one file per
-    core (a file's sha256 runs on one core, so the largest file sets the
-    pace); on S3 the next file is sent while the previous one's multipart
-    upload is completed. A
+    largest first, up to ``store.files_in_flight`` at once: on local disk one
+    per core, because a file's sha256 runs on one core and the largest file
+    sets the pace; on S3 one, whose parts already fill the connections. A
     ``MANIFEST.json`` at the top of ``local_dir`` is not copied (a new one is
     written). All or nothing: on any error every staged file is removed.
 
@@ -238,10 +230,8 @@ def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], pref
             for rel in largest_first:
                 w.put_file(rel, paths[rel])
         else:
-            sending = threading.BoundedSemaphore(max(1, store.files_sending))
             with ThreadPoolExecutor(workers, thread_name_prefix="commit-file") as pool:
-                copies = [pool.submit(w.put_file, rel, paths[rel], sending=sending)
-                          for rel in largest_first]
+                copies = [pool.submit(w.put_file, rel, paths[rel]) for rel in largest_first]
                 try:
                     for copy in copies:
                         copy.result()

@@ -263,96 +263,48 @@ def test_a_failing_file_stops_the_others_and_commits_nothing(
     assert [p.name for p in (tmp_path / "store" / "m").iterdir()] == []
 
 
-# -- S3: one file sends at a time, the next overlaps the previous one's completion ----
+# -- S3: one budget of parts in flight per store --------------------------------------
 
-def _s3_dir(tmp_path: Path, sizes: dict[str, int]) -> tuple[Path, dict[str, bytes]]:
-    src = tmp_path / "src"
-    src.mkdir()
-    files = {rel: os.urandom(n) for rel, n in sizes.items()}
-    for rel, data in files.items():
-        (src / rel).write_bytes(data)
-    return src, files
-
-
-def _s3_store_with_log(s3_bucket: str, monkeypatch: pytest.MonkeyPatch, *,
-                       complete_delay: float = 0.0):
-    """An S3 store whose requests are logged as (event, file, time); each
-    CompleteMultipartUpload is held ``complete_delay`` seconds longer."""
+def test_s3_parts_in_flight_are_bounded_across_writers(
+        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two files written at once (as a checkpoint's model and optimizer
+    files are) share one budget of parts in flight, so memory does not grow
+    with the writers."""
     from registry.store import s3 as s3mod
     monkeypatch.setattr(s3mod, "PART_SIZE", 5 * MIB)  # S3's minimum part
     store = open_store(f"s3://{s3_bucket}/p")
-    log: list[tuple[str, str, float]] = []
+    store.part_slots = threading.BoundedSemaphore(2)
     lock = threading.Lock()
     in_flight = [0, 0]  # now, peak
-    real_call, real_submit = store.call, store.submit
-
-    def note(event: str, key: str) -> None:
-        with lock:
-            log.append((event, key.rsplit("/", 1)[-1], time.monotonic()))
-
-    def call(method: str, **kw):
-        if method == "complete_multipart_upload":
-            note("complete-start", kw["Key"])
-            time.sleep(complete_delay)
-        result = real_call(method, **kw)
-        note(f"{method}-end", kw.get("Key", ""))
-        return result
+    parts: list[str] = []
+    real_submit = store.submit
 
     def submit(method: str, **kw):
-        note(method, kw.get("Key", ""))
-        with lock:
-            in_flight[0] += 1
-            in_flight[1] = max(in_flight[1], in_flight[0])
         fut = real_submit(method, **kw)
-
-        def done(_):
+        if method == "upload_part":
             with lock:
-                in_flight[0] -= 1
-        fut.add_done_callback(done)
+                parts.append(kw["Key"].rsplit("/", 1)[-1])
+                in_flight[0] += 1
+                in_flight[1] = max(in_flight[1], in_flight[0])
+
+            def done(_):
+                with lock:
+                    in_flight[0] -= 1
+            fut.add_done_callback(done)
         return fut
-    monkeypatch.setattr(store, "call", call)
     monkeypatch.setattr(store, "submit", submit)
-    return store, log, in_flight
+    blobs = {"a.bin": os.urandom(21 * MIB), "b.bin": os.urandom(21 * MIB + 1)}
 
-
-def _first(log, event: str, name: str) -> float:
-    return min(t for e, n, t in log if e == event and n == name)
-
-
-def _last(log, event: str, name: str) -> float:
-    return max(t for e, n, t in log if e == event and n == name)
-
-
-def test_s3_next_file_is_sent_while_the_previous_upload_completes(
-        tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    src, files = _s3_dir(tmp_path, {"a.bin": 16 * MIB + 3, "b.bin": 11 * MIB})
-    store, log, _ = _s3_store_with_log(s3_bucket, monkeypatch, complete_delay=1.0)
-    assert (store.files_in_flight, store.files_sending) == (2, 1)
-    m = commit_local_directory(store, src, "m/1", kind="release", model_id="m",
-                               version="1", source={"uri": str(src)})
-    # one file sends at a time: b's first part after a's last part...
-    assert _first(log, "upload_part", "b.bin") > _last(log, "upload_part", "a.bin")
-    # ...but before a's (slow) completion returned
-    assert _first(log, "upload_part", "b.bin") < _first(log, "complete_multipart_upload-end",
-                                                        "a.bin")
-    for rel, data in files.items():
-        assert store.read_bytes(f"m/1/{rel}") == data
-        assert m.entry(rel).sha256 == hashlib.sha256(data).hexdigest()
-    assert verify_directory(store, "m/1", full=True).ok
-
-
-def test_s3_parts_in_flight_are_bounded_across_files(
-        tmp_path: Path, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two files sending at once share one budget of parts in flight, so the
-    memory of a commit does not grow with the files in flight."""
-    src, files = _s3_dir(tmp_path, {"a.bin": 21 * MIB, "b.bin": 21 * MIB + 1})
-    store, log, in_flight = _s3_store_with_log(s3_bucket, monkeypatch)
-    store.part_slots = threading.BoundedSemaphore(2)
-    monkeypatch.setattr(type(store), "files_sending", 2)
-    commit_local_directory(store, src, "m/1", kind="release", model_id="m",
-                           version="1", source={"uri": str(src)})
-    uploads = [n for e, n, _ in log if e == "upload_part"]
-    assert uploads.count("a.bin") == 5 and uploads.count("b.bin") == 5
-    assert in_flight[1] == 2  # never more than the budget, and the budget was used
-    for rel, data in files.items():
-        assert store.read_bytes(f"m/1/{rel}") == data
+    def write(name: str) -> None:
+        with store.open_write(f"m/{name}") as f:
+            for i in range(0, len(blobs[name]), MIB):
+                f.write(blobs[name][i:i + MIB])
+    threads = [threading.Thread(target=write, args=(name,)) for name in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert parts.count("a.bin") == 5 and parts.count("b.bin") == 5
+    assert in_flight[1] <= 2  # never more than the budget
+    for name, data in blobs.items():
+        assert store.read_bytes(f"m/{name}") == data

@@ -69,12 +69,9 @@ class Store(ABC):
     atomic_rename: bool = False
     conditional_create: bool = True
     compare_and_swap: bool = True
-    #: Tuning knobs of a bulk copy into this store (never capabilities: they
-    #: never change what is committed). ``files_in_flight``: files open at
-    #: once; ``files_sending``: how many of them may be sending bytes at once,
-    #: the others being closed (fsynced, or their multipart upload completed).
+    #: how many files a bulk copy into this store writes at once (a tuning
+    #: knob, never a capability: it never changes what is committed).
     files_in_flight: int = 1
-    files_sending: int = 1
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.url = url

@@ -206,7 +206,7 @@ class LocalStore(Store):
     atomic_rename = True
     #: one file per core, up to 4: each file's sha256 runs on one core, and
     #: direct writes leave the cores to hashing (32 MiB of buffers per file).
-    files_in_flight = files_sending = max(1, min(4, os.cpu_count() or 1))
+    files_in_flight = max(1, min(4, os.cpu_count() or 1))
 
     def __init__(self, url: str, root: str) -> None:
         super().__init__(url, fsspec.filesystem("file"), os.path.abspath(root))

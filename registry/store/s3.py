@@ -41,13 +41,6 @@ _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 class S3Store(Store):
     """A store under ``s3://bucket[/prefix]``."""
 
-    #: A file's parts already fill the connection pool, so one file sends at
-    #: a time; the next starts while the previous one's multipart upload is
-    #: being completed (the server assembles the object then: seconds for a
-    #: large file, on AWS as on moto).
-    files_in_flight = 2
-    files_sending = 1
-
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
         options: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
         options.update(storage_options)
