@@ -77,17 +77,26 @@ class HashingWriter:
         """Copy the readable binary stream ``src`` to its end through this writer.
 
         The same bytes reach ``raw`` and the digest as with :meth:`write`, in
-        order, but the sha256 of each chunk runs on a helper thread while the
-        caller's thread reads the next chunk and writes this one: hashlib
-        releases the GIL, so hashing and copying overlap on two cores. Memory:
-        ``depth`` buffers of ``chunk`` bytes.
+        order. A local file into a local store goes by direct I/O
+        (:meth:`_copy_direct`, files of ``DIRECT_MIN`` bytes or more) or
+        else by ``copy_file_range`` (:meth:`_copy_in_kernel`); anything else
+        through user space, where the sha256 of each chunk runs on a helper
+        thread while the caller's thread reads the next chunk and writes this
+        one (hashlib releases the GIL, so hashing and copying overlap on two
+        cores). Memory: ``depth`` buffers of ``chunk`` bytes in user space,
+        ``DIRECT_DEPTH`` of ``DIRECT_CHUNK`` bytes by direct I/O.
 
         Returns:
             The number of bytes copied.
 
+        Raises:
+            OSError: reading ``src`` or writing failed (ENOSPC, EIO); the
+                caller discards the partial file.
+            StorageError: the store's writer failed (S3).
+
         Notes:
-            A buffer is reused only once its hash is done and ``raw.write``
-            has returned (file objects do not keep the buffers they are given).
+            A buffer is reused only once its hash is done and its write has
+            returned (file objects do not keep the buffers they are given).
         """
         copied = self._copy_direct(src)
         if copied is None:
