@@ -17,6 +17,7 @@ from registry import hashing
 from registry.commit import DirectoryWriter, commit_local_directory
 from registry.errors import RegistryError
 from registry.store import open_store
+from registry.store import local as local_mod
 from registry.store.local import _DurableFile
 from registry.verify import verify_directory
 
@@ -308,3 +309,76 @@ def test_s3_parts_in_flight_are_bounded_across_writers(
     assert in_flight[1] <= 2  # never more than the budget
     for name, data in blobs.items():
         assert store.read_bytes(f"m/{name}") == data
+
+
+# -- streamed writes to a local store: direct I/O past the first buffer -----------------
+
+@pytest.mark.parametrize("size", [local_mod.DIRECT_AFTER - 1, local_mod.DIRECT_AFTER,
+                                  local_mod.DIRECT_AFTER + 1,
+                                  local_mod.DIRECT_AFTER + 3 * local_mod.DIRECT_BUFFER,
+                                  local_mod.DIRECT_AFTER + 2 * local_mod.DIRECT_BUFFER + 4095])
+def test_streamed_writes_go_direct_past_the_first_buffer(
+        tmp_path: Path, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes of odd sizes: whole aligned buffers go to the disk with
+    O_DIRECT at aligned offsets, the head and the tail through the page
+    cache; the file holds exactly the bytes written."""
+    writes: list[tuple[int, int]] = []
+    real = _DurableFile.pwrite_direct
+
+    def spy(self: _DurableFile, view: memoryview, offset: int) -> None:
+        writes.append((offset, len(view)))
+        real(self, view, offset)
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", spy)
+    blob = os.urandom(size)
+    store = open_store(str(tmp_path / "store"))
+    with store.open_write("d/w.bin") as f:
+        for i in range(0, size, MIB + 3):
+            f.write(blob[i:i + MIB + 3])
+    assert (tmp_path / "store" / "d" / "w.bin").read_bytes() == blob
+    whole = max(0, size - local_mod.DIRECT_AFTER) // local_mod.DIRECT_BUFFER
+    assert writes == [(local_mod.DIRECT_AFTER + k * local_mod.DIRECT_BUFFER,
+                       local_mod.DIRECT_BUFFER) for k in range(whole)]
+
+
+def test_a_refused_direct_stream_goes_on_buffered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: _DurableFile, view: memoryview, offset: int) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", refuse)
+    blob = os.urandom(local_mod.DIRECT_AFTER + 2 * local_mod.DIRECT_BUFFER + 17)
+    store = open_store(str(tmp_path / "store"))
+    with store.open_write("d/w.bin") as f:
+        for i in range(0, len(blob), 3 * MIB):
+            f.write(blob[i:i + 3 * MIB])
+    assert (tmp_path / "store" / "d" / "w.bin").read_bytes() == blob
+
+
+def test_a_failing_direct_stream_leaves_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _DurableFile.pwrite_direct
+
+    def full(self: _DurableFile, view: memoryview, offset: int) -> None:
+        if offset > local_mod.DIRECT_AFTER:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, view, offset)
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", full)
+    store = open_store(str(tmp_path / "store"))
+    with pytest.raises(OSError, match="No space left"), store.open_write("d/w.bin") as f:
+        f.write(os.urandom(local_mod.DIRECT_AFTER + 3 * local_mod.DIRECT_BUFFER))
+    assert not (tmp_path / "store" / "d" / "w.bin").exists()
+
+
+def test_a_checkpoint_saved_through_direct_writes_verifies(tmp_path: Path) -> None:
+    """A DirectoryWriter file streamed past the first buffer (a checkpoint's
+    weights) is committed with the sha256 of exactly its bytes."""
+    store = open_store(str(tmp_path / "store"))
+    blob = os.urandom(local_mod.DIRECT_AFTER + local_mod.DIRECT_BUFFER * 2 + 12345)
+    with DirectoryWriter(store, "runs/r/step-1", kind="checkpoint",
+                         meta={"run_id": "r", "step": 1}) as w:
+        with w.open("model.safetensors") as f:
+            f.write(blob[:100])
+            f.write(blob[100:])  # one large write: hashed while written
+        m = w.commit()
+    assert m.entry("model.safetensors").sha256 == hashlib.sha256(blob).hexdigest()
+    assert (tmp_path / "store/runs/r/step-1/model.safetensors").read_bytes() == blob
+    assert verify_directory(store, "runs/r/step-1", full=True).ok

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import shutil
 from collections.abc import Callable
@@ -66,14 +67,25 @@ if _sync_file_range is not None:
 WRITEBACK_EVERY = 16 * 1024 * 1024
 
 
+#: a streamed file continues with direct I/O past this offset, in buffers of
+#: this many bytes (both multiples of every filesystem block size).
+DIRECT_AFTER = 8 * 1024 * 1024
+DIRECT_BUFFER = 8 * 1024 * 1024
+
+
 class _DurableFile:
     """A file opened for writing that is flushed and fsynced at close.
 
-    Large files are handed to the disk while they are written: every
-    ``WRITEBACK_EVERY`` bytes, Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``
-    starts (without waiting for) the writeback of what was just written, so the
-    fsync at close finds little left to do instead of the whole file. That
-    call promises no durability; the fsync still does.
+    A large file is written past its first ``DIRECT_AFTER`` bytes with
+    ``O_DIRECT``: writes are gathered into one page-aligned buffer of
+    ``DIRECT_BUFFER`` bytes, and each full buffer goes straight to the disk,
+    bypassing the page cache; the tail (less than a buffer) is written through
+    the page cache at close. The fsync at close then finds no writeback to
+    wait for. Where the filesystem has no direct I/O, or refuses the first
+    direct write, writes stay buffered, and every ``WRITEBACK_EVERY`` bytes
+    Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` starts (without waiting
+    for) the writeback of what was just written. Neither promises durability;
+    the fsync at close does.
     """
 
     def __init__(self, path: str, mode: str) -> None:
@@ -82,10 +94,39 @@ class _DurableFile:
         self._written = 0
         self._flushed = 0
         self._direct: int | None = None
+        self._buffer: memoryview | None = None  # gathers direct writes
+        self._filled = 0
+        self._buffered_only = "x" in mode  # create(): small documents
 
     def write(self, data: bytes | memoryview) -> int:
-        n = self._f.write(data)
-        self._written += n
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if self._buffer is None:
+            head = n if self._buffered_only else min(n, max(0, DIRECT_AFTER - self._written))
+            if head:
+                self._write_buffered(view[:head])
+            if head == n:
+                return n
+            view = view[head:]
+            if not self._start_direct_stream():
+                self._write_buffered(view)
+                return n
+        while view:
+            buf = self._buffer
+            if buf is None:  # the first direct write was refused: buffered from here
+                self._write_buffered(view)
+                break
+            take = min(len(buf) - self._filled, len(view))
+            buf[self._filled:self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+            if self._filled == len(buf):
+                self._flush_direct()
+        return n
+
+    def _write_buffered(self, view: memoryview) -> None:
+        self._f.write(view)
+        self._written += len(view)
         if _sync_file_range is not None and self._written - self._flushed >= WRITEBACK_EVERY:
             self._f.flush()
             # Best effort: an error here (EINVAL on some filesystems) is
@@ -93,7 +134,49 @@ class _DurableFile:
             _sync_file_range(self._f.fileno(), self._flushed, self._written - self._flushed,
                              _SYNC_FILE_RANGE_WRITE)
             self._flushed = self._written
-        return n
+
+    def _start_direct_stream(self) -> bool:
+        """Switch to direct writes at offset ``DIRECT_AFTER``; False where
+        the filesystem has no direct I/O (writes stay buffered)."""
+        self._buffered_only = True  # decided once, whatever the outcome
+        if self._written != DIRECT_AFTER or self._open_direct_fd() is None:
+            return False
+        self._buffer = memoryview(mmap.mmap(-1, DIRECT_BUFFER))
+        return True
+
+    def _flush_direct(self) -> None:
+        """Write the full buffer at the end of the file with O_DIRECT. A
+        refusal of the first one (EINVAL: the alignment) turns the file back
+        to buffered writes; any other error is raised."""
+        assert self._buffer is not None and self._direct is not None
+        data = self._buffer[:self._filled]
+        try:
+            self.pwrite_direct(data, self._written)
+        except OSError as e:
+            if e.errno != errno.EINVAL or self._written != DIRECT_AFTER:
+                raise
+            os.close(self._direct)
+            self._direct = None
+            self._buffer = None
+            self._f.seek(self._written)
+            self._write_buffered(data)
+            data.release()
+            self._filled = 0
+            return
+        self._written += self._filled
+        self._filled = 0
+
+    def _close_direct_stream(self) -> None:
+        """Write the tail gathered since the last full buffer through the page
+        cache (it need not be aligned), after the direct-written part."""
+        if self._buffer is None:
+            return
+        self._f.seek(self._written)
+        if self._filled:
+            self._f.write(self._buffer[:self._filled])
+            self._written += self._filled
+        self._buffer = None
+        self._filled = 0
 
     def copy_from_fd(self, src_fd: int, on_chunk: Callable[[int, int], None], *,
                      chunk: int = WRITEBACK_EVERY) -> int | None:
@@ -142,7 +225,13 @@ class _DurableFile:
             4096), or None where the OS or the filesystem has no direct I/O
             (tmpfs, for one) or the file is not empty.
         """
-        if not hasattr(os, "O_DIRECT") or self._written or self._direct is not None:
+        if self._written or self._direct is not None or self._buffer is not None:
+            return None
+        self._buffered_only = True  # this file is copied whole, not streamed
+        return self._open_direct_fd()
+
+    def _open_direct_fd(self) -> int | None:
+        if not hasattr(os, "O_DIRECT"):
             return None
         self._f.flush()
         try:
@@ -175,6 +264,8 @@ class _DurableFile:
         self._written = self._flushed = size
 
     def close(self) -> None:
+        if not self._f.closed:
+            self._close_direct_stream()
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
@@ -184,6 +275,7 @@ class _DurableFile:
             self._f.close()
 
     def discard(self) -> None:
+        self._buffer = None
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
