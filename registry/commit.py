@@ -30,7 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from registry.errors import CommitConflictError, ObjectExistsError
+from registry.errors import (
+    CommitConflictError,
+    ObjectExistsError,
+    RegistryError,
+    StorageError,
+)
 from registry.hashing import HashingWriter
 from registry.manifest import (
     MANIFEST,
@@ -41,6 +46,7 @@ from registry.manifest import (
     utc_now,
 )
 from registry.store import Store, join
+from registry.store.translate import translate, translated
 
 CLAIM_SUFFIX = ".claim"
 TMP_MARK = ".tmp"
@@ -126,9 +132,15 @@ class DirectoryWriter:
         check_path(relpath, source=self.store.url_of(self.prefix))
         if relpath in self.entries:
             raise ValueError(f"{relpath}: written twice")
-        with self.store.open_write(join(self.staging, relpath)) as raw:
-            w = HashingWriter(raw)
-            yield w
+        key = join(self.staging, relpath)
+        try:
+            with self.store.open_write(key) as raw:
+                w = HashingWriter(raw)
+                yield w
+        except RegistryError:
+            raise
+        except OSError as e:  # disk full, I/O error: one clear error naming the file
+            raise translate(e, self.store.url_of(key)) from e
         self.entries[relpath] = FileEntry(relpath, w.size, w.sha256)
 
     def write_bytes(self, relpath: str, data: bytes) -> FileEntry:
@@ -145,7 +157,9 @@ class DirectoryWriter:
     def put_file(self, relpath: str, local_path: str | os.PathLike[str]) -> FileEntry:
         """Copy a local file in, streaming, hashing each chunk as it passes
         (see :meth:`HashingWriter.copy_from`)."""
-        with open(local_path, "rb", buffering=0) as src, self.open(relpath) as w:
+        with translated(os.fspath(local_path)):
+            src = open(local_path, "rb", buffering=0)  # noqa: SIM115 - closed below
+        with src, self.open(relpath) as w:
             w.copy_from(src)
         return self.entries[relpath]
 
@@ -165,6 +179,7 @@ class DirectoryWriter:
         data = manifest.to_bytes()
         store = self.store
         try:
+            self._check_staged()
             if store.atomic_rename:
                 store.write_bytes(join(self.staging, MANIFEST), data)
                 store.fsync_dir(self.staging)
@@ -184,6 +199,26 @@ class DirectoryWriter:
             raise
         self.manifest = manifest
         return manifest
+
+    def _check_staged(self) -> None:
+        """The staged files must be exactly those written, with their sizes:
+        a directory another process emptied meanwhile (``registry gc`` with
+        a short ``--older-than``, say) fails the commit instead of being
+        committed with files missing. One listing; no file is read."""
+        where = self.staging if self.store.atomic_rename else self.prefix
+        staged = self.store.walk_files(where)
+        expected = {e.path: e.size for e in self.entries.values()}
+        if staged == expected:
+            return
+        missing = sorted(set(expected) - set(staged))
+        extra = sorted(set(staged) - set(expected))
+        resized = sorted(p for p in set(staged) & set(expected) if staged[p] != expected[p])
+        detail = "; ".join(f"{what}: {', '.join(paths[:3])}" for what, paths in
+                           (("missing", missing), ("unexpected", extra), ("resized", resized))
+                           if paths)
+        raise StorageError(f"{self.store.url_of(where)}: the staged files changed while "
+                           f"committing ({detail}), removed by another process such as "
+                           f"`registry gc`? Nothing was committed.", key=where)
 
     def abort(self) -> None:
         """Remove what this writer staged; never touches a committed directory."""

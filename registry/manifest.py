@@ -11,13 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
 from registry import schemas
-from registry.errors import DocumentError, ManifestError, UnsafePathError
+from registry.errors import (
+    DocumentError,
+    ManifestError,
+    ObjectNotFoundError,
+    StorageError,
+    UnsafePathError,
+    UsageError,
+)
 
 MANIFEST = "MANIFEST.json"
 FORMAT = "tinyllm-manifest"
@@ -216,15 +224,34 @@ def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
 
 def list_local_files(root: str | os.PathLike[str]) -> list[str]:
     """Every regular file under ``root`` as sorted relative POSIX paths,
-    excluding ``MANIFEST.json`` at the top. Symlinks are followed."""
+    excluding ``MANIFEST.json`` at the top. Symlinks are followed.
+
+    Raises:
+        ObjectNotFoundError: a symlink points nowhere.
+        UsageError: an entry is not a regular file once symlinks are followed
+            (a FIFO, a socket, a device): it could block a reader forever or
+            never end, so nothing is committed.
+    """
     out = []
     for dirpath, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()
         rel = os.path.relpath(dirpath, root)
         for name in files:
             p = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-            if p != MANIFEST:
-                out.append(p)
+            if p == MANIFEST:
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                raise ObjectNotFoundError(f"{path}: not found (a symlink to nowhere?)",
+                                          key=path) from None
+            except OSError as e:
+                raise StorageError(f"{path}: {e.strerror or e}", key=path) from None
+            if not stat.S_ISREG(mode):
+                raise UsageError(f"{path}: not a regular file (a FIFO, socket or device "
+                                 f"cannot be part of a model directory)")
+            out.append(p)
     return sorted(out)
 
 

@@ -15,7 +15,12 @@ import pytest
 
 from registry import hashing
 from registry.commit import DirectoryWriter, commit_local_directory
-from registry.errors import RegistryError
+from registry.errors import (
+    InsufficientSpaceError,
+    ObjectNotFoundError,
+    StorageError,
+    UsageError,
+)
 from registry.store import open_store
 from registry.store import local as local_mod
 from registry.store.local import _DurableFile
@@ -127,10 +132,9 @@ def test_a_direct_write_failing_midway_commits_nothing(
         real(self, view, offset)
     monkeypatch.setattr(_DurableFile, "pwrite_direct", full)
     store = open_store(str(tmp_path / "store"))
-    with pytest.raises((RegistryError, OSError)) as info:
+    with pytest.raises(InsufficientSpaceError, match=r"big\.bin: no space left on device"):
         commit_local_directory(store, src, "m/1", kind="release", model_id="m",
                                version="1", source={"uri": str(src)})
-    assert "No space left" in str(info.value)
     assert not (tmp_path / "store" / "m" / "1").exists()
     assert [p.name for p in (tmp_path / "store" / "m").iterdir()] == []
 
@@ -382,3 +386,44 @@ def test_a_checkpoint_saved_through_direct_writes_verifies(tmp_path: Path) -> No
     assert m.entry("model.safetensors").sha256 == hashlib.sha256(blob).hexdigest()
     assert (tmp_path / "store/runs/r/step-1/model.safetensors").read_bytes() == blob
     assert verify_directory(store, "runs/r/step-1", full=True).ok
+
+
+# -- what a commit refuses, before or after writing ------------------------------------
+
+def test_a_fifo_or_a_dangling_symlink_is_refused_before_anything_is_written(
+        tmp_path: Path) -> None:
+    """A FIFO would block the copy forever; a symlink to nowhere cannot be
+    read. Both are named in one clear error and nothing is staged."""
+    src, _ = _big_dir(tmp_path)
+    os.mkfifo(src / "sub" / "pipe")
+    store = open_store(str(tmp_path / "store"))
+    with pytest.raises(UsageError, match=r"pipe: not a regular file"):
+        commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                               version="1", source={"uri": str(src)})
+    os.unlink(src / "sub" / "pipe")
+    os.symlink(tmp_path / "nowhere", src / "dangling")
+    with pytest.raises(ObjectNotFoundError, match=r"dangling: not found"):
+        commit_local_directory(store, src, "m/1", kind="release", model_id="m",
+                               version="1", source={"uri": str(src)})
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.bin"))
+
+
+def test_a_staging_directory_emptied_by_another_process_is_not_committed(
+        durable_store_url: str) -> None:
+    """``registry gc --older-than 0s`` running beside a commit removes its
+    staged files; the commit must fail, not commit a directory with a file
+    missing (found by a break-test)."""
+    from registry.store.base import join
+    from registry.verify import is_committed
+    store = open_store(durable_store_url)
+    w = DirectoryWriter(store, "m/1", kind="release",
+                        meta={"model_id": "m", "version": "1", "source": {"uri": "x"}})
+    with w:
+        w.write_bytes("model.safetensors", b"w" * 1000)
+        w.write_bytes("config.json", b"{}")
+        staged = w.staging if store.atomic_rename else w.prefix
+        store.delete(join(staged, "model.safetensors"))  # what gc would do
+        with pytest.raises(StorageError, match=r"missing: model\.safetensors"):
+            w.commit()
+    assert not is_committed(store, "m/1")
+    assert store.walk_files("m") == {}

@@ -27,7 +27,7 @@ from registry.commit import DirectoryWriter
 from registry.errors import DocumentError, RegistryError, VersionExistsError
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
 from registry.ledger import revoked_reasons
-from registry.manifest import MANIFEST, Manifest, utc_now
+from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
@@ -206,6 +206,9 @@ class ModelRelease:
         url = os.fspath(model_dir)
         check_step_source(url)  # inside a checkpoint step: only from a committed one
         src_store = open_store(url)
+        local_root = src_store.local_path("")
+        if local_root is not None:
+            list_local_files(local_root)  # refuses FIFOs, sockets, dangling symlinks
         names = set(src_store.walk_files(""))
         if not names:
             raise DocumentError(url, "not a model directory (no files)")

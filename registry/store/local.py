@@ -375,7 +375,8 @@ class LocalStore(Store):
             rel = os.path.relpath(dirpath, base)
             for name in files:
                 relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
+                with translated(relpath):
+                    out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
         return dict(sorted(out.items()))
 
     def delete(self, key: str) -> None:
