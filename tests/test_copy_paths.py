@@ -61,6 +61,18 @@ def _no_direct(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_DurableFile, "open_direct", lambda self: None)
 
 
+def _spy_direct_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record ``(offset, length)`` of every direct write, which still happens."""
+    writes: list[tuple[int, int]] = []
+    real = _DurableFile.pwrite_direct
+
+    def spy(self: _DurableFile, view: memoryview, offset: int) -> None:
+        writes.append((offset, len(view)))
+        real(self, view, offset)
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", spy)
+    return writes
+
+
 # -- direct I/O -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("size", [hashing.DIRECT_MIN, hashing.DIRECT_CHUNK * 3,
@@ -74,13 +86,7 @@ def test_large_files_are_written_with_direct_io(tmp_path: Path, size: int,
     files = {"big.bin": os.urandom(size), "small.json": b"{}"}
     for rel, data in files.items():
         (src / rel).write_bytes(data)
-    writes: list[tuple[int, int]] = []
-    real = _DurableFile.pwrite_direct
-
-    def spy(self: _DurableFile, view: memoryview, offset: int) -> None:
-        writes.append((offset, len(view)))
-        real(self, view, offset)
-    monkeypatch.setattr(_DurableFile, "pwrite_direct", spy)
+    writes = _spy_direct_writes(monkeypatch)
     store, m = _commit(tmp_path, src)
     _assert_stored(tmp_path, store, m, files)
     chunks = -(-size // hashing.DIRECT_CHUNK)
@@ -326,13 +332,7 @@ def test_streamed_writes_go_direct_past_the_first_buffer(
     """Writes of odd sizes: whole aligned buffers go to the disk with
     O_DIRECT at aligned offsets, the head and the tail through the page
     cache; the file holds exactly the bytes written."""
-    writes: list[tuple[int, int]] = []
-    real = _DurableFile.pwrite_direct
-
-    def spy(self: _DurableFile, view: memoryview, offset: int) -> None:
-        writes.append((offset, len(view)))
-        real(self, view, offset)
-    monkeypatch.setattr(_DurableFile, "pwrite_direct", spy)
+    writes = _spy_direct_writes(monkeypatch)
     blob = os.urandom(size)
     store = open_store(str(tmp_path / "store"))
     with store.open_write("d/w.bin") as f:
