@@ -357,8 +357,11 @@ def test_a_refused_direct_stream_goes_on_buffered(
     assert (tmp_path / "store" / "d" / "w.bin").read_bytes() == blob
 
 
+@pytest.mark.parametrize("buffers", [2, 3])
 def test_a_failing_direct_stream_leaves_no_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, buffers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second buffer's write (on the helper thread) fails: its error is
+    raised by the next write, or by the close when it was the last buffer."""
     real = _DurableFile.pwrite_direct
 
     def full(self: _DurableFile, view: memoryview, offset: int) -> None:
@@ -368,7 +371,7 @@ def test_a_failing_direct_stream_leaves_no_file(
     monkeypatch.setattr(_DurableFile, "pwrite_direct", full)
     store = open_store(str(tmp_path / "store"))
     with pytest.raises(OSError, match="No space left"), store.open_write("d/w.bin") as f:
-        f.write(os.urandom(local_mod.DIRECT_AFTER + 3 * local_mod.DIRECT_BUFFER))
+        f.write(os.urandom(local_mod.DIRECT_AFTER + buffers * local_mod.DIRECT_BUFFER))
     assert not (tmp_path / "store" / "d" / "w.bin").exists()
 
 
@@ -427,3 +430,61 @@ def test_a_staging_directory_emptied_by_another_process_is_not_committed(
             w.commit()
     assert not is_committed(store, "m/1")
     assert store.walk_files("m") == {}
+
+
+# -- the same refusals through the CLI: one line, an exit code, nothing committed -----
+
+def _publish_args(tmp_path: Path, model: Path, store_url: str) -> list[str]:
+    import json
+
+    from tests.release_util import ledger_row, summary
+    lpath, epath = tmp_path / "ledger.json", tmp_path / "summary.json"
+    lpath.write_text(json.dumps([ledger_row("wiki")]))
+    epath.write_text(json.dumps(summary(0.9, 0.5)))
+    return ["publish", str(model), "--model-id", "m", "--version", "1", "--ledger", str(lpath),
+            "--evals", str(epath), "--store", store_url]
+
+
+def test_cli_publish_refuses_a_fifo_with_one_line(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    os.mkfifo(model / "pipe")
+    r = run_cli(*_publish_args(tmp_path, model, str(tmp_path / "store")))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and "pipe: not a regular file" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "store" / "models" / "m" / "1").exists()
+
+
+def test_cli_publish_onto_a_full_disk_is_one_line_exit_6(tmp_path: Path) -> None:
+    """A real small filesystem (tmpfs of 12 MiB) fills up in the middle of a
+    direct write: `error: <file>: no space left on device`, exit 6, and the
+    space comes back."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import run_cli
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        model = tmp_path / "model"
+        model.mkdir()
+        (model / "config.json").write_text("{}")
+        import numpy as np
+        from safetensors.numpy import save_file
+        save_file({"w": np.zeros((4, 4), np.float32)}, str(model / "model.safetensors"))
+        (model / "tokenizer.bin").write_bytes(os.urandom(20 * MIB))
+        r = run_cli(*_publish_args(tmp_path, model, str(small / "store")))
+        assert r.returncode == 6, r.stderr
+        assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert "tokenizer.bin: no space left on device" in r.stderr
+        assert not (small / "store" / "models" / "m" / "1").exists()
+        assert shutil.disk_usage(small).used < MIB  # nothing staged is left
+    finally:
+        subprocess.run(["umount", str(small)], check=False)

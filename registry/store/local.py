@@ -13,6 +13,7 @@ import mmap
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
 import fsspec
@@ -71,17 +72,19 @@ WRITEBACK_EVERY = 16 * 1024 * 1024
 #: this many bytes (both multiples of every filesystem block size).
 DIRECT_AFTER = 8 * 1024 * 1024
 DIRECT_BUFFER = 8 * 1024 * 1024
+#: writes the direct buffers of streamed files, one in flight per file.
+_DIRECT_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="direct-write")
 
 
 class _DurableFile:
     """A file opened for writing that is flushed and fsynced at close.
 
     A large file is written past its first ``DIRECT_AFTER`` bytes with
-    ``O_DIRECT``: writes are gathered into one page-aligned buffer of
-    ``DIRECT_BUFFER`` bytes, and each full buffer goes straight to the disk,
-    bypassing the page cache; the tail (less than a buffer) is written through
-    the page cache at close. The fsync at close then finds no writeback to
-    wait for. Where the filesystem has no direct I/O, or refuses the first
+    ``O_DIRECT``: writes are gathered into page-aligned buffers of
+    ``DIRECT_BUFFER`` bytes, and each full buffer goes straight to the disk
+    on a helper thread while the next one fills, bypassing the page cache;
+    the tail (less than a buffer) is written through the page cache at close.
+    The fsync at close then finds no writeback to wait for. Where the filesystem has no direct I/O, or refuses the first
     direct write, writes stay buffered, and every ``WRITEBACK_EVERY`` bytes
     Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` starts (without waiting
     for) the writeback of what was just written. Neither promises durability;
@@ -95,6 +98,8 @@ class _DurableFile:
         self._flushed = 0
         self._direct: int | None = None
         self._buffer: memoryview | None = None  # gathers direct writes
+        self._spare: memoryview | None = None  # the buffer being written meanwhile
+        self._in_flight: Future[None] | None = None
         self._filled = 0
         self._buffered_only = "x" in mode  # create(): small documents
 
@@ -145,37 +150,53 @@ class _DurableFile:
         return True
 
     def _flush_direct(self) -> None:
-        """Write the full buffer at the end of the file with O_DIRECT. A
-        refusal of the first one (EINVAL: the alignment) turns the file back
-        to buffered writes; any other error is raised."""
+        """Hand the full buffer to the disk with O_DIRECT at the end of the
+        file. The first one is written here: a refusal (EINVAL: the
+        alignment) turns the file back to buffered writes. Later ones are
+        written on a helper thread while the next buffer fills (two buffers
+        in rotation, one write in flight per file); an error is raised by
+        the next flush or by close."""
         assert self._buffer is not None and self._direct is not None
         data = self._buffer[:self._filled]
-        try:
-            self.pwrite_direct(data, self._written)
-        except OSError as e:
-            if e.errno != errno.EINVAL or self._written != DIRECT_AFTER:
-                raise
-            os.close(self._direct)
-            self._direct = None
-            self._buffer = None
-            self._f.seek(self._written)
-            self._write_buffered(data)
-            data.release()
-            self._filled = 0
-            return
+        if self._written == DIRECT_AFTER:
+            try:
+                self.pwrite_direct(data, self._written)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.close(self._direct)
+                self._direct = None
+                self._buffer = None
+                self._f.seek(self._written)
+                self._write_buffered(data)
+                data.release()
+                self._filled = 0
+                return
+        else:
+            self._wait_direct()
+            self._in_flight = _DIRECT_WRITERS.submit(self.pwrite_direct, data, self._written)
+            spare = self._spare or memoryview(mmap.mmap(-1, DIRECT_BUFFER))
+            self._spare, self._buffer = self._buffer, spare
         self._written += self._filled
         self._filled = 0
+
+    def _wait_direct(self) -> None:
+        """Wait for the direct write in flight; raises its error."""
+        fut, self._in_flight = self._in_flight, None
+        if fut is not None:
+            fut.result()
 
     def _close_direct_stream(self) -> None:
         """Write the tail gathered since the last full buffer through the page
         cache (it need not be aligned), after the direct-written part."""
         if self._buffer is None:
             return
+        self._wait_direct()
         self._f.seek(self._written)
         if self._filled:
             self._f.write(self._buffer[:self._filled])
             self._written += self._filled
-        self._buffer = None
+        self._buffer = self._spare = None
         self._filled = 0
 
     def copy_from_fd(self, src_fd: int, on_chunk: Callable[[int, int], None], *,
@@ -275,19 +296,33 @@ class _DurableFile:
             self._f.close()
 
     def discard(self) -> None:
-        self._buffer = None
+        try:
+            self._wait_direct()
+        except OSError:
+            pass  # the file is being thrown away
+        self._buffer = self._spare = None
         if self._direct is not None:
             os.close(self._direct)
             self._direct = None
-        self._f.close()
-        os.unlink(self.name)
+        try:
+            self._f.close()  # may flush buffered bytes, and fail as the writes did
+        except OSError:
+            pass
+        try:
+            os.unlink(self.name)
+        except FileNotFoundError:
+            pass
 
     def __enter__(self) -> _DurableFile:
         return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self.discard()  # a write that failed at the end leaves no file
+                raise
         else:
             self.discard()
 
