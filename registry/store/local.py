@@ -84,11 +84,13 @@ class _DurableFile:
     ``DIRECT_BUFFER`` bytes, and each full buffer goes straight to the disk
     on a helper thread while the next one fills, bypassing the page cache;
     the tail (less than a buffer) is written through the page cache at close.
-    The fsync at close then finds no writeback to wait for. Where the filesystem has no direct I/O, or refuses the first
-    direct write, writes stay buffered, and every ``WRITEBACK_EVERY`` bytes
-    Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` starts (without waiting
-    for) the writeback of what was just written. Neither promises durability;
-    the fsync at close does.
+    The fsync at close then finds no writeback to wait for. Where the
+    filesystem has no direct I/O, or refuses the first direct write, writes
+    stay buffered, and every ``WRITEBACK_EVERY`` bytes Linux
+    ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` starts (without waiting for)
+    the writeback of what was just written. Neither promises durability; the
+    fsync at close does. Memory: two buffers of ``DIRECT_BUFFER`` bytes per
+    large file being written.
     """
 
     def __init__(self, path: str, mode: str) -> None:
