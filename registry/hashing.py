@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
 from registry.manifest import HASH_CHUNK
+from registry.pools import HelperPool
 
 #: :meth:`HashingWriter.copy_from`: bytes per read, and buffers in rotation
 #: (one being read, one being hashed, one being written).
@@ -40,7 +41,7 @@ DIRECT_DEPTH = 4
 
 #: writes larger than this overlap hashing and writing (see HashingWriter.write).
 PIPELINE_CHUNK = 8 * 1024 * 1024
-_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hash-write")
+_WRITERS = HelperPool(4, "hash-write")
 
 
 class HashingWriter:

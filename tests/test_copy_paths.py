@@ -488,3 +488,84 @@ def test_cli_publish_onto_a_full_disk_is_one_line_exit_6(tmp_path: Path) -> None
         assert shutil.disk_usage(small).used < MIB  # nothing staged is left
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+# -- helper threads after fork and at interpreter exit; close that fails ---------------
+
+def _write_big(store_root: str, key: str, size: int = 40 * MIB) -> None:
+    store = open_store(store_root)
+    with store.open_write(key) as f:
+        for _ in range(size // MIB):
+            f.write(b"\x5a" * MIB)
+
+
+def test_a_forked_child_writes_large_files_after_the_parent_did(tmp_path: Path) -> None:
+    """The helper threads of the parent do not exist in a forked child: the
+    child's pools must start anew instead of waiting on them forever (found
+    by a break-test: the child hung at exactly 16 MiB)."""
+    import multiprocessing
+    root = str(tmp_path / "store")
+    _write_big(root, "parent.bin")
+    child = multiprocessing.get_context("fork").Process(target=_write_big,
+                                                        args=(root, "child.bin"))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    assert (tmp_path / "store" / "child.bin").read_bytes() == b"\x5a" * (40 * MIB)
+
+
+def test_an_async_checkpoint_still_saving_at_exit_is_committed(tmp_path: Path) -> None:
+    """A script that ends without close() while an async save is in flight:
+    the save is finished during interpreter shutdown, when no new helper
+    thread may start (found by a break-test: it was silently lost)."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from registry.checkpoint import CheckpointManager
+        from tests.ckpt_util import adamw, trainer_state
+        params = {{f"w{{i}}": np.full((1024, 1024), i, np.float32) for i in range(10)}}
+        m = CheckpointManager({str(tmp_path / "store")!r}, "r1", keep_ckpts=0, async_save=True)
+        m.save(7, params, adamw(params), optimizer="adamw", config={{"d": 1}},
+               trainer_state=trainer_state(7))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    store = open_store(str(tmp_path / "store"))
+    assert verify_directory(store, "runs/r1/ckpt/step-000007", full=True).ok
+
+
+def test_a_close_that_fails_removes_the_file_and_a_second_close_does_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _DurableFile.pwrite_direct
+
+    def failing(self: _DurableFile, view: memoryview, offset: int) -> None:
+        if offset >= local_mod.DIRECT_AFTER + 2 * local_mod.DIRECT_BUFFER:  # the last one
+            raise OSError(errno.EIO, "Input/output error")
+        real(self, view, offset)
+    monkeypatch.setattr(_DurableFile, "pwrite_direct", failing)
+    store = open_store(str(tmp_path / "store"))
+    f = store.open_write("d/x.bin")
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(32):
+        f.write(b"\1" * MIB)
+    f.write(b"\2" * 100)
+    with pytest.raises(OSError, match="Input/output error"):
+        f.close()
+    assert not (tmp_path / "store" / "d" / "x.bin").exists()
+    assert len(os.listdir("/proc/self/fd")) <= fds  # both descriptors closed
+    f.close()  # nothing left to do, and no file appears
+    assert not (tmp_path / "store" / "d" / "x.bin").exists()
+
+
+def test_an_empty_multidimensional_view_writes_nothing(tmp_path: Path) -> None:
+    import numpy as np
+    store = open_store(str(tmp_path / "store"))
+    with store.open_write("d/e.bin") as f:
+        assert f.write(memoryview(np.zeros((0, 5), np.float32))) == 0
+    assert (tmp_path / "store" / "d" / "e.bin").read_bytes() == b""

@@ -36,6 +36,7 @@ from registry.commit import DirectoryWriter
 from registry.errors import CheckpointError
 from registry.manifest import Manifest, utc_now
 from registry.names import check_name
+from registry.pools import HelperPool
 from registry.safetensors_io import check_optimizer_state, read_safetensors, write_safetensors
 from registry.store import Store, join, open_store
 
@@ -93,7 +94,7 @@ def load_safetensors(store: Store, prefix: str, manifest: Manifest,
                                 file_size=entry.size)
 
 #: writes the model file beside the optimizer file (see ``_write``).
-_FILE_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-file")
+_FILE_WRITERS = HelperPool(4, "ckpt-file")
 
 
 class CheckpointManager:

@@ -13,7 +13,7 @@ import mmap
 import os
 import shutil
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import IO
 
 import fsspec
@@ -24,6 +24,7 @@ from registry.errors import (
     ObjectNotFoundError,
     PointerConflictError,
 )
+from registry.pools import HelperPool
 from registry.store.base import ObjectInfo, Store, content_token
 from registry.store.translate import translated
 
@@ -73,7 +74,7 @@ WRITEBACK_EVERY = 16 * 1024 * 1024
 DIRECT_AFTER = 8 * 1024 * 1024
 DIRECT_BUFFER = 8 * 1024 * 1024
 #: writes the direct buffers of streamed files, one in flight per file.
-_DIRECT_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="direct-write")
+_DIRECT_WRITERS = HelperPool(4, "direct-write")
 
 
 class _DurableFile:
@@ -106,7 +107,10 @@ class _DurableFile:
         self._buffered_only = "x" in mode  # create(): small documents
 
     def write(self, data: bytes | memoryview) -> int:
-        view = memoryview(data).cast("B")
+        view = memoryview(data)
+        if not view.nbytes:
+            return 0
+        view = view.cast("B")
         n = len(view)
         if self._buffer is None:
             head = n if self._buffered_only else min(n, max(0, DIRECT_AFTER - self._written))
@@ -213,6 +217,8 @@ class _DurableFile:
             The bytes copied, or None when the kernel cannot copy between these
             files (nothing was copied; the caller copies through user space).
         """
+        if self._buffer is not None:  # a direct stream is open: append through write()
+            return None
         self._f.flush()
         out = self._f.fileno()
         base = self._written
@@ -287,21 +293,28 @@ class _DurableFile:
         self._written = self._flushed = size
 
     def close(self) -> None:
-        if not self._f.closed:
+        """Write what is left, fsync and close. If any of it fails, the file
+        is discarded (removed) before the error is raised: a file whose close
+        failed never stays behind, and a later close has nothing to do."""
+        if self._f.closed:
+            return
+        try:
             self._close_direct_stream()
-        if self._direct is not None:
-            os.close(self._direct)
-            self._direct = None
-        if not self._f.closed:
+            if self._direct is not None:
+                os.close(self._direct)
+                self._direct = None
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+        except BaseException:
+            self.discard()
+            raise
 
     def discard(self) -> None:
         try:
             self._wait_direct()
-        except OSError:
-            pass  # the file is being thrown away
+        except Exception:  # noqa: BLE001 - the file is being thrown away
+            pass
         self._buffer = self._spare = None
         if self._direct is not None:
             os.close(self._direct)
@@ -320,11 +333,7 @@ class _DurableFile:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is None:
-            try:
-                self.close()
-            except BaseException:
-                self.discard()  # a write that failed at the end leaves no file
-                raise
+            self.close()  # discards the file itself if it fails
         else:
             self.discard()
 
