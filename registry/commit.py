@@ -252,7 +252,11 @@ def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], pref
     Raises:
         CommitConflictError: ``prefix`` is already committed or claimed.
         UnsafePathError: a file name breaks the manifest path rules.
-        StorageError: reading the source or writing the store failed.
+        UsageError: an entry is a FIFO, socket or device (nothing is written).
+        ObjectNotFoundError: a symlink points nowhere (nothing is written).
+        InsufficientSpaceError: the store's disk filled up (nothing committed).
+        StorageError: reading the source or writing the store failed, or the
+            staged files changed before the commit.
     """
     files = list_local_files(local_dir)
     for rel in files:

@@ -14,6 +14,12 @@ copies a local file in by the fastest way the destination allows:
 3. otherwise (S3, memory, small files): read, hash on a helper thread, write.
 
 In every case the digest is of the bytes handed to the destination, in order.
+
+A local store file also goes direct by itself when written piece by piece
+(``_DurableFile.write``, past its first 8 MiB). The copy path keeps its own
+direct pipeline because it reads the source straight into the aligned
+buffers, one memory copy fewer: a 1 GiB commit took 0.52-0.54 s that way
+against 0.58-0.60 s through ``write``.
 """
 
 from __future__ import annotations

@@ -259,7 +259,8 @@ def build_manifest(root: str | os.PathLike[str], kind: str, **meta: Any) -> Mani
     """Hash every file under the local directory ``root`` into a new Manifest.
 
     Each file is read exactly once. Raises UnsafePathError for a file name the
-    path rules refuse (for example one containing a backslash).
+    path rules refuse (for example one containing a backslash), and what
+    :func:`list_local_files` raises for an entry that is not a regular file.
     """
     entries = []
     for rel in list_local_files(root):
