@@ -9,7 +9,7 @@ import typer
 
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
-from registry.cli.app import JsonOpt, StoreOpt, app, print_json
+from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, error_boundary
 from registry.commit import CLAIM_SUFFIX
 from registry.errors import NoValidCheckpointError, NotCommittedError, PointerError, UsageError
@@ -17,7 +17,7 @@ from registry.names import check_name
 from registry.store import Store, join, open_store
 from registry.verify import verify_directory
 
-ckpt_app = typer.Typer(help="Checkpoints of training runs (seed 000 and LoongSage trees).",
+ckpt_app = RegistryTyper(help="Checkpoints of training runs (seed 000 and LoongSage trees).",
                        no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
 

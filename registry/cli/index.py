@@ -9,14 +9,14 @@ from typing import Annotated
 
 import typer
 
-from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
+from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_USAGE, error_boundary
 from registry.errors import InvalidNameError
 from registry.ledger import revocations
 
-db_app = typer.Typer(help="The index database schema.", no_args_is_help=True)
-index_app = typer.Typer(help="The SQL index derived from the store.", no_args_is_help=True)
-ledger_app = typer.Typer(help="The live data ledger (revocations).", no_args_is_help=True)
+db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
+index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)
+ledger_app = RegistryTyper(help="The live data ledger (revocations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(index_app, name="index")
 app.add_typer(ledger_app, name="ledger")
@@ -89,10 +89,12 @@ def query(
     passing: Annotated[bool, typer.Option("--passing", help="Versions passing every gate "
                                                             "now.")] = False,
     require: Annotated[list[str] | None, typer.Option(
-        "--require", help="Extra threshold METRIC>=VALUE (repeatable).")] = None,
+        "--require", metavar="METRIC>=VALUE",
+        help="Extra threshold METRIC>=VALUE (repeatable).")] = None,
     latest: Annotated[bool, typer.Option("--latest", help="Only the newest.")] = False,
-    source: Annotated[str | None, typer.Option("--source", help="Releases trained on this "
-                                                                "data source.")] = None,
+    source: Annotated[str | None, typer.Option("--source", metavar="SOURCE_ID",
+                                               help="Releases trained on this "
+                                                    "data source.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Ask the index: MODEL_ID --passing [--require M>=V] [--latest], or --source ID."""

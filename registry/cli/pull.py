@@ -26,9 +26,10 @@ from registry.store import open_store
 @app.command()
 def pull(
     ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
-    to: Annotated[str | None, typer.Option("--to", help="Model directory to create "
-                                           "(default: inside the cache).")] = None,
-    cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE",
+    to: Annotated[str | None, typer.Option("--to", metavar="PATH",
+                                           help="Model directory to create "
+                                                "(default: inside the cache).")] = None,
+    cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE", metavar="PATH",
                                               help="Cache directory [default: "
                                                    "~/.cache/model-registry].")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 8,
@@ -38,9 +39,10 @@ def pull(
                                                         "holding other content.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     range_threshold_mib: Annotated[int, typer.Option(
-        "--range-threshold-mib", help="Files larger than this many MiB may be split into "
-                                      "parallel byte ranges (when their stream is slow "
-                                      "enough for that to pay).")] = 64,
+        "--range-threshold-mib", metavar="MIB",
+        help="Files larger than this many MiB may be split into "
+             "parallel byte ranges (when their stream is slow "
+             "enough for that to pay).")] = 64,
     no_fsync: Annotated[bool, typer.Option(
         "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
                            "the host, e.g. a pod's emptyDir): faster, but a power loss "

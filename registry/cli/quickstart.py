@@ -12,8 +12,9 @@ from registry.cli.errors import error_boundary
 
 @app.command()
 def quickstart(
-    workdir: Annotated[str, typer.Option("--workdir", help="Scratch folder for the trainer's "
-                                                           "output, cache and serving dir.")]
+    workdir: Annotated[str, typer.Option("--workdir", metavar="PATH",
+                                         help="Scratch folder for the trainer's "
+                                              "output, cache and serving dir.")]
     = "quickstart",
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:

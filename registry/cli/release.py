@@ -12,7 +12,7 @@ import typer
 
 from registry.aliases import list_aliases, parse_ref, resolve
 from registry.checkpoint import get_layout
-from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
+from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, EXIT_USAGE, error_boundary
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.gates import GateResult, passed
@@ -23,13 +23,17 @@ from registry.store import open_store
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
 VersionOpt = Annotated[str, typer.Option("--version", help="New, immutable version.")]
-LedgerOpt = Annotated[str, typer.Option("--ledger", help="ledger.json: rows of every "
-                                                         "training data source.")]
-EvalsOpt = Annotated[str, typer.Option("--evals", help="EvalSuite summary JSON file.")]
-HeadOpt = Annotated[list[str] | None, typer.Option("--head", help="Linear head JSON file "
-                                                                  "(repeatable).")]
+LedgerOpt = Annotated[str, typer.Option("--ledger", metavar="PATH",
+                                        help="ledger.json: rows of every "
+                                             "training data source.")]
+EvalsOpt = Annotated[str, typer.Option("--evals", metavar="PATH",
+                                       help="EvalSuite summary JSON file.")]
+HeadOpt = Annotated[list[str] | None, typer.Option("--head", metavar="PATH",
+                                                   help="Linear head JSON file "
+                                                        "(repeatable).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
-    "--require", help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
+    "--require", metavar="METRIC>=VALUE",
+    help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
 
 
 if TYPE_CHECKING:
@@ -79,8 +83,9 @@ def publish(
     model_dir: Annotated[str, typer.Argument(help="Model directory (folder or URL) holding "
                                                   "model.safetensors and config.json.")],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
-    card: Annotated[str | None, typer.Option("--card", help="MODEL_CARD.md to use "
-                                                            "(default: rendered).")] = None,
+    card: Annotated[str | None, typer.Option("--card", metavar="PATH",
+                                             help="MODEL_CARD.md to use "
+                                                  "(default: rendered).")] = None,
     head: HeadOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
                                                               "int4 (default: as is).")] = None,
@@ -97,7 +102,7 @@ def publish(
     _report(result, as_json)
 
 
-release_app = typer.Typer(help="Releases from checkpoints.", no_args_is_help=True)
+release_app = RegistryTyper(help="Releases from checkpoints.", no_args_is_help=True)
 app.add_typer(release_app, name="release")
 
 
@@ -109,14 +114,16 @@ def release_create(
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     head: HeadOpt = None,
     card_field: Annotated[list[str] | None, typer.Option(
-        "--card-field", help="KEY=VALUE for the model card (description, intended_use, "
-                             "limitations).")] = None,
+        "--card-field", metavar="KEY=VALUE",
+        help="KEY=VALUE for the model card (description, intended_use, "
+             "limitations).")] = None,
     run: Annotated[str | None, typer.Option(
         "--run", help="Run id of the checkpoint (required for tinyllm; for loongsage, "
                       "default: the last part of --checkpoint-path).")] = None,
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
-        "--checkpoint-path", help="LoongSage checkpoint_path, relative to the store.")] = None,
+        "--checkpoint-path", metavar="PATH",
+        help="LoongSage checkpoint_path, relative to the store.")] = None,
     require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -145,7 +152,7 @@ def release_create(
     _report(result, as_json)
 
 
-gate_app = typer.Typer(help="Release gates.", no_args_is_help=True)
+gate_app = RegistryTyper(help="Release gates.", no_args_is_help=True)
 app.add_typer(gate_app, name="gate")
 
 
@@ -172,7 +179,7 @@ def gate_check(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODE
         raise typer.Exit(EXIT_FAILED)
 
 
-alias_app = typer.Typer(help="Mutable aliases (refs/<alias>) of releases.",
+alias_app = RegistryTyper(help="Mutable aliases (refs/<alias>) of releases.",
                         no_args_is_help=True)
 app.add_typer(alias_app, name="alias")
 
@@ -208,7 +215,7 @@ def alias_ls(model_id: Annotated[str, typer.Argument(help="Model id.")],
             typer.echo(f"{alias}\t{version}")
 
 
-policy_app = typer.Typer(help="Per-model gate thresholds.", no_args_is_help=True)
+policy_app = RegistryTyper(help="Per-model gate thresholds.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
 
 
@@ -234,12 +241,14 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
 
 
 @app.command()
-def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftovers older "
-                                               "than this (90s, 15m, 2h, 7d).")] = "1h",
+def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION",
+                                               help="Only leftovers older "
+                                                    "than this (90s, 15m, 2h, 7d).")] = "1h",
        dry_run: Annotated[bool, typer.Option("--dry-run", help="List, delete nothing.")] = False,
        checkpoint_path: Annotated[list[str] | None, typer.Option(
-           "--checkpoint-path", help="Also scan this LoongSage checkpoint tree (relative to "
-                                     "the store; repeatable).")] = None,
+           "--checkpoint-path", metavar="PATH",
+           help="Also scan this LoongSage checkpoint tree (relative to "
+                "the store; repeatable).")] = None,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
     with error_boundary():
