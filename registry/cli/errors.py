@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -52,6 +53,7 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.InsufficientSpaceError: 6,
     E.CheckpointError: 7,
     E.GateFailedError: 1,
+    E.UnknownModelError: 3,
     E.IndexDatabaseError: 8,
     E.IndexOutOfDateError: 9,
 }
@@ -70,7 +72,7 @@ def debug_enabled() -> bool:
 
 
 def _path_of(exc: BaseException) -> str | None:
-    for attr in ("path", "key", "filename", "name"):
+    for attr in ("path", "key", "where", "filename", "name"):
         value = getattr(exc, attr, None)
         if value:
             return str(value)
@@ -113,6 +115,33 @@ def _is_database_error(exc: BaseException) -> bool:
     """A SQLAlchemy or DB-API driver error (sqlite3, psycopg), without importing them."""
     return any(c.__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "psycopg")
                for c in type(exc).__mro__)
+
+
+@contextmanager
+def index_writes() -> Iterator[None]:
+    """Silence the API's IndexWriteWarning (a raw warning with file:line):
+    :func:`report_not_indexed` says it in one line instead."""
+    from registry.api import IndexWriteWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IndexWriteWarning)
+        yield
+
+
+def report_not_indexed(index_errors: list[str], *, store: str | None, db: str | None,
+                       as_json: bool) -> None:
+    """The contract of a write whose index update failed: the store is the
+    truth, so the store write stands and its output was printed; then one line
+    says what was not indexed and the command that repairs it, and the exit
+    code is :data:`EXIT_NOT_INDEXED` (10)."""
+    if not index_errors:
+        return
+    fix = " ".join(["registry index rebuild", *(["--store", store] if store else []),
+                    *(["--db", db] if db else [])])
+    message = index_errors[0].replace("`registry index rebuild`", f"`{fix}`")
+    if len(index_errors) > 1:
+        message += f" (and {len(index_errors) - 1} more index writes failed)"
+    fail(message, EXIT_NOT_INDEXED, as_json=as_json, cls="IndexNotUpdated")
 
 
 @contextmanager

@@ -15,11 +15,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from registry.aliases import parse_ref
+from registry.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
-from registry.errors import InvalidNameError, UsageError
+from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
+from registry.release.failing import describe, failing_gates
 from registry.store import open_store
 
 
@@ -32,7 +33,7 @@ def pull(
     cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE", metavar="PATH",
                                               help="Cache directory [default: "
                                                    "~/.cache/model-registry].")] = None,
-    workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 8,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel downloads.")] = 8,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every file "
                                                           "materialized.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a target directory "
@@ -47,11 +48,18 @@ def pull(
         "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
                            "the host, e.g. a pod's emptyDir): faster, but a power loss "
                            "can leave damaged files.")] = False,
+    require_passing: Annotated[bool, typer.Option(
+        "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
+                                  "its gates now (revoked source, policy).")] = False,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Download, verify and place a release where the engine reads it (needs no index)."""
+    """Download, verify and place a release where the engine reads it (needs no index).
+
+    A release that fails its gates now (a data source revoked since, a policy
+    threshold it misses) is pulled with a warning naming the failing gate, or
+    refused with --require-passing."""
     show_bar = not quiet and not as_json and sys.stderr.isatty()
-    with error_boundary():
+    with error_boundary(as_json):
         model_id, name = parse_ref(ref)
         if name is None:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
@@ -60,19 +68,28 @@ def pull(
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")
         s = open_store(store)
+        version = resolve(s, model_id, name)
+        failed = failing_gates(s, model_id, version)
+        if failed and require_passing:
+            raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing)",
+                                  failed)
         with Progress("[progress.description]{task.description}", BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                       console=Console(stderr=True), disable=not show_bar,
                       transient=True) as bar:
             task = bar.add_task(f"pull {ref}", total=None)
-            result = do_pull(s, model_id, name, to=to, cache=cache, workers=workers,
+            result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
                              range_threshold=range_threshold_mib * 1024 * 1024,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "passing": not failed,
+                    "failing_gates": [r.to_dict() for r in failed]})
         return
+    if failed:
+        typer.echo(f"warning: {model_id}@{result.version} fails its gates now "
+                   f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
     mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
     if not quiet:
         typer.echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "

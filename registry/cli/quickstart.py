@@ -21,7 +21,7 @@ def quickstart(
     """Run the whole workflow on STORE and DB, printing each step (a few minutes at most)."""
     from registry import quickstart as qs
 
-    with error_boundary():
+    with error_boundary(as_json):
         summary = qs.run(store, db, workdir, say=(lambda _msg: None) if as_json else typer.echo)
     if as_json:
         print_json(summary)
