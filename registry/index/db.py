@@ -149,7 +149,7 @@ class Index:
 
     def move_aside(self) -> str:
         """Rename a damaged SQLite file (and its -wal/-shm) to
-        ``<file>.damaged-<UTC time>``; returns the new name. The store is the
+        ``<file>.damaged-<UTC time>``; returns its absolute path. The store is the
         truth, so nothing is lost: the caller rebuilds the index from it.
 
         Raises:
@@ -163,7 +163,7 @@ class Index:
         for suffix in ("-wal", "-shm", ""):
             if os.path.exists(path + suffix):
                 os.replace(path + suffix, aside + suffix)
-        return aside
+        return os.path.abspath(aside)
 
     def _schema_lock(self) -> Any:
         lock = self._lock_path()
