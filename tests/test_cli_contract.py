@@ -453,3 +453,45 @@ def test_pull_into_an_immutable_directory_is_one_line_exit_6(tmp_path: Path) -> 
         assert code == 6 and "Traceback" not in err, err
         assert err.count("\n") == 1 and str(locked) in err and "Operation not permitted" in err
     assert list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("link", ["up/model", "self", "deep/er/root"])
+def test_symlink_loop_is_named_once(tmp_path: Path, link: str) -> None:
+    """A symlinked folder leading back to the model directory (or one holding it)
+    is refused in one short line naming the link, not ``up/model/up/model/...``."""
+    from registry.manifest import list_local_files
+
+    _world(tmp_path)
+    model = tmp_path / "looped"
+    shutil.copytree(tmp_path / "hf", model)
+    (model / link).parent.mkdir(parents=True, exist_ok=True)
+    target = {"up/model": "..", "self": ".", "deep/er/root": str(tmp_path)}[link]
+    os.symlink(target, model / link)
+    from registry.errors import UsageError
+    with pytest.raises(UsageError, match="symlink loop") as e:
+        list_local_files(model)
+    assert str(e.value).count(f"{link}:") == 1 and f"{link}/" not in str(e.value)
+    ((code, out, err),) = _run(tmp_path, [["publish", str(model), "--model-id", "loop",
+                                           "--version", "1", "--ledger",
+                                           str(tmp_path / "ledger.json"), "--evals",
+                                           str(tmp_path / "summary.json")]])
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err == f"error: {model / link}: a symlink loop: it points back to " \
+                  f"{os.path.realpath(model / link)}, which holds it; a model directory " \
+                  "cannot contain itself\n"
+    assert not (tmp_path / "artifacts/models/loop").exists()
+
+
+def test_second_quickstart_is_refused_up_front(tmp_path: Path) -> None:
+    """An earlier quickstart's run or models in the store, or files in the workdir:
+    refused before anything runs (exit 4, one line naming them and the fix)."""
+    (tmp_path / "artifacts/models/tiny-lm/1.0").mkdir(parents=True)
+    (tmp_path / "artifacts/models/tiny-lm/1.0/MANIFEST.json").write_text("{}")
+    (tmp_path / "quickstart").mkdir()
+    (tmp_path / "quickstart/progress.jsonl").write_text('{"step": 300}\n')
+    ((code, out, err),) = _run(tmp_path, [["quickstart"]])
+    assert code == 4 and out == "", (out, err)
+    assert err.startswith("error: ./artifacts/models/tiny-lm, ") and err.count("\n") == 1
+    assert str(tmp_path / "quickstart") in err and "--workdir" in err
+    assert not (tmp_path / "artifacts/runs").exists()  # no trainer ran
+    assert (tmp_path / "quickstart/progress.jsonl").read_text() == '{"step": 300}\n'
