@@ -108,3 +108,14 @@ def test_real_help_matches_the_readme_and_shows_the_fields_metavars(path: list[s
                 assert re.search(re.escape(opt) + r"\s+[A-Z][a-z]", out), (name, out)
         else:  # an argument: its name, in the usage line and the arguments panel
             assert re.search(r"\b" + re.escape(name) + r"\b", out.split("Usage:", 1)[1]), name
+
+
+def test_readme_error_table_lists_every_exit_code_the_cli_uses() -> None:
+    from registry.cli.errors import EXIT_NOT_INDEXED, EXIT_USAGE
+
+    text = README.read_text()
+    section = text.split("## Errors and exit codes", 1)[1].split("\n## ", 1)[0]
+    listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
+    used = set(EXIT_CODES.values()) | {0, EXIT_USAGE, EXIT_NOT_INDEXED, 130}
+    assert listed == used
+    assert "schemas/cli-error.schema.json" in section
