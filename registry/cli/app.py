@@ -17,6 +17,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from registry.store import Store
+
 
 def _fix_metavar(param: Any) -> None:
     """Give ``param`` an explicit metavar unless it has one: arguments their
@@ -112,6 +114,19 @@ DbOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of "
                                                       "text (errors: one on stderr).")]
+
+
+def nothing_stored(store: Store, key: str) -> bool:
+    """True when nothing is stored at ``key``: an unknown run, tree, directory or
+    model. On local disk a missing folder answers at once (and a store folder
+    that is itself missing is left to the store's own error, unless ``key`` is
+    the store itself: a directory given as an argument); elsewhere an empty
+    listing does."""
+    path, root = store.local_path(key), store.local_path("")
+    if path is not None and root is not None:
+        if not os.path.isdir(path) and (key == "" or os.path.isdir(root)):
+            return True
+    return not store.list_dir(key)
 
 
 def print_json(doc: Any) -> None:

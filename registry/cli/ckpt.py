@@ -9,7 +9,7 @@ import typer
 
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
-from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, print_json
+from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, error_boundary, fail
 from registry.commit import CLAIM_SUFFIX
 from registry.errors import (
@@ -74,7 +74,7 @@ def open_tree(run: str, store_url: str | None, layout: str) -> CheckpointTree:
 def _require_tree(tree: CheckpointTree, run: str) -> None:
     """Raise ObjectNotFoundError when nothing is stored where RUN points (a typo
     in a run id or path must not read as "a run without checkpoints")."""
-    if not tree.store.list_dir(tree.root):
+    if nothing_stored(tree.store, tree.root):
         what = "run" if tree.layout is TINYLLM else "checkpoint tree"
         raise ObjectNotFoundError(f"{tree.store.url_of(tree.root)}: no such {what} {run!r} "
                                   "(nothing stored there)", key=tree.root)
@@ -150,7 +150,8 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 
 @ckpt_app.command("verify")
 def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
-                step: Annotated[int | None, typer.Option("--step", min=0, help="Only this step.")] = None,
+                step: Annotated[int | None, typer.Option("--step", min=0,
+                                                         help="Only this step.")] = None,
                 as_json: JsonOpt = False) -> None:
     """Verify every step (or --step N) fully, sha256 included. Exits 1 on any failure.
 

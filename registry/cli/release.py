@@ -12,7 +12,15 @@ import typer
 
 from registry.aliases import list_aliases, parse_ref, resolve
 from registry.checkpoint import get_layout
-from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
+from registry.cli.app import (
+    DbOpt,
+    JsonOpt,
+    RegistryTyper,
+    StoreOpt,
+    app,
+    nothing_stored,
+    print_json,
+)
 from registry.cli.errors import (
     EXIT_FAILED,
     error_boundary,
@@ -59,7 +67,7 @@ def _require_model(store: Store, model_id: str) -> None:
     """Raise ObjectNotFoundError unless the store holds something of ``model_id``
     (so a typo is exit 3, not an empty answer)."""
     key = join("models", check_name(model_id, "model_id"))
-    if not store.list_dir(key):
+    if nothing_stored(store, key):
         raise ObjectNotFoundError(f"{store.url_of(key)}: no such model in the store", key=key)
 
 
@@ -290,7 +298,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
         s = open_store(store)
         seconds = parse_duration(older_than)
         for tree in checkpoint_path or []:
-            if not s.list_dir(tree.strip("/")):
+            if nothing_stored(s, tree.strip("/")):
                 raise ObjectNotFoundError(f"{s.url_of(tree.strip('/'))}: no such checkpoint "
                                           "tree (nothing there)", key=tree.strip("/"))
         removed = collect(s, older_than=seconds, dry_run=dry_run,

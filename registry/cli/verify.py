@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from registry.cli.app import JsonOpt, app, print_json
+from registry.cli.app import JsonOpt, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, error_boundary, fail
 from registry.errors import ObjectNotFoundError
 from registry.store import open_store
@@ -26,7 +26,7 @@ def verify(
     """
     with error_boundary(as_json):
         store = open_store(directory)
-        if not store.list_dir(""):
+        if nothing_stored(store, ""):
             raise ObjectNotFoundError(f"{store.url}: no such directory (nothing stored there)",
                                       key=store.url)
         report = verify_directory(store, "", full=full)

@@ -210,10 +210,12 @@ class ModelRelease:
         check_step_source(url)  # inside a checkpoint step: only from a committed one
         src_store = open_store(url)
         local_root = src_store.local_path("")
+        if local_root is not None and not os.path.isdir(local_root):
+            raise ObjectNotFoundError(f"{url}: no such model directory", key=url)
         if local_root is not None:
             list_local_files(local_root)  # refuses FIFOs, sockets, dangling symlinks
         names = set(src_store.walk_files(""))
-        if not names and (local_root is None or not os.path.isdir(local_root)):
+        if not names and local_root is None:
             raise ObjectNotFoundError(f"{url}: no such model directory (nothing stored there)",
                                       key=url)
         if not names:
