@@ -11,7 +11,7 @@ import typer
 
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
-from registry.errors import UsageError
+from registry.errors import RegistryError, UsageError
 from registry.ledger import revocations
 from registry.release.failing import failing_aliases
 from registry.store import open_store
@@ -77,16 +77,22 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         rev, created = reg.revoke(source_id, reason)
-        failing = failing_aliases(reg.store)
+    try:  # the revocation is committed: a failing alias scan must not hide that
+        failing, unchecked = failing_aliases(reg.store), None
+    except RegistryError as e:
+        failing, unchecked = [], str(e)
     if as_json:
         print_json({**rev.to_dict(), "created": created,
-                    "failing_aliases": [a.to_dict() for a in failing]})
+                    "failing_aliases": [a.to_dict() for a in failing],
+                    "aliases_unchecked": unchecked})
     else:
         typer.echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
                    + ("" if created else " (already revoked)"))
         for a in failing:
             typer.echo(f"warning: alias {a.model_id}@{a.alias} -> {a.version} fails its "
                        f"gates now ({a.reason}); move it with `registry alias set`", err=True)
+        if unchecked is not None:
+            typer.echo(f"warning: the aliases could not be checked: {unchecked}", err=True)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
