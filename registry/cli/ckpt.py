@@ -10,7 +10,7 @@ import typer
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
 from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
-from registry.cli.errors import EXIT_FAILED, error_boundary, fail
+from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
 from registry.commit import CLAIM_SUFFIX
 from registry.errors import (
     NoValidCheckpointError,
@@ -150,7 +150,7 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 
 @ckpt_app.command("verify")
 def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
-                step: Annotated[int | None, typer.Option("--step", min=0,
+                step: Annotated[int | None, typer.Option("--step",
                                                          help="Only this step.")] = None,
                 as_json: JsonOpt = False) -> None:
     """Verify every step (or --step N) fully, sha256 included. Exits 1 on any failure.
@@ -160,6 +160,7 @@ def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
     removes it. It is listed as SKIP and fails the run only when named with
     --step or when the pointer names it."""
     with error_boundary(as_json):
+        at_least("--step", step, 0)
         tree = open_tree(run, store, layout)
         _require_tree(tree, run)
         if step is not None and step not in tree.steps():
@@ -198,7 +199,7 @@ def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 
 @ckpt_app.command("gc")
 def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
-                "--keep", min=1, help="Committed steps to keep, at least 1 (the pointer's "
+                "--keep", help="Committed steps to keep, at least 1 (the pointer's "
                                       "step is always kept too).")],
             store: StoreOpt = None, layout: LayoutOpt = "auto",
             force: Annotated[bool, typer.Option(
@@ -212,6 +213,7 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
     of ours claimed were most likely written by LoongSage itself: gc refuses to
     delete them (exit 2) unless --force."""
     with error_boundary(as_json):
+        at_least("--keep", keep, 1)
         tree = open_tree(run, store, layout)
         _require_tree(tree, run)
         if tree.layout is LOONGSAGE and not force:

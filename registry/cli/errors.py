@@ -98,6 +98,13 @@ def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
     raise typer.Exit(code)
 
 
+def at_least(option: str, value: int | None, minimum: int) -> None:
+    """Raise UsageError (exit 2, one line naming the option) when ``value`` is
+    below ``minimum``; None (not given) passes."""
+    if value is not None and value < minimum:
+        raise E.UsageError(f"{option} {value}: must be at least {minimum}")
+
+
 def _one_line(text: str, fallback: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else fallback
 

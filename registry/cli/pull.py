@@ -17,7 +17,7 @@ from rich.progress import (
 
 from registry.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
-from registry.cli.errors import error_boundary
+from registry.cli.errors import at_least, error_boundary
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
 from registry.release.failing import describe, failing_gates
@@ -33,7 +33,7 @@ def pull(
     cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE", metavar="PATH",
                                               help="Cache directory [default: "
                                                    "~/.cache/model-registry].")] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel downloads.")] = 8,
+    workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 8,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every file "
                                                           "materialized.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a target directory "
@@ -64,6 +64,7 @@ def pull(
         if name is None:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
+        at_least("--workers", workers, 1)
         if range_threshold_mib < 0:
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")

@@ -23,6 +23,7 @@ from registry.cli.app import (
 )
 from registry.cli.errors import (
     EXIT_FAILED,
+    at_least,
     error_boundary,
     fail,
     index_writes,
@@ -111,12 +112,13 @@ def publish(
     head: HeadOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
                                                               "int4 (default: as is).")] = None,
-    group_size: Annotated[int, typer.Option("--group-size", min=1, help="int4 group size.")] = 128,
+    group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
     with error_boundary(as_json), _gate_failures(as_json), index_writes():
+        at_least("--group-size", group_size, 1)
         reg = _registry(store, db)
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
@@ -132,10 +134,10 @@ app.add_typer(release_app, name="release")
 
 @release_app.command("create")
 def release_create(
-    step: Annotated[int, typer.Option("--step", min=0, help="Checkpoint step.")],
+    step: Annotated[int, typer.Option("--step", help="Checkpoint step.")],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
     dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or int4.")] = "f32",
-    group_size: Annotated[int, typer.Option("--group-size", min=1, help="int4 group size.")] = 128,
+    group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     head: HeadOpt = None,
     card_field: Annotated[list[str] | None, typer.Option(
         "--card-field", metavar="KEY=VALUE",
@@ -153,6 +155,8 @@ def release_create(
 ) -> None:
     """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
     with error_boundary(as_json), _gate_failures(as_json), index_writes():
+        at_least("--step", step, 0)
+        at_least("--group-size", group_size, 1)
         fields = {}
         for kv in card_field or []:
             key, sep, value = kv.partition("=")
