@@ -241,6 +241,7 @@ def ckpt_adopt(checkpoint_path: Annotated[str, typer.Argument(
     MANIFEST.json (conditional create). Afterwards `ckpt verify` checks it."""
     with error_boundary(as_json):
         tree = open_tree(checkpoint_path, store, "loongsage")
+        _require_tree(tree, checkpoint_path)
         result = adopt(tree.store, tree.root, run_id=run_id)
     if as_json:
         print_json(result.to_dict())
