@@ -495,3 +495,18 @@ def test_second_quickstart_is_refused_up_front(tmp_path: Path) -> None:
     assert str(tmp_path / "quickstart") in err and "--workdir" in err
     assert not (tmp_path / "artifacts/runs").exists()  # no trainer ran
     assert (tmp_path / "quickstart/progress.jsonl").read_text() == '{"step": 300}\n'
+
+
+def test_memory_stores_are_refused_by_the_cli_only() -> None:
+    """The CLI refuses memory:// (the next process could not find what it wrote);
+    the API keeps it, in the same process, after a CLI call too."""
+    from typer.testing import CliRunner
+
+    from registry.cli import app
+    from registry.store import MemoryStore, open_store
+    r = CliRunner().invoke(app, ["ledger", "ls", "--store", "memory://cli-x"])
+    assert r.exit_code == 2 and "one process" in r.output
+    s = open_store("memory://api-after-cli")
+    assert isinstance(s, MemoryStore)
+    s.write_bytes("k", b"v")
+    assert open_store("memory://api-after-cli").read_bytes("k") == b"v"
