@@ -46,7 +46,7 @@ class Layout:
     def step_dir(self, step: int) -> str:
         """Directory name of ``step`` (``step-000500`` / ``train_step_500``)."""
         if step < 0:
-            raise ValueError(f"step {step} is negative")
+            raise UsageError(f"step {step}: a step is a number >= 0")
         return self.dir_format.format(step=step)
 
     def parse_dir(self, name: str) -> int | None:

@@ -55,9 +55,9 @@ def set_policy(store: Store, model_id: str, require: Iterable[str]) -> list[Thre
     """Replace the model's thresholds; returns them parsed.
 
     Raises:
-        DocumentError: a threshold does not parse.
+        UsageError: a threshold does not parse (it is an argument, not a document).
     """
-    parsed = [_parse(r, "--require") for r in require]
+    parsed = [r if isinstance(r, Threshold) else Threshold.parse(str(r)) for r in require]
     store.write_bytes(policy_key(model_id),
                       (json.dumps({"require": [str(t) for t in parsed]}, indent=2) + "\n").encode())
     return parsed
