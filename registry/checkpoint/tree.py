@@ -30,6 +30,11 @@ class CheckpointSkippedWarning(UserWarning):
     """A step was skipped on resume because it is not committed or does not verify."""
 
 
+class RetentionSkippedWarning(UserWarning):
+    """A save skipped retention because the pointer could not be read; the save
+    itself goes on (and rewrites the pointer)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StepInfo:
     """One step directory: its step, key, and verification report."""
@@ -214,27 +219,44 @@ class CheckpointTree:
     def retain(self, keep: int, *, min_age: float = 0.0) -> list[str]:
         """Apply retention; returns the keys deleted.
 
-        Keeps the ``keep`` newest committed steps (``keep <= 0``: all) and
-        always the step the pointer names; deletes older committed steps
+        Keeps the ``keep`` newest committed steps (``keep <= 0``: all), the
+        ``keep`` newest *resumable* ones (holding optimizer state:
+        ``optimizer.safetensors`` / ``dist_ckpt/``, see
+        :meth:`Layout.resumable`), so that an export-only step never takes
+        the place of the state training resumes from, and always the step the
+        pointer names. Without a pointer, every resumable step is kept (which
+        one is vouched for is unknown). Deletes the other committed steps
         (MANIFEST.json first), stale staging directories and claims, and
-        uncommitted step directories older than the pointer's step. ``min_age``
-        (seconds) spares leftovers younger than that (``registry gc``).
+        uncommitted step directories older than the pointer's step.
+        ``min_age`` (seconds) spares leftovers younger than that.
+
+        Raises:
+            PointerError: the pointer exists but cannot be read (empty, as a
+                full disk leaves it, garbled, not UTF-8, naming something
+                outside the tree): nothing is deleted, since the step it
+                vouched for is unknown.
 
         Notes:
             Safe only where no other writer saves into this tree (a training
-            run is the sole writer of its checkpoints).
+            run is the sole writer of its checkpoints: the writer lease).
         """
         try:
             latest = self.latest()
-        except PointerError:
-            latest = None
-        committed, uncommitted = [], []
+        except PointerError as e:
+            raise PointerError(e.path, f"{e.rule}; retention deletes nothing while the "
+                                       "pointer cannot be read (repair it: registry ckpt "
+                                       "verify shows the steps that verify)") from None
+        committed, uncommitted, resumable = [], [], []
         for step in self.steps():
-            ok = verify_directory(self.store, self.prefix(step)).manifest is not None
-            (committed if ok else uncommitted).append(step)
+            manifest = verify_directory(self.store, self.prefix(step)).manifest
+            (committed if manifest is not None else uncommitted).append(step)
+            if manifest is not None and self.layout.resumable(manifest):
+                resumable.append(step)
         doomed = []
         if keep > 0:
-            doomed += [self.prefix(s) for s in committed[:-keep] if s != latest]
+            kept = set(committed[-keep:]) | set(resumable if latest is None
+                                                else resumable[-keep:])
+            doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
         if latest is not None:
             doomed += [self.prefix(s) for s in uncommitted if s < latest]
         now = time.time()
@@ -249,6 +271,15 @@ class CheckpointTree:
             else:
                 delete_directory(self.store, key)
         return doomed
+
+    def retain_or_warn(self, keep: int) -> list[str]:
+        """:meth:`retain` inside a save: a pointer that cannot be read skips
+        retention with a RetentionSkippedWarning instead of failing the save."""
+        try:
+            return self.retain(keep)
+        except PointerError as e:
+            warnings.warn(str(e), RetentionSkippedWarning, stacklevel=2)
+            return []
 
     def is_leftover(self, name: str) -> bool:
         """Whether ``name`` (an entry of the tree root) is a step's staging
