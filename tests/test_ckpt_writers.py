@@ -15,12 +15,15 @@ conditional PUT is atomic as on AWS), for both layouts: tinyllm
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -470,3 +473,211 @@ def test_save_with_a_damaged_pointer_skips_retention_and_repairs_it(
             c.finish()
         assert tree.steps() == [10, 20, 30]
     assert tree.latest() == 30
+
+
+# -- 3. a full disk at the manifest: one line naming the file, nothing committed, exit 6 ----
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real small filesystem (a 2 MiB tmpfs) to fill up."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def pages(root: Path, *, skip: tuple[str, ...] = ()) -> int:
+    """Blocks (4 KiB) the files under ``root`` take on tmpfs, but ``skip`` names."""
+    return sum(-(-p.stat().st_size // 4096) for p in root.rglob("*")
+               if p.is_file() and p.name not in skip)
+
+
+def fill_leaving(mnt: Path, free: int) -> None:
+    """Fill ``mnt`` so that exactly ``free`` blocks are left."""
+    st = os.statvfs(mnt)
+    with open(mnt / "filler", "wb") as f:
+        f.write(b"\0" * ((st.f_bavail - free) * st.f_frsize))
+    assert os.statvfs(mnt).f_bavail == free
+
+
+@contextmanager
+def full_s3_server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A second real S3 server whose drives are full for MANIFEST.json: every PUT
+    of one answers 507 XMinioStorageFull, as MinIO does past its free-drive
+    threshold. Yields the environment that points a process at it."""
+    import boto3
+
+    from tests.support.s3server import S3Server
+
+    server = S3Server(serialize=True)
+    app = server._server.app
+
+    def full(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ["REQUEST_METHOD"] == "PUT" and environ["PATH_INFO"].endswith("/" + MANIFEST):
+            environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            start_response("507 Insufficient Storage", [("Content-Type", "application/xml")])
+            return [b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>XMinioStorageFull'
+                    b"</Code><Message>Storage backend has reached its minimum free drive "
+                    b"threshold. Please delete a few objects to proceed.</Message></Error>"]
+        return app(environ, start_response)
+
+    server._server.app = full
+    server.start()
+    env = server.env()
+    try:
+        boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing",
+                     aws_secret_access_key="testing",
+                     region_name="us-east-1").create_bucket(Bucket="full")
+        yield env
+    finally:
+        server.stop()
+
+
+def publish_argv(tmp_path: Path, store_url: str) -> list[str]:
+    from safetensors.numpy import save_file
+
+    from tests.release_util import ledger_row, summary
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"hidden_size": 4}\n')
+    save_file(tensors(0, 0), str(model / "model.safetensors"))
+    (tmp_path / "ledger.json").write_text(json.dumps([ledger_row("wiki")]))
+    (tmp_path / "summary.json").write_text(json.dumps(summary(0.9, 0.5)))
+    return ["publish", str(model), "--model-id", "m", "--version", "1", "--ledger",
+            str(tmp_path / "ledger.json"), "--evals", str(tmp_path / "summary.json"),
+            "--store", store_url, "--db", f"sqlite:///{tmp_path / 'index.db'}"]
+
+
+def assert_one_line_exit_6(r: subprocess.CompletedProcess[str], names: str) -> None:
+    assert r.returncode == 6, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert names in lines[0] and "no space left" in lines[0], r.stderr
+
+
+@pytest.mark.slow
+def test_publish_onto_a_disk_full_at_the_manifest(tmp_path: Path, small_disk: Path) -> None:
+    """Every file of the release fits, MANIFEST.json does not: ENOSPC at its
+    write. One line naming MANIFEST.json, exit 6, no version and no staging
+    directory left, the space back."""
+    from tests.conftest import run_cli
+
+    probe = run_cli(*publish_argv(tmp_path, str(tmp_path / "probe")))
+    assert probe.returncode == 0, probe.stderr
+    fill_leaving(small_disk, pages(tmp_path / "probe" / "models", skip=(MANIFEST,)))
+    r = run_cli(*publish_argv(tmp_path, str(small_disk / "store")))
+    assert_one_line_exit_6(r, f"/{MANIFEST}")
+    models = small_disk / "store" / "models" / "m"
+    assert not models.exists() or list(models.iterdir()) == [], list(models.rglob("*"))
+    assert os.statvfs(small_disk).f_bavail >= pages(tmp_path / "probe" / "models",
+                                                    skip=(MANIFEST,))
+
+
+def test_publish_to_an_s3_server_full_at_the_manifest(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    with full_s3_server(tmp_path) as env:
+        r = run_cli(*publish_argv(tmp_path, "s3://full/root"), env=env)
+        assert_one_line_exit_6(r, f"models/m/1/{MANIFEST}")
+        store = open_store("s3://full/root", client_kwargs={"endpoint_url": env[
+            "AWS_ENDPOINT_URL"]}, key="testing", secret="testing")
+        assert store.walk_files("models") == {}
+
+
+SAVE_CHILD = """
+import sys
+import numpy as np
+from registry.checkpoint import CheckpointManager
+from registry.checkpoint.loongsage import LoongSageCheckpointer
+from registry.cli.errors import exit_code_for
+from registry.errors import RegistryError
+from tests.support.ckpt_race_child import adamw, tensors, trainer_state
+url, layout, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+p = tensors(0, step)
+try:
+    if layout == "tinyllm":
+        with CheckpointManager(url, "r", keep_ckpts=0, async_save=False) as m:
+            m.save(step, p, adamw(p), optimizer="adamw", config={"hidden_size": 4},
+                   trainer_state=trainer_state(step, 0))
+    else:
+        c = LoongSageCheckpointer(url, "exp", save_freq=10, total_steps=1000)
+        try:
+            c.maybe_save(step, model=p, optimizer_state=adamw(p))
+        finally:
+            c.finish()
+except RegistryError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(exit_code_for(e))
+"""
+
+
+def save_in_child(url: str, layout: Layout, step: int,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SAVE_CHILD, url, layout.name, str(step)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})},
+                          cwd=Path(__file__).resolve().parent.parent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [TINYLLM, LOONGSAGE], ids=lambda lay: lay.name)
+def test_checkpoint_save_onto_a_disk_full_at_the_manifest(
+        tmp_path: Path, small_disk: Path, layout: Layout) -> None:
+    """A process saves step 20 after step 10; its files fit, MANIFEST.json does
+    not. InsufficientSpaceError naming MANIFEST.json (exit 6), the pointer still
+    names step 10, which still resumes; no staging directory left."""
+    url = str(small_disk / "store")
+    root = small_disk / "store" / (run_root("r") if layout is TINYLLM else "exp")
+    assert save_in_child(url, layout, 10).returncode == 0
+    probe = tmp_path / "probe"
+    assert save_in_child(str(probe), layout, 20).returncode == 0
+    step20 = probe / (run_root("r") if layout is TINYLLM else "exp") / layout.step_dir(20)
+    fill_leaving(small_disk, pages(step20, skip=(MANIFEST,)))
+    r = save_in_child(url, layout, 20)
+    assert_one_line_exit_6(r, f"{layout.step_dir(20)}.tmp-")
+    assert f"/{MANIFEST}" in r.stderr
+    store = open_store(url)
+    tree = CheckpointTree(store, str(root.relative_to(small_disk / "store")), layout)
+    assert tree.latest() == 10 and tree.steps() == [10]
+    assert not [n for n, _ in store.list_dir(tree.root) if ".tmp" in n]
+    assert verify_directory(store, tree.prefix(10), full=True).ok
+
+
+@pytest.mark.parametrize("layout", [TINYLLM, LOONGSAGE], ids=lambda lay: lay.name)
+def test_checkpoint_save_to_an_s3_server_full_at_the_manifest(
+        tmp_path: Path, layout: Layout) -> None:
+    with full_s3_server(tmp_path) as env:
+        r = save_in_child("s3://full/root", layout, 10, env)
+        where = run_root("r") if layout is TINYLLM else "exp"
+        assert_one_line_exit_6(r, f"{where}/{layout.step_dir(10)}/{MANIFEST}")
+        store = open_store("s3://full/root", client_kwargs={"endpoint_url": env[
+            "AWS_ENDPOINT_URL"]}, key="testing", secret="testing")
+        tree = CheckpointTree(store, where, layout)
+        assert tree.latest() is None and tree.steps() == []
+        assert not [n for n, _ in store.list_dir(where) if n.endswith(".claim")]
+
+
+@pytest.mark.parametrize(("err", "says"), [(errno.ENOSPC, "no space left on device"),
+                                           (errno.EDQUOT, "disk quota exceeded")])
+def test_full_disk_errnos_at_a_small_write_name_the_object(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int, says: str) -> None:
+    """ENOSPC or EDQUOT raised by the fsync of a small document (delayed
+    allocation reports it there): an InsufficientSpaceError naming its URL."""
+    store = open_store(str(tmp_path / "s"))
+
+    def full(fd: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(E.InsufficientSpaceError, match=says) as e:
+        store.write_bytes("runs/r/ckpt/step-000001.tmp/MANIFEST.json", b"{}")
+    monkeypatch.undo()
+    assert str(e.value).startswith(store.url_of("runs/r/ckpt/step-000001.tmp/MANIFEST.json"))
+    assert not (tmp_path / "s" / "runs" / "r" / "ckpt" / "step-000001.tmp" / MANIFEST).exists()
