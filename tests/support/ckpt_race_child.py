@@ -6,7 +6,8 @@ One writer of a training run, as a preempted job's zombie or a launcher started
 twice would be: for each round ``r`` it waits until ``BARRIER_DIR/go-<r>``
 exists, then saves step 200 of run ``race-<r>`` (tinyllm:
 ``runs/race-<r>/ckpt``; loongsage: the tree ``lg/race-<r>``) with its own
-tensors (seeded by writer and round), closes its manager, prints one JSON line
+tensors (seeded by writer and round) through one Store opened before the
+first round, closes its manager, prints one JSON line
 ``{"round", "writer", "ok", "error", "message", "manifest_sha256"}`` and creates
 ``BARRIER_DIR/done-<r>-<writer>``. ``error`` is the class name of a registry
 error, or ``RAW <class>`` for anything else (a traceback is printed to stderr).
@@ -46,22 +47,22 @@ def trainer_state(step: int, writer: int) -> dict[str, Any]:
             "learning_rate": 0.001, "spec_sha256": "c" * 64, "git_sha": None}
 
 
-def save_tinyllm(url: str, round_: int, step: int, writer: int) -> str:
+def save_tinyllm(store: Any, round_: int, step: int, writer: int) -> str:
     from registry.checkpoint import CheckpointManager
 
     params = tensors(writer, round_)
-    with CheckpointManager(url, f"race-{round_}", keep_ckpts=2, async_save=False) as mgr:
+    with CheckpointManager(store, f"race-{round_}", keep_ckpts=0, async_save=False) as mgr:
         result = mgr.save(step, params, adamw(params), optimizer="adamw",
                           config={"hidden_size": 4}, trainer_state=trainer_state(step, writer))
         return result.result().manifest_sha256
 
 
-def save_loongsage(url: str, round_: int, step: int, writer: int) -> str:
+def save_loongsage(store: Any, round_: int, step: int, writer: int) -> str:
     from registry.checkpoint.loongsage import LoongSageCheckpointer
 
     params = tensors(writer, round_)
-    ckpt = LoongSageCheckpointer(url, f"lg/race-{round_}", save_freq=100, total_steps=1000,
-                                 async_save=True, keep=2)
+    ckpt = LoongSageCheckpointer(store, f"lg/race-{round_}", save_freq=100, total_steps=1000,
+                                 async_save=True)
     try:
         ckpt.maybe_save(step, model=params, optimizer_state=adamw(params),
                         scheduler_state={"last_step": step}, rng_state={"seed": writer},
@@ -82,7 +83,8 @@ def main() -> int:
     from registry.errors import RegistryError
     from registry.store import open_store
 
-    open_store(url).exists("warm-up")  # imports and the first connection, before the race
+    store = open_store(url)  # one connection for every round, made before the race
+    store.exists("warm-up")
     save = SAVERS[layout]
     (barrier / f"ready-{writer}").touch()
     for r in range(rounds):
@@ -95,7 +97,7 @@ def main() -> int:
         out: dict[str, Any] = {"round": r, "writer": writer, "ok": False, "error": None,
                                "message": None, "manifest_sha256": None}
         try:
-            out["manifest_sha256"] = save(url, r, STEP, writer)
+            out["manifest_sha256"] = save(store, r, STEP, writer)
             out["ok"] = True
         except RegistryError as e:
             out["error"], out["message"] = type(e).__name__, str(e)
