@@ -238,6 +238,27 @@ def test_second_manager_of_a_run_gets_the_holder_and_writes_nothing(store: Store
     assert store.read_bytes("runs/r/ckpt/LATEST") == b"step-000200\n"
 
 
+def test_a_writer_whose_lease_lapsed_and_was_taken_over_is_fenced(store: Store) -> None:
+    """The preempted job's zombie wakes up after its restart took the run over:
+    its next save fails with RunLeasedError before writing, LATEST keeps the
+    restart's step."""
+    from tests.support.ckpt_race_child import adamw, trainer_state
+    p = tensors(0, 0)
+    kw: dict[str, Any] = {"optimizer": "adamw", "config": {"hidden_size": 4}}
+    zombie = CheckpointManager(store, "r", keep_ckpts=0, async_save=False, lease_seconds=3)
+    zombie.save(100, p, adamw(p), trainer_state=trainer_state(100, 0), **kw)
+    holder = json.loads(store.read_bytes(f"runs/r/ckpt/{LEASE_NAME}"))
+    time.sleep(max(0.0, holder["expires"] - time.time()) + 0.05)
+    with CheckpointManager(store, "r", keep_ckpts=0, async_save=False) as restart:
+        restart.resume()
+        restart.save(200, p, adamw(p), trainer_state=trainer_state(200, 1), **kw)
+        with pytest.raises(RunLeasedError, match="lost the writer lease"):
+            zombie.save(300, p, adamw(p), trainer_state=trainer_state(300, 0), **kw)
+    zombie.close()
+    assert store.read_bytes("runs/r/ckpt/LATEST") == b"step-000200\n"
+    assert not store.exists("runs/r/ckpt/step-000300/MANIFEST.json")
+
+
 def test_second_loongsage_checkpointer_gets_the_holder(store: Store) -> None:
     from tests.support.ckpt_race_child import adamw
     p = tensors(0, 0)
