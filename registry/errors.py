@@ -252,6 +252,26 @@ class CheckpointError(RegistryError):
     """A checkpoint cannot be saved or resumed."""
 
 
+class RunLeasedError(CommitConflictError):
+    """Another process holds the writer lease of this checkpoint tree (a run has
+    one writer at a time), or this writer lost it to another one.
+
+    Attributes:
+        holder: the lease document of the holder (owner, host, pid,
+            started_at, expires_at).
+    """
+
+    def __init__(self, message: str, *, path: str = "", holder: dict[str, Any] | None = None,
+                 ) -> None:
+        super().__init__(message, path=path)
+        self.holder = dict(holder or {})
+
+
+class CheckpointExistsError(CommitConflictError, CheckpointError):
+    """The step is already a committed checkpoint at or before the pointer;
+    saving never overwrites it."""
+
+
 class NoValidCheckpointError(CheckpointError, FileNotFoundError):
     """No checkpoint step of the run is committed and verifies."""
 

@@ -206,11 +206,14 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
                 "--force", help="LoongSage trees: delete step dirs without a manifest (and "
                                 "without a claim) too.")] = False,
             as_json: JsonOpt = False) -> None:
-    """Delete committed steps beyond the KEEP newest, stale staging dirs, claims and
-    uncommitted steps older than the pointer (MANIFEST.json first).
+    """Delete committed steps beyond the KEEP newest (and the KEEP newest resumable
+    ones), stale staging dirs, claims and uncommitted steps older than the pointer
+    (MANIFEST.json first). Deletes nothing (exit 5) when the pointer cannot be read.
 
-    On a LoongSage tree, step directories without a manifest that no crashed save
-    of ours claimed were most likely written by LoongSage itself: gc refuses to
+    A resumable step (optimizer.safetensors, dist_ckpt/) is never deleted to keep
+    a newer export-only one; without a pointer every resumable step is kept. On a
+    LoongSage tree, step directories without a manifest that no crashed save of
+    ours claimed were most likely written by LoongSage itself: gc refuses to
     delete them (exit 2) unless --force."""
     with error_boundary(as_json):
         at_least("--keep", keep, 1)
