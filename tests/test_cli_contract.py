@@ -510,3 +510,13 @@ def test_memory_stores_are_refused_by_the_cli_only() -> None:
     assert isinstance(s, MemoryStore)
     s.write_bytes("k", b"v")
     assert open_store("memory://api-after-cli").read_bytes("k") == b"v"
+
+
+def test_index_rebuild_json_names_the_file_it_moved_aside(tmp_path: Path) -> None:
+    _world(tmp_path)
+    (tmp_path / "registry.db").write_bytes(os.urandom(4096))
+    ((code, out, err),) = _run(tmp_path, [["index", "rebuild", "--json"]])
+    assert code == 0 and err == "", err
+    doc = json.loads(out)
+    assert doc["moved_aside"].startswith(str(tmp_path / "registry.db.damaged-"))
+    assert Path(doc["moved_aside"]).is_file() and doc["releases"] == 3

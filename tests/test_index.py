@@ -520,7 +520,7 @@ def test_failing_index_write_keeps_the_store_commit(db_url: str, tmp_path: Path,
     r = run_cli("index", "rebuild", "--json", "--store", store_url, "--db", broken_url)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"models": 1, "releases": 2, "aliases": 1,
-                                    "checkpoints": 1, "revocations": 1, "moved_aside": None}
+                                    "checkpoints": 1, "revocations": 1}
     r = run_cli("query", "tiny", "--passing", "--json", "--store", store_url,
                 "--db", broken_url)
     assert r.returncode == 0, r.stderr

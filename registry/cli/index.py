@@ -62,7 +62,8 @@ def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = F
         aside = reg.repair_index()
         counts = reg.rebuild_index()
     if as_json:
-        print_json({**counts, "moved_aside": aside})
+        # the counts document keeps its shape; a repair adds the file it moved
+        print_json({**counts, **({"moved_aside": aside} if aside else {})})
         return
     if aside is not None:
         typer.echo(f"moved the damaged index aside to {aside}")
