@@ -18,7 +18,7 @@ from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.gates import GateResult, passed
 from registry.gc import collect, parse_duration
 from registry.release import ModelRelease, ReleaseResult
-from registry.release.policy import thresholds
+from registry.release.policy import signed_by, thresholds
 from registry.store import open_store
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
@@ -28,6 +28,9 @@ LedgerOpt = Annotated[str, typer.Option("--ledger", help="ledger.json: rows of e
 EvalsOpt = Annotated[str, typer.Option("--evals", help="EvalSuite summary JSON file.")]
 HeadOpt = Annotated[list[str] | None, typer.Option("--head", help="Linear head JSON file "
                                                                   "(repeatable).")]
+SignKeyOpt = Annotated[str | None, typer.Option(
+    "--sign-key", help="EC private key (PEM, `registry keys generate`): sign the release "
+                       "(model.sig, OpenSSF model signing).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
 
@@ -85,15 +88,15 @@ def publish(
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
                                                               "int4 (default: as is).")] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
-    require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
-    as_json: JsonOpt = False,
+    require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
+    db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
     with error_boundary(), _gate_failures(as_json):
         result = _registry(store, db).publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
-            require=require or [])
+            require=require or [], sign_key=sign_key)
     _report(result, as_json)
 
 
@@ -117,8 +120,8 @@ def release_create(
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", help="LoongSage checkpoint_path, relative to the store.")] = None,
-    require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
-    as_json: JsonOpt = False,
+    require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
+    db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
     fields = {}
@@ -141,7 +144,7 @@ def release_create(
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
             checkpoint_root=(checkpoint_path or "") if loong else None,
-            subdir="hf_model" if loong else "")
+            subdir="hf_model" if loong else "", sign_key=sign_key)
     _report(result, as_json)
 
 
@@ -214,11 +217,22 @@ app.add_typer(policy_app, name="policy")
 
 @policy_app.command("set")
 def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
-               require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None) -> None:
-    """Replace MODEL_ID's thresholds (none given: clear them)."""
+               require: RequireOpt = None,
+               require_signed_by: Annotated[list[str] | None, typer.Option(
+                   "--require-signed-by", help="Public key (PEM): every release must be "
+                                               "signed by one of the keys given "
+                                               "(repeatable).")] = None,
+               store: StoreOpt = None, db: DbOpt = None) -> None:
+    """Replace MODEL_ID's policy: thresholds and signing keys (none given: clear them)."""
     with error_boundary():
-        parsed = _registry(store, db).set_policy(model_id, require or [])
-    typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds"))
+        keys = []
+        if require_signed_by:
+            from registry.keys import load_public_key
+
+            keys = [load_public_key(p) for p in require_signed_by]
+        parsed = _registry(store, db).set_policy(model_id, require or [], signed_by=keys)
+    typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
+               + "".join(f"; signed by {k.name} ({k.fingerprint})" for k in keys))
 
 
 @policy_app.command("show")
@@ -226,11 +240,15 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Show MODEL_ID's thresholds."""
     with error_boundary():
-        parsed = thresholds(open_store(store), model_id)
+        s = open_store(store)
+        parsed = thresholds(s, model_id)
+        keys = signed_by(s, model_id)
     if as_json:
         print_json([str(t) for t in parsed])
     else:
         typer.echo("\n".join(map(str, parsed)) or "no thresholds")
+        for k in keys:
+            typer.echo(f"signed by {k.name} ({k.fingerprint})")
 
 
 @app.command()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
@@ -22,6 +22,9 @@ from registry.pull.materialize import current_digest, materialize
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
+
+if TYPE_CHECKING:
+    from registry.keys import Trust
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
@@ -38,6 +41,8 @@ class PullResult:
         bytes: total bytes of the release; ``transferred``: bytes downloaded.
         seconds: wall time of the pull.
         placed: False when the target already held this release.
+        signer: fingerprint of the trusted key that signed the release, when
+            the pull was given trusted keys (else None).
     """
 
     model_id: str
@@ -51,6 +56,7 @@ class PullResult:
     seconds: float
     placed: bool
     verified: bool
+    signer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
@@ -95,7 +101,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
-         range_threshold: int | None = None, fsync: bool = True) -> PullResult:
+         range_threshold: int | None = None, fsync: bool = True,
+         trust: Trust | None = None) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -115,6 +122,12 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             pulled directory survives a power loss. False is for disks that
             do not outlive the host (a pod's emptyDir): a killed process
             still leaves nothing partial, but a power loss may.
+        trust: the public keys this host trusts (``registry.keys.load_trust``):
+            the release must carry a ``model.sig`` made by one of them (not
+            revoked), naming ``model_id@version`` and covering exactly the
+            manifest's files and digests. Checked before any weight is
+            downloaded; the download then refuses any byte that does not hash
+            to those digests, so nothing is hashed twice.
 
     Returns:
         A PullResult.
@@ -128,6 +141,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             first byte.
         CommitConflictError: the target holds other content (files of another
             release, or files the release does not list) and not ``force``.
+        SignatureError: ``trust`` given and the signature is missing,
+            malformed, made by an untrusted or revoked key, bound to another
+            release, or not covering exactly the files; nothing is placed.
         UsageError: an empty ``to``, ``workers`` < 1, a negative
             ``range_threshold``, or a target that is, holds or lies inside the
             cache or a local store.
@@ -149,6 +165,12 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     version = resolve(store, model_id, name)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
+    signer = None
+    if trust is not None:
+        from registry.signing import verify_release
+
+        signer = verify_release(store, prefix, manifest, model_id=model_id, version=version,
+                                trust=trust).fingerprint
     c = Cache(cache)
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
@@ -191,7 +213,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         raise
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       len(missing), manifest.total_size, transferred,
-                      time.perf_counter() - t0, placed, verify)
+                      time.perf_counter() - t0, placed, verify, signer)
 
 
 __all__ = ["PullResult", "pull"]
