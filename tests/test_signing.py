@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from registry.api import Registry
 from registry.errors import GateFailedError, SignatureError, VersionExistsError
 from registry.keys import generate, load_public_key, load_trust
 from registry.manifest import MANIFEST, FileEntry, Manifest
@@ -162,6 +163,7 @@ def test_publish_signed_pull_verifies_and_names_the_signer(
     assert pull(store, MODEL, "2", to=tmp_path / "out4", cache=tmp_path / "cache").signer is None
 
 
+@pytest.mark.parametrize("durable_store_url", ["local"], indirect=True)
 def test_cli_release_create_and_publish_sign_and_library_verifies_the_pull(
         durable_store_url: str, tmp_path: Path, keys: dict[str, tuple[Path, Path]]) -> None:
     priv, pub = keys["release"]
@@ -195,6 +197,7 @@ def test_cli_release_create_and_publish_sign_and_library_verifies_the_pull(
     assert not store.exists(f"models/{MODEL}/3/MANIFEST.json")
 
 
+@pytest.mark.parametrize("durable_store_url", ["s3"], indirect=True)
 def test_directory_signed_by_the_library_cli_then_published_verifies_on_pull(
         durable_store_url: str, tmp_path: Path, keys: dict[str, tuple[Path, Path]]) -> None:
     priv, pub = keys["release"]
@@ -262,65 +265,78 @@ def _attacker_signature(store: Store, version: str, key: Path) -> bytes:
     return sign_entries(m.files, str(key), model_id=MODEL, version=version)
 
 
-ATTACKS = ["rewrite-weights", "re-sign", "delete-signature", "swap-older-release",
-           "add-unsigned-file", "garbage-signature"]
+#: attack -> (version it is applied to, what the refusal says)
+ATTACKS = {
+    "rewrite-weights": ("2", "model.safetensors differs from the signed sha256"),
+    "re-sign": ("3", "not signed by a trusted key"),
+    "delete-signature": ("4", "unsigned: no model.sig"),
+    "swap-older-release": ("5", "the signature is for 'tiny@1', not 'tiny@5'"),
+    "add-unsigned-file": ("6", "tokenizer.json is not signed"),
+    "garbage-signature": ("7", "malformed signature bundle"),
+}
 
 
-@pytest.mark.parametrize("attack", ATTACKS)
+def _attack(store: Store, attack: str, version: str, evil: bytes, attacker_key: Path) -> None:
+    if attack == "rewrite-weights":
+        _rewrite(store, version, {"model.safetensors": evil})
+    elif attack == "re-sign":
+        _rewrite(store, version, {"model.safetensors": evil})
+        _rewrite(store, version, {"model.sig": _attacker_signature(store, version,
+                                                                   attacker_key)})
+    elif attack == "delete-signature":
+        _rewrite(store, version, {"model.safetensors": evil, "model.sig": None})
+    elif attack == "swap-older-release":  # v1's files, manifest and signature under v5
+        prefix, old = f"models/{MODEL}/{version}", f"models/{MODEL}/1"
+        for e in read_manifest(store, prefix).files:
+            store.delete(f"{prefix}/{e.path}")
+        for e in read_manifest(store, old).files:
+            store.write_bytes(f"{prefix}/{e.path}", store.read_bytes(f"{old}/{e.path}"))
+        store.write_bytes(f"{prefix}/{MANIFEST}", store.read_bytes(f"{old}/{MANIFEST}"))
+    elif attack == "add-unsigned-file":
+        _rewrite(store, version, {"tokenizer.json": b'{"evil": true}'})
+    else:
+        _rewrite(store, version, {"model.sig": b'{"mediaType": "nonsense"}'})
+
+
 def test_attacks_are_refused_by_a_real_pull(durable_store_url: str, tmp_path: Path,
-                                            keys: dict[str, tuple[Path, Path]],
-                                            attack: str) -> None:
+                                            keys: dict[str, tuple[Path, Path]]) -> None:
+    """Every attack on its own version of one model; each pulled by a real
+    ``registry pull`` process that must refuse it and place nothing."""
     priv, pub = keys["release"]
     store = open_store(durable_store_url)
-    publish(store, model_dir(tmp_path, "v1", seed=1), "1", priv)
-    publish(store, model_dir(tmp_path, "v2", seed=2), "2", priv)
+    for version in ("1", *(v for v, _ in ATTACKS.values())):
+        publish(store, model_dir(tmp_path, f"v{version}", seed=int(version)), version, priv)
     evil = _safetensors(99)
-    if attack == "rewrite-weights":
-        _rewrite(store, "2", {"model.safetensors": evil})
-        why = "model.safetensors differs from the signed sha256"
-    elif attack == "re-sign":
-        _rewrite(store, "2", {"model.safetensors": evil})
-        _rewrite(store, "2", {"model.sig": _attacker_signature(store, "2", keys["attacker"][0])})
-        why = "not signed by a trusted key"
-    elif attack == "delete-signature":
-        _rewrite(store, "2", {"model.safetensors": evil, "model.sig": None})
-        why = "unsigned: no model.sig"
-    elif attack == "swap-older-release":
-        old = read_manifest(store, f"models/{MODEL}/1")
-        for e in read_manifest(store, f"models/{MODEL}/2").files:
-            store.delete(f"models/{MODEL}/2/{e.path}")
-        for e in old.files:
-            store.write_bytes(f"models/{MODEL}/2/{e.path}",
-                              store.read_bytes(f"models/{MODEL}/1/{e.path}"))
-        store.write_bytes(f"models/{MODEL}/2/{MANIFEST}",
-                          store.read_bytes(f"models/{MODEL}/1/{MANIFEST}"))
-        why = "the signature is for 'tiny@1', not 'tiny@2'"
-    elif attack == "add-unsigned-file":
-        _rewrite(store, "2", {"tokenizer.json": b'{"evil": true}'})
-        why = "tokenizer.json is not signed"
-    else:
-        _rewrite(store, "2", {"model.sig": b'{"mediaType": "nonsense"}'})
-        why = "malformed signature bundle"
-    target = tmp_path / "serving" / "tiny"
-    r = run_cli("pull", f"{MODEL}@2", "--to", str(target), "--trusted-key", str(pub),
-                "--cache", str(tmp_path / "cache"), "--store", durable_store_url)
-    assert r.returncode == 1, (r.stdout, r.stderr)
-    assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert not target.exists() and not target.parent.exists() or not any(target.parent.iterdir())
+    for attack, (version, _) in ATTACKS.items():
+        _attack(store, attack, version, evil, keys["attacker"][0])
+    common = ["--trusted-key", str(pub), "--cache", str(tmp_path / "cache"), "--store",
+              durable_store_url]
+    serving = tmp_path / "serving"
+    for attack, (version, why) in ATTACKS.items():
+        target = serving / f"tiny-{version}"
+        r = run_cli("pull", f"{MODEL}@{version}", "--to", str(target), *common)
+        assert r.returncode == 1, (attack, r.stdout, r.stderr)
+        assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, (attack, r.stderr)
+        assert not serving.exists() or not any(serving.iterdir()), attack
     blobs = tmp_path / "cache" / "blobs" / "sha256"
-    assert not (blobs / hashlib.sha256(evil).hexdigest()).exists()  # nothing downloaded
-    # the untouched older release still pulls
-    r = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "serving-v1"), "--trusted-key",
-                str(pub),
+    assert not (blobs / hashlib.sha256(evil).hexdigest()).exists()  # never downloaded
+    # the untouched release still pulls, and an unsigned pull still "verifies" a
+    # forged release: only the trusted key stops it
+    assert run_cli("pull", f"{MODEL}@1", "--to", str(serving / "tiny-1"), *common
+                   ).returncode == 0
+    r = run_cli("pull", f"{MODEL}@2", "--to", str(tmp_path / "unsigned-pull"),
                 "--cache", str(tmp_path / "cache"), "--store", durable_store_url)
     assert r.returncode == 0, r.stderr
+    assert (tmp_path / "unsigned-pull" / "model.safetensors").read_bytes() == evil
 
 
 # -- rotation and revocation ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("durable_store_url", ["local"], indirect=True)
 def test_retired_key_still_verifies_and_a_revoked_key_is_refused_with_its_reason(
         durable_store_url: str, tmp_path: Path, keys: dict[str, tuple[Path, Path]]) -> None:
+    """Trust and revocation live on the host, the same for every store: local disk."""
     store = open_store(durable_store_url)
     publish(store, model_dir(tmp_path, "v1", seed=1), "1", keys["old"][0])
     publish(store, model_dir(tmp_path, "v2", seed=2), "2", keys["release"][0])
@@ -355,50 +371,53 @@ def test_retired_key_still_verifies_and_a_revoked_key_is_refused_with_its_reason
 # -- gate and index ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("durable_store_url", ["s3"], indirect=True)
 def test_policy_requires_a_signature_gate_show_and_query(
         durable_store_url: str, tmp_path: Path, keys: dict[str, tuple[Path, Path]]) -> None:
+    """On S3 (the gate reads model.sig and the manifest from the store); the
+    publish-time gate runs on every backend in test_publish_gate_api_errors."""
     store = open_store(durable_store_url)
-    s = ["--store", durable_store_url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
+    db = f"sqlite:///{tmp_path / 'i.db'}"
+    s = ["--store", durable_store_url, "--db", db]
+    reg = Registry(store, db)
     for version, key in (("1", None), ("2", "old"), ("3", "release")):
-        r = run_cli("publish", str(model_dir(tmp_path, f"v{version}", seed=int(version))),
-                    "--model-id", MODEL, "--version", version, *gate_files(tmp_path), *s,
-                    *(["--sign-key", str(keys[key][0])] if key else []))
-        assert r.returncode == 0, r.stderr
+        reg.publish(model_dir(tmp_path, f"v{version}", seed=int(version)), MODEL, version,
+                    ledger=[ledger_row()], eval_summary=summary(),
+                    sign_key=keys[key][0] if key else None)
     fp = load_public_key(keys["release"][1]).fingerprint
     r = run_cli("policy", "set", MODEL, "--require-signed-by", str(keys["release"][1]), *s)
     assert r.returncode == 0 and fp in r.stdout, r.stderr
     r = run_cli("query", MODEL, "--passing", "--json", *s)
     assert [row["version"] for row in json.loads(r.stdout)] == ["3"], r.stdout
-    r = run_cli("gate", "check", f"{MODEL}@3", "--json", *s)
+    r = run_cli("gate", "check", f"{MODEL}@3", "--json", *s[:2])
     assert r.returncode == 0, r.stdout
     r = run_cli("show", f"{MODEL}@3", "--json", *s)
     doc = json.loads(r.stdout)
     assert doc["signature"] == {"path": "model.sig", "fingerprint": fp, "verified": True}
     assert {"gate": "signature", "passed": True,
             "reason": f"signed by key {fp} (release.pub)"} in doc["gates"] and doc["passed"]
-    r = run_cli("show", f"{MODEL}@2", "--json", *s)
-    doc = json.loads(r.stdout)
+    doc = reg.show(MODEL, "2")
     assert doc["signature"]["verified"] is False and not doc["passed"]
     assert doc["signature"]["fingerprint"] == load_public_key(keys["old"][1]).fingerprint
-    r = run_cli("show", f"{MODEL}@1", *s)
-    assert "FAIL signature: unsigned" in r.stdout
-    r = run_cli("gate", "check", f"{MODEL}@2", *s)
+    assert reg.show(MODEL, "1")["signature"] is None
+    assert {"gate": "signature", "passed": False, "reason": "unsigned: no model.sig in the "
+            "release (this host accepts only releases signed by a trusted key)"} in \
+        reg.show(MODEL, "1")["gates"]
+    r = run_cli("gate", "check", f"{MODEL}@2", *s[:2])
     assert r.returncode == 1 and "FAIL signature: not signed by a trusted key" in r.stdout
-    # publishing unsigned or with a key the policy does not list: refused, nothing committed
-    for version, extra in (("4", []), ("5", ["--sign-key", str(keys["old"][0])])):
-        r = run_cli("publish", str(model_dir(tmp_path, f"v{version}", seed=int(version))),
-                    "--model-id", MODEL, "--version", version, *gate_files(tmp_path), *s, *extra)
-        assert r.returncode == 1 and "FAIL signature" in r.stdout, r.stdout + r.stderr
-        assert not store.exists(f"models/{MODEL}/{version}/MANIFEST.json")
+    # publishing with a key the policy does not list: refused, nothing committed
+    r = run_cli("publish", str(model_dir(tmp_path, "v5", seed=5)), "--model-id", MODEL,
+                "--version", "5", "--sign-key", str(keys["old"][0]), *gate_files(tmp_path), *s)
+    assert r.returncode == 1 and "FAIL signature: signing key" in r.stdout, r.stdout + r.stderr
+    assert not store.exists(f"models/{MODEL}/5/MANIFEST.json")
     r = run_cli("publish", str(model_dir(tmp_path, "v6", seed=6)), "--model-id", MODEL,
                 "--version", "6", "--sign-key", str(keys["release"][0]), *gate_files(tmp_path), *s)
     assert r.returncode == 0 and "PASS signature" in r.stdout
-    r = run_cli("query", MODEL, "--passing", "--latest", "--json", *s)
-    assert [row["version"] for row in json.loads(r.stdout)] == ["6"]
+    assert [row["version"] for row in reg.passing(MODEL, latest=True)] == ["6"]
     # the policy cleared: no signature gate, every version passes again
-    assert run_cli("policy", "set", MODEL, *s).returncode == 0
-    r = run_cli("query", MODEL, "--passing", "--json", *s)
-    assert sorted(row["version"] for row in json.loads(r.stdout)) == ["1", "2", "3", "6"]
+    reg.set_policy(MODEL, [])
+    assert sorted(row["version"] for row in reg.passing(MODEL)) == ["1", "2", "3", "6"]
+    reg.close()
 
 
 def test_publish_gate_api_errors(store: Store, tmp_path: Path,
