@@ -25,6 +25,8 @@ Needs the ``[signing]`` extra, imported on first use.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import tempfile
@@ -181,16 +183,22 @@ def check_coverage(signed: Any, entries: Iterable[FileEntry], *, model_id: str,
     Raises:
         SignatureError: naming the first differences.
     """
+    have = {rd.identifier: rd.digest.digest_hex for rd in signed.resource_descriptors()}
+    _compare(signed.model_name, signed.serialization_type, have, entries, model_id=model_id,
+             version=version, where=where)
+
+
+def _compare(name: str, params: dict[str, Any], have: dict[str, str],
+             entries: Iterable[FileEntry], *, model_id: str, version: str,
+             where: str) -> None:
     want = subject(model_id, version)
-    if signed.model_name != want:
-        raise SignatureError(where, f"the signature is for {signed.model_name!r}, not {want!r} "
+    if name != want:
+        raise SignatureError(where, f"the signature is for {name!r}, not {want!r} "
                                     "(a release copied from another version?)")
-    params = signed.serialization_type
     if params.get("method") != "files" or params.get("hash_type") != "sha256":
         raise SignatureError(where, f"the signature uses serialization {params.get('method')}/"
                                     f"{params.get('hash_type')}; only files/sha256 can be "
                                     "checked against the manifest (sign with the defaults)")
-    have = {rd.identifier: rd.digest.digest_hex for rd in signed.resource_descriptors()}
     listed = {e.path: e.sha256 for e in _signed_entries(entries)}
     problems = [f"{p} is not signed" for p in sorted(set(listed) - set(have))]
     problems += [f"{p} is signed but not in the release" for p in sorted(set(have) - set(listed))]
@@ -243,6 +251,46 @@ def read_signature(store: Store, prefix: str, manifest: Manifest) -> bytes | Non
         raise IntegrityError(where, expected_size=entry.size, actual_size=len(data),
                              expected_sha256=entry.sha256, actual_sha256=digest)
     return data
+
+
+def precheck(data: bytes, entries: Iterable[FileEntry], *, model_id: str, version: str,
+             trust: Trust, where: str) -> str:
+    """The checks that need no cryptography, from the bundle's JSON alone: it
+    names a trusted, unrevoked key, ``model_id@version``, and exactly the
+    release's files and digests. Returns the named fingerprint.
+
+    This refuses every forged release whose bundle tells the truth about its
+    key before a weight is downloaded, without loading the library (about a
+    second of imports). It proves nothing: :func:`verify_bytes` (the
+    library's verifier) is what accepts a release.
+
+    Raises:
+        SignatureError: as :func:`verify_bytes` would for the same reasons.
+    """
+    try:
+        bundle = json.loads(data)
+        envelope = bundle["dsseEnvelope"]
+        statement = json.loads(base64.b64decode(envelope["payload"], validate=True))
+        subjects = statement["subject"]
+        predicate = statement["predicate"]
+        resources = {r["name"]: r["digest"] for r in predicate["resources"]}
+        params = predicate["serialization"]
+        name = subjects[0]["name"]
+    except (ValueError, TypeError, KeyError, IndexError, binascii.Error) as e:
+        raise SignatureError(where, f"malformed signature bundle ({type(e).__name__}: "
+                                    f"{e})") from None
+    hint = claimed_fingerprint(data)
+    if hint is not None and hint in trust.revoked:
+        raise SignatureError(where, f"signed by revoked key {hint}: {trust.revoked[hint]}",
+                             fingerprint=hint)
+    if hint not in {k.fingerprint for k in trust.keys}:
+        raise SignatureError(where, f"not signed by a trusted key (the signature names key "
+                                    f"{hint or 'none'}; this host trusts "
+                                    f"{trust.describe()})", fingerprint=hint)
+    _compare(name, params, resources, entries, model_id=model_id, version=version,
+             where=where)
+    assert hint is not None
+    return hint
 
 
 def verify_release(store: Store, prefix: str, manifest: Manifest, *, model_id: str,

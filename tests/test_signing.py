@@ -273,6 +273,9 @@ ATTACKS = {
     "swap-older-release": ("5", "the signature is for 'tiny@1', not 'tiny@5'"),
     "add-unsigned-file": ("6", "tokenizer.json is not signed"),
     "garbage-signature": ("7", "malformed signature bundle"),
+    # the bundle lies about its key: passes the JSON pre-check, so the weights
+    # download, but the library's verification fails before anything is placed
+    "forged-key-hint": ("8", "not signed by a trusted key"),
 }
 
 
@@ -294,6 +297,12 @@ def _attack(store: Store, attack: str, version: str, evil: bytes, attacker_key: 
         store.write_bytes(f"{prefix}/{MANIFEST}", store.read_bytes(f"{old}/{MANIFEST}"))
     elif attack == "add-unsigned-file":
         _rewrite(store, version, {"tokenizer.json": b'{"evil": true}'})
+    elif attack == "forged-key-hint":
+        _rewrite(store, version, {"model.safetensors": _safetensors(98)})
+        bundle = json.loads(_attacker_signature(store, version, attacker_key))
+        trusted = hashlib.sha256(attacker_key.with_name("release.pub").read_bytes()).hexdigest()
+        bundle["verificationMaterial"]["publicKey"]["hint"] = trusted
+        _rewrite(store, version, {"model.sig": json.dumps(bundle).encode()})
     else:
         _rewrite(store, version, {"model.sig": b'{"mediaType": "nonsense"}'})
 

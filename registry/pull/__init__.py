@@ -8,14 +8,14 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
-from registry.manifest import FileEntry
+from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import current_digest, materialize
@@ -25,6 +25,7 @@ from registry.verify import read_manifest
 
 if TYPE_CHECKING:
     from registry.keys import Trust
+    from registry.signing import SignatureCheck
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
@@ -97,6 +98,32 @@ def _refuse_overlap(target: Path, cache: Cache, store: Store) -> None:
                              "choose another --to")
 
 
+def _start_signature_check(store: Store, prefix: str, manifest: Manifest, model_id: str,
+                           version: str, trust: Trust | None) -> Future[SignatureCheck] | None:
+    """Refuse a badly signed release before any download (JSON checks only), then
+    run the library's cryptographic verification on a helper thread, overlapped
+    with the download: its import costs about a second of CPU, as much as
+    pulling hundreds of MB. The result is awaited before anything is placed."""
+    if trust is None:
+        return None
+    from registry.errors import SignatureError
+    from registry.signing import precheck, read_signature, verify_bytes
+
+    where = store.url_of(prefix)
+    data = read_signature(store, prefix, manifest)
+    if data is None:
+        raise SignatureError(where, "unsigned: no model.sig in the release (this host "
+                                    "accepts only releases signed by a trusted key)")
+    precheck(data, manifest.files, model_id=model_id, version=version, trust=trust,
+             where=where)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pull-signature")
+    try:
+        return pool.submit(verify_bytes, data, manifest.files, model_id=model_id,
+                           version=version, trust=trust, where=where)
+    finally:
+        pool.shutdown(wait=False)
+
+
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -125,9 +152,11 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         trust: the public keys this host trusts (``registry.keys.load_trust``):
             the release must carry a ``model.sig`` made by one of them (not
             revoked), naming ``model_id@version`` and covering exactly the
-            manifest's files and digests. Checked before any weight is
-            downloaded; the download then refuses any byte that does not hash
-            to those digests, so nothing is hashed twice.
+            manifest's files and digests. What the bundle claims is checked
+            before any weight is downloaded; its cryptographic verification
+            (the library's) runs during the download and must pass before
+            anything is placed. The download refuses any byte that does not
+            hash to the manifest's digests, so nothing is hashed twice.
 
     Returns:
         A PullResult.
@@ -165,12 +194,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     version = resolve(store, model_id, name)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
-    signer = None
-    if trust is not None:
-        from registry.signing import verify_release
-
-        signer = verify_release(store, prefix, manifest, model_id=model_id, version=version,
-                                trust=trust).fingerprint
+    signature = _start_signature_check(store, prefix, manifest, model_id, version, trust)
     c = Cache(cache)
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
@@ -202,6 +226,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                 errors.append(err)
         if errors:
             raise errors[0]
+    signer = signature.result().fingerprint if signature is not None else None
     try:
         placed = materialize(manifest, c, target, force=force, verify=verify)
     except IntegrityError as err:
