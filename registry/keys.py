@@ -22,6 +22,7 @@ importing this module does not.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -38,19 +39,33 @@ _EXTRA_HINT = "install the signing extra: pip install 'model-registry[signing]'"
 
 
 def require_signing() -> None:
-    """Raise SigningUnavailableError unless ``model_signing`` can be imported."""
-    try:
-        import model_signing  # noqa: F401
-        import cryptography  # noqa: F401
-    except ImportError as e:
-        raise SigningUnavailableError(f"signing needs the model-signing package ({e.name} "
-                                      f"is missing): {_EXTRA_HINT}") from None
+    """Raise SigningUnavailableError unless ``model_signing`` is installed.
+
+    Finds the packages without importing them: the library's import costs
+    about a second, paid only where it is used (often on a helper thread)."""
+    for name in ("model_signing", "cryptography"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # blocked or broken: sys.modules[name] is None
+            found = False
+        if not found:
+            raise SigningUnavailableError(f"signing needs the model-signing package ({name} "
+                                          f"is missing): {_EXTRA_HINT}")
+
+
+def unavailable(e: ImportError) -> SigningUnavailableError:
+    """The error for an installed but unimportable library (a missing dependency)."""
+    return SigningUnavailableError(f"signing needs the model-signing package, which cannot "
+                                   f"be imported ({e}): {_EXTRA_HINT}")
 
 
 def _crypto() -> Any:
     require_signing()
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError as e:
+        raise unavailable(e) from None
 
     return serialization, ec
 

@@ -30,13 +30,14 @@ import binascii
 import hashlib
 import json
 import tempfile
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from registry.errors import IntegrityError, SignatureError
-from registry.keys import PublicKey, Trust, check_private_key, require_signing
+from registry.keys import PublicKey, Trust, check_private_key, require_signing, unavailable
 from registry.manifest import MANIFEST, FileEntry, Manifest
 from registry.store import Store, join
 
@@ -67,12 +68,26 @@ class SignatureCheck:
 
 def _lib() -> Any:
     require_signing()
-    from model_signing import manifest as ms_manifest
-    from model_signing._hashing import hashing as ms_hashing
-    from model_signing._signing import sign_ec_key, sign_sigstore_pb
-    from model_signing._signing import signing as ms_signing
+    try:
+        from model_signing import manifest as ms_manifest
+        from model_signing._hashing import hashing as ms_hashing
+        from model_signing._signing import sign_ec_key, sign_sigstore_pb
+        from model_signing._signing import signing as ms_signing
+    except ImportError as e:
+        raise unavailable(e) from None
 
     return ms_manifest, ms_hashing, ms_signing, sign_ec_key, sign_sigstore_pb
+
+
+def warm_up() -> None:
+    """Import the library on a daemon thread, so that its import overlaps the
+    writing of a release; any error resurfaces where the library is used."""
+    def run() -> None:
+        try:
+            _lib()
+        except Exception:  # noqa: BLE001 - reported by the real call
+            pass
+    threading.Thread(target=run, name="signing-import", daemon=True).start()
 
 
 def _signed_entries(entries: Iterable[FileEntry]) -> list[FileEntry]:

@@ -27,6 +27,7 @@ from registry.signing import (
     sign_entries,
     verify_bytes,
     verify_release,
+    warm_up,
 )
 from registry.store import Store, join
 from registry.verify import read_manifest
@@ -50,7 +51,9 @@ def signer(sign_key: str | os.PathLike[str] | None) -> Signer | None:
     """
     if sign_key is None:
         return None
-    return Signer(os.fspath(sign_key), check_private_key(sign_key))
+    public = check_private_key(sign_key)
+    warm_up()
+    return Signer(os.fspath(sign_key), public)
 
 
 def _passed(key: PublicKey | str, name: str = "") -> GateResult:
