@@ -45,10 +45,12 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
+from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
 from registry.release.failing import failing_gates
-from registry.release.policy import set_policy
+from registry.release.policy import set_policy, signed_by
+from registry.release.signing import signature_info, stored_gate
 from registry.store import Store, open_store
 from registry.verify import read_manifest
 
@@ -174,8 +176,11 @@ class Registry:
         self._record(f"revocation of {source_id}", lambda s: record_revocation(s, rev))
         return rev, created
 
-    def set_policy(self, model_id: str, require: Iterable[str]) -> list[Threshold]:
-        parsed = set_policy(self.store, model_id, require)
+    def set_policy(self, model_id: str, require: Iterable[str],
+                   signed_by: Iterable[PublicKey] = ()) -> list[Threshold]:
+        """Replace the model's policy: thresholds and (optionally) the public keys
+        one of which must have signed every release (the ``signature`` gate)."""
+        parsed = set_policy(self.store, model_id, require, signed_by)
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
         return parsed
 
@@ -260,17 +265,34 @@ class Registry:
             UnknownModelError: the index has no such model.
         """
         req = _thresholds(require)
+        keys = signed_by(self.store, model_id)
 
         def work(s: Session) -> list[dict[str, Any]]:
             self._known_model(s, model_id)
-            return queries.passing(s, model_id, require=req, latest=latest)
-        return self._query(work)
+            return queries.passing(s, model_id, require=req, latest=latest and not keys)
+        rows = self._query(work)
+        if not keys:
+            return rows
+        # The signature gate is read from the store (model.sig + manifest of each
+        # candidate, a few KB each): the index holds no signature facts.
+        ok = [r for r in rows if all(g.passed for g in stored_gate(self.store, model_id,
+                                                                   r["version"]))]
+        return ok[:1] if latest else ok
 
     def releases_for_source(self, source_id: str) -> list[dict[str, Any]]:
         return self._query(lambda s: queries.releases_for_source(s, source_id))
 
     def show(self, model_id: str, version: str) -> dict[str, Any]:
-        return self._query(lambda s: queries.show(s, model_id, version))
+        """The index's summary of one release, plus ``signature`` read from the
+        store (``{"path", "fingerprint", "verified"}`` or None) and the
+        ``signature`` gate when the model's policy lists keys."""
+        doc = self._query(lambda s: queries.show(s, model_id, version))
+        doc["signature"] = signature_info(self.store, model_id, version)
+        sig_gate = stored_gate(self.store, model_id, version)
+        if sig_gate:
+            doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
+            doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
+        return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:
         """Models (``model_id`` None), or the releases of ``model_id``.

@@ -204,6 +204,31 @@ class GateFailedError(RegistryError):
         super().__init__(f"{where}: fails the release gates ({failed})")
 
 
+# -- signatures ------------------------------------------------------------------
+
+
+class SignatureError(RegistryError):
+    """A release's signature (``model.sig``) is missing, malformed, made by a key
+    this host does not trust or has revoked, or does not cover exactly the
+    release's files, digests, model id and version.
+
+    Attributes:
+        path: the release (or signature file) refused.
+        fingerprint: sha256 fingerprint of the signing key, when known.
+    """
+
+    def __init__(self, path: str, reason: str, *, fingerprint: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        self.fingerprint = fingerprint
+        super().__init__(f"{path}: {reason}")
+
+
+class SigningUnavailableError(UsageError):
+    """A signing option was used but the ``[signing]`` extra (``model-signing``)
+    is not installed."""
+
+
 # -- the index ------------------------------------------------------------------
 
 

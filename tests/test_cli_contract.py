@@ -175,6 +175,18 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("verify-uncommitted", ["verify", "{w}/uncommitted"], 1, ["uncommitted", "MANIFEST.json"]),
     ("ckpt-verify-damaged", ["ckpt", "verify", "r2"], 1, ["step-000010"]),
     ("ckpt-latest-damaged", ["ckpt", "latest", "r2"], 1, ["step-000010"]),
+    # -- signing keys (issue 17)
+    ("keys-generate-over-a-file", ["keys", "generate", "{w}/ledger.json"], 2,
+     ["ledger.json", "refusing to overwrite"]),
+    ("keys-generate-bad-curve", ["keys", "generate", "{w}/k.pem", "--curve", "p999"], 2,
+     ["--curve", "p999"]),
+    ("keys-fingerprint-missing", ["keys", "fingerprint", "{w}/nokey.pub"], 5, ["nokey.pub"]),
+    ("keys-fingerprint-not-pem", ["keys", "fingerprint", "{w}/ledger.json"], 5,
+     ["ledger.json", "PEM"]),
+    ("keys-revoke-not-pem", ["keys", "revoke", "{w}/ledger.json", "--reason", "r",
+                             "--trusted-keys", "{w}"], 5, ["ledger.json"]),
+    ("pull-trusted-key-missing", ["pull", "tiny@1", "--trusted-key", "{w}/nokey.pub",
+                                  "--to", "{w}/p2"], 5, ["nokey.pub"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a

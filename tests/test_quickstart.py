@@ -3,6 +3,8 @@ folder + SQLite) and on the S3 test server + Postgres, checked against the store
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -25,6 +27,15 @@ def check_outcome(store_url: str, work: Path, stdout: str) -> None:
         assert r.returncode == 0, r.stdout
     assert "SIGKILLed the trainer" in stdout and "resumed from step" in stdout
     assert "passing versions of tiny-lm now: ['1.1']" in stdout
+    if importlib.util.find_spec("model_signing") is not None:
+        # signed releases, pulled only with the trusted public key
+        pub = work / "keys" / "release.pub"
+        fingerprint = hashlib.sha256(pub.read_bytes()).hexdigest()
+        for prefix in ("models/tiny-lm/1.1", "models/all-minilm-l6-v2/1"):
+            assert store.exists(f"{prefix}/model.sig"), prefix
+        for model in ("tiny-lm", "all-minilm-l6-v2"):
+            assert (work / "serving" / model / "model.sig").exists()
+        assert stdout.count(f"signed by {fingerprint[:16]}") == 2, stdout
 
 
 def test_quickstart_embedded_default(tmp_path: Path) -> None:

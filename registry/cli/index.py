@@ -168,6 +168,11 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
     typer.echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
     typer.echo(f"  manifest sha256 {doc['manifest_sha256']}, {doc['files']} files, "
                f"{doc['bytes']} bytes, dtype {doc['dtype']}, created {doc['created_at']}")
+    sig = doc.get("signature")
+    if sig is not None:
+        state = {True: "verified against the policy's keys",
+                 False: "NOT verified by the policy's keys", None: "unverified"}[sig["verified"]]
+        typer.echo(f"  signed: {sig['path']} by key {sig['fingerprint']} ({state})")
     for g in doc["gates"]:
         typer.echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
     for r in doc["evals"]["results"]:

@@ -51,6 +51,14 @@ def pull(
     require_passing: Annotated[bool, typer.Option(
         "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
                                   "its gates now (revoked source, policy).")] = False,
+    trusted_key: Annotated[list[str] | None, typer.Option(
+        "--trusted-key", metavar="PATH",
+        help="Public key (PEM) this host trusts (repeatable): the release must be signed "
+             "by one of them (model.sig), else nothing is placed.")] = None,
+    trusted_keys: Annotated[str | None, typer.Option(
+        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
+        help="Folder of trusted public keys (*.pem, *.pub) and revoked.json; when set, "
+             "every pull must be signed by one of them.")] = None,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index).
@@ -68,6 +76,11 @@ def pull(
         if range_threshold_mib < 0:
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")
+        trust = None
+        if trusted_key or trusted_keys:
+            from registry.keys import load_trust
+
+            trust = load_trust(trusted_key or [], trusted_keys)
         s = open_store(store)
         version = resolve(s, model_id, name)
         failed = failing_gates(s, model_id, version)
@@ -81,7 +94,7 @@ def pull(
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
-                             range_threshold=range_threshold_mib * 1024 * 1024,
+                             range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:
@@ -96,6 +109,7 @@ def pull(
         typer.echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "
                    f"({result.downloaded} downloaded), {result.bytes} bytes "
                    f"({result.transferred} transferred), {result.seconds:.2f} s, "
-                   f"{mbps:.1f} MB/s" + (", verified" if result.verified else ""))
+                   f"{mbps:.1f} MB/s" + (", verified" if result.verified else "")
+                   + (f", signed by key {result.signer}" if result.signer else ""))
     else:
         typer.echo(result.path)

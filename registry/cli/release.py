@@ -33,7 +33,7 @@ from registry.errors import GateFailedError, InvalidNameError, ObjectNotFoundErr
 from registry.gates import GateResult, passed
 from registry.gc import collect, parse_duration
 from registry.release import ModelRelease, ReleaseResult
-from registry.release.policy import thresholds
+from registry.release.policy import signed_by, thresholds
 from registry.names import check_name
 from registry.store import Store, join, open_store
 
@@ -47,6 +47,10 @@ EvalsOpt = Annotated[str, typer.Option("--evals", metavar="PATH",
 HeadOpt = Annotated[list[str] | None, typer.Option("--head", metavar="PATH",
                                                    help="Linear head JSON file "
                                                         "(repeatable).")]
+SignKeyOpt = Annotated[str | None, typer.Option(
+    "--sign-key", metavar="PATH",
+    help="EC private key (PEM, `registry keys generate`): sign the release "
+         "(model.sig, OpenSSF model signing).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", metavar="METRIC>=VALUE",
     help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
@@ -113,8 +117,8 @@ def publish(
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
                                                               "int4 (default: as is).")] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
-    require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
-    as_json: JsonOpt = False,
+    require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
+    db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
     with error_boundary(as_json), _gate_failures(as_json), index_writes():
@@ -123,7 +127,7 @@ def publish(
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
-            require=require or [])
+            require=require or [], sign_key=sign_key)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -150,7 +154,8 @@ def release_create(
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", metavar="PATH",
         help="LoongSage checkpoint_path, relative to the store.")] = None,
-    require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
+    require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
+    db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
@@ -176,7 +181,7 @@ def release_create(
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
             checkpoint_root=(checkpoint_path or "") if loong else None,
-            subdir="hf_model" if loong else "")
+            subdir="hf_model" if loong else "", sign_key=sign_key)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -259,17 +264,29 @@ app.add_typer(policy_app, name="policy")
 
 @policy_app.command("set")
 def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
-               require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
-               as_json: JsonOpt = False) -> None:
-    """Replace MODEL_ID's thresholds (none given: clear them)."""
+               require: RequireOpt = None,
+               require_signed_by: Annotated[list[str] | None, typer.Option(
+                   "--require-signed-by", metavar="PATH",
+                   help="Public key (PEM): every release must be signed by one of the keys "
+                        "given (repeatable).")] = None,
+               store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Replace MODEL_ID's policy: thresholds and signing keys (none given: clear them)."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         _require_model(reg.store, model_id)
-        parsed = reg.set_policy(model_id, require or [])
+        keys = []
+        if require_signed_by:
+            from registry.keys import load_public_key
+
+            keys = [load_public_key(p) for p in require_signed_by]
+        parsed = reg.set_policy(model_id, require or [], signed_by=keys)
     if as_json:
-        print_json({"model_id": model_id, "require": [str(t) for t in parsed]})
+        print_json({"model_id": model_id, "require": [str(t) for t in parsed],
+                    "signed_by": [{"name": k.name, "fingerprint": k.fingerprint}
+                                  for k in keys]})
     else:
-        typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds"))
+        typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
+                   + "".join(f"; signed by {k.name} ({k.fingerprint})" for k in keys))
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
@@ -281,10 +298,13 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
         s = open_store(store)
         _require_model(s, model_id)
         parsed = thresholds(s, model_id)
+        keys = signed_by(s, model_id)
     if as_json:
         print_json([str(t) for t in parsed])
     else:
         typer.echo("\n".join(map(str, parsed)) or "no thresholds")
+        for k in keys:
+            typer.echo(f"signed by {k.name} ({k.fingerprint})")
 
 
 @app.command()

@@ -8,20 +8,24 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
-from registry.manifest import FileEntry
+from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import current_digest, materialize
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
+
+if TYPE_CHECKING:
+    from registry.keys import Trust
+    from registry.signing import SignatureCheck
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
@@ -39,6 +43,8 @@ class PullResult:
         bytes: total bytes of the release; ``transferred``: bytes downloaded.
         seconds: wall time of the pull.
         placed: False when the target already held this release.
+        signer: fingerprint of the trusted key that signed the release, when
+            the pull was given trusted keys (else None).
     """
 
     model_id: str
@@ -52,6 +58,7 @@ class PullResult:
     seconds: float
     placed: bool
     verified: bool
+    signer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
@@ -94,11 +101,38 @@ def _refuse_overlap(target: Path, cache: Cache, store: Store) -> None:
                              "choose another --to")
 
 
+def _start_signature_check(store: Store, prefix: str, manifest: Manifest, model_id: str,
+                           version: str, trust: Trust | None) -> Future[SignatureCheck] | None:
+    """Refuse a badly signed release before any download (JSON checks only), then
+    run the library's cryptographic verification on a helper thread, overlapped
+    with the download: its import costs about a second of CPU, as much as
+    pulling hundreds of MB. The result is awaited before anything is placed."""
+    if trust is None:
+        return None
+    from registry.errors import SignatureError
+    from registry.signing import precheck, read_signature, verify_bytes
+
+    where = store.url_of(prefix)
+    data = read_signature(store, prefix, manifest)
+    if data is None:
+        raise SignatureError(where, "unsigned: no model.sig in the release (this host "
+                                    "accepts only releases signed by a trusted key)")
+    precheck(data, manifest.files, model_id=model_id, version=version, trust=trust,
+             where=where)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pull-signature")
+    try:
+        return pool.submit(verify_bytes, data, manifest.files, model_id=model_id,
+                           version=version, trust=trust, where=where)
+    finally:
+        pool.shutdown(wait=False)
+
+
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
-         range_threshold: int | None = None, fsync: bool = True) -> PullResult:
+         range_threshold: int | None = None, fsync: bool = True,
+         trust: Trust | None = None) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -118,6 +152,14 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             pulled directory survives a power loss. False is for disks that
             do not outlive the host (a pod's emptyDir): a killed process
             still leaves nothing partial, but a power loss may.
+        trust: the public keys this host trusts (``registry.keys.load_trust``):
+            the release must carry a ``model.sig`` made by one of them (not
+            revoked), naming ``model_id@version`` and covering exactly the
+            manifest's files and digests. What the bundle claims is checked
+            before any weight is downloaded; its cryptographic verification
+            (the library's) runs during the download and must pass before
+            anything is placed. The download refuses any byte that does not
+            hash to the manifest's digests, so nothing is hashed twice.
 
     Returns:
         A PullResult.
@@ -131,6 +173,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             first byte.
         CommitConflictError: the target holds other content (files of another
             release, or files the release does not list) and not ``force``.
+        SignatureError: ``trust`` given and the signature is missing,
+            malformed, made by an untrusted or revoked key, bound to another
+            release, or not covering exactly the files; nothing is placed.
         UsageError: an empty ``to``, ``workers`` < 1, a negative
             ``range_threshold``, or a target that is, holds or lies inside the
             cache or a local store.
@@ -152,6 +197,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     version = resolve(store, model_id, name)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
+    signature = _start_signature_check(store, prefix, manifest, model_id, version, trust)
     c = Cache(cache)
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
@@ -183,6 +229,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                 errors.append(err)
         if errors:
             raise errors[0]
+    signer = signature.result().fingerprint if signature is not None else None
     try:
         placed = materialize(manifest, c, target, force=force, verify=verify)
     except IntegrityError as err:
@@ -194,7 +241,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         raise
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       len(missing), manifest.total_size, transferred,
-                      time.perf_counter() - t0, placed, verify)
+                      time.perf_counter() - t0, placed, verify, signer)
 
 
 __all__ = ["PullResult", "pull"]

@@ -31,10 +31,12 @@ from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
+from registry.release import signing as release_signing
 from registry.release.card import render_card
 from registry.release.convert import parameter_count, plan
 from registry.release.step_source import check_step_source
 from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
+from registry.signing import SIGNATURE
 from registry.store import Store, join, open_store
 from registry.verify import require_verified
 
@@ -110,9 +112,13 @@ class ModelRelease:
         return ReleaseFacts(card, rows, ledger_error, summary, evals_error)
 
     def _gate(self, model_id: str, where: str, facts: ReleaseFacts,
-              require: Iterable[Threshold | str]) -> tuple[GateResult, ...]:
+              require: Iterable[Threshold | str], *,
+              signer: release_signing.Signer | None = None,
+              carries_signature: bool = False) -> tuple[GateResult, ...]:
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
+        results += release_signing.publish_gate(self.store, model_id, signer,
+                                                carries_signature=carries_signature)
         if not gates.passed(results):
             raise GateFailedError(where, results)
         return tuple(results)
@@ -139,7 +145,8 @@ class ModelRelease:
                heads: Sequence[Any] = (), card_fields: Mapping[str, Any] | None = None,
                generation_config: Any = None, tokenizer_config: Any = None,
                require: Iterable[Threshold | str] = (), layout: Layout = TINYLLM,
-               checkpoint_root: str | None = None, subdir: str = "") -> ReleaseResult:
+               checkpoint_root: str | None = None, subdir: str = "",
+               sign_key: str | os.PathLike[str] | None = None) -> ReleaseResult:
         """Release ``step`` of run ``run_id`` as ``model_id`` ``version``.
 
         Args:
@@ -156,6 +163,9 @@ class ModelRelease:
             require: extra thresholds (``"acc>=0.8"``) on top of the model's policy.
             layout, checkpoint_root, subdir: where the checkpoint lives
                 (LoongSage trees: ``subdir="hf_model"``).
+            sign_key: PEM EC private key: the release gets ``model.sig``
+                (OpenSSF model signing, see :mod:`registry.signing`), listed in
+                MANIFEST.json, made from the digests computed while writing.
 
         Returns:
             The ReleaseResult (``manifest.meta["source"]`` names the checkpoint's
@@ -167,7 +177,9 @@ class ModelRelease:
             NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
             GateFailedError: a gate fails; nothing is written.
             SchemaValidationError, DocumentError: the ledger, eval summary, a head
-                or config is missing, unreadable or invalid (checked before any gate).
+                or config is missing, unreadable or invalid (checked before any gate),
+                or ``sign_key`` is not a readable EC private key (checked first).
+            SigningUnavailableError: ``sign_key`` without the ``[signing]`` extra.
         """
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = _inputs(ledger, eval_summary)
@@ -183,13 +195,15 @@ class ModelRelease:
                              dtype=dtype, group_size=group_size, ledger=ledger,
                              evals=eval_summary, heads=heads, card=None,
                              card_fields=card_fields, generation_config=generation_config,
-                             tokenizer_config=tokenizer_config, require=require, copy_all=False)
+                             tokenizer_config=tokenizer_config, require=require, copy_all=False,
+                             sign_key=sign_key)
 
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str, *,
                 ledger: Any, eval_summary: Any, heads: Sequence[Any] = (),
                 card: str | os.PathLike[str] | None = None,
                 card_fields: Mapping[str, Any] | None = None, dtype: str | None = None,
-                group_size: int = 128, require: Iterable[Threshold | str] = ()) -> ReleaseResult:
+                group_size: int = 128, require: Iterable[Threshold | str] = (),
+                sign_key: str | os.PathLike[str] | None = None) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
         Every file of ``model_dir`` is carried (``model.safetensors`` byte for
@@ -202,6 +216,12 @@ class ModelRelease:
         first verified in full against the step's MANIFEST.json:
         NotCommittedError when the step is not committed, IntegrityError when
         a file is unlisted or differs (see ``release.step_source``).
+
+        ``sign_key`` signs the release as in :meth:`create`. Without it, a
+        ``model.sig`` the directory already holds (signed with the library's
+        own CLI, say) is carried only if it names ``model_id@version`` and
+        covers exactly the release's files and digests (SignatureError
+        otherwise, nothing committed); its key is checked on pull.
         """
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = _inputs(ledger, eval_summary)
@@ -234,7 +254,8 @@ class ModelRelease:
                              source={"uri": uri}, dtype=dtype, group_size=group_size,
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
                              card_fields=card_fields, generation_config=None,
-                             tokenizer_config=None, require=require, copy_all=True)
+                             tokenizer_config=None, require=require, copy_all=True,
+                             sign_key=sign_key)
 
     def _refuse_existing(self, prefix: str) -> None:
         if self.store.exists(join(prefix, MANIFEST)):
@@ -246,8 +267,10 @@ class ModelRelease:
                  group_size: int, ledger: Any, evals: Any, heads: Sequence[Any],
                  card: str | None, card_fields: Mapping[str, Any] | None,
                  generation_config: Any, tokenizer_config: Any,
-                 require: Iterable[Threshold | str], copy_all: bool) -> ReleaseResult:
+                 require: Iterable[Threshold | str], copy_all: bool,
+                 sign_key: str | os.PathLike[str] | None = None) -> ReleaseResult:
         where = src_store.url_of(src)
+        signer = release_signing.signer(sign_key)
         config = schemas.load_json(src_store.read_bytes(join(src, "config.json")),
                                    path=f"{where}/config.json") if "config.json" in names else {}
         if not isinstance(config, dict):
@@ -275,12 +298,14 @@ class ModelRelease:
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
-        results = self._gate(model_id, self.store.url_of(prefix), facts, require)
+        results = self._gate(model_id, self.store.url_of(prefix), facts, require,
+                             signer=signer, carries_signature=copy_all and SIGNATURE in names)
         assert facts.ledger is not None and facts.evals is not None and card is not None
 
         carried = sorted(n for n in names if n not in RESERVED and n != "model.safetensors"
                          and not n.startswith("evals/") and not n.startswith("heads/")
-                         and (copy_all or n in CARRIED) and n not in extra)
+                         and (copy_all or n in CARRIED) and n not in extra
+                         and not (n == SIGNATURE and signer is not None))
         with DirectoryWriter(self.store, prefix, kind="release",
                              meta={"model_id": model_id, "version": version, "source": source},
                              conflict_error=VersionExistsError) as w:
@@ -300,6 +325,7 @@ class ModelRelease:
             w.write_bytes("evals/summary.json", _dump(facts.evals))
             for h in head_docs:
                 w.write_bytes(f"heads/{h['name']}.json", _dump(h))
+            results = release_signing.seal(w, signer, self.store, model_id, version, results)
             manifest = w.commit()
         result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results)
         for hook in self.on_commit:
@@ -334,7 +360,8 @@ class ModelRelease:
         and the model's policy (plus ``require``)."""
         facts = self.facts(model_id, version)
         thresholds = policy.thresholds(self.store, model_id, extra=require)
-        return gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
+        results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
+        return results + release_signing.stored_gate(self.store, model_id, version)
 
 
 def _inputs(ledger: Any, eval_summary: Any) -> tuple[Any, Any]:

@@ -2,7 +2,12 @@
 
 Stored in the store (the source of truth) as ``models/<model_id>/policy.json``::
 
-    {"require": ["accuracy>=0.8", "toxicity/rate<=0.01"]}
+    {"require": ["accuracy>=0.8", "toxicity/rate<=0.01"],
+     "signed_by": [{"name": "release.pub", "fingerprint": "<sha256 hex>",
+                    "public_key": "-----BEGIN PUBLIC KEY-----..."}]}
+
+``signed_by`` (optional) lists the keys one of which must have signed every
+release (the ``signature`` gate, :mod:`registry.release.signing`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Iterable
 from registry import schemas
 from registry.errors import DocumentError
 from registry.gates import Threshold
+from registry.keys import PublicKey, fingerprint_of
 from registry.names import check_name
 from registry.store import Store, join
 
@@ -51,13 +57,49 @@ def _parse(item: Threshold | object, where: str) -> Threshold:
         raise DocumentError(where, str(e)) from None
 
 
-def set_policy(store: Store, model_id: str, require: Iterable[str]) -> list[Threshold]:
-    """Replace the model's thresholds; returns them parsed.
+def signed_by(store: Store, model_id: str) -> list[PublicKey]:
+    """The public keys the model's policy requires a signature by ([] for none).
+
+    Raises:
+        DocumentError: ``signed_by`` is malformed or a fingerprint does not
+            match its key.
+    """
+    key = policy_key(model_id)
+    where = store.url_of(key)
+    try:
+        doc = schemas.load_json(store.read_bytes(key), path=where)
+    except FileNotFoundError:
+        return []
+    items = doc.get("signed_by", []) if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise DocumentError(where, "signed_by: expected a list of keys")
+    keys = []
+    for item in items:
+        try:
+            pem = str(item["public_key"]).encode()
+            k = PublicKey(str(item.get("name") or "policy key"), pem, fingerprint_of(pem))
+        except (TypeError, KeyError):
+            raise DocumentError(where, "signed_by: each key needs public_key (PEM)") from None
+        if item.get("fingerprint") not in (None, k.fingerprint):
+            raise DocumentError(where, f"signed_by: fingerprint {item.get('fingerprint')} does "
+                                       f"not match its public key ({k.fingerprint})")
+        keys.append(k)
+    return keys
+
+
+def set_policy(store: Store, model_id: str, require: Iterable[str],
+               signed_by: Iterable[PublicKey] = ()) -> list[Threshold]:
+    """Replace the model's policy (thresholds and signing keys); returns the
+    thresholds parsed.
 
     Raises:
         UsageError: a threshold does not parse (it is an argument, not a document).
     """
     parsed = [r if isinstance(r, Threshold) else Threshold.parse(str(r)) for r in require]
-    store.write_bytes(policy_key(model_id),
-                      (json.dumps({"require": [str(t) for t in parsed]}, indent=2) + "\n").encode())
+    doc: dict[str, object] = {"require": [str(t) for t in parsed]}
+    keys = [{"name": k.name, "fingerprint": k.fingerprint, "public_key": k.pem.decode()}
+            for k in signed_by]
+    if keys:
+        doc["signed_by"] = keys
+    store.write_bytes(policy_key(model_id), (json.dumps(doc, indent=2) + "\n").encode())
     return parsed

@@ -1,0 +1,181 @@
+"""What signing costs (issue 17, item 6): publish with ``--sign-key`` against an
+unsigned publish, and pull with a trusted key against an unsigned pull, of the
+same ``--size-mib`` MiB release (default 1024: a 768 MiB model.safetensors and
+three smaller files) on a local store, in the same run.
+
+Runs alternate (signed, unsigned, unsigned, signed, ...) so drift in the page
+cache or the disk hits both sides alike; each pull starts from an empty cache
+and target; one round of each is run first and not counted (it pays the
+library's one-time import). On a shared, loaded machine the end-to-end
+medians vary by more than the 2-5 % being measured, so the signing work
+itself is also timed alone (the signature over the release's digests; the
+JSON pre-check plus the library's verification), and ``marginal`` ratios add
+that to the unsigned median. The library's import in a fresh process is
+reported too: the CLI pays it once per process (overlapped with writing or
+downloading, see docs/decisions.md). Targets: signed publish <= 1.05x,
+trusted pull <= 1.02x.
+
+    python bench/signing_bench.py [--size-mib 1024] [--repeat 5] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from registry.keys import generate, load_trust  # noqa: E402
+from registry.pull import pull  # noqa: E402
+from registry.release import ModelRelease  # noqa: E402
+from registry.signing import precheck, sign_entries, verify_bytes  # noqa: E402
+from registry.store import open_store  # noqa: E402
+from tests.release_util import ledger_row, summary  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def make_model_dir(path: Path, size_mib: int) -> None:
+    """A valid safetensors file of 3/4 of the size (one U8 tensor, streamed) and
+    three smaller files."""
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    n = size_mib * 3 // 4 * MIB
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "w": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        for _ in range(n // MIB):
+            f.write(rng.bytes(MIB))
+    rest = {"extra/a.bin": size_mib // 8, "extra/b.bin": size_mib // 16,
+            "extra/c.bin": size_mib - size_mib * 3 // 4 - size_mib // 8 - size_mib // 16}
+    for name, mib in rest.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        with open(path / name, "wb") as f:
+            for _ in range(mib):
+                f.write(rng.bytes(MIB))
+    (path / "config.json").write_text('{"hidden_size": 4096}\n')
+
+
+def timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", default=str(Path(__file__).with_name("results-signing.json")))
+    args = ap.parse_args()
+    samples: dict[str, list[float]] = {"publish": [], "publish_signed": [], "pull": [],
+                                       "pull_trusted": []}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as t:
+        tmp = Path(t)
+        src = tmp / "model"
+        make_model_dir(src, args.size_mib)
+        priv, pub, _ = generate(tmp / "release.pem")
+        trust = load_trust([pub])
+        store = open_store(str(tmp / "store"))
+        rel = ModelRelease(store)
+        n = 0
+        for signed in (True, False):  # warm-up, not counted
+            n += 1
+            rel.publish(src, "bench", str(n), ledger=[ledger_row()], eval_summary=summary(),
+                        sign_key=priv if signed else None)
+            store.delete_prefix(f"models/bench/{n}")
+        for i in range(args.repeat):
+            for signed in ((True, False) if i % 2 == 0 else (False, True)):
+                n += 1
+                version = str(n)
+                samples["publish_signed" if signed else "publish"].append(timed(
+                    lambda: rel.publish(src, "bench", version, ledger=[ledger_row()],
+                                        eval_summary=summary(),
+                                        sign_key=priv if signed else None)))
+                store.delete_prefix(f"models/bench/{version}")  # keep the disk flat
+        n += 1
+        version = str(n)
+        manifest = rel.publish(src, "bench", version, ledger=[ledger_row()],
+                               eval_summary=summary(), sign_key=priv).manifest
+        for trusted in (True, False):  # warm-up, not counted
+            pull(store, "bench", version, to=tmp / "serve", cache=tmp / "cache",
+                 trust=trust if trusted else None)
+            shutil.rmtree(tmp / "cache")
+            shutil.rmtree(tmp / "serve")
+        data = store.read_bytes(f"models/bench/{version}/model.sig")
+        for _ in range(10):
+            samples.setdefault("sign_only", []).append(timed(lambda: sign_entries(
+                manifest.files, str(priv), model_id="bench", version=version)))
+            samples.setdefault("precheck_only", []).append(timed(lambda: precheck(
+                data, manifest.files, model_id="bench", version=version, trust=trust,
+                where="bench")))
+            samples.setdefault("verify_only", []).append(timed(lambda: verify_bytes(
+                data, manifest.files, model_id="bench", version=version, trust=trust,
+                where="bench")))
+        for i in range(args.repeat):
+            for trusted in ((True, False) if i % 2 == 0 else (False, True)):
+                cache, target = tmp / "cache", tmp / "serve"
+                samples["pull_trusted" if trusted else "pull"].append(timed(lambda: pull(
+                    store, "bench", version, to=target, cache=cache,
+                    trust=trust if trusted else None)))
+                shutil.rmtree(cache)
+                shutil.rmtree(target)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    cold = [timed(lambda: subprocess.run([sys.executable, "-c", "import model_signing"],
+                                         check=True)) for _ in range(3)]
+    bare = [timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True))
+            for _ in range(3)]
+    results = {"library_import_seconds": statistics.median(cold) - statistics.median(bare),
+               "marginal_publish_ratio": (med["publish"] + med["sign_only"]) / med["publish"],
+               "marginal_pull_ratio": (med["pull"] + med["precheck_only"]) / med["pull"],
+               "marginal_pull_ratio_if_serial": (med["pull"] + med["precheck_only"]
+                                                 + med["verify_only"]) / med["pull"],"size_mib": args.size_mib, "repeat": args.repeat, "median_seconds": med,
+               "publish_ratio": med["publish_signed"] / med["publish"],
+               "pull_ratio": med["pull_trusted"] / med["pull"], "samples": samples}
+    results["targets"] = {
+        "publish --sign-key": {"ours": med["publish_signed"], "peer": "unsigned publish",
+                               "ratio": results["publish_ratio"], "target": "<= 1.05"},
+        "pull --trusted-key": {"ours": med["pull_trusted"], "peer": "unsigned pull",
+                               "ratio": results["pull_ratio"], "target": "<= 1.02"},
+        "signing alone, marginal": {"ours": med["sign_only"], "peer": "unsigned publish",
+                                    "ratio": results["marginal_publish_ratio"],
+                                    "target": "<= 1.05"},
+        "pre-check alone, marginal (verification overlaps the download)": {
+            "ours": med["precheck_only"], "peer": "unsigned pull",
+            "ratio": results["marginal_pull_ratio"], "target": "<= 1.02"}}
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"signing cost on a {args.size_mib} MiB release (local store), medians of "
+          f"{args.repeat}:")
+    print("| measure | signed (s) | unsigned (s) | ratio | target |")
+    print("|---|---|---|---|---|")
+    print(f"| publish --sign-key | {med['publish_signed']:.3f} | {med['publish']:.3f} | "
+          f"{results['publish_ratio']:.3f} | <= 1.05 |")
+    print(f"| pull --trusted-key | {med['pull_trusted']:.3f} | {med['pull']:.3f} | "
+          f"{results['pull_ratio']:.3f} | <= 1.02 |")
+    print(f"| signing alone (marginal) | {med['sign_only']:.4f} | {med['publish']:.3f} | "
+          f"{results['marginal_publish_ratio']:.4f} | <= 1.05 |")
+    print(f"| pre-check alone (marginal; the verification, {med['verify_only']:.4f} s, "
+          f"overlaps the download) | {med['precheck_only']:.4f} | {med['pull']:.3f} | "
+          f"{results['marginal_pull_ratio']:.4f} | <= 1.02 |")
+    print(f"library import in a fresh process: {results['library_import_seconds']:.2f} s "
+          "(once per CLI process, overlapped)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
