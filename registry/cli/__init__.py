@@ -6,7 +6,7 @@ at the boundary (:mod:`registry.cli.errors`).
 
 from __future__ import annotations
 
-from registry.cli import ckpt, index, pull, quickstart, release, verify  # noqa: F401  (registers commands)
+from registry.cli import ckpt, index, pull, quickstart, release, serve, verify  # noqa: F401  (registers commands)
 from registry.cli.app import app
 
 

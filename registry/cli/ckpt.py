@@ -12,6 +12,7 @@ from registry.checkpoint.loongsage import adopt
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_FAILED, error_boundary
 from registry.commit import CLAIM_SUFFIX
+from registry.documents import checkpoint_list
 from registry.errors import NoValidCheckpointError, NotCommittedError, PointerError, UsageError
 from registry.names import check_name
 from registry.store import Store, join, open_store
@@ -89,19 +90,15 @@ def ckpt_ls(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
             as_json: JsonOpt = False) -> None:
     """List step directories: step, committed, verified, bytes."""
     with error_boundary():
-        tree = open_tree(run, store, layout)
-        infos = [tree.info(s, full=full) for s in tree.steps()]
-        latest = tree.latest()
+        doc = checkpoint_list(open_tree(run, store, layout), full=full)
     if as_json:
-        print_json({"tree": tree.store.url_of(tree.root), "layout": tree.layout.name,
-                    "latest": latest, "steps": [i.to_dict() for i in infos]})
+        print_json(doc)
         return
     typer.echo(f"{'step':>10}  {'committed':9}  {'verified':8}  {'bytes':>14}  latest")
-    for i in infos:
-        d = i.to_dict()
-        typer.echo(f"{i.step:>10}  {'yes' if d['committed'] else 'no':9}  "
+    for d in doc["steps"]:
+        typer.echo(f"{d['step']:>10}  {'yes' if d['committed'] else 'no':9}  "
                    f"{'yes' if d['verified'] else 'no':8}  {d['bytes'] or 0:>14}  "
-                   f"{'*' if i.step == latest else ''}")
+                   f"{'*' if d['step'] == doc['latest'] else ''}")
 
 
 @ckpt_app.command("latest")

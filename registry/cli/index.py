@@ -12,7 +12,7 @@ import typer
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_USAGE, error_boundary
 from registry.errors import InvalidNameError
-from registry.ledger import revocations
+from registry.documents import revocation_list
 
 db_app = typer.Typer(help="The index database schema.", no_args_is_help=True)
 index_app = typer.Typer(help="The SQL index derived from the store.", no_args_is_help=True)
@@ -75,7 +75,7 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
 def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List revoked sources (from the store)."""
     with error_boundary():
-        revs = [r.to_dict() for r in revocations(_registry(store, None).store).values()]
+        revs = revocation_list(_registry(store, None).store)
     if as_json:
         print_json(revs)
     else:

@@ -10,14 +10,14 @@ from typing import Annotated
 
 import typer
 
-from registry.aliases import list_aliases, parse_ref, resolve
 from registry.checkpoint import get_layout
+from registry import documents
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import EXIT_FAILED, EXIT_USAGE, error_boundary
-from registry.errors import GateFailedError, InvalidNameError, UsageError
-from registry.gates import GateResult, passed
+from registry.errors import GateFailedError, UsageError
+from registry.gates import GateResult
 from registry.gc import collect, parse_duration
-from registry.release import ModelRelease, ReleaseResult
+from registry.release import ReleaseResult
 from registry.release.policy import thresholds
 from registry.store import open_store
 
@@ -157,18 +157,12 @@ def gate_check(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODE
 
     Exits 0 when all pass, 1 otherwise."""
     with error_boundary():
-        rel = ModelRelease(store)
-        model_id, name = parse_ref(ref)
-        if name is None:
-            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION", name=ref)
-        version = resolve(rel.store, model_id, name)
-        results = rel.check(model_id, version, require=require or [])
+        doc = documents.gate_check(open_store(store), ref, require=require or [])
     if as_json:
-        print_json({"model_id": model_id, "version": version, "passed": passed(results),
-                    "gates": [r.to_dict() for r in results]})
+        print_json(doc)
     else:
-        _print_gates(results)
-    if not passed(results):
+        _print_gates([GateResult(g["gate"], g["passed"], g["reason"]) for g in doc["gates"]])
+    if not doc["passed"]:
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -200,7 +194,7 @@ def alias_ls(model_id: Annotated[str, typer.Argument(help="Model id.")],
              store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the aliases of MODEL_ID."""
     with error_boundary():
-        aliases = list_aliases(open_store(store), model_id)
+        aliases = documents.alias_map(open_store(store), model_id)
     if as_json:
         print_json(aliases)
     else:

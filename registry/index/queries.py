@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, or_, select
+from sqlalchemy import ColumnElement, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
@@ -70,14 +70,17 @@ def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
     return [dict(r._mapping) for r in s.execute(q)]
 
 
-def releases_for_source(s: Session, source_id: str) -> list[dict[str, Any]]:
-    """Every release whose ledger lists ``source_id``, by model then age."""
+def releases_for_source(s: Session, source_id: str, *, limit: int | None = None,
+                        offset: int = 0) -> list[dict[str, Any]]:
+    """Every release whose ledger lists ``source_id``, by model then age
+    (``limit``/``offset``: one page of them, for the web page)."""
     q = (select(Model.model_id, Release.version, Release.uri, Release.created_at,
                 ReleaseSource.allowed_uses, ReleaseSource.revoked_in_file)
          .select_from(Release).join(Model).join(ReleaseSource)
          .join(LedgerSource, LedgerSource.id == ReleaseSource.source_pk)
          .where(LedgerSource.source_id == source_id)
-         .order_by(Model.model_id, Release.created_at, Release.version))
+         .order_by(Model.model_id, Release.created_at, Release.version)
+         .limit(limit).offset(offset))
     revoked = s.scalar(select(Revocation.reason).where(Revocation.source_id == source_id))
     return [{**dict(r._mapping), "allowed_uses": r.allowed_uses.split(",") if r.allowed_uses
              else [], "live_revoked": revoked is not None} for r in s.execute(q)]
@@ -163,17 +166,25 @@ def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
 
 
 def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
-    """Models (with release counts), or the releases of one model newest first."""
+    """Models (with release counts, newest and newest passing version, aliases),
+    or the releases of one model newest first."""
     if model_id is None:
-        rows = s.execute(select(Model.model_id).order_by(Model.model_id)).scalars().all()
+        counts = dict(s.execute(select(Model.model_id, func.count(Release.id))
+                                .outerjoin(Release).group_by(Model.model_id)).all())
+        by_model: dict[str, list[str]] = {}
+        for m, alias in s.execute(select(Model.model_id, Alias.alias).join(Alias)
+                                  .order_by(Alias.alias)):
+            by_model.setdefault(m, []).append(alias)
         out = []
-        for m in rows:
-            versions = s.scalars(select(Release.version).join(Model).where(Model.model_id == m)
-                                 .order_by(Release.created_at.desc(), Release.version.desc())).all()
+        for m in sorted(counts):
+            # one row each, not every version: a model may have 100k releases
+            newest = s.scalar(select(Release.version).join(Model).where(Model.model_id == m)
+                              .order_by(Release.created_at.desc(), Release.version.desc())
+                              .limit(1))
             ok = passing(s, m, latest=True)
-            out.append({"model_id": m, "releases": len(versions),
-                        "newest": versions[0] if versions else None,
-                        "newest_passing": ok[0]["version"] if ok else None})
+            out.append({"model_id": m, "releases": counts[m], "newest": newest,
+                        "newest_passing": ok[0]["version"] if ok else None,
+                        "aliases": by_model.get(m, [])})
         return out
     ok = {r["version"] for r in passing(s, model_id)}
     aliases: dict[str, list[str]] = {}
