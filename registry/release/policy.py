@@ -26,7 +26,8 @@ def thresholds(store: Store, model_id: str, *,
     """The model's stored thresholds followed by ``extra`` (strings are parsed).
 
     Raises:
-        DocumentError: policy.json or a threshold is malformed.
+        DocumentError: policy.json or a threshold in it is malformed.
+        UsageError: a threshold of ``extra`` does not parse.
     """
     key = policy_key(model_id)
     out = []
@@ -37,8 +38,11 @@ def thresholds(store: Store, model_id: str, *,
     items = doc.get("require") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise DocumentError(store.url_of(key), "expected {\"require\": [\"METRIC>=VALUE\", ...]}")
-    for item in [*items, *extra]:
+    for item in items:
         out.append(_parse(item, store.url_of(key)))
+    # the caller's own thresholds are arguments, not the stored document: a bad
+    # one is a usage error naming the text (exit 2), not a broken policy.json
+    out += [t if isinstance(t, Threshold) else Threshold.parse(str(t)) for t in extra]
     return out
 
 
@@ -55,9 +59,9 @@ def set_policy(store: Store, model_id: str, require: Iterable[str]) -> list[Thre
     """Replace the model's thresholds; returns them parsed.
 
     Raises:
-        DocumentError: a threshold does not parse.
+        UsageError: a threshold does not parse.
     """
-    parsed = [_parse(r, "--require") for r in require]
+    parsed = [r if isinstance(r, Threshold) else Threshold.parse(str(r)) for r in require]
     store.write_bytes(policy_key(model_id),
                       (json.dumps({"require": [str(t) for t in parsed]}, indent=2) + "\n").encode())
     return parsed
