@@ -360,16 +360,17 @@ def test_token_file(built: tuple[str, str], tmp_path: Path) -> None:
 ])
 def test_serve_refuses_bad_options(built: tuple[str, str], tmp_path: Path, args: list[str],
                                    message: str) -> None:
-    r = run_cli("serve", "--store", built[0], "--db", built[1], *args)
-    assert r.returncode == 2, r.stderr
-    assert message in r.stderr and "Traceback" not in r.stderr
+    r = CliRunner().invoke(cli_app, ["serve", "--store", built[0], "--db", built[1], *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr
+    assert isinstance(r.exception, SystemExit)  # a clean exit, no traceback
 
 
 def test_empty_token_file_is_refused(built: tuple[str, str], tmp_path: Path) -> None:
     (tmp_path / "token").write_text("\n\n")
-    r = run_cli("serve", "--store", built[0], "--db", built[1], "--token-file",
-                str(tmp_path / "token"))
-    assert r.returncode == 2 and "holds no token" in r.stderr
+    r = CliRunner().invoke(cli_app, ["serve", "--store", built[0], "--db", built[1],
+                                     "--token-file", str(tmp_path / "token")])
+    assert r.exit_code == 2 and "holds no token" in r.stderr
 
 
 # -- S3 and Postgres -------------------------------------------------------------
@@ -408,8 +409,9 @@ def test_a_bad_require_is_a_usage_error_not_a_broken_policy(built: tuple[str, st
     db = f"sqlite:///{tmp_path / 'i.db'}"
     shutil.copy(built[1].removeprefix("sqlite:///"), tmp_path / "i.db")
     policy = (store / "models/tiny/policy.json").read_bytes()
-    r = run_cli(*args, "--store", str(store), *([] if args[0] == "gate" else ["--db", db]))
-    assert r.returncode == 2, r.stderr
+    r = CliRunner().invoke(cli_app, [*args, "--store", str(store),
+                                     *([] if args[0] == "gate" else ["--db", db])])
+    assert r.exit_code == 2, r.output
     assert "expected METRIC>=VALUE" in r.stderr or "not a number" in r.stderr
     assert "policy.json" not in r.stderr
     assert (store / "models/tiny/policy.json").read_bytes() == policy
