@@ -35,7 +35,8 @@ def summary2(acc: float, loss: float) -> dict[str, Any]:
 def build(store_url: str, db_url: str) -> None:
     """Run ``r1`` (steps 10, 20, 30, each with a loss), model ``tiny`` with
     versions 1 (fails: source ``books`` revoked, and the policy), 2 (passes,
-    alias ``prod``, a head) and 3 (passes), and a revocation of ``books``."""
+    alias ``prod``, a head) and 3 (passes; the only one trained on ``news``),
+    and a revocation of ``books``."""
     with Registry(store_url, db=db_url) as reg:
         with reg.checkpoint_manager("r1", keep_ckpts=0, async_save=False) as m:
             for step, loss in LOSSES.items():
@@ -50,7 +51,8 @@ def build(store_url: str, db_url: str) -> None:
                            card_fields={"description": EVIL})
         reg.create_release("r1", 20, "tiny", "2", dtype="bf16", ledger=[ledger_row("wiki")],
                            eval_summary=summary2(0.95, 1.5), heads=[head(input_dim=8)])
-        reg.create_release("r1", 30, "tiny", "3", ledger=[ledger_row("wiki")],
+        reg.create_release("r1", 30, "tiny", "3", ledger=[ledger_row("wiki"),
+                           ledger_row("news")],
                            eval_summary=summary2(0.97, 1.2))
         reg.set_alias("tiny", "prod", "2")
         reg.set_policy("tiny", ["copy/accuracy>=0.92"])
