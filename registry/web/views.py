@@ -120,8 +120,9 @@ def model_view(reg: Registry, model_id: str, page: int = 1) -> dict[str, Any]:
         for alias, version in aliases:
             by_version.setdefault(version, []).append(alias)
         versions = []
+        page_gates = queries.gate_results_many(s, model_id, [r.version for r in rows])
         for r in rows:
-            gates = queries.gate_results(s, model_id, r.version)
+            gates = page_gates[r.version]
             versions.append({"version": r.version, "created_at": r.created_at,
                              "dtype": r.dtype, "bytes": r.bytes,
                              "manifest_sha256": r.manifest_sha256,
@@ -259,9 +260,21 @@ def source_view(reg: Registry, source_id: str, page: int = 1) -> dict[str, Any]:
         total = (s.scalar(select(func.count()).select_from(ReleaseSource)
                           .where(ReleaseSource.source_pk == src.id)) or 0) if src else 0
         paging = _paging(page, total)
-        rows = (queries.releases_for_source(s, source_id, limit=paging.size,
-                                            offset=paging.offset) if src else [])
-        return {"source_id": source_id, "paging": paging, "releases": rows,
+        # newest indexed first: the page is read from the (source_pk, release_pk)
+        # index; ordering 20k releases by model and age would cost a join each
+        pks = s.scalars(select(ReleaseSource.release_pk)
+                        .where(ReleaseSource.source_pk == src.id)
+                        .order_by(ReleaseSource.release_pk.desc())
+                        .limit(paging.size).offset(paging.offset)).all() if src else []
+        rows = s.execute(select(Model.model_id, Release.version, Release.uri,
+                                Release.created_at, ReleaseSource.allowed_uses)
+                         .select_from(Release).join(Model).join(ReleaseSource)
+                         .where(ReleaseSource.release_pk.in_(pks),
+                                ReleaseSource.source_pk == (src.id if src else -1))
+                         .order_by(Release.id.desc())).all()
+        releases = [{**dict(r._mapping), "allowed_uses": r.allowed_uses.split(",")
+                     if r.allowed_uses else []} for r in rows]
+        return {"source_id": source_id, "paging": paging, "releases": releases,
                 "name": src.name if src else None, "uri": src.uri if src else None,
                 "license": src.license if src else None}
     return {**reg.index.run(q), "revocation": revocation}
