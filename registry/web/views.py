@@ -73,22 +73,26 @@ def _paging(page: int, total: int) -> Paging:
 
 
 def index_view(reg: Registry) -> dict[str, Any]:
-    """Models (the ``registry ls`` document), runs and data sources."""
+    """Models (the ``registry ls`` document), runs, and the revoked data sources."""
     def q(s: Session) -> dict[str, Any]:
         runs = s.execute(select(Checkpoint.run_id, func.count(Checkpoint.id),
                                 func.max(Checkpoint.step))
                          .group_by(Checkpoint.run_id).order_by(Checkpoint.run_id)).all()
-        sources = s.execute(select(LedgerSource.source_id, LedgerSource.name,
+        # only the revoked sources: there may be thousands of live ones, each
+        # reachable from the ledger of the versions trained on it
+        sources = s.execute(select(Revocation.source_id, LedgerSource.name,
                                    LedgerSource.license, Revocation.reason)
-                            .outerjoin(Revocation,
+                            .outerjoin(LedgerSource,
                                        Revocation.source_id == LedgerSource.source_id)
-                            .order_by(LedgerSource.source_id)).all()
+                            .order_by(Revocation.source_id)).all()
+        source_count = s.scalar(select(func.count(LedgerSource.id)))
         return {"models": queries.ls(s),
                 "runs": [{"run_id": r, "checkpoints": n, "newest_step": m}
                          for r, n, m in runs],
                 "sources": [{"source_id": sid, "name": name, "license": lic,
-                             "revoked": reason is not None, "revocation_reason": reason}
-                            for sid, name, lic, reason in sources]}
+                             "revoked": True, "revocation_reason": reason}
+                            for sid, name, lic, reason in sources],
+                "source_count": source_count}
     return reg.index.run(q)
 
 
