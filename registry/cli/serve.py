@@ -48,18 +48,6 @@ def read_token(path: str) -> str:
     return token
 
 
-def serve_line(store: str | None = None, db: str | None = None) -> str:
-    """The command that serves ``store`` and ``db`` (what the quickstart prints)."""
-    import shlex
-
-    parts = ["registry", "serve"]
-    if store:
-        parts += ["--store", shlex.quote(store)]
-    if db:
-        parts += ["--db", shlex.quote(db)]
-    return " ".join(parts)
-
-
 @app.command()
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback "
