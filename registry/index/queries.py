@@ -199,14 +199,14 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     """Models (with release counts, newest and newest passing version, aliases),
     or the releases of one model newest first."""
     if model_id is None:
-        def newest(*where: ColumnElement[bool]) -> Any:
+        def newest(*where: Any) -> Any:
             return (select(Release.version).where(Release.model_pk == Model.id, *where)
                     .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
                     .correlate(Model).scalar_subquery())
         # one statement for every model, each answer read from the release-order
         # index (a model may have 100k releases); a model with policy thresholds
         # gets its newest passing version from passing() itself
-        rows = s.execute(select(
+        summary = s.execute(select(
             Model.model_id,
             select(func.count(Release.id)).where(Release.model_pk == Model.id)
             .correlate(Model).scalar_subquery(),
@@ -218,10 +218,10 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
                                   .order_by(Alias.alias)):
             by_model.setdefault(m, []).append(alias)
         out = []
-        for m, count, newest_version, newest_ok, has_policy in rows:
+        for m, count, newest_version, newest_ok, has_policy in summary:
             if has_policy:
-                ok = passing(s, m, latest=True)
-                newest_ok = ok[0]["version"] if ok else None
+                first = passing(s, m, latest=True)
+                newest_ok = first[0]["version"] if first else None
             out.append({"model_id": m, "releases": count, "newest": newest_version,
                         "newest_passing": newest_ok, "aliases": by_model.get(m, [])})
         return out

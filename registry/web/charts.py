@@ -77,11 +77,11 @@ def render_svg(chart: Chart) -> Markup:
              f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fff" '
              'stroke="#ccc"/>']
     for k in range(5):  # y grid and tick labels
-        v = lo + (hi - lo) * k / 4
-        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
-                     'stroke="#eee"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" '
-                     f'font-size="11">{_fmt(v)}</text>')
+        tick = lo + (hi - lo) * k / 4
+        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(tick):.1f}" '
+                     f'y2="{y(tick):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{LEFT - 6}" y="{y(tick) + 4:.1f}" text-anchor="end" '
+                     f'font-size="11">{_fmt(tick)}</text>')
     step = max(1, math.ceil(n / 12))  # at most ~12 x labels
     for i in range(0, n, step):
         label = chart.x_labels[i]
@@ -99,22 +99,22 @@ def render_svg(chart: Chart) -> Markup:
         colour = s.colour or PALETTE[k % len(PALETTE)]
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
         runs: list[list[tuple[int, float]]] = [[]]
-        for i, v in s.points:
-            if v is None or not math.isfinite(v):
+        for i, value in s.points:
+            if value is None or not math.isfinite(value):
                 runs.append([])
             else:
-                runs[-1].append((i, v))
+                runs[-1].append((i, value))
         for run in runs:
             if len(run) > 1:
                 pts = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
                 parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} '
                              f'points="{pts}"/>')
         if not s.dashed:
-            for i, v in s.points:
-                if v is not None and math.isfinite(v):
-                    parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3" '
+            for i, value in s.points:
+                if value is not None and math.isfinite(value):
+                    parts.append(f'<circle cx="{x(i):.1f}" cy="{y(value):.1f}" r="3" '
                                  f'fill="{colour}"><title>{escape(s.name)} @ '
-                                 f"{escape(chart.x_labels[i])}: {_fmt(v)}</title></circle>")
+                                 f"{escape(chart.x_labels[i])}: {_fmt(value)}</title></circle>")
         parts.append(f'<line x1="{legend_x:.0f}" x2="{legend_x + 18:.0f}" y1="{legend_y - 4}" '
                      f'y2="{legend_y - 4}" stroke="{colour}" stroke-width="2"{dash}/>')
         parts.append(f'<text x="{legend_x + 22:.0f}" y="{legend_y}" font-size="11">'

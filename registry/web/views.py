@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -147,8 +148,8 @@ def model_view(reg: Registry, model_id: str, page: int = 1) -> dict[str, Any]:
     return reg.index.run(q)
 
 
-def _eval_charts(labels: list[str], pk_to_x: dict[int, int], evals: list[Any],
-                 policy: list[Any]) -> list[Chart]:
+def _eval_charts(labels: list[str], pk_to_x: dict[int, int], evals: Sequence[Any],
+                 policy: Sequence[Any]) -> list[Chart]:
     """One chart per ``task/metric``: its value per version, the threshold its
     eval summary stated (dashed), and any policy threshold on it (dashed)."""
     per_metric: dict[str, dict[int, tuple[float, float]]] = {}
