@@ -208,7 +208,7 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
         # gets its newest passing version from passing() itself
         summary = s.execute(select(
             Model.model_id,
-            select(func.count(Release.id)).where(Release.model_pk == Model.id)
+            select(func.count()).where(Release.model_pk == Model.id)
             .correlate(Model).scalar_subquery(),
             newest(), newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
                              ~_revoked()),

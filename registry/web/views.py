@@ -112,7 +112,8 @@ def model_view(reg: Registry, model_id: str, page: int = 1) -> dict[str, Any]:
         if mpk is None:
             raise NotCommittedError(f"model {model_id!r}: no such model in the index",
                                     path=join("models", model_id))
-        total = s.scalar(select(func.count(Release.id)).where(Release.model_pk == mpk)) or 0
+        total = s.scalar(select(func.count()).select_from(Release)
+                          .where(Release.model_pk == mpk)) or 0
         paging = _paging(page, total)
         rows = s.execute(select(Release.id, Release.version, Release.created_at, Release.dtype,
                                 Release.bytes, Release.manifest_sha256)
