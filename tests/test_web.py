@@ -415,3 +415,23 @@ def test_a_bad_require_is_a_usage_error_not_a_broken_policy(built: tuple[str, st
     assert "expected METRIC>=VALUE" in r.stderr or "not a number" in r.stderr
     assert "policy.json" not in r.stderr
     assert (store / "models/tiny/policy.json").read_bytes() == policy
+
+
+def test_web_bench_harness(tmp_path: Path) -> None:
+    """bench/web_bench.py at a tiny size: every page answers and is timed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "web_bench", Path(__file__).resolve().parent.parent / "bench" / "web_bench.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "results-web.json"
+    assert bench.main(["--releases", "200", "--requests", "2", "--postgres", "none",
+                       "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sqlite"]["releases"] == 203
+    assert set(doc["sqlite"]["pages"]) == set(bench.PAGES)
+    assert all(p["n"] == 2 and 0 < p["p50_ms"] <= p["p95_ms"] for p in
+               doc["sqlite"]["pages"].values())
+    assert len(doc["targets"]) == len(bench.PAGES)
