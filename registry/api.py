@@ -253,7 +253,8 @@ class Registry:
         if model_id not in known:
             names = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
             raise UnknownModelError(
-                f"{model_id}: no such model in the index {self.index} (models: "
+                f"{model_id}: no such model in the index "
+                f"{self.index.engine.url.render_as_string(hide_password=True)} (models: "
                 f"{names or 'none'}; if the store holds it, run `registry index rebuild`)",
                 model_id=model_id, known=tuple(known))
 

@@ -9,7 +9,8 @@
 4. revoke one data source and show a version stop passing the gates;
 5. list the passing versions, point ``prod`` at the newest;
 6. pull both models into a serving directory as a serving host does: only
-   releases signed by the trusted public key, every byte verified.
+   releases signed by the trusted public key, every byte verified;
+7. print the ``registry serve`` line that shows it all in a browser.
 
 Without the ``[signing]`` extra the releases are unsigned and the pull trusts
 the manifest alone; the quickstart says so.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -143,6 +145,16 @@ def _signing_key(work: Path, say: Callable[[str], None]) -> tuple[Path, Path] | 
     return priv, pub
 
 
+def serve_line(store: str | None = None, db: str | None = None) -> str:
+    """The ``registry serve`` command for ``store`` and ``db`` (None: the defaults)."""
+    parts = ["registry", "serve"]
+    if store:
+        parts += ["--store", shlex.quote(store)]
+    if db:
+        parts += ["--db", shlex.quote(db)]
+    return " ".join(parts)
+
+
 def run(store: str | None = None, db: str | None = None, workdir: str | Path = "quickstart",
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the quickstart; returns a summary of what it did.
@@ -232,6 +244,10 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
         signed = f", signed by {res.signer[:16]}..." if res.signer else ", unsigned"
         say(f"pulled {model_id}@{ref} (version {res.version}) to {res.path}: {res.files} files, "
             f"{res.bytes} bytes, every byte verified{signed}, {res.seconds:.2f} s")
+    store_url, db_url = reg.store.url, reg.index.url
     reg.close()
+    serve = serve_line(store_url if store else None, db_url if db else None)
+    say(f"see it all in a browser (read-only): {serve}   # needs the web extra: "
+        "pip install 'model-registry[web]'; then open http://127.0.0.1:8080/")
     return {"trained": trained, "steps": steps, "passing_before": before,
-            "passing_after": after, "pulled": pulled}
+            "passing_after": after, "pulled": pulled, "serve": serve}

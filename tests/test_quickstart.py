@@ -36,6 +36,8 @@ def check_outcome(store_url: str, work: Path, stdout: str) -> None:
         for model in ("tiny-lm", "all-minilm-l6-v2"):
             assert (work / "serving" / model / "model.sig").exists()
         assert stdout.count(f"signed by {fingerprint[:16]}") == 2, stdout
+    assert stdout.rstrip().splitlines()[-1].startswith(
+        "see it all in a browser (read-only): registry serve")
 
 
 def test_quickstart_embedded_default(tmp_path: Path) -> None:
@@ -43,6 +45,7 @@ def test_quickstart_embedded_default(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr + r.stdout
     assert (tmp_path / "registry.db").exists()
     check_outcome(str(tmp_path / "artifacts"), tmp_path / "quickstart", r.stdout)
+    assert "registry serve   # needs the web extra" in r.stdout  # the defaults: no options
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -52,5 +55,6 @@ def test_quickstart_s3_and_postgres(tmp_path: Path, s3_bucket: str, db_url: str)
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     check_outcome(store, tmp_path / "q", r.stdout)
+    assert f"registry serve --store {store} --db {db_url}" in r.stdout
     r = run_cli("query", "tiny-lm", "--passing", "--json", "--store", store, "--db", db_url)
     assert [v["version"] for v in json.loads(r.stdout)] == ["1.1"]

@@ -19,6 +19,7 @@ from registry.errors import (
     PointerError,
     UsageError,
 )
+from registry.documents import checkpoint_list
 from registry.names import check_name
 from registry.store import Store, join, open_store
 from registry.verify import verify_directory
@@ -106,21 +107,18 @@ def ckpt_ls(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
     with error_boundary(as_json):
         tree = open_tree(run, store, layout)
         _require_tree(tree, run)
-        infos = [tree.info(s, full=full) for s in tree.steps()]
-        latest = tree.latest()
+        doc = checkpoint_list(tree, full=full)
     if as_json:
-        print_json({"tree": tree.store.url_of(tree.root), "layout": tree.layout.name,
-                    "latest": latest, "steps": [i.to_dict() for i in infos]})
+        print_json(doc)
         return
-    if not infos:
-        typer.echo(f"{tree.store.url_of(tree.root)}: no step directories", err=True)
+    if not doc["steps"]:
+        typer.echo(f"{doc['tree']}: no step directories", err=True)
         return
     typer.echo(f"{'step':>10}  {'committed':9}  {'verified':8}  {'bytes':>14}  latest")
-    for i in infos:
-        d = i.to_dict()
-        typer.echo(f"{i.step:>10}  {'yes' if d['committed'] else 'no':9}  "
+    for d in doc["steps"]:
+        typer.echo(f"{d['step']:>10}  {'yes' if d['committed'] else 'no':9}  "
                    f"{'yes' if d['verified'] else 'no':8}  {d['bytes'] or 0:>14}  "
-                   f"{'*' if i.step == latest else ''}")
+                   f"{'*' if d['step'] == doc['latest'] else ''}")
 
 
 @ckpt_app.command("latest")

@@ -12,9 +12,9 @@ import typer
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.errors import RegistryError, UsageError
-from registry.ledger import revocations
 from registry.release.failing import failing_aliases
 from registry.store import open_store
+from registry.documents import revocation_list
 
 db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
 index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)
@@ -102,7 +102,7 @@ def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List revoked sources (from the store)."""
     with error_boundary(as_json):
         s = open_store(store)
-        revs = [r.to_dict() for r in revocations(s).values()]
+        revs = revocation_list(s)
     if as_json:
         print_json(revs)
     else:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from registry.aliases import list_aliases, parse_ref, resolve
+from registry import documents
 from registry.checkpoint import get_layout
 from registry.cli.app import (
     DbOpt,
@@ -29,10 +29,10 @@ from registry.cli.errors import (
     index_writes,
     report_not_indexed,
 )
-from registry.errors import GateFailedError, InvalidNameError, ObjectNotFoundError, UsageError
-from registry.gates import GateResult, passed
+from registry.errors import GateFailedError, ObjectNotFoundError, UsageError
+from registry.gates import GateResult
 from registry.gc import collect, parse_duration
-from registry.release import ModelRelease, ReleaseResult
+from registry.release import ReleaseResult
 from registry.release.policy import signed_by, thresholds
 from registry.names import check_name
 from registry.store import Store, join, open_store
@@ -198,22 +198,18 @@ def gate_check(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODE
 
     Exits 0 when all pass, 1 otherwise."""
     with error_boundary(as_json):
-        rel = ModelRelease(store)
-        model_id, name = parse_ref(ref)
-        if name is None:
-            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION", name=ref)
-        version = resolve(rel.store, model_id, name)
-        results = rel.check(model_id, version, require=require or [])
+        doc = documents.gate_check(open_store(store), ref, require=require or [])
+    results = [GateResult(g["gate"], g["passed"], g["reason"]) for g in doc["gates"]]
+    model_id, version = doc["model_id"], doc["version"]
     if as_json:
-        print_json({"model_id": model_id, "version": version, "passed": passed(results),
-                    "gates": [r.to_dict() for r in results]})
+        print_json(doc)
     else:
         _print_gates(results)
-    if not passed(results):
+    if not doc["passed"]:
         fail(f"{model_id}@{version}: fails the release gates now ("
              + "; ".join(f"{r.name}: {r.reason}" for r in results if not r.passed) + ")",
              EXIT_FAILED, as_json=as_json, cls="GateFailedError", path=f"{model_id}@{version}",
-             gates=[r.to_dict() for r in results])
+             gates=doc["gates"])
 
 
 alias_app = RegistryTyper(help="Mutable aliases (refs/<alias>) of releases.",
@@ -248,7 +244,7 @@ def alias_ls(model_id: Annotated[str, typer.Argument(help="Model id.")],
     with error_boundary(as_json):
         s = open_store(store)
         _require_model(s, model_id)
-        aliases = list_aliases(s, model_id)
+        aliases = documents.alias_map(s, model_id)
     if as_json:
         print_json(aliases)
     else:

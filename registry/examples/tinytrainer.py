@@ -481,7 +481,8 @@ def train(store_url: str, run_id: str, steps: int, *, ckpt_every: int, keep_ckpt
             last_loss = loss
             if step % ckpt_every == 0 or step == steps:
                 saver.save(step, params, opt, spec["model"],
-                           _trainer_state(spec, sha, step, tokens_seen, data))
+                           {**_trainer_state(spec, sha, step, tokens_seen, data),
+                            "loss": float(loss)})
         mgr.close()
     except BaseException:
         with contextlib.suppress(Exception):  # let an in-flight save land

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, or_, select
+from sqlalchemy import ColumnElement, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
@@ -95,24 +95,57 @@ def _release(s: Session, model_id: str, version: str) -> Release:
 
 def gate_results(s: Session, model_id: str, version: str, *,
                  require: Iterable[Threshold] = ()) -> list[GateResult]:
-    """Every gate of one release, evaluated now, with reasons."""
-    rel = _release(s, model_id, version)
+    """Every gate of one release, evaluated now, with reasons.
+
+    Raises:
+        NotCommittedError: the release is not in the index.
+    """
+    _release(s, model_id, version)
+    return gate_results_many(s, model_id, [version], require=require)[version]
+
+
+def gate_results_many(s: Session, model_id: str, versions: Iterable[str], *,
+                      require: Iterable[Threshold] = ()) -> dict[str, list[GateResult]]:
+    """:func:`gate_results` of several releases of one model in four queries
+    (one page of a model's versions on the web page); versions the index does
+    not hold are left out."""
+    rels = s.execute(select(Release.id, Release.version, Release.card_ok, Release.ledger_ok,
+                            Release.ledger_reason, Release.evals_passed, Release.evals_reason)
+                     .join(Model).where(Model.model_id == model_id,
+                                        Release.version.in_(list(versions)))).all()
+    pks = [r.id for r in rels]
+    revoked: dict[int, list[tuple[str, str]]] = {}
+    for pk, sid, why in s.execute(select(ReleaseSource.release_pk, LedgerSource.source_id,
+                                         Revocation.reason)
+                                  .join(ReleaseSource, ReleaseSource.source_pk == LedgerSource.id)
+                                  .join(Revocation, Revocation.source_id == LedgerSource.source_id)
+                                  .where(ReleaseSource.release_pk.in_(pks))
+                                  .order_by(LedgerSource.source_id)):
+        revoked.setdefault(pk, []).append((sid, why))
+    evals: dict[int, list[tuple[str, str, float]]] = {}
+    for pk, task, metric, value in s.execute(select(EvalResult.release_pk, EvalResult.task,
+                                                    EvalResult.metric, EvalResult.value)
+                                             .where(EvalResult.release_pk.in_(pks))
+                                             .order_by(EvalResult.id)):
+        evals.setdefault(pk, []).append((task, metric, value))
+    policy = _policy(s, model_id, require)
+    out = {}
+    for rel in rels:
+        out[rel.version] = _gates(rel, revoked.get(rel.id, []), evals.get(rel.id, []), policy)
+    return out
+
+
+def _gates(rel: Any, revoked: list[tuple[str, str]], evals: list[tuple[str, str, float]],
+           policy: list[Threshold]) -> list[GateResult]:
     card = GateResult("model_card", rel.card_ok, "MODEL_CARD.md present" if rel.card_ok
                       else "MODEL_CARD.md is missing or empty")
-    revoked = s.execute(select(LedgerSource.source_id, Revocation.reason)
-                        .join(ReleaseSource, ReleaseSource.source_pk == LedgerSource.id)
-                        .join(Revocation, Revocation.source_id == LedgerSource.source_id)
-                        .where(ReleaseSource.release_pk == rel.id)
-                        .order_by(LedgerSource.source_id)).all()
     if rel.ledger_ok and revoked:
         ledger = GateResult("ledger", False, "; ".join(
             f"source {sid} is revoked in the live ledger ({why})" for sid, why in revoked))
     else:
         ledger = GateResult("ledger", rel.ledger_ok, rel.ledger_reason)
     results = [card, ledger, GateResult("evals", rel.evals_passed, rel.evals_reason)]
-    evals = s.execute(select(EvalResult.task, EvalResult.metric, EvalResult.value)
-                      .where(EvalResult.release_pk == rel.id)).all()
-    for t in _policy(s, model_id, require):
+    for t in policy:
         values = [v for task, metric, v in evals if t.metric in (metric, f"{task}/{metric}")]
         name = f"policy:{t}"
         if not values:
@@ -168,17 +201,34 @@ def model_ids(s: Session) -> list[str]:
 
 
 def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
-    """Models (with release counts), or the releases of one model newest first."""
+    """Models (with release counts, newest and newest passing version, aliases),
+    or the releases of one model newest first."""
     if model_id is None:
-        rows = s.execute(select(Model.model_id).order_by(Model.model_id)).scalars().all()
+        def newest(*where: Any) -> Any:
+            return (select(Release.version).where(Release.model_pk == Model.id, *where)
+                    .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
+                    .correlate(Model).scalar_subquery())
+        # one statement for every model, each answer read from the release-order
+        # index (a model may have 100k releases); a model with policy thresholds
+        # gets its newest passing version from passing() itself
+        summary = s.execute(select(
+            Model.model_id,
+            select(func.count()).where(Release.model_pk == Model.id)
+            .correlate(Model).scalar_subquery(),
+            newest(), newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
+                             ~_revoked()),
+            exists().where(Policy.model_pk == Model.id)).order_by(Model.model_id)).all()
+        by_model: dict[str, list[str]] = {}
+        for m, alias in s.execute(select(Model.model_id, Alias.alias).join(Alias)
+                                  .order_by(Alias.alias)):
+            by_model.setdefault(m, []).append(alias)
         out = []
-        for m in rows:
-            versions = s.scalars(select(Release.version).join(Model).where(Model.model_id == m)
-                                 .order_by(Release.created_at.desc(), Release.version.desc())).all()
-            ok = passing(s, m, latest=True)
-            out.append({"model_id": m, "releases": len(versions),
-                        "newest": versions[0] if versions else None,
-                        "newest_passing": ok[0]["version"] if ok else None})
+        for m, count, newest_version, newest_ok, has_policy in summary:
+            if has_policy:
+                first = passing(s, m, latest=True)
+                newest_ok = first[0]["version"] if first else None
+            out.append({"model_id": m, "releases": count, "newest": newest_version,
+                        "newest_passing": newest_ok, "aliases": by_model.get(m, [])})
         return out
     ok = {r["version"] for r in passing(s, model_id)}
     aliases: dict[str, list[str]] = {}

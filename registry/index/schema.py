@@ -37,7 +37,8 @@ class Release(Base):
     joined at query time so a later revocation takes effect at once."""
 
     __tablename__ = "releases"
-    __table_args__ = (UniqueConstraint("model_pk", "version"),)
+    __table_args__ = (UniqueConstraint("model_pk", "version"),
+                      Index("ix_releases_model_created", "model_pk", "created_at", "version"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_pk: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     version: Mapped[str] = mapped_column(String(128))
@@ -80,7 +81,7 @@ class LedgerSource(Base):
 
 class ReleaseSource(Base):
     __tablename__ = "release_sources"
-    __table_args__ = (Index("ix_release_sources_source", "source_pk"),)
+    __table_args__ = (Index("ix_release_sources_source_release", "source_pk", "release_pk"),)
     release_pk: Mapped[int] = mapped_column(ForeignKey("releases.id", ondelete="CASCADE"),
                                             primary_key=True)
     source_pk: Mapped[int] = mapped_column(ForeignKey("ledger_sources.id"), primary_key=True)

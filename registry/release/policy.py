@@ -32,7 +32,8 @@ def thresholds(store: Store, model_id: str, *,
     """The model's stored thresholds followed by ``extra`` (strings are parsed).
 
     Raises:
-        DocumentError: policy.json or a threshold is malformed.
+        DocumentError: policy.json or a threshold in it is malformed.
+        UsageError: a threshold of ``extra`` does not parse.
     """
     key = policy_key(model_id)
     out = []
@@ -43,8 +44,11 @@ def thresholds(store: Store, model_id: str, *,
     items = doc.get("require") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise DocumentError(store.url_of(key), "expected {\"require\": [\"METRIC>=VALUE\", ...]}")
-    for item in [*items, *extra]:
+    for item in items:
         out.append(_parse(item, store.url_of(key)))
+    # the caller's own thresholds are arguments, not the stored document: a bad
+    # one is a usage error naming the text (exit 2), not a broken policy.json
+    out += [t if isinstance(t, Threshold) else Threshold.parse(str(t)) for t in extra]
     return out
 
 

@@ -1,0 +1,91 @@
+"""``registry serve``: the read-only web pages and JSON API (needs the ``web`` extra)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from registry.cli.app import DbOpt, StoreOpt, app
+from registry.cli.errors import error_boundary
+from registry.errors import UsageError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` only ever resolves to loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def read_token(path: str) -> str:
+    """The bearer token in ``path`` (first line, stripped).
+
+    Raises:
+        UsageError: the file cannot be read, or holds no token.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--token-file {path}: cannot read it ({e})") from None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise UsageError(f"--token-file {path}: holds no token (the first line is empty)")
+    return token
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback "
+                                                     "needs --token-file.")] = DEFAULT_HOST,
+    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port).",
+                                      min=0, max=65535)] = DEFAULT_PORT,
+    token_file: Annotated[str | None, typer.Option(
+        "--token-file", help="File whose first line is the bearer token every request "
+                             "must send (Authorization: Bearer TOKEN).")] = None,
+    store: StoreOpt = None, db: DbOpt = None,
+) -> None:
+    """Serve read-only web pages and a JSON API (/api/v1) of the store and index."""
+    with error_boundary():
+        try:
+            import uvicorn
+
+            from registry.web import create_app
+        except ImportError as e:
+            raise UsageError(f"registry serve needs the web extra ({e.name} is missing): "
+                             "pip install 'model-registry[web]'") from None
+        from registry.api import Registry
+
+        token = read_token(token_file) if token_file else None
+        if token is None and not is_loopback(host):
+            raise UsageError(f"--host {host}: serving beyond this machine needs "
+                             "--token-file (every request must then carry the token)")
+        reg = Registry(store, db)
+        web = create_app(reg, token=token)
+        config = uvicorn.Config(web, host=host, port=port, log_level="warning",
+                                access_log=False, server_header=False)
+        server = uvicorn.Server(config)
+    # the bound port is known only once the socket is open (--port 0)
+    sock = config.bind_socket()
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    typer.echo(f"serving {reg.store.url} and {reg.index} read-only at "
+               f"http://{shown}:{bound}/ (API: /api/v1, docs: /api/v1/docs); Ctrl-C stops")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        reg.close()

@@ -1,0 +1,9 @@
+"""``registry serve``: a read-only web page and JSON API over a Registry.
+
+Needs the ``web`` extra (``pip install 'model-registry[web]'``)."""
+
+from __future__ import annotations
+
+from registry.web.app import create_app
+
+__all__ = ["create_app"]

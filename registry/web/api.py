@@ -1,0 +1,111 @@
+"""``/api/v1``: the CLI's ``--json`` documents over HTTP, built by the same code.
+
+| route | the CLI command whose ``--json`` document it returns |
+|---|---|
+| ``/api/v1/models`` | ``registry ls`` |
+| ``/api/v1/models/{model_id}/releases`` | ``registry ls MODEL_ID`` |
+| ``/api/v1/models/{model_id}/passing`` | ``registry query MODEL_ID --passing [--require] [--latest]`` |
+| ``/api/v1/models/{model_id}/aliases`` | ``registry alias ls MODEL_ID`` |
+| ``/api/v1/models/{model_id}/diff?a=&b=`` | ``registry diff MODEL_ID@A MODEL_ID@B`` |
+| ``/api/v1/releases/{model_id}/{ref}`` | ``registry show MODEL_ID@REF`` |
+| ``/api/v1/releases/{model_id}/{ref}/gates`` | ``registry gate check MODEL_ID@REF [--require]`` |
+| ``/api/v1/sources/{source_id}/releases`` | ``registry query --source SOURCE_ID`` |
+| ``/api/v1/revocations`` | ``registry ledger ls`` |
+| ``/api/v1/runs/{run_id}/checkpoints`` | ``registry ckpt ls RUN_ID`` |
+
+Errors are the CLI's error document with an HTTP status for its exit code
+(:mod:`registry.web.app`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from registry import documents
+from registry.api import Registry
+from registry.checkpoint import CheckpointTree, run_root
+from registry.names import check_name
+
+router = APIRouter(prefix="/api/v1", tags=["registry"])
+RequireQ = Annotated[list[str] | None, Query(description="Extra threshold METRIC>=VALUE or "
+                                                         "METRIC<=VALUE (repeatable).")]
+
+
+def _reg(request: Request) -> Registry:
+    reg: Registry = request.app.state.registry
+    return reg
+
+
+@router.get("/models", summary="Models: release count, newest and newest passing version, "
+                               "aliases (registry ls --json)")
+def models(request: Request) -> list[dict[str, Any]]:
+    return _reg(request).ls()
+
+
+@router.get("/models/{model_id}/releases",
+            summary="Releases of a model, newest first (registry ls MODEL_ID --json)")
+def releases(request: Request, model_id: str) -> list[dict[str, Any]]:
+    return _reg(request).ls(check_name(model_id, "model_id"))
+
+
+@router.get("/models/{model_id}/passing",
+            summary="Versions passing every gate now (registry query MODEL_ID --passing --json)")
+def passing(request: Request, model_id: str, require: RequireQ = None,
+            latest: bool = False) -> list[dict[str, Any]]:
+    return _reg(request).passing(check_name(model_id, "model_id"), require=require or [],
+                                 latest=latest)
+
+
+@router.get("/models/{model_id}/aliases",
+            summary="Aliases of a model (registry alias ls MODEL_ID --json)")
+def aliases(request: Request, model_id: str) -> dict[str, str]:
+    return documents.alias_map(_reg(request).store, model_id)
+
+
+@router.get("/models/{model_id}/diff",
+            summary="Files and evals that differ between two releases (registry diff --json)")
+def diff(request: Request, model_id: str, a: str, b: str) -> dict[str, Any]:
+    reg = _reg(request)
+    _, va = reg.resolve(f"{check_name(model_id, 'model_id')}@{a}")
+    _, vb = reg.resolve(f"{model_id}@{b}")
+    return reg.diff(model_id, va, vb)
+
+
+@router.get("/releases/{model_id}/{ref}",
+            summary="One release: manifest summary, gates with reasons, evals, sources "
+                    "(registry show --json)")
+def show(request: Request, model_id: str, ref: str) -> dict[str, Any]:
+    reg = _reg(request)
+    return reg.show(*reg.resolve(f"{check_name(model_id, 'model_id')}@{ref}"))
+
+
+@router.get("/releases/{model_id}/{ref}/gates",
+            summary="Every gate of a release, evaluated now from the store "
+                    "(registry gate check --json)")
+def gates(request: Request, model_id: str, ref: str,
+          require: RequireQ = None) -> dict[str, Any]:
+    return documents.gate_check(_reg(request).store,
+                                f"{check_name(model_id, 'model_id')}@{ref}",
+                                require=require or [])
+
+
+@router.get("/sources/{source_id}/releases",
+            summary="Releases trained on a data source (registry query --source --json)")
+def source_releases(request: Request, source_id: str) -> list[dict[str, Any]]:
+    return _reg(request).releases_for_source(check_name(source_id, "source_id"))
+
+
+@router.get("/revocations", summary="Revoked data sources (registry ledger ls --json)")
+def revocations(request: Request) -> list[dict[str, Any]]:
+    return documents.revocation_list(_reg(request).store)
+
+
+@router.get("/runs/{run_id}/checkpoints",
+            summary="Checkpoint steps of a run and the step LATEST names "
+                    "(registry ckpt ls RUN_ID --json)")
+def checkpoints(request: Request, run_id: str) -> dict[str, Any]:
+    reg = _reg(request)
+    return documents.checkpoint_list(CheckpointTree(reg.store,
+                                                    run_root(check_name(run_id, "run_id"))))

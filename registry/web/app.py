@@ -1,0 +1,157 @@
+"""The ASGI application of ``registry serve``: HTML pages and ``/api/v1``.
+
+Read-only by construction: every route is a GET over a
+:class:`registry.api.Registry` (lists from the index, documents from the
+store); nothing here calls a write of the store or the index, and any other
+method gets 405. Errors keep the CLI's meaning: a ``RegistryError`` becomes
+an HTTP status from its exit code (:data:`HTTP_STATUS`) and, under
+``/api/``, the CLI's JSON error document; pages get an HTML page naming what
+was asked. URL parts that try to leave their segment (``..``, encoded ``/``
+or ``\\``, NUL) are refused with 400 before any route runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from registry.api import Registry
+from registry.cli.errors import exit_code_for
+from registry.errors import RegistryError
+from registry.web import api, pages
+from registry.web.render import render
+
+#: exit code of the CLI -> HTTP status of the same error
+HTTP_STATUS = {1: 500, 2: 400, 3: 404, 4: 409, 5: 500, 6: 502, 7: 500, 8: 503, 9: 503}
+#: what each exit code means (README, "Errors and exit codes")
+EXIT_MEANING = {1: "a check said no", 2: "bad arguments or names", 3: "not found",
+                4: "conflict", 5: "invalid document", 6: "storage", 7: "checkpoint",
+                8: "index", 9: "index schema behind"}
+
+
+def error_document(cls: str, code: int, message: str, path: str | None = None) -> dict[str, Any]:
+    """The JSON error body: the CLI's ``--json`` error document (class, exit
+    code, one-line message, path) plus the exit code's meaning."""
+    return {"error": {"class": cls, "exit_code": code, "message": message, "path": path,
+                      "meaning": EXIT_MEANING.get(code, "error")}}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _bad_path(raw_path: bytes) -> str | None:
+    """Why a request path tries to escape its segments, or None.
+
+    Checked on the undecoded path so ``%2e%2e``, ``%2f`` and ``%5c`` are seen
+    for what they decode to."""
+    lowered = raw_path.lower()
+    for enc, what in ((b"%2f", "an encoded '/'"), (b"%5c", "an encoded '\\'"),
+                      (b"%00", "a NUL byte")):
+        if enc in lowered:
+            return f"{what} in the URL path"
+    path = unquote(raw_path.decode("latin-1"))
+    if "\\" in path or "\x00" in path:
+        return "a backslash or NUL in the URL path"
+    if any(seg in (".", "..") for seg in path.split("/")):
+        return "a '.' or '..' segment in the URL path"
+    return None
+
+
+def _authorized(header: str, token: str) -> bool:
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return hmac.compare_digest(value.strip().encode(), token.encode())
+    if scheme.lower() == "basic":  # a browser's login prompt: any user, the token as password
+        try:
+            _, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except ValueError:
+            return False
+        return hmac.compare_digest(password.encode(), token.encode())
+    return False
+
+
+def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
+    """The web application over ``registry``.
+
+    Args:
+        registry: the store and index to read. The index is opened here, once,
+            so request threads share one connection pool.
+        token: when set, every request must carry ``Authorization: Bearer
+            <token>`` (or HTTP Basic with the token as password); else 401.
+
+    Raises:
+        IndexDatabaseError, IndexOutOfDateError: the index cannot be opened.
+    """
+    registry.index  # noqa: B018  (open it now, not in two request threads at once)
+    app = FastAPI(title="model-registry", version="1",
+                  description="Read-only view of a model registry: the documents of the "
+                              "CLI's `--json` output.",
+                  docs_url="/api/v1/docs", redoc_url=None, openapi_url="/api/v1/openapi.json")
+    app.state.registry = registry
+
+    @app.middleware("http")
+    async def guard(request: Request,
+                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        t0 = time.perf_counter()
+        if token is not None and not _authorized(request.headers.get("authorization", ""),
+                                                 token):
+            denied = _error(request, 401, "Unauthorized", 2,
+                            "this registry needs a token: Authorization: Bearer <token>", None)
+            denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
+            return denied
+        why = _bad_path(request.scope.get("raw_path") or request.url.path.encode())
+        if why:
+            response = _error(request, 400, "InvalidNameError", 2,
+                              f"{request.url.path}: {why}", None)
+        else:
+            response = await call_next(request)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.2f}"
+        return response
+
+    @app.exception_handler(RegistryError)
+    async def registry_error(request: Request, exc: RegistryError) -> Response:
+        code = exit_code_for(exc)
+        path = getattr(exc, "path", None) or getattr(exc, "key", None)
+        return _error(request, HTTP_STATUS.get(code, 500), type(exc).__name__, code,
+                      _one_line(exc), path)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(request, 400, "UsageError", 2,
+                      f"{where}: {first.get('msg', 'invalid request')}", None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return _error(request, 404, "NotFound", 3,
+                          f"{request.url.path}: no such page", None)
+        if exc.status_code == 405:
+            return _error(request, 405, "MethodNotAllowed", 2,
+                          f"{request.method} {request.url.path}: this server is read-only "
+                          "(writes go through the CLI or the Python API)", None)
+        return _error(request, exc.status_code, "HTTPError", 1, str(exc.detail), None)
+
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    return app
+
+
+def _error(request: Request, status: int, cls: str, code: int, message: str,
+           path: str | None) -> Response:
+    if request.url.path.startswith("/api/"):
+        return JSONResponse(error_document(cls, code, message, path), status_code=status)
+    return HTMLResponse(render("error.html", status=status, title=cls, message=message,
+                               asked=request.url.path), status_code=status)

@@ -1,0 +1,52 @@
+"""The HTML pages: models, a model, a version, a data source, a run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from registry.api import Registry
+from registry.web import views
+from registry.web.render import render
+
+router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
+PageQ = Annotated[int, Query(ge=1, le=10**9)]
+
+
+def _reg(request: Request) -> Registry:
+    reg: Registry = request.app.state.registry
+    return reg
+
+
+@router.get("/")
+def index(request: Request) -> HTMLResponse:
+    reg = _reg(request)
+    return HTMLResponse(render("index.html", title="Models", store=reg.store.url,
+                               **views.index_view(reg)))
+
+
+@router.get("/models/{model_id}")
+def model(request: Request, model_id: str, page: PageQ = 1) -> HTMLResponse:
+    v = views.model_view(_reg(request), model_id, page)
+    return HTMLResponse(render("model.html", title=model_id, **v))
+
+
+@router.get("/models/{model_id}/{ref}")
+def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
+    v = views.version_view(_reg(request), model_id, ref)
+    d = v["doc"]
+    return HTMLResponse(render("version.html", title=f"{d['model_id']}@{d['version']}", **v))
+
+
+@router.get("/sources/{source_id}")
+def source(request: Request, source_id: str, page: PageQ = 1) -> HTMLResponse:
+    v = views.source_view(_reg(request), source_id, page)
+    return HTMLResponse(render("source.html", title=f"source {source_id}", **v))
+
+
+@router.get("/runs/{run_id}")
+def run(request: Request, run_id: str) -> HTMLResponse:
+    v = views.run_view(_reg(request), run_id)
+    return HTMLResponse(render("run.html", title=f"run {run_id}", **v))
