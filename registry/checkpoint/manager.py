@@ -219,7 +219,7 @@ class CheckpointManager:
                              sole_writer=True) as w:
             # The two big files are written (and hashed) at once, one per core.
             model_written = _FILE_WRITERS.submit(
-                write_safetensors_file, w, "model.safetensors", model, {"format": "tinyllm"})
+                write_safetensors_file, w, "model.safetensors", model, {"format": "pt"})
             try:
                 write_safetensors_file(w, "optimizer.safetensors", opt,
                                        {"format": "tinyllm", "optimizer": optimizer,

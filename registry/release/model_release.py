@@ -32,7 +32,7 @@ from registry.modeldir import check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
 from registry.release.card import render_card
-from registry.release.convert import parameter_count, plan
+from registry.release.convert import engines_accept, parameter_count, plan
 from registry.release.step_source import check_step_source
 from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
 from registry.store import Store, join, open_store
@@ -276,9 +276,9 @@ class ModelRelease:
         with DirectoryWriter(self.store, prefix, kind="release",
                              meta={"model_id": model_id, "version": version, "source": source},
                              conflict_error=VersionExistsError) as w:
-            if dtype is None:
+            if dtype is None and engines_accept(header.metadata):
                 _copy(src_store, model_key, w, "model.safetensors")
-            else:
+            else:  # converted, or a format engines refuse: tensors kept, metadata fixed
                 with src_store.open_read(model_key) as f, w.open("model.safetensors") as out:
                     tensors, meta = plan(header, f, dtype=dtype, group_size=group_size,
                                          path=src_store.url_of(model_key))
