@@ -28,6 +28,7 @@ from registry.safetensors_io import (
     read_tensor,
     write_safetensors,
 )
+from tests.conftest import require_engines
 
 MiB = 1 << 20
 
@@ -235,8 +236,9 @@ def test_torch_like_tensors_are_converted_without_torch(monkeypatch):
     np.testing.assert_array_equal(loaded["w"], np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16))
 
 
-def test_real_torch_tensors_if_available():
-    torch = pytest.importorskip("torch")
+def test_real_torch_tensors():
+    """Runs in CI (REGISTRY_REQUIRE_ENGINES=1: torch is required there)."""
+    (torch,) = require_engines("torch")
     data = dump({"w": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
                  "f": torch.ones(2, 2, requires_grad=True)})
     loaded = reference_deserialize(data)
