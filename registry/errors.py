@@ -212,6 +212,19 @@ class IndexDatabaseError(RegistryError):
     source of truth: ``registry index rebuild`` repairs the index from it."""
 
 
+class IndexReadOnlyError(IndexDatabaseError):
+    """A write to an index that is read-only (a read-only file, or a file on a
+    read-only volume). Reads of such an index work.
+
+    Attributes:
+        path: the database file.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class IndexOutOfDateError(IndexDatabaseError):
     """The index database's schema is behind this registry: run ``registry db upgrade``."""
 
