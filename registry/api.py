@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from registry.aliases import parse_ref, resolve, set_alias
+from registry.aliases import check_alias_name, parse_ref, resolve, set_alias
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import GateFailedError, InvalidNameError
@@ -151,8 +151,11 @@ class Registry:
 
         Raises:
             GateFailedError: the version fails a gate and ``force`` is False.
+            InvalidNameError, NameTakenError: an alias shaped like a version, or
+                named like one of the model's versions (see registry.aliases).
             NotCommittedError, PointerConflictError: see :func:`registry.aliases.set_alias`.
         """
+        check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
         results = self.gate_check(model_id, version)
         if not passed(results) and not force:
             raise GateFailedError(f"{model_id}@{version}", results)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from registry import gates, schemas
+from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
@@ -163,6 +164,7 @@ class ModelRelease:
 
         Raises:
             InvalidNameError: a bad model_id or version (``../x``, ``refs``...).
+            NameTakenError: an alias of the model has the version's name.
             VersionExistsError: the version exists (or another publisher won).
             NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
             GateFailedError: a gate fails; nothing is written.
@@ -229,6 +231,8 @@ class ModelRelease:
                              tokenizer_config=None, require=require, copy_all=True)
 
     def _refuse_existing(self, prefix: str) -> None:
+        _, model_id, version = prefix.split("/")
+        check_version_name(self.store, model_id, version)
         if self.store.exists(join(prefix, MANIFEST)):
             raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
                                      "are immutable, publish a new version", path=prefix)
