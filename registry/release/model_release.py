@@ -29,7 +29,7 @@ from registry.errors import DocumentError, RegistryError, VersionExistsError
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
 from registry.ledger import revoked_reasons
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
-from registry.modeldir import check_files, hidden_size
+from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
 from registry.release.card import render_card
@@ -124,8 +124,8 @@ class ModelRelease:
         for h in heads:
             doc, where = load_doc(h, what="linear head")
             if size is None:
-                raise DocumentError(where, "config.json has no hidden_size to check the head "
-                                           "against")
+                raise DocumentError(where, "config.json has no hidden size to check the head "
+                                           f"against (none of {', '.join(HIDDEN_KEYS)})")
             schemas.validate_linear_head(doc, path=where, hidden_size=size)
             if doc["name"] in seen:
                 raise DocumentError(where, f"head name {doc['name']!r} given twice")
