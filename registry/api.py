@@ -42,6 +42,7 @@ from registry.index.record import (
 )
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
+from registry.release.convert import stored_weights
 from registry.release.policy import set_policy
 from registry.store import Store, open_store
 from registry.verify import read_manifest
@@ -215,7 +216,12 @@ class Registry:
         return self._query(lambda s: queries.releases_for_source(s, source_id))
 
     def show(self, model_id: str, version: str) -> dict[str, Any]:
-        return self._query(lambda s: queries.show(s, model_id, version))
+        """What the index knows of a release, plus ``weights``: the stored
+        tensor groups of its model.safetensors (dtype or int4, tensor names,
+        parameter counts), read from the store's header (no tensor data)."""
+        doc = self._query(lambda s: queries.show(s, model_id, version))
+        doc["weights"] = stored_weights(self.store, model_id, version)
+        return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:
         return self._query(lambda s: queries.ls(s, model_id))

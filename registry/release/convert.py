@@ -199,6 +199,76 @@ def _cast(src: Callable[[], np.ndarray], to: Any) -> Callable[[], np.ndarray]:
     return lambda: src().astype(to, copy=False)
 
 
+def weights_groups(tensors: Mapping[str, tuple[str, tuple[int, ...]]],
+                   metadata: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The stored weights by group, for the card, ``registry show`` and the index.
+
+    Args:
+        tensors: stored name -> (safetensors dtype, shape), e.g. a header's
+            tensors or a conversion plan's.
+        metadata: the file's ``__metadata__`` (int4: ``group_size``).
+
+    Returns:
+        One group per stored form, int4 first, then dtypes by name:
+        ``{"stored": "int4" | "F32" | "BF16" | "F16" | "I64" ..., "tensors":
+        [names, sorted], "parameters": scalar count}``; an int4 group lists
+        the quantized tensors by their base name and adds ``group_size``.
+    """
+    q = sorted(n[:-len(".qweight")] for n in tensors if n.endswith(".qweight")
+               and f"{n[:-len('.qweight')]}.scales" in tensors)
+    groups: list[dict[str, Any]] = []
+    if q:
+        params = sum(tensors[f"{b}.qweight"][1][0] * tensors[f"{b}.qweight"][1][1] * 2
+                     for b in q)
+        groups.append({"stored": "int4", "tensors": q, "parameters": int(params),
+                       "group_size": (metadata or {}).get("group_size")})
+    packed = {f"{b}.qweight" for b in q} | {f"{b}.scales" for b in q}
+    by_dtype: dict[str, list[str]] = {}
+    for name, (dtype, _shape) in tensors.items():
+        if name not in packed:
+            by_dtype.setdefault(dtype, []).append(name)
+    for dtype in sorted(by_dtype):
+        names = sorted(by_dtype[dtype])
+        groups.append({"stored": dtype, "tensors": names, "parameters": int(sum(
+            int(np.prod(tensors[n][1], dtype=np.int64)) for n in names))})
+    return groups
+
+
+def dtype_label(groups: list[dict[str, Any]]) -> str:
+    """A short honest label: ``int4 (40 of 104 tensors)``, ``bf16+i64``, ``f16``..."""
+    total = sum(len(g["tensors"]) for g in groups)
+    q = next((g for g in groups if g["stored"] == "int4"), None)
+    if q is not None:
+        return f"int4 ({len(q['tensors'])} of {total} tensors)"
+    floats = [g["stored"].lower() for g in groups if g["stored"] in _FLOAT]
+    return "+".join(floats) or "+".join(g["stored"].lower() for g in groups) or "none"
+
+
+def planned_groups(header: SafetensorsHeader, *, dtype: str | None, group_size: int,
+                   path: str = "model.safetensors") -> list[dict[str, Any]]:
+    """:func:`weights_groups` of the file a conversion of ``header`` writes
+    (computed from the plan, without reading a tensor)."""
+    tensors, meta = plan(header, None, dtype=dtype, group_size=group_size,  # type: ignore[arg-type]
+                         path=path)
+    return weights_groups({n: (t.dtype, tuple(t.shape)) for n, t in tensors}, meta)
+
+
+def stored_weights(store: Any, model_id: str, version: str) -> list[dict[str, Any]]:
+    """:func:`weights_groups` of a committed release's model.safetensors,
+    from its header (no tensor is read); [] when the release has none."""
+    from registry.release.model_release import release_prefix
+    from registry.safetensors_io import read_header
+    from registry.store import join
+
+    key = join(release_prefix(model_id, version), "model.safetensors")
+    if not store.exists(key):
+        return []
+    with store.open_read(key) as f:
+        header = read_header(f, path=store.url_of(key), file_size=store.info(key).size)
+    return weights_groups({n: (i.dtype, tuple(i.shape)) for n, i in header.tensors.items()},
+                          header.metadata)
+
+
 def parameter_count(header: SafetensorsHeader) -> int:
     """Number of scalar parameters in a (source) header."""
     return sum(int(np.prod(i.shape, dtype=np.int64)) for i in header.tensors.values())

@@ -33,7 +33,14 @@ from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
 from registry.release.card import render_card
-from registry.release.convert import engines_accept, parameter_count, plan
+from registry.release.convert import (
+    dtype_label,
+    engines_accept,
+    parameter_count,
+    plan,
+    planned_groups,
+    weights_groups,
+)
 from registry.release.step_source import check_step_source
 from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
 from registry.store import Store, join, open_store
@@ -262,12 +269,21 @@ class ModelRelease:
             extra["tokenizer_config.json"] = _dump(load_doc(tokenizer_config,
                                                             what="tokenizer_config.json")[0])
         head_docs = self._heads(heads, config)
+        # What will be stored, per tensor group (int4 refuses a plan with no
+        # quantized tensor here, before a byte is written).
+        if dtype is None and engines_accept(header.metadata):
+            groups = weights_groups({n: (i.dtype, tuple(i.shape))
+                                     for n, i in header.tensors.items()}, header.metadata)
+        else:
+            groups = planned_groups(header, dtype=dtype, group_size=group_size,
+                                    path=src_store.url_of(model_key))
         facts = self._facts(card=card, ledger=ledger, evals=evals)
         if card is None and facts.evals is not None and facts.ledger is not None:
             card = render_card({
                 "model_id": model_id, "version": version, "created_at": utc_now(),
-                "source": source, "dtype": dtype or _source_dtype(header),
-                "group_size": group_size, "parameter_count": parameter_count(header),
+                "source": source, "dtype": dtype_label(groups), "weights": groups,
+                "converted": dtype, "group_size": group_size,
+                "parameter_count": parameter_count(header),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
@@ -356,11 +372,6 @@ class _StoredDoc:
 
 def _stored(data: bytes | None, prefix: str, name: str, store: Store) -> _StoredDoc | None:
     return None if data is None else _StoredDoc(data, store.url_of(join(prefix, name)))
-
-
-def _source_dtype(header: SafetensorsHeader) -> str:
-    dtypes = {i.dtype for i in header.tensors.values()}
-    return "f32" if dtypes == {"F32"} else ",".join(sorted(d.lower() for d in dtypes))
 
 
 def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str) -> None:
