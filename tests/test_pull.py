@@ -940,9 +940,8 @@ def test_concurrent_pulls_of_one_release_all_succeed(durable_store_url: str, dur
         placed = [json.loads(out.splitlines()[rep])["placed"] for out, _ in outs]
         assert placed.count(True) >= 1, placed
         cache, target = base / str(rep) / "cache", base / str(rep) / "model"
-        # Content, not inodes: racing downloads of one blob replace each other
-        # (see test_redownloaded_blob_keeps_existing_hardlinks).
-        assert_pulled(target, durable, "1", cache, linked=None)
+        # Content and never a hardlink (see test_redownloaded_blob_keeps_the_cached_one).
+        assert_pulled(target, durable, "1", cache)
         assert_clean(cache, target)
 
 
@@ -1018,16 +1017,19 @@ def test_release_placed_by_a_concurrent_pull_is_not_foreign(
     assert_clean(cache, target)
 
 
-def test_redownloaded_blob_keeps_existing_hardlinks(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redownloaded_blob_keeps_the_cached_one(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """What a concurrent pull does, deterministically: it saw the blob missing,
-    downloaded it, and lands it after another pull already materialized."""
+    downloaded it, and lands it after another pull already placed it: the
+    cached blob (and its stamp) stays, both directories are whole."""
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1", release_files())
     cache = tmp_path / "cache"
     pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
     monkeypatch.setattr(cache_mod.Cache, "has", lambda self, sha, size: False)
+    inodes = {p.name: p.stat().st_ino for p in (cache / "blobs" / "sha256").iterdir()}
     pull(store, MODEL, "1", to=tmp_path / "b", cache=cache)
+    assert {p.name: p.stat().st_ino for p in (cache / "blobs" / "sha256").iterdir()} == inodes
     assert_pulled(tmp_path / "b", store, "1", cache)
     assert_pulled(tmp_path / "a", store, "1", cache)
 
