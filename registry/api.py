@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from registry.aliases import parse_ref, resolve, set_alias
+from registry.aliases import check_alias_name, parse_ref, resolve, set_alias
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
@@ -51,6 +51,7 @@ from registry.release import ModelRelease, ReleaseResult
 from registry.release.failing import failing_gates
 from registry.release.policy import set_policy, signed_by
 from registry.release.signing import signature_info, stored_gate
+from registry.release.convert import stored_weights
 from registry.store import Store, open_store
 from registry.verify import read_manifest
 
@@ -160,8 +161,11 @@ class Registry:
 
         Raises:
             GateFailedError: the version fails a gate and ``force`` is False.
+            InvalidNameError, NameTakenError: an alias shaped like a version, or
+                named like one of the model's versions (see registry.aliases).
             NotCommittedError, PointerConflictError: see :func:`registry.aliases.set_alias`.
         """
+        check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
         results = self.gate_check(model_id, version)
         if not passed(results) and not force:
             raise GateFailedError(f"{model_id}@{version}", results)
@@ -293,6 +297,7 @@ class Registry:
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
+        doc["weights"] = stored_weights(self.store, model_id, version)
         return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:

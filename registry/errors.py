@@ -74,6 +74,11 @@ class InvalidNameError(RegistryError, ValueError):
         self.name = name
 
 
+class AmbiguousRefError(InvalidNameError):
+    """``model_id@name`` names both a version and an alias (an alias made
+    before versions and aliases were kept apart)."""
+
+
 class DocumentError(RegistryError, ValueError):
     """A JSON document (or a file) is malformed or breaks its schema.
 
@@ -156,6 +161,10 @@ class CommitConflictError(RegistryError, FileExistsError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class NameTakenError(CommitConflictError):
+    """An alias and a version of one model would share a name."""
 
 
 class VersionExistsError(CommitConflictError):
@@ -262,6 +271,19 @@ class IndexDamagedError(IndexDatabaseError):
     """
 
     def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class IndexReadOnlyError(IndexDatabaseError):
+    """A write to an index that is read-only (a read-only file, or a file on a
+    read-only volume). Reads of such an index work.
+
+    Attributes:
+        path: the database file.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
         super().__init__(message)
         self.path = path
 

@@ -11,15 +11,31 @@ from typing import Any
 
 from registry.errors import DocumentError
 
-_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "dim", "hidden_dim")
+#: config keys that hold the width of a model's embeddings, most specific first:
+#: Hugging Face (BERT/Llama ``hidden_size``, T5/BART/MPT ``d_model``, GPT-2/GPT-J
+#: ``n_embd``, Bloom ``n_embed``, DistilBERT ``dim``, CLIP ``embed_dim``), the
+#: example trainer this registry ships (``d_embed``; its ``d_hidden`` is the
+#: MLP width, not the embeddings'), and ``hidden_dim`` last (DistilBERT's
+#: ``hidden_dim`` is its FFN width, so ``dim`` must win there).
+HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "n_embed", "dim", "embed_dim", "d_embed",
+               "hidden_dim")
+#: sub-configs of composite models whose text tower carries the size (LLaVA, Gemma 3...).
+_NESTED = ("text_config",)
 
 
 def hidden_size(config: dict[str, Any]) -> int | None:
-    """The model's hidden size from its config (Hugging Face and tinyllm names)."""
-    for key in _HIDDEN_KEYS:
+    """The model's hidden size (the width of its embeddings) from its config:
+    the first of HIDDEN_KEYS holding a positive integer, at the top level or in
+    ``text_config``; None when there is none."""
+    for key in HIDDEN_KEYS:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
+    for sub in _NESTED:
+        if isinstance(config.get(sub), dict):
+            found = hidden_size(config[sub])
+            if found is not None:
+                return found
     return None
 
 

@@ -621,8 +621,10 @@ def check_optimizer_state(optimizer_state: SafetensorsHeader | Mapping[str, Any]
     Every optimizer tensor must be named ``<param>.exp_avg`` or
     ``<param>.exp_avg_sq`` (adamw) or ``<param>.momentum_buffer`` (sgd, muon),
     where ``<param>`` is a model parameter; it must have that parameter's shape
-    and be F32. A parameter without state is allowed (frozen parameters, SGD
-    without momentum). Metadata is not checked here.
+    and be F32. The state must be complete (seed 000, "per parameter
+    <name>"): AdamW has both ``exp_avg`` and ``exp_avg_sq`` for every
+    parameter; SGD and Muon have ``momentum_buffer`` for every parameter, or
+    (momentum not used) for none. Metadata is not checked here.
 
     Args:
         optimizer_state: the header of ``optimizer.safetensors`` (checked without
@@ -662,3 +664,20 @@ def check_optimizer_state(optimizer_state: SafetensorsHeader | Mapping[str, Any]
         if dtype != "F32":
             raise SafetensorsError(path, f"optimizer tensor {name!r}: dtype {dtype}, "
                                          "optimizer state must be F32")
+    _check_complete(set(described), model_shapes, states, optimizer=optimizer, path=path)
+
+
+def _check_complete(names: set[str], model_shapes: Mapping[str, Sequence[int]],
+                    states: tuple[str, ...], *, optimizer: str, path: str) -> None:
+    """Every parameter has every state tensor of ``optimizer`` (SGD/Muon: or
+    no parameter has any: momentum not used)."""
+    if optimizer in ("sgd", "muon") and not names:
+        return
+    for param in sorted(model_shapes):
+        missing = [f"{param}.{state}" for state in states if f"{param}.{state}" not in names]
+        if missing:
+            have = f"{len(names)} optimizer tensors" if names else "no optimizer tensor"
+            raise SafetensorsError(path, f"optimizer state incomplete: {missing[0]!r} is "
+                                         f"missing ({optimizer} keeps "
+                                         f"{' and '.join(states)} for every parameter; "
+                                         f"the file has {have})")

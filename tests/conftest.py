@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,25 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+def require_engines(*modules: str) -> list[Any]:
+    """Import the serving engines a test loads releases with (torch,
+    transformers, sentence-transformers: the optional ``engines`` extra).
+
+    Missing ones skip the test, unless ``REGISTRY_REQUIRE_ENGINES=1`` (CI),
+    where they fail it: the engine-load tests must run there.
+    """
+    import importlib
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    loaded = []
+    for name in modules:
+        try:
+            loaded.append(importlib.import_module(name))
+        except ImportError as e:
+            if os.environ.get("REGISTRY_REQUIRE_ENGINES") == "1":
+                pytest.fail(f"engine {name} is not installed (REGISTRY_REQUIRE_ENGINES=1): {e}")
+            pytest.skip(f"engine {name} is not installed (pip install -e '.[engines]')")
+    return loaded

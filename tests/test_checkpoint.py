@@ -15,6 +15,7 @@ import safetensors.numpy
 from registry.checkpoint import CheckpointManager, CheckpointSkippedWarning
 from registry.errors import (
     CheckpointError,
+    RegistryError,
     NoValidCheckpointError,
     SafetensorsError,
     SchemaValidationError,
@@ -253,7 +254,9 @@ def test_resume_explicit_step_and_numeric_order(store: Store, tmp_path: Path) ->
 
 def test_lfs_pointer_in_place_of_weights_is_refused(store: Store, tmp_path: Path) -> None:
     """A manifest that vouches for Git LFS pointer text: verification passes, the
-    safetensors header check refuses it before any tensor is read."""
+    safetensors header check refuses it before any tensor is read; the step is
+    skipped like one that does not verify, and with no older step nothing
+    resumes (the reason is kept)."""
     from registry.commit import DirectoryWriter
     lfs = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 9\n"
     with DirectoryWriter(store, f"{ROOT}/step-000004", kind="checkpoint",
@@ -263,7 +266,8 @@ def test_lfs_pointer_in_place_of_weights_is_refused(store: Store, tmp_path: Path
         w.write_json("config.json", {})
         w.write_json("trainer_state.json", trainer_state(4))
         w.commit()
-    with pytest.raises(SafetensorsError, match="Git LFS pointer"):
+    with pytest.warns(CheckpointSkippedWarning, match="Git LFS pointer"), \
+            pytest.raises(NoValidCheckpointError, match="Git LFS pointer"):
         mgr(store, tmp_path).resume("step-000004")
 
 
@@ -340,3 +344,73 @@ def test_half_deleted_step_can_be_saved_again(store: Store, tmp_path: Path) -> N
     with mgr(store, tmp_path, keep_ckpts=0, async_save=False) as m:
         save(m, 30)
     assert verify_directory(store, f"{ROOT}/step-000030", full=True).ok
+
+
+# -- incomplete optimizer state (issue 14, item 5) ----------------------------------------
+
+
+@pytest.mark.parametrize("keep", ["exp_avg only", "nothing"])
+def test_incomplete_adamw_state_is_refused_at_save(store: Store, tmp_path: Path,
+                                                   keep: str) -> None:
+    """An AdamW state with only exp_avg for a parameter, or no tensors at
+    all, is not saved: nothing committed, LATEST does not move."""
+    with mgr(store, tmp_path) as m:
+        save(m, 1)
+        params = model(2)
+        state = {k: v for k, v in adamw(params).items()
+                 if keep == "exp_avg only" and not k.endswith("head.bias.exp_avg_sq")}
+        with pytest.raises(RegistryError, match="optimizer state incomplete"):
+            fut = m.save(2, params, state, optimizer="adamw", config={"hidden_size": 8},
+                         trainer_state=trainer_state(2))
+            fut.result()
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000001\n"
+    assert not store.exists(f"{ROOT}/step-000002/{MANIFEST}")
+
+
+def test_incomplete_state_is_not_resumed(store: Store, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed step whose optimizer state is incomplete (written by a tool
+    that did not check) verifies byte for byte but is skipped at resume, with
+    a warning naming the missing tensor, for the newest older one."""
+    import registry.checkpoint.state as state_mod
+    with mgr(store, tmp_path, keep_ckpts=0) as m:
+        save(m, 1)
+        monkeypatch.setattr(state_mod, "check_optimizer_state", lambda *a, **kw: None)
+        params = model(2)
+        partial = {k: v for k, v in adamw(params).items() if k.endswith(".exp_avg")}
+        m.save(2, params, partial, optimizer="adamw", config={"hidden_size": 8},
+               trainer_state=trainer_state(2)).result()
+    monkeypatch.undo()
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000002\n"
+    with pytest.warns(CheckpointSkippedWarning, match="step-000002.*exp_avg_sq"):
+        resumed = mgr(store, tmp_path).resume()
+    assert resumed.step == 1
+    assert store.read_bytes(f"{ROOT}/LATEST") == b"step-000001\n"  # moved back
+    with pytest.warns(CheckpointSkippedWarning, match="incomplete"):
+        assert mgr(store, tmp_path).resume("step-000002").step == 1
+
+
+# -- resume <step dir> loads that directory (issue 14, item 6) ------------------------------
+
+
+def test_resume_loads_the_directory_given(tmp_path: Path) -> None:
+    """``resume(path)`` with a path into another run (key, URL, local path)
+    loads that directory, never this run's step of the same name; a path to a
+    directory that does not exist is a clear error."""
+    url = str(tmp_path / "store")
+    with CheckpointManager(url, "a", keep_ckpts=0) as a:
+        save(a, 2, params=model(20))
+    with CheckpointManager(url, "b", keep_ckpts=0) as b:
+        save(b, 2, params=model(99))
+    m = CheckpointManager(url, "a", keep_ckpts=0)
+    for path in ("runs/b/ckpt/step-000002", f"{url}/runs/b/ckpt/step-000002",
+                 f"file://{url}/runs/b/ckpt/step-000002/"):
+        state = m.resume(path)
+        assert state.path.endswith("runs/b/ckpt/step-000002"), (path, state.path)
+        np.testing.assert_array_equal(state.model["embed.weight"], model(99)["embed.weight"])
+    assert m.resume("step-000002").path.endswith("runs/a/ckpt/step-000002")
+    np.testing.assert_array_equal(m.resume(f"{url}/runs/a/ckpt/step-000002")
+                                  .model["embed.weight"], model(20)["embed.weight"])
+    with pytest.raises(CheckpointError, match="no such step directory"):
+        m.resume(str(tmp_path / "elsewhere/runs/other-run/ckpt/step-000002"))
+    assert m.store.read_bytes("runs/a/ckpt/LATEST") == b"step-000002\n"

@@ -614,7 +614,7 @@ def test_rebuild_answers_every_query_identically(durable_store_url: str, db_url:
     assert [r["version"] for r in docs[7]] == ["1.9", "2.0"]
     assert all(r["live_revoked"] for r in docs[7])
     assert docs[10]["version"] == "1.10" and docs[10]["dtype"] == "bf16"
-    assert docs[11]["dtype"] == "int4" and docs[12]["passed"] is False
+    assert docs[11]["dtype"] == "int4 (1 of 2 tensors)" and docs[12]["passed"] is False
     assert docs[13]["source"]["uri"] and docs[13]["source"]["run_id"] is None
     assert docs[14] == [{"model_id": "other", "newest": "imported", "newest_passing": "imported",
                          "releases": 3, "aliases": ["prod"]},

@@ -185,7 +185,8 @@ def test_bf16_release_real_model(durable_store_url: str, docs: Any, tmp_path: Pa
     # The reference parser accepts the file; numpy's API cannot hold BF16.
     with safetensors.safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
-    assert meta.get("format") == "tinyllm"
+    # engines refuse any format but pt/tf/flax/mlx; the source's {"format": "pt"} is kept
+    assert meta == {"format": "pt", "tinyllm.dtype": "bf16"}
     raw = dict(safetensors.deserialize(path.read_bytes()))
     assert set(raw) == set(source)
 
@@ -269,7 +270,8 @@ def test_int4_release_real_model(durable_store_url: str, docs: Any, tmp_path: Pa
                       join(release_prefix(MODEL_ID, version), "model.safetensors"), tmp_path)
     with safetensors.safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
-    assert meta == {"format": "tinyllm", "quant": "int4", "group_size": str(group_size)}
+    assert {k: v for k, v in meta.items() if k != "tinyllm.quantized"} == {
+        "format": "pt", "tinyllm.dtype": "int4", "quant": "int4", "group_size": str(group_size)}
     out = safetensors.numpy.load_file(str(path))
     quantized, unchanged = check_int4(out, source, group_size)
     if group_size == 128:

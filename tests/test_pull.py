@@ -5,7 +5,7 @@ What is checked, and how:
 * Pull by version and by alias (Python API and ``registry pull``), into ``--to``
   and into the cache's default ``models/<model_id>/<version>``: the directory
   holds exactly the release's files plus MANIFEST.json, byte-equal to the
-  store's, hardlinked to ``blobs/sha256/<hex>`` (same inode), and
+  store's, each its own inode (never a hardlink of ``blobs/sha256/<hex>``), and
   ``registry verify DIR --full`` passes. Uncommitted releases, invalid manifests
   and manifests with escaping paths are refused with one clear error line and
   nothing is placed.
@@ -19,11 +19,13 @@ What is checked, and how:
   once: ``RANGE_THRESHOLD`` 1 MiB, ranges of 256 KiB at least); whether a
   stream is split is decided from its measured rate and time to first byte
   (a slowed stream is split, a fast one is not).
-  ``--verify`` re-hashes what was materialized: cache hits are trusted (a blob
-  only enters ``blobs/`` verified, read-only), so a blob corrupted afterwards
-  is caught only by ``--verify``.
+  A blob changed after it was verified (flipped, truncated, replaced) is
+  caught when placed (the copy hashes it; a reflink compares its stat stamp)
+  and downloaded again; a pulled file edited in place (even with its mtime put
+  back) changes neither the cache nor another pull, and a re-pull notices it.
+  ``--verify`` re-hashes a target even when its stamps are unchanged.
 * Atomicity: 4 real processes pull one release into one cache and one target
-  at once, 10 times; a pull SIGKILLed while downloading or while linking the
+  at once, 10 times; a pull SIGKILLed while downloading or while placing the
   staging directory leaves nothing under the final name and no wrong blob, and
   the next pull removes its leftovers and completes (tests/support/pull_child.py).
 * Bad input: foreign content in the target (refused unless ``--force``); disk
@@ -161,10 +163,10 @@ def on_disk(root: Path) -> dict[str, bytes]:
 
 
 def assert_pulled(target: Path, store: Store, version: str, cache: Path | None = None, *,
-                  linked: bool | None = True) -> None:
+                  linked: bool | None = False) -> None:
     """``target`` holds exactly the release's bytes (+ MANIFEST.json) and verifies
-    fully; each file is a hardlink of its cache blob (``linked``), or a copy
-    (False), or either (None)."""
+    fully; each file is its own inode, never a hardlink of its cache blob
+    (``linked=False``), or either (None)."""
     expected = stored(store, version)
     got = on_disk(target)
     assert sorted(got) == sorted(expected)
@@ -521,9 +523,9 @@ def test_second_version_downloads_only_the_changed_file(store: Store, tmp_path: 
     d1, d2 = Path(r1.path), Path(r2.path)
     assert_pulled(d1, store, "1", cache)
     assert_pulled(d2, store, "2", cache)
-    for e in m2.files:  # shared files are one inode in both directories
+    for e in m2.files:  # shared files: one blob, but never one inode in two directories
         if e.path != "data/b.bin":
-            assert (d1 / e.path).stat().st_ino == (d2 / e.path).stat().st_ino
+            assert (d1 / e.path).stat().st_ino != (d2 / e.path).stat().st_ino
     assert sorted(blobs(cache)) == sorted(distinct(m1) | distinct(m2))
     assert_clean(cache, d2)
 
@@ -701,13 +703,13 @@ def test_large_file_ranged(durable: Store, tmp_path: Path, small_ranges: None,
     assert_nothing_placed(cache, serve, entry.sha256, bad)
 
 
-# -- --verify ---------------------------------------------------------------------------
+# -- what a serving host does to a pulled directory (issue 14, item 1) -------------------
 
 
 def corrupt_blob(cache: Path, digest: str) -> bytes:
-    """Flip one byte of a cache blob in place (the materialized hardlinks see it too)."""
+    """Flip one byte of a cache blob in place, as root or a process that chmods
+    first would (blobs are read-only)."""
     blob = cache / "blobs" / "sha256" / digest
-    assert not os.access(blob, os.W_OK) or os.geteuid() == 0
     assert blob.stat().st_mode & 0o222 == 0  # blobs are read-only
     blob.chmod(0o644)
     data = bytearray(blob.read_bytes())
@@ -718,46 +720,184 @@ def corrupt_blob(cache: Path, digest: str) -> bytes:
     return bytes(data)
 
 
-def test_verify_rehashes_materialized_files(durable_store_url: str, durable: Store,
-                                            tmp_path: Path) -> None:
-    """Cache hits are trusted (a blob only enters blobs/ verified and read-only);
-    ``--verify`` re-hashes the materialized files and so catches a blob that was
-    corrupted after it was verified."""
+def edit_in_place(path: Path, *, keep_mtime: bool = False) -> bytes:
+    """Change a few bytes of a pulled file, same length, as an engine running as
+    root (or after a chmod) would; optionally put its mtime back."""
+    st = path.stat()
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[1:4] = bytes(b ^ 0x20 for b in data[1:4])
+    with open(path, "r+b") as f:
+        f.write(data)
+    path.chmod(st.st_mode & 0o777)
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert path.stat().st_mtime_ns == st.st_mtime_ns
+    return bytes(data)
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_a_pulled_file_edited_in_place_poisons_nothing(
+        durable_store_url: str, durable: Store, tmp_path: Path, keep_mtime: bool) -> None:
+    """The field report: pull m@1 to A, edit A/config.json in place (same
+    length), pull m@1 to B: B gets the released bytes from the cache without a
+    download (the blob was never touched), and a re-pull to A notices the edit
+    (even with the mtime put back): refused with exit 4 naming the file, and
+    ``--force`` puts the release back."""
+    m = publish(durable, tmp_path, "1", release_files())
+    cache, a, b = tmp_path / "cache", tmp_path / "A", tmp_path / "B"
+    pull(durable, MODEL, "1", to=a, cache=cache)
+    cfg = m.entry("config.json")
+    assert cfg is not None
+    edited = edit_in_place(a / "config.json", keep_mtime=keep_mtime)
+    assert sha256(edited) != cfg.sha256
+    assert blobs(cache)[cfg.sha256] == stored(durable, "1")["config.json"]  # blob intact
+
+    r = pull(durable, MODEL, "1", to=b, cache=cache)
+    assert r.placed and r.downloaded == 0
+    assert_pulled(b, durable, "1", cache)
+
+    with pytest.raises(CommitConflictError) as e:
+        pull(durable, MODEL, "1", to=a, cache=cache)
+    assert str(a / "config.json") in str(e.value) and "changed since it was pulled" in str(e.value)
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(a), "--cache", str(cache), "--json",
+                "--store", durable_store_url)
+    assert_cli_error(p, 4, str(a / "config.json"), "--force")
+    assert (a / "config.json").read_bytes() == edited  # refused: nothing replaced
+
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(a), "--cache", str(cache), "--force",
+                "--json", "--store", durable_store_url)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["placed"] is True
+    assert_pulled(a, durable, "1", cache)
+    assert_clean(cache, a)
+    assert not pull(durable, MODEL, "1", to=a, cache=cache).placed  # unchanged now
+
+
+def test_every_way_of_changing_a_pulled_file_is_noticed(store: Store, tmp_path: Path) -> None:
+    """Same kind, other inputs: a file truncated and rewritten to its old size,
+    a file replaced by rename (a new inode), and the cache's own default
+    directory edited; each is noticed on re-pull. Rewriting a file with its
+    own bytes (a new stamp, same content) is not a change."""
+    m = publish(store, tmp_path, "1", release_files())
+    cache = tmp_path / "cache"
+    r = pull(store, MODEL, "1", cache=cache)
+    default = Path(r.path)
+    original = stored(store, "1")
+
+    # the cache's default directory, truncated then refilled to the same size
+    f = default / "data" / "b.bin"
+    f.chmod(0o644)
+    f.write_bytes(b"\0" * len(original["data/b.bin"]))
+    with pytest.raises(CommitConflictError, match="data/b.bin: changed since"):
+        pull(store, MODEL, "1", cache=cache)
+    assert pull(store, MODEL, "1", cache=cache, force=True).placed
+    assert_pulled(default, store, "1", cache)
+
+    # replaced by a rename: a new inode with other bytes of the same size
+    t = tmp_path / "serve"
+    pull(store, MODEL, "1", to=t, cache=cache)
+    other = t / "data" / ".swap"
+    other.write_bytes(original["data/a.bin"][::-1])
+    os.replace(other, t / "data" / "a.bin")
+    with pytest.raises(CommitConflictError, match="data/a.bin: changed since"):
+        pull(store, MODEL, "1", to=t, cache=cache)
+
+    # rewritten with its own bytes: re-hashed once, not a change
+    assert pull(store, MODEL, "1", to=t, cache=cache, force=True).placed
+    same = t / "data" / ".same"
+    same.write_bytes(original["data/a.bin"])
+    os.replace(same, t / "data" / "a.bin")
+    r = pull(store, MODEL, "1", to=t, cache=cache)
+    assert not r.placed and r.downloaded == 0
+    assert m.entry("data/a.bin") is not None
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "replace"])
+def test_a_changed_cache_blob_is_never_placed(durable_store_url: str, durable: Store,
+                                              tmp_path: Path, how: str) -> None:
+    """A blob changed after it was verified (a byte flipped in place, truncated
+    and refilled, replaced by another file) is caught when it is placed, with
+    no --verify: it is dropped, downloaded again, and the new target gets the
+    released bytes; the CLI exits 0."""
     m = publish(durable, tmp_path, "1", release_files())
     cache = tmp_path / "cache"
     pull(durable, MODEL, "1", to=tmp_path / "a", cache=cache)
     entry = m.entry("data/b.bin")
     assert entry is not None
-    bad = corrupt_blob(cache, entry.sha256)
+    blob = cache / "blobs" / "sha256" / entry.sha256
+    if how == "flip":
+        corrupt_blob(cache, entry.sha256)
+    elif how == "truncate":
+        blob.chmod(0o644)
+        blob.write_bytes(b"x" * entry.size)
+    else:
+        other = cache / "blobs" / "sha256" / "other"
+        other.write_bytes(b"y" * entry.size)
+        os.replace(other, blob)
+    assert sha256(blob.read_bytes()) != entry.sha256 and blob.stat().st_size == entry.size
 
-    # Without --verify the blob is trusted (sizes match): the design's cache hit.
     r = pull(durable, MODEL, "1", to=tmp_path / "b", cache=cache)
-    assert r.downloaded == 0 and (tmp_path / "b" / "data/b.bin").read_bytes() == bad
+    assert r.downloaded == 1 and r.transferred == entry.size
+    assert_pulled(tmp_path / "b", durable, "1", cache)
+    assert_clean(cache, tmp_path / "b")
+    assert (tmp_path / "a" / "data" / "b.bin").read_bytes() == stored(durable, "1")["data/b.bin"]
 
-    with pytest.raises(IntegrityError) as e:
-        pull(durable, MODEL, "1", to=tmp_path / "c", cache=cache, verify=True)
-    assert_integrity_error(e.value, "data/b.bin", m, bad)
-    assert not (cache / "blobs" / "sha256" / entry.sha256).exists()  # the bad blob is dropped
+    corrupt_blob(cache, entry.sha256)
     p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "d"), "--cache", str(cache),
-                "--verify", "--json", "--store", durable_store_url)
+                "--json", "--store", durable_store_url)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["downloaded"] == 1  # healed: downloaded again, verified
+    assert_pulled(tmp_path / "d", durable, "1", cache)
 
 
-def test_failed_verify_places_nothing_and_heals(tmp_path: Path) -> None:
+def test_a_blob_that_stays_wrong_is_refused(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the re-downloaded blob is still wrong when placed (the cache keeps
+    being written to), the pull fails with IntegrityError naming the file and
+    nothing is placed."""
     store = open_store(str(tmp_path / "store"))
     m = publish(store, tmp_path, "1", release_files())
     cache, target = tmp_path / "cache", tmp_path / "c"
-    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
     entry = m.entry("data/b.bin")
     assert entry is not None
-    corrupt_blob(cache, entry.sha256)
-    with pytest.raises(IntegrityError):
-        pull(store, MODEL, "1", to=target, cache=cache, verify=True)
+    real_fetch = pull_module.fetch
+
+    def fetch_then_spoil(*a: Any, **kw: Any) -> int:
+        n = real_fetch(*a, **kw)
+        if a[2].sha256 == entry.sha256:
+            corrupt_blob(cache, entry.sha256)
+        return n
+
+    monkeypatch.setattr(pull_module, "fetch", fetch_then_spoil)
+    with pytest.raises(IntegrityError) as e:
+        pull(store, MODEL, "1", to=target, cache=cache)
+    assert e.value.path == "data/b.bin" and "changed since it was verified" in str(e.value)
     assert not target.exists()
-    r = pull(store, MODEL, "1", to=target, cache=cache, verify=True)
-    assert r.downloaded == 1
-    assert_pulled(target, store, "1", cache)
+    assert entry.sha256 not in blobs(cache)
+    assert_clean(cache, target)
+
+
+def test_verify_rehashes_the_target(tmp_path: Path) -> None:
+    """``--verify`` on a target that already holds the release re-hashes every
+    file, whatever the stamps say."""
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    pull(store, MODEL, "1", to=target, cache=cache)
+    read: list[str] = []
+    real = materialize.hash_file
+
+    def spy(path: Any) -> Any:
+        read.append(Path(path).name)
+        return real(path)
+
+    import unittest.mock
+    with unittest.mock.patch.object(materialize, "hash_file", spy):
+        assert not pull(store, MODEL, "1", to=target, cache=cache).placed
+        assert read == []  # stamps unchanged: nothing read
+        assert not pull(store, MODEL, "1", to=target, cache=cache, verify=True).placed
+    assert sorted(read) == sorted(Path(p).name for p in stored(store, "1") if p != MANIFEST)
 
 
 # == 4. atomicity and concurrency ==========================================================
@@ -800,9 +940,8 @@ def test_concurrent_pulls_of_one_release_all_succeed(durable_store_url: str, dur
         placed = [json.loads(out.splitlines()[rep])["placed"] for out, _ in outs]
         assert placed.count(True) >= 1, placed
         cache, target = base / str(rep) / "cache", base / str(rep) / "model"
-        # Content, not inodes: racing downloads of one blob replace each other
-        # (see test_redownloaded_blob_keeps_existing_hardlinks).
-        assert_pulled(target, durable, "1", cache, linked=None)
+        # Content and never a hardlink (see test_redownloaded_blob_keeps_the_cached_one).
+        assert_pulled(target, durable, "1", cache)
         assert_clean(cache, target)
 
 
@@ -818,7 +957,7 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
         sel.close()
 
 
-@pytest.mark.parametrize("phase", ["stream", "ranged", "link"])
+@pytest.mark.parametrize("phase", ["stream", "ranged", "place"])
 def test_killed_pull_leaves_no_partial_and_next_pull_cleans_up(
         durable_store_url: str, durable: Store, tmp_path: Path, phase: str) -> None:
     publish(durable, tmp_path, "1", release_files(big=phase == "ranged"))
@@ -842,7 +981,7 @@ def test_killed_pull_leaves_no_partial_and_next_pull_cleans_up(
     leftovers_tmp = [p for p in os.listdir(cache / "tmp") if tag in p]
     leftovers_staging = [p for p in os.listdir(target.parent) if tag in p] \
         if target.parent.exists() else []
-    if phase == "link":
+    if phase == "place":
         assert len(leftovers_staging) == 1 and ".pull-" in leftovers_staging[0]
     else:
         assert leftovers_tmp and all(p.endswith(".incomplete") for p in leftovers_tmp)
@@ -878,16 +1017,19 @@ def test_release_placed_by_a_concurrent_pull_is_not_foreign(
     assert_clean(cache, target)
 
 
-def test_redownloaded_blob_keeps_existing_hardlinks(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_redownloaded_blob_keeps_the_cached_one(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """What a concurrent pull does, deterministically: it saw the blob missing,
-    downloaded it, and lands it after another pull already materialized."""
+    downloaded it, and lands it after another pull already placed it: the
+    cached blob (and its stamp) stays, both directories are whole."""
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1", release_files())
     cache = tmp_path / "cache"
     pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
     monkeypatch.setattr(cache_mod.Cache, "has", lambda self, sha, size: False)
+    inodes = {p.name: p.stat().st_ino for p in (cache / "blobs" / "sha256").iterdir()}
     pull(store, MODEL, "1", to=tmp_path / "b", cache=cache)
+    assert {p.name: p.stat().st_ino for p in (cache / "blobs" / "sha256").iterdir()} == inodes
     assert_pulled(tmp_path / "b", store, "1", cache)
     assert_pulled(tmp_path / "a", store, "1", cache)
 
@@ -988,7 +1130,8 @@ def test_insufficient_space_is_refused_before_the_first_byte(
     log = ReadLog(store)
     with pytest.raises(InsufficientSpaceError) as e:
         pull(store, MODEL, "1", to=target, cache=cache)
-    need = sum(distinct(m1).values())
+    # the missing blobs, plus the model directory's copies on the same filesystem
+    need = sum(distinct(m1).values()) + m1.total_size
     assert (e.value.available, e.value.needed) == (free[0], need + FREE_MARGIN)
     assert str(cache.resolve()) in str(e.value) and str(need) in str(e.value)
     assert log.data_bytes("1") == {}  # not a byte of a file was read
@@ -1002,7 +1145,7 @@ def test_insufficient_space_is_refused_before_the_first_byte(
     pull(store, MODEL, "1", to=target, cache=cache)
     changed = m2.entry("data/b.bin")
     assert changed is not None
-    free[0] = FREE_MARGIN + changed.size
+    free[0] = FREE_MARGIN + changed.size + m2.total_size
     r = pull(store, MODEL, "2", cache=cache)
     assert r.transferred == changed.size
     assert_pulled(Path(r.path), store, "2", cache)
@@ -1076,19 +1219,53 @@ def test_disk_full_via_cli_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "serve").exists() and blobs(tmp_path / "cache") == {}
 
 
-def test_copy_when_hardlinks_are_impossible(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_reflink(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make ``materialize.reflink`` behave as on a filesystem that clones
+    (this one, ext4, has no FICLONE): the bytes are copied in the kernel and
+    True returned, so the caller reads nothing; returns a call counter."""
+    calls = [0]
+
+    def clone(src_fd: int, dst_fd: int) -> bool:
+        calls[0] += 1
+        size = os.fstat(src_fd).st_size
+        off = 0
+        while off < size:
+            off += os.copy_file_range(src_fd, dst_fd, size - off, off, off)
+        return True
+
+    monkeypatch.setattr(materialize, "reflink", clone)
+    return calls
+
+
+def test_reflink_checks_the_blob_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the filesystem clones, a blob is not read when placed: its stat
+    stamp (recorded when it was verified) is compared. A blob written to since
+    (even with its mtime put back) is re-hashed, dropped and downloaded again;
+    a blob only touched is re-hashed once and kept."""
     store = open_store(str(tmp_path / "store"))
-    publish(store, tmp_path, "1", release_files())
+    m = publish(store, tmp_path, "1", release_files())
+    calls = fake_reflink(monkeypatch)
+    cache = tmp_path / "cache"
+    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
+    assert calls[0] == len(m.files)
+    assert_pulled(tmp_path / "a", store, "1", cache)
 
-    def no_link(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
-        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+    entry = m.entry("data/b.bin")
+    assert entry is not None
+    blob = cache / "blobs" / "sha256" / entry.sha256
+    st = blob.stat()
+    corrupt_blob(cache, entry.sha256)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime and size as before
+    assert (blob.stat().st_size, blob.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    r = pull(store, MODEL, "1", to=tmp_path / "b", cache=cache)
+    assert r.downloaded == 1 and r.transferred == entry.size
+    assert_pulled(tmp_path / "b", store, "1", cache)
+    assert_clean(cache, tmp_path / "b")
 
-    monkeypatch.setattr(materialize.os, "link", no_link)
-    cache, target = tmp_path / "cache", tmp_path / "serve"
-    pull(store, MODEL, "1", to=target, cache=cache)
-    assert_pulled(target, store, "1", cache, linked=False)
-    assert_clean(cache, target)
+    os.utime(blob)  # touched, not changed
+    r = pull(store, MODEL, "1", to=tmp_path / "c", cache=cache)
+    assert r.downloaded == 0
+    assert_pulled(tmp_path / "c", store, "1", cache)
 
 
 def test_copy_across_filesystems(tmp_path: Path) -> None:
@@ -1111,16 +1288,17 @@ def test_copy_across_filesystems(tmp_path: Path) -> None:
 def test_disk_full_while_materializing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1", release_files())
+    calls = [0]
+    real = materialize.HashingWriter.copy_from
 
-    def no_link(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
-        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+    def full(self: Any, src: Any, *a: Any, **kw: Any) -> int:
+        calls[0] += 1
+        if calls[0] < 3:
+            return real(self, src, *a, **kw)
+        self.raw.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    def full(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
-        Path(dst).write_bytes(b"partial")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
-
-    monkeypatch.setattr(materialize.os, "link", no_link)
-    monkeypatch.setattr(materialize.shutil, "copyfile", full)
+    monkeypatch.setattr(materialize.HashingWriter, "copy_from", full)
     cache, target = tmp_path / "cache", tmp_path / "serve"
     try:
         with pytest.raises(InsufficientSpaceError):

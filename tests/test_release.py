@@ -72,7 +72,8 @@ def test_release_has_the_seed_files(store: Store) -> None:
     assert json.loads(store.read_bytes(f"{prefix}/ledger.json")) == [ledger_row()]
     tensors, meta = weights(store, "1")
     np.testing.assert_array_equal(tensors["w"], W)
-    assert meta["format"] == "tinyllm"
+    # a checkpoint's weights become a file engines load: format "pt", facts under tinyllm.*
+    assert meta == {"format": "pt", "tinyllm.dtype": "f32"}
 
 
 def test_bf16_rounds_to_nearest_even(store: Store) -> None:
@@ -88,7 +89,8 @@ def test_int4_within_half_a_step(store: Store) -> None:
     checkpoint(store)
     release(store, "int4", dtype="int4", group_size=64)
     tensors, meta = weights(store, "int4")
-    assert meta == {"format": "tinyllm", "quant": "int4", "group_size": "64"}
+    assert meta == {"format": "pt", "tinyllm.dtype": "int4", "quant": "int4", "group_size": "64",
+                    "tinyllm.quantized": "w"}
     assert tensors["w.qweight"].shape == (8, 128) and tensors["w.qweight"].dtype == np.uint8
     assert tensors["w.scales"].shape == (8, 4)
     assert "b" in tensors and tensors["b"].dtype == np.float32  # 1-D stays F32

@@ -28,6 +28,7 @@ from registry.safetensors_io import (
     read_tensor,
     write_safetensors,
 )
+from tests.conftest import require_engines
 
 MiB = 1 << 20
 
@@ -235,8 +236,9 @@ def test_torch_like_tensors_are_converted_without_torch(monkeypatch):
     np.testing.assert_array_equal(loaded["w"], np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16))
 
 
-def test_real_torch_tensors_if_available():
-    torch = pytest.importorskip("torch")
+def test_real_torch_tensors():
+    """Runs in CI (REGISTRY_REQUIRE_ENGINES=1: torch is required there)."""
+    (torch,) = require_engines("torch")
     data = dump({"w": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
                  "f": torch.ones(2, 2, requires_grad=True)})
     loaded = reference_deserialize(data)
@@ -379,10 +381,32 @@ def test_valid_optimizer_states():
     check_optimizer_state(adamw_state(), MODEL, optimizer="adamw", path="o")
     data = dump(adamw_state(), {"format": "tinyllm", "optimizer": "adamw", "step": "5"})
     header = read_header(io.BytesIO(data), path="o", file_size=len(data))
-    check_optimizer_state(header, header.shapes | MODEL, optimizer="adamw", path="o")
+    check_optimizer_state(header, MODEL, optimizer="adamw", path="o")
     for optimizer in ("sgd", "muon"):
-        check_optimizer_state({"w.momentum_buffer": np.zeros((2, 3), np.float32)}, MODEL,
+        check_optimizer_state({"w.momentum_buffer": np.zeros((2, 3), np.float32),
+                               "b.momentum_buffer": np.zeros(3, np.float32)}, MODEL,
                               optimizer=optimizer, path="o")
+        check_optimizer_state({}, MODEL, optimizer=optimizer, path="o")  # no momentum
+
+
+@pytest.mark.parametrize(("state", "optimizer", "missing"), [
+    ({"w.exp_avg": np.zeros((2, 3), np.float32)}, "adamw", "b.exp_avg"),  # one tensor only
+    ({k: v for k, v in adamw_state().items() if k != "b.exp_avg_sq"}, "adamw", "b.exp_avg_sq"),
+    ({k: v for k, v in adamw_state().items() if k.startswith("w.")}, "adamw", "b.exp_avg"),
+    ({}, "adamw", "b.exp_avg"),  # no tensors at all
+    ({"w.momentum_buffer": np.zeros((2, 3), np.float32)}, "sgd", "b.momentum_buffer"),
+    ({"b.momentum_buffer": np.zeros(3, np.float32)}, "muon", "w.momentum_buffer"),
+])
+def test_incomplete_optimizer_state_is_refused(state, optimizer, missing):
+    """Seed 000: AdamW keeps exp_avg and exp_avg_sq per parameter; SGD and
+    Muon a momentum_buffer per parameter where momentum is used."""
+    with pytest.raises(SafetensorsError, match=f"incomplete: '{missing}' is missing"):
+        check_optimizer_state(state, MODEL, optimizer=optimizer, path="o")
+    if state:
+        data = dump(state, {"format": "tinyllm", "optimizer": optimizer, "step": "5"})
+        header = read_header(io.BytesIO(data), path="o", file_size=len(data))
+        with pytest.raises(SafetensorsError, match="incomplete"):
+            check_optimizer_state(header, MODEL, optimizer=optimizer, path="o")
 
 
 @pytest.mark.parametrize(("state", "optimizer", "rule"), [

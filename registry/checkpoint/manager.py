@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,9 +33,14 @@ from registry.checkpoint.state import (
     snapshot_f32,
     validate_save_inputs,
 )
-from registry.checkpoint.tree import CheckpointTree
+from registry.checkpoint.tree import CheckpointSkippedWarning, CheckpointTree
 from registry.commit import DirectoryWriter
-from registry.errors import CheckpointError
+from registry.errors import (
+    CheckpointError,
+    NoValidCheckpointError,
+    SafetensorsError,
+    SchemaValidationError,
+)
 from registry.manifest import Manifest, utc_now
 from registry.names import check_name
 from registry.pools import HelperPool
@@ -252,7 +258,7 @@ class CheckpointManager:
                              sole_writer=True) as w:
             # The two big files are written (and hashed) at once, one per core.
             model_written = _FILE_WRITERS.submit(
-                write_safetensors_file, w, "model.safetensors", model, {"format": "tinyllm"})
+                write_safetensors_file, w, "model.safetensors", model, {"format": "pt"})
             try:
                 write_safetensors_file(w, "optimizer.safetensors", opt,
                                        {"format": "tinyllm", "optimizer": optimizer,
@@ -357,54 +363,115 @@ class CheckpointManager:
         """Load the newest checkpoint that verifies (seed 000 "Resuming").
 
         Args:
-            path: a step directory (its name, its key in the store, or its URL);
-                None: the directory LATEST names.
+            path: a step directory: its name (``step-000120``, in this run),
+                its key in the store, or its URL or local path, in this run or
+                any other tree of the same layout -- the directory given is
+                the one loaded, never a same-named step of this run. None:
+                the directory LATEST names.
 
         Returns:
             The ResumeState of the first candidate that verifies (sha256 of
-            every file against MANIFEST.json), trying older steps after a
-            warning (CheckpointSkippedWarning) naming each skipped step and why.
+            every file against MANIFEST.json) and whose files keep their
+            format (optimizer state complete, trainer_state.json valid),
+            trying older steps of the same tree after a warning
+            (CheckpointSkippedWarning) naming each skipped step and why.
             When LATEST named a step that does not verify, LATEST is moved
             back (compare-and-swap) to the step resumed from, so it always
             names a complete checkpoint.
 
         Raises:
             NoValidCheckpointError: no step verifies.
-            CheckpointError: ``path`` names no step directory of this run.
-            SafetensorsError, SchemaValidationError: a verified file breaks its
-                format (written by something else than this registry).
+            CheckpointError: ``path`` names no step directory.
+            SafetensorsError, SchemaValidationError: only through
+                NoValidCheckpointError's reasons (a step breaking its format
+                is skipped like one that does not verify).
         """
         self.wait()
         self._finish_delete()
-        start = None
-        if path is not None:
-            start = self.tree.layout.parse_dir(path.rstrip("/").rsplit("/", 1)[-1])
-            if start is None:
-                raise CheckpointError(f"{path}: not a step directory "
-                                      f"({self.tree.layout.dir_format})")
-        step, manifest = self.tree.resumable(start)
-        if path is None:
-            self.tree.reset_latest(step)
-        return self.load(step, manifest)
+        tree, start = (self.tree, None) if path is None else self._tree_of(path)
+        skipped: list[str] = []
+        while True:
+            try:
+                step, manifest = tree.resumable(start)
+            except NoValidCheckpointError as e:
+                if skipped:
+                    raise NoValidCheckpointError(
+                    f"{e}; also skipped: {'; '.join(skipped)}") from None
+                raise
+            try:
+                state = self.load(step, manifest, tree=tree)
+            except (SafetensorsError, SchemaValidationError, CheckpointError) as e:
+                reason = f"{tree.layout.step_dir(step)}: {e}"
+                skipped.append(reason)
+                warnings.warn(f"skipping {reason}", CheckpointSkippedWarning, stacklevel=2)
+                older = [s for s in tree.steps() if s < step]
+                if not older:
+                    raise NoValidCheckpointError(
+                        f"{tree.store.url_of(tree.root)}: no checkpoint verifies: "
+                        f"{'; '.join(skipped)}") from None
+                start = max(older)
+                continue
+            if path is None:
+                self.tree.reset_latest(step)
+            return state
 
-    def load(self, step: int, manifest: Manifest) -> ResumeState:
-        """Read the files of a verified step directory."""
-        prefix = self.tree.prefix(step)
-        url = self.store.url_of(prefix)
-        model, _ = load_safetensors(self.store, prefix, manifest, "model.safetensors")
-        opt, meta = load_safetensors(self.store, prefix, manifest, "optimizer.safetensors")
+    def _tree_of(self, path: str) -> tuple[CheckpointTree, int]:
+        """The tree holding the step directory ``path``, and its step.
+
+        Raises:
+            CheckpointError: the last segment is not a step directory name, or
+                the directory does not exist.
+        """
+        parent, _, name = path.rstrip("/").rpartition("/")
+        step = self.tree.layout.parse_dir(name)
+        if step is None:
+            raise CheckpointError(f"{path}: not a step directory "
+                                  f"({self.tree.layout.dir_format})")
+        own = {self.tree.root, self.store.url_of(self.tree.root).rstrip("/")}
+        local_root = self.store.local_path(self.tree.root)
+        if local_root is not None:
+            own.add(os.path.abspath(local_root))
+        if not parent or parent in own or (
+                "://" not in parent and os.path.isabs(parent)
+                and os.path.abspath(parent) in own):
+            tree = self.tree
+        elif "://" in parent or os.path.isabs(parent):
+            tree = CheckpointTree(open_store(parent), "", self.tree.layout)
+        else:
+            tree = CheckpointTree(self.store, parent, self.tree.layout)
+        if not tree.store.exists(tree.prefix(step)) and step not in tree.steps():
+            raise CheckpointError(f"{path}: no such step directory "
+                                  f"({tree.store.url_of(tree.prefix(step))})")
+        return tree, step
+
+    def load(self, step: int, manifest: Manifest, *,
+             tree: CheckpointTree | None = None) -> ResumeState:
+        """Read the files of a verified step directory of ``tree`` (default: this run's).
+
+        Raises:
+            SafetensorsError: a weights or optimizer file breaks its format, or
+                the optimizer state is incomplete.
+            SchemaValidationError, DocumentError: trainer_state.json or
+                config.json is invalid.
+        """
+        tree = tree or self.tree
+        store = tree.store
+        prefix = tree.prefix(step)
+        url = store.url_of(prefix)
+        model, _ = load_safetensors(store, prefix, manifest, "model.safetensors")
+        opt, meta = load_safetensors(store, prefix, manifest, "optimizer.safetensors")
         optimizer = meta.get("optimizer", "")
         check_optimizer_state(opt, {k: v.shape for k, v in model.items()}, optimizer=optimizer,
                               path=f"{url}/optimizer.safetensors")
-        state = schemas.load_json(self.store.read_bytes(join(prefix, "trainer_state.json")),
+        state = schemas.load_json(store.read_bytes(join(prefix, "trainer_state.json")),
                                   path=f"{url}/trainer_state.json")
         schemas.validate(state, "trainer-state", path=f"{url}/trainer_state.json")
-        config = config_dict(self.store.read_bytes(join(prefix, "config.json")),
+        config = config_dict(store.read_bytes(join(prefix, "config.json")),
                              what=f"{url}/config.json")
         gen = tok = None
         if manifest.entry("generation_config.json"):
-            gen = schemas.load_json(self.store.read_bytes(join(prefix, "generation_config.json")),
+            gen = schemas.load_json(store.read_bytes(join(prefix, "generation_config.json")),
                                     path=f"{url}/generation_config.json")
         if manifest.entry("tokenizer.json"):
-            tok = self.store.read_bytes(join(prefix, "tokenizer.json"))
+            tok = store.read_bytes(join(prefix, "tokenizer.json"))
         return ResumeState(step, url, manifest, model, opt, optimizer, state, config, gen, tok)

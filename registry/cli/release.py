@@ -114,8 +114,10 @@ def publish(
                                              help="MODEL_CARD.md to use "
                                                   "(default: rendered).")] = None,
     head: HeadOpt = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
-                                                              "int4 (default: as is).")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help=(
+        "Convert weights to a release dtype of the seed: f32, bf16 or int4 (default: as "
+        "is: the source's dtypes, F16 included, are kept; the card and `registry show` "
+        "list the stored dtype of every tensor group)."))] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
     db: DbOpt = None, as_json: JsonOpt = False,

@@ -46,9 +46,12 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -64,6 +67,7 @@ from registry.errors import (  # noqa: E402
     CheckpointError,
     NoValidCheckpointError,
     PointerRegressionError,
+    RegistryError,
 )
 from registry.store import join  # noqa: E402
 
@@ -375,12 +379,26 @@ def _log(msg: str) -> None:
     print(f"tinytrainer: {msg}", file=sys.stderr, flush=True)
 
 
+@functools.lru_cache(maxsize=8)
+def git_sha(cwd: str) -> str | None:
+    """The commit (40 hex) checked out in the git work tree holding ``cwd``, or
+    None when ``cwd`` is in none (or git is not installed): trainer_state.json's
+    ``git_sha`` (seed 000), the code a checkpoint was trained with."""
+    try:
+        p = subprocess.run(["git", "-C", cwd, "rev-parse", "--verify", "-q", "HEAD"],
+                           capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = p.stdout.strip()
+    return sha if p.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+
+
 def _trainer_state(spec: Mapping[str, Any], sha: str, step: int, tokens_seen: int,
                    data: DataStream) -> dict[str, Any]:
     return {"step": step, "tokens_seen": tokens_seen, "data_cursor": data.cursor.to_dict(),
             "generator": data.gen.to_dict(),
             "learning_rate": learning_rate(spec, step) if step else 0.0,
-            "spec_sha256": sha, "git_sha": None}
+            "spec_sha256": sha, "git_sha": git_sha(os.getcwd())}
 
 
 class _Saver:
@@ -568,10 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    result = train(args.store, args.run_id, args.steps, ckpt_every=args.ckpt_every,
-                   keep_ckpts=args.keep_ckpts, resume=args.resume,
-                   progress_file=args.progress, async_save=not args.sync, out=args.out,
-                   seed=args.seed)
+    try:
+        result = train(args.store, args.run_id, args.steps, ckpt_every=args.ckpt_every,
+                       keep_ckpts=args.keep_ckpts, resume=args.resume,
+                       progress_file=args.progress, async_save=not args.sync, out=args.out,
+                       seed=args.seed)
+    except RegistryError as e:  # a user error: one line, no traceback
+        _log(f"error: {e}")
+        return 2
     _log(f"step {result['trainer_state']['step']}: eval loss {result['final_loss_repr']}, "
          f"weights {result['weights_sha256'][:16]}, {result['seconds']:.2f} s")
     return 0

@@ -10,13 +10,23 @@ until ``registry db upgrade`` runs.
 SQLite runs in WAL mode with a 30 s busy timeout, and every transaction is
 retried when SQLite still reports "database is locked", so concurrent CLI
 calls do not fail.
+
+A SQLite index that cannot be written (a read-only file, or a file on a
+read-only volume: a serving host or a dashboard reading a mounted snapshot)
+is opened read-only: ``mode=ro``, plus ``immutable=1`` when its directory
+cannot be written either (no ``-wal``/``-shm`` can be created there, so
+nobody can be writing it), and no pragma that writes (``journal_mode``,
+``synchronous``). Readers answer from it; a write raises
+IndexReadOnlyError naming the file.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -31,7 +41,12 @@ from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry.errors import IndexDamagedError, IndexDatabaseError, IndexOutOfDateError
+from registry.errors import (
+    IndexDamagedError,
+    IndexDatabaseError,
+    IndexOutOfDateError,
+    IndexReadOnlyError,
+)
 from registry.resources import resource_path
 
 DEFAULT_DB = "sqlite:///registry.db"
@@ -68,8 +83,47 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _sqlite_ro_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA query_only=ON")
+    cur.close()
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///path`` URL (None: not SQLite, or in memory)."""
+    if not url.startswith("sqlite"):
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+        db = make_url(url).database
+    except Exception:  # noqa: BLE001 - create_engine reports a bad URL
+        return None
+    return db if db and db != ":memory:" and not db.startswith("file:") else None
+
+
+def read_only_mode(path: str) -> str | None:
+    """How a SQLite file must be opened: None (read-write), ``"ro"`` (the file
+    cannot be written), ``"immutable"`` (neither can its directory: a
+    read-only volume or folder, where no ``-wal``/``-shm`` can be made)."""
+    if not os.path.exists(path):
+        return None
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.access(folder, os.W_OK):
+        # A snapshot may hold committed pages still in its -wal file, which an
+        # immutable open would not read: then read it as WAL, read-only.
+        wal = f"{path}-wal"
+        return "ro" if os.path.exists(wal) and os.path.getsize(wal) else "immutable"
+    if not os.access(path, os.W_OK):
+        return "ro"
+    return None
+
+
 class Index:
     """A connection pool to the index database, with its schema checked.
+
+    A SQLite file that cannot be written is opened read-only (see the module
+    docstring; ``read_only`` is then ``"ro"`` or ``"immutable"``).
 
     Raises:
         IndexDatabaseError: the database cannot be reached.
@@ -79,13 +133,20 @@ class Index:
 
     def __init__(self, url: str | None = None, *, check: bool = True) -> None:
         self.url = db_url(url)
+        self.path = sqlite_path(self.url)
+        self.read_only = read_only_mode(self.path) if self.path else None
         try:
-            self.engine: Engine = create_engine(self.url, future=True, pool_pre_ping=True)
+            if self.read_only:
+                self.engine: Engine = create_engine("sqlite://", future=True,
+                                                    creator=self._ro_connect)
+            else:
+                self.engine = create_engine(self.url, future=True, pool_pre_ping=True)
         except (SQLAlchemyError, ImportError, ValueError) as e:
             raise IndexDatabaseError(f"{self.url}: cannot open the index: {e}") from None
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         if self.is_sqlite:
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect",
+                         _sqlite_ro_pragmas if self.read_only else _sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if check:
             try:
@@ -93,6 +154,12 @@ class Index:
             except BaseException:
                 self.engine.dispose()
                 raise
+
+    def _ro_connect(self) -> sqlite3.Connection:
+        assert self.path is not None
+        query = "mode=ro&immutable=1" if self.read_only == "immutable" else "mode=ro"
+        uri = f"file:{urllib.parse.quote(os.path.abspath(self.path))}?{query}"
+        return sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
 
     def __repr__(self) -> str:
         return f"Index({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -112,6 +179,12 @@ class Index:
                 return
             # A fresh database is migrated by whoever takes the lock first; the
             # others wait, then find it at head (never half-migrated).
+            if self.read_only:
+                current = self.current_revision()
+                raise IndexOutOfDateError(
+                    f"{self.path}: index schema at revision {current or 'none'}, this "
+                    f"registry needs {head}, and the index is read-only (a read-only "
+                    "file or volume): upgrade a writable copy with `registry db upgrade`")
             with self._schema_lock():
                 current = self.current_revision()
                 if current == head:
@@ -126,6 +199,7 @@ class Index:
                 f"{self}: index schema at revision {current or 'none'}, this registry needs "
                 f"{head}: run `registry db upgrade`")
         except OperationalError as e:
+            self._refuse_read_only(e)
             raise IndexDatabaseError(f"{self}: cannot reach the index: "
                                      f"{str(e.orig).strip()}") from None
         except DatabaseError as e:
@@ -192,7 +266,12 @@ class Index:
         Raises:
             IndexDatabaseError: the database holds a schema the migrations do not
                 know (an unknown revision, or tables without a version).
+            IndexReadOnlyError: the SQLite file (or its volume) is read-only.
         """
+        if self.read_only:
+            raise IndexReadOnlyError(
+                f"{self.path}: the index is read-only (a read-only file or volume); "
+                "cannot upgrade its schema", path=self.path or "")
         try:
             with self._schema_lock():
                 self._migrate()
@@ -218,6 +297,7 @@ class Index:
         """Run ``fn`` in a transaction, retried while SQLite reports a lock.
 
         Raises:
+            IndexReadOnlyError: ``fn`` wrote to a read-only SQLite index.
             IndexDatabaseError: the database failed (after retries for locks).
         """
         for attempt in range(_RETRIES):
@@ -232,6 +312,7 @@ class Index:
                     continue
                 raise
             except OperationalError as e:
+                self._refuse_read_only(e)
                 if "locked" in str(e.orig).lower() and attempt < _RETRIES - 1:
                     time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.5))
                     continue
@@ -241,6 +322,16 @@ class Index:
             except SQLAlchemyError as e:
                 raise IndexDatabaseError(f"{self}: {e}") from None
         raise AssertionError("unreachable")
+
+    def _refuse_read_only(self, e: OperationalError) -> None:
+        """A write refused by SQLite because the index is read-only becomes
+        IndexReadOnlyError naming the file."""
+        msg = str(e.orig).lower()
+        if self.path and ("readonly" in msg or "read-only" in msg or "query_only" in msg
+                          or (self.read_only and "unable to open" in msg)):
+            raise IndexReadOnlyError(
+                f"{self.path}: the index is read-only (a read-only file or volume); "
+                "reading works, writing needs a writable index (--db)", path=self.path) from None
 
     def close(self) -> None:
         self.engine.dispose()

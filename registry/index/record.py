@@ -27,6 +27,7 @@ from registry.index.schema import (
 )
 from registry.ledger import Revocation as StoreRevocation
 from registry.manifest import Manifest
+from registry.release.convert import dtype_label, weights_groups
 from registry.release import ModelRelease, release_prefix
 from registry.safetensors_io import read_header
 from registry.store import Store, join
@@ -51,10 +52,9 @@ def _dtype(store: Store, prefix: str, manifest: Manifest) -> str:
     key = join(prefix, "model.safetensors")
     with store.open_read(key) as f:
         header = read_header(f, path=store.url_of(key), file_size=entry.size)
-    if header.metadata.get("quant") == "int4":
-        return "int4"
-    floats = sorted({i.dtype for i in header.tensors.values()} & {"F64", "F32", "F16", "BF16"})
-    return ",".join(d.lower() for d in floats) or "none"
+    groups = weights_groups({n: (i.dtype, tuple(i.shape)) for n, i in header.tensors.items()},
+                            header.metadata)
+    return dtype_label(groups)[:32]
 
 
 def record_release(s: Session, store: Store, model_id: str, version: str) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
-from registry.pull.materialize import current_digest, materialize
+from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
@@ -65,17 +65,21 @@ class PullResult:
 
 
 def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> None:
-    free = shutil.disk_usage(cache.root).free
-    need = need_blobs + FREE_MARGIN
-    if free < need:
-        raise InsufficientSpaceError(
-            f"{cache.root}: {free} bytes free, the pull needs {need} bytes ({need_blobs} "
-            f"to download + a {_MARGIN_MIB} MiB safety margin kept free)",
-            key=str(cache.root), needed=need, available=free)
+    """The cache's filesystem must take the missing blobs, and the target's the
+    model directory (placed as copies; a reflink would need less, but whether
+    the filesystem clones is only known once it does), plus FREE_MARGIN each."""
     probe = target.parent if not target.exists() else target
     while not probe.exists():
         probe = probe.parent
-    if probe.stat().st_dev != cache.root.stat().st_dev:  # copies, not hardlinks
+    same = probe.stat().st_dev == cache.root.stat().st_dev
+    free = shutil.disk_usage(cache.root).free
+    need = need_blobs + (total if same else 0) + FREE_MARGIN
+    if free < need:
+        raise InsufficientSpaceError(
+            f"{cache.root}: {free} bytes free, the pull needs {need} bytes ({need - FREE_MARGIN} "
+            f"to download and place + a {_MARGIN_MIB} MiB safety margin kept free)",
+            key=str(cache.root), needed=need, available=free)
+    if not same:
         free_t = shutil.disk_usage(probe).free
         if free_t < total + FREE_MARGIN:
             raise InsufficientSpaceError(
@@ -127,6 +131,39 @@ def _start_signature_check(store: Store, prefix: str, manifest: Manifest, model_
         pool.shutdown(wait=False)
 
 
+def _missing(cache: Cache, entries: Iterable[FileEntry]) -> dict[str, FileEntry]:
+    """The distinct blobs of ``entries`` the cache lacks, by sha256."""
+    missing: dict[str, FileEntry] = {}
+    for e in entries:
+        if not cache.has(e.sha256, e.size):
+            missing.setdefault(e.sha256, e)
+    return missing
+
+
+def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: Cache, *,
+               workers: int, progress: Callable[[int], None], range_threshold: int | None,
+               fsync: bool) -> int:
+    """Download ``missing`` into the cache, largest first; returns bytes received."""
+    if not missing:
+        return 0
+    transferred = 0
+    with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
+            ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files:
+        futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
+                                inflight=workers, progress=progress,
+                                range_threshold=range_threshold, fsync=fsync)
+                   for e in sorted(missing.values(), key=lambda e: -e.size)]
+        errors = []
+        for fut in futures:
+            try:
+                transferred += fut.result()
+            except IntegrityError as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
+    return transferred
+
+
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -168,11 +205,14 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         NotCommittedError, ManifestError: the release is not committed or its
             manifest is invalid (including unsafe paths).
         IntegrityError: a stored file's size or sha256 differs from the
-            manifest; nothing is placed under a final name.
+            manifest; nothing is placed under a final name. A cache blob found
+            changed when placed is dropped and downloaded again, once
+            (BlobChangedError if it is still wrong).
         InsufficientSpaceError: not enough free disk, checked before the
             first byte.
         CommitConflictError: the target holds other content (files of another
-            release, or files the release does not list) and not ``force``.
+            release, or files the release does not list), or this release
+            with a file changed since it was pulled, and not ``force``.
         SignatureError: ``trust`` given and the signature is missing,
             malformed, made by an untrusted or revoked key, bound to another
             release, or not covering exactly the files; nothing is placed.
@@ -182,6 +222,10 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         StorageError: the cache or the target's parent cannot be created.
 
     Notes:
+        The model directory holds reflinks or copies of the cache's blobs,
+        never hardlinks: writing to it changes neither the cache nor another
+        pulled directory, and a re-pull re-hashes every file whose stat stamp
+        changed since it was placed (registry.pull.materialize).
         Concurrent pulls of one release into one cache and target all succeed:
         blobs and the directory are placed by atomic renames of unique temp
         names. A killed pull leaves only temp names, removed by the next pull.
@@ -204,43 +248,42 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     _refuse_overlap(target, c, store)
     c.clean_stale()
     on_progress = progress or (lambda n: None)
-    missing: dict[str, FileEntry] = {}
-    if current_digest(target) != manifest.digest:
-        for e in manifest.files:
-            if not c.has(e.sha256, e.size):
-                missing.setdefault(e.sha256, e)
+    holds, changed = check_target(target, manifest, c)
+    wanted = [] if holds and not changed else list(manifest.files)
+    missing = _missing(c, wanted)
     need = sum(e.size for e in missing.values())
-    _check_space(c, target, need, manifest.total_size)
+    _check_space(c, target, need, 0 if holds and not changed else manifest.total_size)
     if on_start:
         on_start(need)
     workers = max(1, workers)
-    transferred = 0
-    with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
-            ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files:
-        futures = [files.submit(fetch, store, prefix, e, c, ranged_pool=ranges,
-                                inflight=workers, progress=on_progress,
-                                range_threshold=range_threshold, fsync=fsync)
-                   for e in sorted(missing.values(), key=lambda e: -e.size)]
-        errors = []
-        for fut in futures:
-            try:
-                transferred += fut.result()
-            except IntegrityError as err:
-                errors.append(err)
-        if errors:
-            raise errors[0]
+    transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
+                             range_threshold=range_threshold, fsync=fsync)
+    downloaded = len(missing)
     signer = signature.result().fingerprint if signature is not None else None
-    try:
-        placed = materialize(manifest, c, target, force=force, verify=verify)
-    except IntegrityError as err:
-        # A cache blob went bad after it was verified: drop it, so the next
-        # pull downloads it again.
-        for e in manifest.files:
-            if e.path == err.path:
-                c.blob(e.sha256).unlink(missing_ok=True)
-        raise
+    for attempt in (1, 2):
+        try:
+            placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
+            break
+        except BlobChangedError as err:
+            # A blob changed after it was verified (someone wrote to the cache):
+            # drop it and download it again, once.
+            c.drop(err.sha256)
+            if attempt == 2:
+                raise
+            again = _missing(c, manifest.files)
+            transferred += _fetch_all(store, prefix, again, c, workers=workers,
+                                      progress=on_progress, range_threshold=range_threshold,
+                                      fsync=fsync)
+            downloaded += len(again)
+        except IntegrityError as err:
+            # --verify found a bad file: drop its blob, so the next pull
+            # downloads it again.
+            for e in manifest.files:
+                if e.path == err.path:
+                    c.drop(e.sha256)
+            raise
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
-                      len(missing), manifest.total_size, transferred,
+                      downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer)
 
 

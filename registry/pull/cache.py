@@ -4,13 +4,17 @@ Layout (under ``$REGISTRY_CACHE``, default ``~/.cache/model-registry``)::
 
     <cache>/
     ├── blobs/sha256/<hex>             verified file contents, read-only, shared
+    ├── stamps/                        stat stamps of verified blobs and placed
+    │                                  directories (registry.pull.stamps)
     ├── tmp/<hex>.<pid>.<rand>.incomplete   downloads in progress
     └── models/<model_id>/<version>/   materialized model directories (when no --to)
-        └── MANIFEST.json              (hardlinks into blobs/ where possible)
+        └── MANIFEST.json              (reflinks or copies of blobs, never hardlinks)
 
 A blob enters ``blobs/`` only by an atomic rename after its size and sha256
-matched the manifest, so a blob's presence means it was verified. Temp files
-carry the pid of their writer: a later pull deletes those whose writer is gone.
+matched the manifest, so a blob's presence means it was verified once; it is
+checked again every time it is placed (registry.pull.materialize), because a
+process with enough rights can still write to it. Temp files carry the pid of
+their writer: a later pull deletes those whose writer is gone.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import uuid
 from pathlib import Path
 
 from registry.errors import StorageError
+from registry.pull.stamps import Stamps
 
 DEFAULT_CACHE = Path("~/.cache/model-registry")
 INCOMPLETE = ".incomplete"
@@ -72,6 +77,7 @@ class Cache:
         self.blobs = self.root / "blobs" / "sha256"
         self.tmp = self.root / "tmp"
         self.models = self.root / "models"
+        self.stamps = Stamps(self.root / "stamps")
         try:
             for d in (self.blobs, self.tmp, self.models):
                 d.mkdir(parents=True, exist_ok=True)
@@ -83,11 +89,17 @@ class Cache:
         return self.blobs / sha256
 
     def has(self, sha256: str, size: int) -> bool:
-        """A verified blob of this digest (and size) is present."""
+        """A blob of this digest and size is present (verified when it entered;
+        its bytes are checked again when placed)."""
         try:
             return self.blob(sha256).stat().st_size == size
         except FileNotFoundError:
             return False
+
+    def drop(self, sha256: str) -> None:
+        """Remove a blob found changed, and its stamp: the next pull downloads it."""
+        self.blob(sha256).unlink(missing_ok=True)
+        self.stamps.forget_blob(sha256)
 
     def new_temp(self, sha256: str) -> Path:
         return self.tmp / f"{sha256}.{temp_tag()}{INCOMPLETE}"

@@ -286,14 +286,17 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  expected_sha256=entry.sha256, actual_sha256=actual)
         os.chmod(tmp, 0o444)
+        blob = cache.blob(entry.sha256)
         try:
             # link, not replace: a blob another pull placed meanwhile has the same
-            # content, and directories already hardlinked to it stay linked.
-            os.link(tmp, cache.blob(entry.sha256))
+            # content, and a pull copying from it keeps a stable stamp.
+            os.link(tmp, blob)
         except FileExistsError:
-            pass
+            return got
         except OSError:  # a filesystem without hardlinks
-            os.replace(tmp, cache.blob(entry.sha256))
+            os.replace(tmp, blob)
+        Path(tmp).unlink(missing_ok=True)  # changes the inode's ctime: stamp after
+        cache.stamps.record_blob(blob)
         return got
     except OSError as e:
         if e.errno == 28:

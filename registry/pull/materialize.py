@@ -1,16 +1,31 @@
 """Placing a model directory where the engine reads it: whole or not at all.
 
 The directory is assembled in a sibling staging directory (same filesystem)
-from hardlinks to cache blobs (copies across filesystems), with the release's
-MANIFEST.json, then renamed into place. If the target already holds the same
-release (same manifest digest), the pull is a no-op; other content is refused
-unless ``force``, which swaps the directories (atomically with
+with the release's MANIFEST.json, then renamed into place. Each file is a
+reflink (copy-on-write clone, ``FICLONE``) of its cache blob where the
+filesystem has them, else a copy; never a hardlink, so nothing written to a
+materialized file (by a user, an engine, root) reaches a blob or another
+materialized directory (DESIGN section 7).
+
+A blob is checked every time it is placed: a copy hashes the bytes it copies
+(one read of the blob, which the copy needs anyway) and refuses a blob whose
+sha256 differs; a reflink, which reads nothing, compares the blob's stat stamp
+with the one recorded when it was verified (registry.pull.stamps) and
+re-hashes it when they differ. A changed blob raises :class:`BlobChangedError`
+and is never placed.
+
+A target that already holds the release is checked by the stamps recorded
+when it was placed: every file whose stamp differs (or that has none) is
+re-hashed, so a re-pull notices a changed target. If the target holds the
+same release unchanged, the pull is a no-op; other or changed content is
+refused unless ``force``, which swaps the directories (atomically with
 ``renameat2(RENAME_EXCHANGE)`` where the kernel has it).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import uuid
@@ -23,11 +38,104 @@ from registry.errors import (
     ObjectExistsError,
     StorageError,
 )
-from registry.manifest import MANIFEST, Manifest, hash_file, parse_manifest
+from registry.hashing import HashingWriter
+from registry.manifest import MANIFEST, FileEntry, Manifest, hash_file, parse_manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
-from registry.store.local import _AT_FDCWD, _renameat2, fsync_path, rename_noreplace
+from registry.pull.stamps import stamp
+from registry.store.local import (
+    _AT_FDCWD,
+    _DurableFile,
+    _renameat2,
+    fsync_path,
+    rename_noreplace,
+)
 
 _RENAME_EXCHANGE = 2
+#: ioctl(dest_fd, FICLONE, src_fd): share the source's extents (btrfs, XFS, bcachefs...).
+_FICLONE = 0x40049409
+#: errors meaning "this filesystem (pair) cannot clone": copy instead.
+_NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.EPERM,
+             errno.ENOSYS, errno.EBADF}
+
+
+class BlobChangedError(IntegrityError):
+    """A cache blob no longer holds the bytes its name says (edited, truncated,
+    rotted after it was verified). It is never placed; ``pull`` drops it and
+    downloads it again.
+
+    Attributes:
+        sha256: the blob's name (the expected digest).
+    """
+
+    def __init__(self, entry: FileEntry, *, actual_size: int, actual_sha256: str) -> None:
+        self.sha256 = entry.sha256
+        super().__init__(entry.path, expected_size=entry.size, actual_size=actual_size,
+                         expected_sha256=entry.sha256, actual_sha256=actual_sha256,
+                         reason=f"cache blob {entry.sha256[:12]}... changed since it was "
+                                f"verified (size {actual_size}, sha256 {actual_sha256}); "
+                                "not placed")
+
+
+def reflink(src_fd: int, dst_fd: int) -> bool:
+    """Clone ``src_fd``'s bytes into the empty file ``dst_fd``; False where the
+    filesystem cannot (the caller copies). Raises OSError on any other error."""
+    try:
+        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+    except OSError as e:
+        if e.errno in _NO_CLONE:
+            return False
+        raise
+    return True
+
+
+def place_file(cache: Cache, entry: FileEntry, dest: Path, *, fsync: bool = True) -> str:
+    """Create ``dest`` with the bytes of ``entry``'s blob, checked; read-only.
+
+    Returns:
+        ``"reflink"`` or ``"copy"``: how the file was placed.
+
+    Raises:
+        BlobChangedError: the blob's bytes differ from its name (``dest`` is
+            removed).
+        FileNotFoundError: the blob is gone (dropped by a concurrent pull).
+        OSError: reading or writing failed (ENOSPC...); ``dest`` is removed.
+    """
+    blob = cache.blob(entry.sha256)
+    with open(blob, "rb", buffering=0) as src:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            cloned = reflink(src.fileno(), fd)
+            if cloned and fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if cloned:
+            how = "reflink"
+            if not cache.stamps.blob_unchanged(blob):
+                size, digest = hash_file(dest)  # the clone's bytes are the blob's
+                if (size, digest) != (entry.size, entry.sha256):
+                    dest.unlink(missing_ok=True)
+                    raise BlobChangedError(entry, actual_size=size, actual_sha256=digest)
+                cache.stamps.record_blob(blob)  # touched, not changed
+        else:
+            how = "copy"
+            raw = _DurableFile(str(dest), "wb") if fsync else open(dest, "wb")  # noqa: SIM115
+            try:
+                w = HashingWriter(raw)
+                w.copy_from(src)
+                raw.close()
+            except BaseException:
+                if isinstance(raw, _DurableFile):
+                    raw.discard()
+                else:
+                    raw.close()
+                dest.unlink(missing_ok=True)
+                raise
+            if (w.size, w.sha256) != (entry.size, entry.sha256):
+                dest.unlink(missing_ok=True)
+                raise BlobChangedError(entry, actual_size=w.size, actual_sha256=w.sha256)
+    os.chmod(dest, 0o444)
+    return how
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -67,6 +175,39 @@ def current_digest(target: Path) -> str | None:
     return m.digest
 
 
+def check_target(target: Path, manifest: Manifest, cache: Cache) -> tuple[bool, list[str]]:
+    """Whether ``target`` holds this release, and which of its files changed.
+
+    Returns:
+        ``(False, [])`` when ``target`` is absent, foreign or incomplete
+        (:func:`current_digest` differs); else ``(True, changed)``, where
+        ``changed`` lists the files (MANIFEST.json included) whose bytes
+        differ from the release. A file whose stat stamp equals the one
+        recorded when it was placed is not read; any other is re-hashed
+        (and, when its bytes are right, its new stamp recorded).
+    """
+    if current_digest(target) != manifest.digest:
+        return False, []
+    recorded = cache.stamps.dir_stamps(target, manifest.digest)
+    expected = {e.path: (e.size, e.sha256) for e in manifest.files}
+    changed, rehashed = [], False
+    for path, want in expected.items():
+        try:
+            if recorded.get(path) == stamp(target / path):
+                continue
+            rehashed = True
+            if hash_file(target / path) != want:
+                changed.append(path)
+        except OSError:
+            changed.append(path)
+    if not changed and rehashed:
+        try:
+            cache.stamps.record_dir(target, manifest.digest, [*expected, MANIFEST])
+        except OSError:
+            pass  # a read-only cache: the next re-pull re-hashes again
+    return True, changed
+
+
 def is_empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
 
@@ -83,9 +224,15 @@ def clean_stale_staging(target: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def _refuse_foreign(target: Path, manifest: Manifest) -> None:
+def _refuse_foreign(target: Path, manifest: Manifest, cache: Cache) -> None:
     # Re-read: a concurrent pull of this very release may have placed it meanwhile.
-    if current_digest(target) != manifest.digest:
+    holds, changed = check_target(target, manifest, cache)
+    if changed:
+        raise CommitConflictError(
+            f"{target / changed[0]}: changed since it was pulled (its bytes differ from "
+            f"{manifest.meta.get('model_id')}@{manifest.meta.get('version')}'s manifest); refusing to replace "
+            "it without --force, which puts the release back", path=str(target))
+    if not holds:
         raise CommitConflictError(f"{target}: holds other content (not this release); "
                                   "refusing to replace it without --force", path=str(target))
 
@@ -98,27 +245,39 @@ def _remove(path: Path) -> None:
 
 
 def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
-                verify: bool = False) -> bool:
+                verify: bool = False, fsync: bool = True) -> bool:
     """Place the release at ``target``; returns False when it was already there.
 
     Args:
         verify: re-hash every file in the staging directory before it is
-            placed, so a corrupt cache blob never reaches the final name.
+            placed (and every file of a target that already holds the release).
+        fsync: fsync every placed file and the staging directory before the
+            rename (False: ``--no-fsync``).
 
     Raises:
-        CommitConflictError: ``target`` holds other content and not ``force``.
+        CommitConflictError: ``target`` holds other content, or this release
+            with a file changed since it was pulled, and not ``force``.
+        BlobChangedError: a cache blob's bytes changed after it was verified;
+            nothing is placed (the caller drops the blob).
         IntegrityError: a manifest path would escape ``target``, or (with
             ``verify``) a file differs from the manifest.
         InsufficientSpaceError: the disk filled up while copying.
+
+    Notes:
+        Never a hardlink: each file is a reflink or a copy of its blob, so
+        writing to a materialized file changes neither the cache nor any
+        other materialized directory. The stamps of the placed files are
+        recorded in the cache (registry.pull.stamps) for the next re-pull.
     """
-    if current_digest(target) == manifest.digest:
+    holds, changed = check_target(target, manifest, cache)
+    if holds and not changed:
         if verify:
             problems = verify_materialized(target, manifest)
             if problems:
                 raise problems[0]
         return False
     if target.exists() and not is_empty_dir(target) and not force:
-        _refuse_foreign(target, manifest)
+        _refuse_foreign(target, manifest, cache)
         return False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -132,18 +291,23 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
         for e in manifest.files:
             dest = _inside(staging, e.path)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(cache.blob(e.sha256), dest)
-            except OSError as err:
-                if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                    raise
-                shutil.copyfile(cache.blob(e.sha256), dest)
+            place_file(cache, e, dest, fsync=fsync)
         (staging / MANIFEST).write_bytes(manifest.to_bytes())
         if verify:
             problems = verify_materialized(staging, manifest)
             if problems:
                 raise problems[0]
-        return _place(staging, target, manifest, force=force)
+        if fsync:
+            for dirpath, _dirs, _names in os.walk(staging):
+                fsync_path(dirpath)
+        placed = _place(staging, target, manifest, cache, force=force)
+        if placed:
+            try:
+                cache.stamps.record_dir(target, manifest.digest,
+                                        [*(e.path for e in manifest.files), MANIFEST])
+            except OSError:
+                pass  # no record: the next re-pull re-hashes the target
+        return placed
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise InsufficientSpaceError(f"{target}: no space left on device while placing "
@@ -154,7 +318,8 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _place(staging: Path, target: Path, manifest: Manifest, *, force: bool) -> bool:
+def _place(staging: Path, target: Path, manifest: Manifest, cache: Cache, *,
+           force: bool) -> bool:
     if is_empty_dir(target):
         try:
             target.rmdir()
@@ -168,10 +333,11 @@ def _place(staging: Path, target: Path, manifest: Manifest, *, force: bool) -> b
         if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) and not isinstance(e, FileExistsError):
             raise
     # Someone placed a directory first: a concurrent pull of the same release wins too.
-    if current_digest(target) == manifest.digest:
+    holds, changed = check_target(target, manifest, cache)
+    if holds and not changed:
         return False
     if not force:
-        _refuse_foreign(target, manifest)
+        _refuse_foreign(target, manifest, cache)
         return False
     if _exchange(staging, target):
         _remove(staging)  # staging now holds the old content
@@ -180,6 +346,7 @@ def _place(staging: Path, target: Path, manifest: Manifest, *, force: bool) -> b
         os.rename(target, old)
         os.rename(staging, target)
         _remove(old)
+    fsync_path(str(target.parent))
     return True
 
 
@@ -198,4 +365,5 @@ def verify_materialized(target: Path, manifest: Manifest) -> list[IntegrityError
     return problems
 
 
-__all__ = ["ObjectExistsError", "current_digest", "materialize", "verify_materialized"]
+__all__ = ["BlobChangedError", "ObjectExistsError", "check_target", "current_digest",
+           "materialize", "place_file", "reflink", "verify_materialized"]

@@ -14,7 +14,11 @@ def render_card(facts: dict[str, Any]) -> str:
 
     Args:
         facts: ``model_id``, ``version``, ``created_at``, ``source`` (run/step/
-            manifest_sha256 or uri), ``dtype``, ``group_size``,
+            manifest_sha256 or uri), ``dtype`` (the label of
+            :func:`registry.release.convert.dtype_label`), ``weights`` (the
+            stored tensor groups, :func:`~registry.release.convert.weights_groups`),
+            ``converted`` (the ``--dtype`` asked, or None: as published),
+            ``group_size``,
             ``parameter_count``, ``evals`` (the summary), ``ledger`` (rows),
             ``heads`` (documents), plus free ``card_fields`` such as
             ``description``, ``intended_use``, ``limitations``.

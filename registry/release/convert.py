@@ -11,11 +11,18 @@ signed 4-bit values per byte, low nibble = even column) and ``<name>.scales``
 round-to-nearest with ``scale = max|w| / 7`` never clips, so every dequantized
 value is within half a quantization step (``scale / 2``) of the original.
 Other tensors stay in their source dtype.
+
+Metadata (DESIGN section 4): a weights file keeps a ``format`` value the
+engines accept (``ENGINE_FORMATS``: transformers refuses anything else, e.g.
+``"tinyllm"``), ``"pt"`` when the source had another or none, and every
+other key of the source's metadata; the registry's own facts go under
+``tinyllm.*`` keys (``tinyllm.dtype``, ``tinyllm.source_format``,
+``tinyllm.quantized``) and the seed's ``quant`` / ``group_size``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import ml_dtypes
@@ -25,6 +32,9 @@ from registry.errors import UsageError
 from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
 
 RELEASE_DTYPES = ("f32", "bf16", "int4")
+#: ``__metadata__["format"]`` values transformers (4.x: modeling_utils) and
+#: safetensors' framework loaders accept; a weights file keeps one of them.
+ENGINE_FORMATS = ("pt", "tf", "flax", "mlx")
 _FLOAT = {"F64", "F32", "F16", "BF16"}
 #: rows quantized per block, so temporaries stay small for huge matrices.
 _BLOCK_BYTES = 64 * 1024 * 1024
@@ -93,23 +103,25 @@ def _qualifies(info: TensorInfo, group_size: int) -> bool:
             and info.shape[1] % group_size == 0)
 
 
-def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str, group_size: int,
+def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_size: int,
          path: str) -> tuple[list[tuple[str, LazyTensor]], dict[str, str]]:
     """Declare the converted tensors of a source file, computed lazily from ``f``.
 
     Args:
         header: the validated source header.
         f: the open source file (read as the writer asks for each tensor).
-        dtype: ``"f32"``, ``"bf16"`` or ``"int4"``.
+        dtype: ``"f32"``, ``"bf16"``, ``"int4"``, or None: every tensor as is
+            (only the metadata is rewritten, see :func:`weights_metadata`).
         group_size: int4 group length along columns (even, >= 2).
 
     Returns:
         ``(tensors, metadata)`` for :func:`registry.safetensors_io.write_safetensors`.
 
     Raises:
-        UsageError: unknown dtype or bad group size.
+        UsageError: unknown dtype or bad group size; int4 when no tensor
+            qualifies (the release would be labelled int4 with none).
     """
-    if dtype not in RELEASE_DTYPES:
+    if dtype is not None and dtype not in RELEASE_DTYPES:
         raise UsageError(f"dtype {dtype!r}: expected one of {', '.join(RELEASE_DTYPES)}")
     if dtype == "int4" and (group_size < 2 or group_size % 2):
         raise UsageError(f"group_size {group_size}: must be an even number >= 2")
@@ -120,7 +132,7 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str, group_size: int
     out: list[tuple[str, LazyTensor]] = []
     for name, info in header.tensors.items():
         src = load(name)
-        if info.dtype not in _FLOAT:
+        if info.dtype not in _FLOAT or dtype is None:
             out.append((name, LazyTensor(info.dtype, info.shape, src)))
         elif dtype == "f32":
             out.append((name, LazyTensor("F32", info.shape, _cast(src, np.float32))))
@@ -134,15 +146,127 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str, group_size: int
                 "F32", (rows, cols // group_size), lambda s=src: int4_scales(s(), group_size))))
         else:
             out.append((name, LazyTensor(info.dtype, info.shape, src)))
-    meta = {"format": "tinyllm"}
+    quantized = [n[:-len(".qweight")] for n, _ in out if n.endswith(".qweight")]
+    if dtype == "int4" and not quantized:
+        raise UsageError(
+            f"{path}: --dtype int4 would quantize no tensor: none is a 2-D float matrix "
+            f"whose columns divide by group size {group_size} (columns: "
+            f"{_column_counts(header)}); pick a group size that divides them, or another "
+            "--dtype")
+    meta = weights_metadata(header.metadata, dtype=dtype)
     if dtype == "int4":
-        meta.update({"quant": "int4", "group_size": str(group_size)})
+        meta.update({"quant": "int4", "group_size": str(group_size),
+                     "tinyllm.quantized": ",".join(quantized)})
     return out, meta
+
+
+def weights_metadata(source: Mapping[str, str] | None, *, dtype: str | None) -> dict[str, str]:
+    """The ``__metadata__`` of a released weights file made from ``source``'s.
+
+    Every key of the source is kept; ``format`` becomes ``"pt"`` unless it is
+    one of ``ENGINE_FORMATS`` (the source's value then goes to
+    ``tinyllm.source_format``); ``tinyllm.dtype`` records the conversion
+    (``dtype``), when there was one. Stale registry facts of the source
+    (``quant``, ``group_size``, ``tinyllm.*``) are dropped: the caller states
+    the new ones.
+    """
+    meta = {k: v for k, v in (source or {}).items()
+            if k not in ("quant", "group_size") and not k.startswith("tinyllm.")}
+    fmt = meta.get("format")
+    if fmt not in ENGINE_FORMATS:
+        meta["format"] = "pt"
+        if fmt is not None:
+            meta["tinyllm.source_format"] = fmt
+    if dtype is not None:
+        meta["tinyllm.dtype"] = dtype
+    return meta
+
+
+def engines_accept(metadata: Mapping[str, str] | None) -> bool:
+    """Whether engines load a weights file with this ``__metadata__`` (none at
+    all, or a ``format`` in ENGINE_FORMATS)."""
+    return not metadata or metadata.get("format") in ENGINE_FORMATS
+
+
+def _column_counts(header: SafetensorsHeader) -> str:
+    cols = sorted({i.shape[1] for i in header.tensors.values()
+                   if i.dtype in _FLOAT and len(i.shape) == 2})
+    return ", ".join(map(str, cols)) or "no 2-D float tensor"
 
 
 def _cast(src: Callable[[], np.ndarray], to: Any) -> Callable[[], np.ndarray]:
     # astype to ml_dtypes.bfloat16 rounds to nearest even.
     return lambda: src().astype(to, copy=False)
+
+
+def weights_groups(tensors: Mapping[str, tuple[str, tuple[int, ...]]],
+                   metadata: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The stored weights by group, for the card, ``registry show`` and the index.
+
+    Args:
+        tensors: stored name -> (safetensors dtype, shape), e.g. a header's
+            tensors or a conversion plan's.
+        metadata: the file's ``__metadata__`` (int4: ``group_size``).
+
+    Returns:
+        One group per stored form, int4 first, then dtypes by name:
+        ``{"stored": "int4" | "F32" | "BF16" | "F16" | "I64" ..., "tensors":
+        [names, sorted], "parameters": scalar count}``; an int4 group lists
+        the quantized tensors by their base name and adds ``group_size``.
+    """
+    q = sorted(n[:-len(".qweight")] for n in tensors if n.endswith(".qweight")
+               and f"{n[:-len('.qweight')]}.scales" in tensors)
+    groups: list[dict[str, Any]] = []
+    if q:
+        params = sum(tensors[f"{b}.qweight"][1][0] * tensors[f"{b}.qweight"][1][1] * 2
+                     for b in q)
+        groups.append({"stored": "int4", "tensors": q, "parameters": int(params),
+                       "group_size": (metadata or {}).get("group_size")})
+    packed = {f"{b}.qweight" for b in q} | {f"{b}.scales" for b in q}
+    by_dtype: dict[str, list[str]] = {}
+    for name, (dtype, _shape) in tensors.items():
+        if name not in packed:
+            by_dtype.setdefault(dtype, []).append(name)
+    for dtype in sorted(by_dtype):
+        names = sorted(by_dtype[dtype])
+        groups.append({"stored": dtype, "tensors": names, "parameters": int(sum(
+            int(np.prod(tensors[n][1], dtype=np.int64)) for n in names))})
+    return groups
+
+
+def dtype_label(groups: list[dict[str, Any]]) -> str:
+    """A short honest label: ``int4 (40 of 104 tensors)``, ``bf16+i64``, ``f16``..."""
+    total = sum(len(g["tensors"]) for g in groups)
+    q = next((g for g in groups if g["stored"] == "int4"), None)
+    if q is not None:
+        return f"int4 ({len(q['tensors'])} of {total} tensors)"
+    floats = [g["stored"].lower() for g in groups if g["stored"] in _FLOAT]
+    return "+".join(floats) or "+".join(g["stored"].lower() for g in groups) or "none"
+
+
+def planned_groups(header: SafetensorsHeader, *, dtype: str | None, group_size: int,
+                   path: str = "model.safetensors") -> list[dict[str, Any]]:
+    """:func:`weights_groups` of the file a conversion of ``header`` writes
+    (computed from the plan, without reading a tensor)."""
+    tensors, meta = plan(header, None, dtype=dtype, group_size=group_size,  # type: ignore[arg-type]
+                         path=path)
+    return weights_groups({n: (t.dtype, tuple(t.shape)) for n, t in tensors}, meta)
+
+
+def stored_weights(store: Any, model_id: str, version: str) -> list[dict[str, Any]]:
+    """:func:`weights_groups` of a committed release's model.safetensors,
+    from its header (no tensor is read); [] when the release has none."""
+    from registry.release.model_release import release_prefix
+    from registry.safetensors_io import read_header
+    from registry.store import join
+
+    key = join(release_prefix(model_id, version), "model.safetensors")
+    if not store.exists(key):
+        return []
+    with store.open_read(key) as f:
+        header = read_header(f, path=store.url_of(key), file_size=store.info(key).size)
+    return weights_groups({n: (i.dtype, tuple(i.shape)) for n, i in header.tensors.items()},
+                          header.metadata)
 
 
 def parameter_count(header: SafetensorsHeader) -> int:

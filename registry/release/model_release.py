@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from registry import gates, schemas
+from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
@@ -28,12 +29,19 @@ from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, V
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
 from registry.ledger import revoked_reasons
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
-from registry.modeldir import check_files, hidden_size
+from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
 from registry.release import signing as release_signing
 from registry.release.card import render_card
-from registry.release.convert import parameter_count, plan
+from registry.release.convert import (
+    dtype_label,
+    engines_accept,
+    parameter_count,
+    plan,
+    planned_groups,
+    weights_groups,
+)
 from registry.release.step_source import check_step_source
 from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
 from registry.signing import SIGNATURE
@@ -129,8 +137,8 @@ class ModelRelease:
         for h in heads:
             doc, where = load_doc(h, what="linear head")
             if size is None:
-                raise DocumentError(where, "config.json has no hidden_size to check the head "
-                                           "against")
+                raise DocumentError(where, "config.json has no hidden size to check the head "
+                                           f"against (none of {', '.join(HIDDEN_KEYS)})")
             schemas.validate_linear_head(doc, path=where, hidden_size=size)
             if doc["name"] in seen:
                 raise DocumentError(where, f"head name {doc['name']!r} given twice")
@@ -173,6 +181,7 @@ class ModelRelease:
 
         Raises:
             InvalidNameError: a bad model_id or version (``../x``, ``refs``...).
+            NameTakenError: an alias of the model has the version's name.
             VersionExistsError: the version exists (or another publisher won).
             NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
             GateFailedError: a gate fails; nothing is written.
@@ -258,6 +267,8 @@ class ModelRelease:
                              sign_key=sign_key)
 
     def _refuse_existing(self, prefix: str) -> None:
+        _, model_id, version = prefix.split("/")
+        check_version_name(self.store, model_id, version)
         if self.store.exists(join(prefix, MANIFEST)):
             raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
                                      "are immutable, publish a new version", path=prefix)
@@ -289,12 +300,21 @@ class ModelRelease:
             extra["tokenizer_config.json"] = _dump(load_doc(tokenizer_config,
                                                             what="tokenizer_config.json")[0])
         head_docs = self._heads(heads, config)
+        # What will be stored, per tensor group (int4 refuses a plan with no
+        # quantized tensor here, before a byte is written).
+        if dtype is None and engines_accept(header.metadata):
+            groups = weights_groups({n: (i.dtype, tuple(i.shape))
+                                     for n, i in header.tensors.items()}, header.metadata)
+        else:
+            groups = planned_groups(header, dtype=dtype, group_size=group_size,
+                                    path=src_store.url_of(model_key))
         facts = self._facts(card=card, ledger=ledger, evals=evals)
         if card is None and facts.evals is not None and facts.ledger is not None:
             card = render_card({
                 "model_id": model_id, "version": version, "created_at": utc_now(),
-                "source": source, "dtype": dtype or _source_dtype(header),
-                "group_size": group_size, "parameter_count": parameter_count(header),
+                "source": source, "dtype": dtype_label(groups), "weights": groups,
+                "converted": dtype, "group_size": group_size,
+                "parameter_count": parameter_count(header),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
@@ -309,9 +329,9 @@ class ModelRelease:
         with DirectoryWriter(self.store, prefix, kind="release",
                              meta={"model_id": model_id, "version": version, "source": source},
                              conflict_error=VersionExistsError) as w:
-            if dtype is None:
+            if dtype is None and engines_accept(header.metadata):
                 _copy(src_store, model_key, w, "model.safetensors")
-            else:
+            else:  # converted, or a format engines refuse: tensors kept, metadata fixed
                 with src_store.open_read(model_key) as f, w.open("model.safetensors") as out:
                     tensors, meta = plan(header, f, dtype=dtype, group_size=group_size,
                                          path=src_store.url_of(model_key))
@@ -406,11 +426,6 @@ class _StoredDoc:
 
 def _stored(data: bytes | None, prefix: str, name: str, store: Store) -> _StoredDoc | None:
     return None if data is None else _StoredDoc(data, store.url_of(join(prefix, name)))
-
-
-def _source_dtype(header: SafetensorsHeader) -> str:
-    dtypes = {i.dtype for i in header.tensors.values()}
-    return "f32" if dtypes == {"F32"} else ",".join(sorted(d.lower() for d in dtypes))
 
 
 def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str) -> None:

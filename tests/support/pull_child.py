@@ -20,9 +20,10 @@ Modes:
     ``stream``: after the first chunk of a streamed (small) file was received
     (``STREAM_CHUNK`` is 1 KiB here); ``ranged``: after the first byte range of
     a large file was received (``RANGE_THRESHOLD`` 1 MiB, ``RANGE_SIZE``
-    256 KiB here); ``link``: after the first file was hardlinked into the
-    staging directory. The stall comes from patching this process's Store
-    class and ``os.link`` only (no hook in library code). Exits 0 (printing
+    256 KiB here); ``place``: after the first file was copied (or reflinked)
+    into the staging directory. The stall comes from patching this process's
+    Store class and ``registry.pull.materialize.place_file`` only (no hook in
+    library code). Exits 0 (printing
     ``DONE``) if it never stalled.
 """
 
@@ -110,15 +111,17 @@ def stall(url: str, model_id: str, version: str, cache: str, target: str, phase:
                 yield block
 
         cls.iter_range = iter_range  # type: ignore[method-assign]
-    elif phase == "link":
-        original_link = os.link
+    elif phase == "place":
+        import importlib
+        materialize = importlib.import_module("registry.pull.materialize")
+        original_place = materialize.place_file
 
-        def link(src, dst, *a, **kw):  # type: ignore[no-untyped-def]
-            original_link(src, dst, *a, **kw)
-            if ".pull-" in str(dst):  # materializing (blobs are placed by link too)
-                stall_forever()
+        def place_file(*a, **kw):  # type: ignore[no-untyped-def]
+            how = original_place(*a, **kw)
+            stall_forever()
+            return how
 
-        os.link = link  # type: ignore[assignment]
+        materialize.place_file = place_file
     else:
         sys.exit(f"unknown phase {phase!r}")
     try:
