@@ -89,6 +89,7 @@ class DirectoryWriter:
         self._error = conflict_error
         self._sole = sole_writer
         self._claim = self.prefix + CLAIM_SUFFIX
+        store.ensure_root()  # the first writer of a new local store creates it
         if store.exists(join(self.prefix, MANIFEST)):
             raise self._conflict("already committed")
         if store.atomic_rename:

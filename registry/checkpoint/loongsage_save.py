@@ -134,6 +134,7 @@ class LoongSageCheckpointer:
                  tokenizer: Any = None, topology: Mapping[str, int] | None = None,
                  keep: int = 0, run_id: str | None = None) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
+        self.store.ensure_root()  # a new run may be the first writer of a new store
         self.tree = CheckpointTree(self.store, checkpoint_path, LOONGSAGE)
         where = self.store.url_of(self.tree.root)
         for name, value in (("save_freq", save_freq), ("total_steps", total_steps),

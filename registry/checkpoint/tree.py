@@ -11,7 +11,14 @@ import warnings
 from dataclasses import dataclass
 
 from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
-from registry.errors import CheckpointError, NoValidCheckpointError, PointerError, RegistryError
+from registry.errors import (
+    CheckpointError,
+    NoValidCheckpointError,
+    ObjectNotFoundError,
+    PointerError,
+    RegistryError,
+    StorageError,
+)
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
 from registry.store import Store, join
@@ -164,6 +171,8 @@ class CheckpointTree:
             try:
                 return step, require_verified(self.store, self.prefix(step), full=True)
             except RegistryError as e:
+                if isinstance(e, StorageError) and not isinstance(e, ObjectNotFoundError):
+                    raise  # the store failed: never resume from an older step for that
                 reason = f"{self.layout.step_dir(step)}: {e}"
                 reasons.append(reason)
                 if not fallback:

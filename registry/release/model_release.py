@@ -229,6 +229,7 @@ class ModelRelease:
                              tokenizer_config=None, require=require, copy_all=True)
 
     def _refuse_existing(self, prefix: str) -> None:
+        self.store.ensure_root()  # the first release may create a new local store
         if self.store.exists(join(prefix, MANIFEST)):
             raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
                                      "are immutable, publish a new version", path=prefix)

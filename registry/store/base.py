@@ -137,11 +137,20 @@ class Store(ABC):
     @abstractmethod
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
         """Immediate children of ``prefix`` as ``(name, is_dir)``, sorted by name.
-        An absent prefix lists as empty."""
+
+        An absent prefix lists as empty -- only when the backend said so (S3
+        answered the listing; the folder is missing under an existing local
+        root). Zero-byte folder markers (``incoming/``) are not listed.
+
+        Raises:
+            StorageError: any other failure (permissions, a missing bucket or
+                store root, an unreachable endpoint): never an empty answer.
+        """
 
     @abstractmethod
     def walk_files(self, prefix: str) -> dict[str, int]:
-        """Every file under ``prefix``: relative path -> size in bytes."""
+        """Every file under ``prefix``: relative path -> size in bytes; folder
+        markers are skipped. Raises StorageError as :meth:`list_dir` does."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
@@ -159,6 +168,11 @@ class Store(ABC):
         Only where ``atomic_rename`` is true. Raises ObjectExistsError.
         """
         raise NotImplementedError(f"{self!r} has no atomic rename")
+
+    def ensure_root(self) -> None:
+        """Create the store's root where that is a thing (a local folder), for
+        a writer about to list a store it may be the first to use; listing
+        a missing root is otherwise a StorageError."""
 
     def fsync_dir(self, prefix: str) -> None:
         """Make a directory's entries durable (local disk); a no-op elsewhere."""

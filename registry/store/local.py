@@ -23,6 +23,7 @@ from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     PointerConflictError,
+    StorageError,
 )
 from registry.pools import HelperPool
 from registry.store.base import ObjectInfo, Store, content_token
@@ -356,8 +357,12 @@ class LocalStore(Store):
         return self.path(key)
 
     def open_read(self, key: str) -> IO[bytes]:
-        with translated(key):
-            return open(self.path(key), "rb")
+        try:
+            with translated(key):
+                return open(self.path(key), "rb")
+        except ObjectNotFoundError:
+            self._require_root()
+            raise
 
     def open_write(self, key: str) -> IO[bytes]:
         path = self.path(key)
@@ -403,26 +408,53 @@ class LocalStore(Store):
                 fsync_path(os.path.dirname(path))
 
     def info(self, key: str) -> ObjectInfo:
-        with translated(key):
-            st = os.stat(self.path(key))
+        try:
+            with translated(key):
+                st = os.stat(self.path(key))
+        except ObjectNotFoundError:
+            self._require_root()
+            raise
         return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def _require_root(self) -> None:
+        """A read or a listing in a store folder that does not exist is an
+        error, never "not found" or an empty answer (a mistyped ``--store``);
+        writers call :meth:`ensure_root` first."""
+        if not os.path.isdir(self.root):
+            raise StorageError(f"{self.url}: the store does not exist (no folder {self.root}); "
+                               "check the store path", key="")
+
+    def ensure_root(self) -> None:
+        with translated(""):
+            os.makedirs(self.root, exist_ok=True)
 
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
         try:
-            entries = list(os.scandir(self.path(prefix)))
-        except (FileNotFoundError, NotADirectoryError):
+            with translated(prefix):
+                entries = list(os.scandir(self.path(prefix)))
+        except ObjectNotFoundError:
+            self._require_root()
             return []
         return sorted((e.name, e.is_dir()) for e in entries)
 
     def walk_files(self, prefix: str) -> dict[str, int]:
         base = self.path(prefix)
+        if not os.path.isdir(base):
+            self._require_root()
         out: dict[str, int] = {}
-        for dirpath, _dirs, files in os.walk(base):
-            rel = os.path.relpath(dirpath, base)
-            for name in files:
-                relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                with translated(relpath):
-                    out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
+
+        def fail(err: OSError) -> None:  # os.walk swallows errors unless told
+            if not isinstance(err, (FileNotFoundError, NotADirectoryError)) or \
+                    err.filename != base:
+                raise err
+
+        with translated(prefix):
+            for dirpath, _dirs, files in os.walk(base, onerror=fail):
+                rel = os.path.relpath(dirpath, base)
+                for name in files:
+                    relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                    with translated(relpath):
+                        out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
         return dict(sorted(out.items()))
 
     def delete(self, key: str) -> None:

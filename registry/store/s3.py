@@ -22,14 +22,21 @@ import zlib
 from collections import deque
 from concurrent.futures import Future
 from collections.abc import Iterator
+import os
+from contextlib import contextmanager
 from typing import IO, Any
 
 import s3fs
 from fsspec.asyn import sync
 
-from registry.errors import ObjectExistsError, PointerConflictError, StorageError
+from registry.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PointerConflictError,
+    StorageError,
+)
 from registry.store.base import CHUNK, ObjectInfo, Store
-from registry.store.translate import s3_error_code, translated
+from registry.store.translate import s3_error_code, translate, translated
 
 #: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
 #: test server they did as well as 16 MiB x 6 and hold less memory (88 MiB).
@@ -59,6 +66,40 @@ class S3Store(Store):
         self.bucket, _, self.prefix = self.root.partition("/")
         #: parts in flight across every writer of this store (memory bound).
         self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
+        self._bucket_seen = False
+        endpoint = ((options.get("client_kwargs") or {}).get("endpoint_url")
+                    or options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+                    or "AWS S3")
+        #: the store as a user knows it, in every error but "not found".
+        self.where = f"{url} (bucket {self.bucket!r} at {endpoint})"
+
+    @contextmanager
+    def _translated(self, key: str) -> Iterator[None]:
+        """:func:`translated` naming this store; a 404 without an error code
+        (HEAD answers have no body) is "not found" only once the bucket is
+        known to exist: a missing bucket is a StorageError, never an absent
+        object (issue 13 item 7)."""
+        try:
+            with translated(key, where=self.where):
+                yield
+        except ObjectNotFoundError as e:
+            if s3_error_code(e) != "NoSuchKey":
+                self.require_bucket()
+            raise
+
+    def require_bucket(self) -> None:
+        """Raise StorageError unless the bucket exists and answers (checked
+        once per store object; a success is remembered)."""
+        if self._bucket_seen:
+            return
+        try:
+            self.call("head_bucket")
+        except Exception as exc:
+            if s3_error_code(exc) in ("404", "NoSuchBucket") or isinstance(exc, FileNotFoundError):
+                raise StorageError(f"{self.where}: the bucket does not exist (check the store "
+                                   "URL)", key="") from None
+            raise translate(exc, "", where=self.where) from exc
+        self._bucket_seen = True
 
     # -- raw calls ---------------------------------------------------------------
 
@@ -110,13 +151,13 @@ class S3Store(Store):
                     err = ObjectExistsError(f"{key}: precondition failed", key=key)
                     err.retried = attempt > 0 or _botocore_retries(exc) > 0  # type: ignore[attr-defined]
                     raise err from exc
-                with translated(key):
+                with self._translated(key):
                     raise
 
     # -- primitives --------------------------------------------------------------
 
     def open_read(self, key: str) -> IO[bytes]:
-        with translated(key):
+        with self._translated(key):
             return self.fs.open(self.path(key), "rb", block_size=PART_SIZE,  # type: ignore[no-any-return]
                                 cache_type="readahead")
 
@@ -128,7 +169,7 @@ class S3Store(Store):
         except Exception as exc:
             if s3_error_code(exc) in ("InvalidRange", "416") or "not satisfiable" in str(exc):
                 return None
-            with translated(key):
+            with self._translated(key):
                 raise
         return resp["Body"]
 
@@ -136,7 +177,7 @@ class S3Store(Store):
         """Yield ``body`` in blocks of at most ``chunk`` bytes; closes it."""
         try:
             while True:
-                with translated(key):
+                with self._translated(key):
                     block = sync(self.fs.loop, body.read, chunk)
                 if not block:
                     return
@@ -153,7 +194,7 @@ class S3Store(Store):
             async with body:
                 return await body.read()  # type: ignore[no-any-return]
 
-        with translated(key):
+        with self._translated(key):
             return sync(self.fs.loop, _read)  # type: ignore[no-any-return]
 
     def read_bytes(self, key: str) -> bytes:
@@ -163,7 +204,7 @@ class S3Store(Store):
         """Stream ``key`` with one GET (not a ranged request per block, as a
         buffered s3fs file would): one round trip, and servers that read the
         whole object for every range request are not penalized."""
-        with translated(key):
+        with self._translated(key):
             resp = self.call("get_object", Key=self._key(key))
         yield from self._stream(key, resp["Body"], chunk)
 
@@ -188,13 +229,13 @@ class S3Store(Store):
                 raise ObjectExistsError(f"{key}: already exists", key=key) from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
-        with translated(key):
+        with self._translated(key):
             return sync(self.fs.loop, self._get, key)  # type: ignore[no-any-return]
 
     def _content(self, key: str) -> bytes | None:
         try:
             return self.read_versioned(key)[0]
-        except StorageError:
+        except ObjectNotFoundError:
             return None
 
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
@@ -209,42 +250,66 @@ class S3Store(Store):
                 raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def info(self, key: str) -> ObjectInfo:
-        with translated(key):
+        with self._translated(key):
             resp = self.call("head_object", Key=self._key(key))
         return ObjectInfo(key, int(resp["ContentLength"]), resp["LastModified"].timestamp())
 
+    def _list(self, prefix: str, delimiter: str) -> Iterator[dict[str, Any]]:
+        """Every page of a ListObjectsV2 of ``prefix/``. An error is raised,
+        never an empty answer: only a listing the server answered is empty."""
+        base = self._key(prefix).strip("/")
+        args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
+        if delimiter:
+            args["Delimiter"] = delimiter
+        while True:
+            with self._translated(prefix or "/"):
+                page = self.call("list_objects_v2", **args)
+            self._bucket_seen = True
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            args["ContinuationToken"] = page["NextContinuationToken"]
+
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
-        try:
-            with translated(prefix):
-                entries = self.fs.ls(self.path(prefix), detail=True, refresh=True)
-        except StorageError:
-            return []
-        out = []
-        for e in entries:
-            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
-            if e["name"].rstrip("/") != self.path(prefix).rstrip("/"):
-                out.append((name, e["type"] == "directory"))
-        return sorted(out)
+        """Zero-byte "folder" markers (keys ending in ``/``, made by consoles'
+        "Create folder") are not objects: they are skipped, and a folder that
+        holds only a marker lists as empty."""
+        out: dict[str, bool] = {}
+        for page in self._list(prefix, "/"):
+            for d in page.get("CommonPrefixes", []):
+                out[d["Prefix"].rstrip("/").rsplit("/", 1)[-1]] = True
+            for o in page.get("Contents", []):
+                if not o["Key"].endswith("/"):
+                    out.setdefault(o["Key"].rsplit("/", 1)[-1], False)
+        return sorted(out.items())
 
     def walk_files(self, prefix: str) -> dict[str, int]:
-        base = self.path(prefix).rstrip("/") + "/"
-        with translated(prefix):
-            found = self.fs.find(base, detail=True, withdirs=False)
-        return dict(sorted((name[len(base):], int(e["size"])) for name, e in found.items()
-                           if name.startswith(base)))
+        """Folder markers (keys ending in ``/``) are skipped."""
+        base = self._key(prefix).strip("/")
+        cut = len(base) + 1 if base else 0
+        out = {}
+        for page in self._list(prefix, ""):
+            for o in page.get("Contents", []):
+                if not o["Key"].endswith("/"):
+                    out[o["Key"][cut:]] = int(o["Size"])
+        return dict(sorted(out.items()))
 
     def delete(self, key: str) -> None:
-        with translated(key):
+        with self._translated(key):
             self.call("delete_object", Key=self._key(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        files = self.walk_files(prefix)
-        paths = [self.path(f"{prefix}/{rel}") for rel in files]
-        if paths:
-            with translated(prefix):
-                self.fs.rm(paths)
-        if self.exists(prefix):
-            self.delete(prefix)
+        """Folder markers under ``prefix`` go too."""
+        keys = [o["Key"] for page in self._list(prefix, "") for o in page.get("Contents", [])]
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i:i + 1000]]
+            with self._translated(prefix):
+                resp = self.call("delete_objects", Delete={"Objects": batch, "Quiet": True})
+            if resp.get("Errors"):
+                first = resp["Errors"][0]
+                raise StorageError(f"{self.url_of(first.get('Key', prefix))} in {self.where}: "
+                                   f"delete failed ({first.get('Code')})", key=prefix)
+        self.delete(prefix)
 
 
 def _botocore_retries(exc: BaseException) -> int:
@@ -306,7 +371,7 @@ class _MultipartWriter:
     def _send(self, part: io.BytesIO) -> None:
         if self._upload_id is None:
             self._checksum = self.store._multipart_checksum()
-            with translated(self.key):
+            with self.store._translated(self.key):
                 resp = self.store.call("create_multipart_upload", Key=self.store._key(self.key),
                                        **self._checksum)
             self._upload_id = resp["UploadId"]
@@ -332,7 +397,7 @@ class _MultipartWriter:
 
     def _reap(self) -> None:
         number, fut = self._parts.popleft()
-        with translated(self.key):
+        with self.store._translated(self.key):
             resp = fut.result()
         done = {"PartNumber": number, "ETag": resp["ETag"]}
         if self._checksum and "ChecksumCRC32" in resp:
@@ -344,7 +409,7 @@ class _MultipartWriter:
             return
         self.closed = True
         key = self.store._key(self.key)
-        with translated(self.key):
+        with self.store._translated(self.key):
             if self._upload_id is None:
                 self._part.seek(0)
                 self.store.call("put_object", Key=key, Body=self._part)
