@@ -62,6 +62,7 @@ class S3Store(Store):
         s3_config.setdefault("payload_signing_enabled", False)
         config["s3"] = s3_config
         options["config_kwargs"] = config
+        self._options = options
         super().__init__(url, s3fs.S3FileSystem(**options), root)
         self.bucket, _, self.prefix = self.root.partition("/")
         #: parts in flight across every writer of this store (memory bound).
@@ -100,6 +101,25 @@ class S3Store(Store):
                                    "URL)", key="") from None
             raise translate(exc, "", where=self.where) from exc
         self._bucket_seen = True
+
+    # -- fork safety ---------------------------------------------------------------
+
+    @property  # type: ignore[override]
+    def fs(self) -> s3fs.S3FileSystem:
+        """The s3fs filesystem of this process. s3fs's event loop and
+        connections cannot cross ``fork()`` ("This class is not fork-safe"):
+        a forked child (gunicorn ``--preload``, multiprocessing) gets fresh
+        ones on first use, and a fresh part budget (issue 13 item 4)."""
+        if self._fs_pid != os.getpid():
+            self._fs = s3fs.S3FileSystem(**self._options)
+            self._fs_pid = os.getpid()
+            self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: s3fs.S3FileSystem) -> None:
+        self._fs = value
+        self._fs_pid = os.getpid()
 
     # -- raw calls ---------------------------------------------------------------
 
