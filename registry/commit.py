@@ -182,6 +182,11 @@ class DirectoryWriter:
         try:
             self._check_staged()
             if store.atomic_rename:
+                # Every folder the files made (evals/, heads/, dist_ckpt/...),
+                # deepest first, before the manifest: its entries must not
+                # vanish in a power loss once the manifest says they exist.
+                for folder in _folders_of(self.entries):
+                    store.fsync_dir(join(self.staging, folder))
                 store.write_bytes(join(self.staging, MANIFEST), data)
                 store.fsync_dir(self.staging)
                 try:
@@ -237,6 +242,15 @@ class DirectoryWriter:
     def __exit__(self, *exc: object) -> None:
         if self.manifest is None:
             self.abort()
+
+
+def _folders_of(paths: Iterator[str] | Any) -> list[str]:
+    """Every folder above the given relative file paths, deepest first."""
+    folders = set()
+    for path in paths:
+        parts = path.split("/")[:-1]
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return sorted(folders, key=lambda f: (-f.count("/"), f))
 
 
 def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], prefix: str, *,

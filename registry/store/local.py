@@ -364,10 +364,30 @@ class LocalStore(Store):
             self._require_root()
             raise
 
+    def _make_parents(self, path: str) -> None:
+        """Create the missing folders above ``path``, fsyncing the parent of
+        each one created, so that its entry survives a power loss (the files
+        inside are made durable by their own fsync and the commit's
+        :meth:`fsync_dir` of every folder, issue 13 item 6)."""
+        missing = []
+        folder = os.path.dirname(path)
+        while not os.path.isdir(folder):
+            missing.append(folder)
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                break
+            folder = parent
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                continue  # another writer made it (and fsyncs its parent)
+            fsync_path(os.path.dirname(folder))
+
     def open_write(self, key: str) -> IO[bytes]:
         path = self.path(key)
         with translated(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._make_parents(path)
             return _DurableFile(path, "wb")  # type: ignore[return-value]
 
     def create(self, key: str, data: bytes) -> None:
@@ -375,7 +395,7 @@ class LocalStore(Store):
         # pipe_file(mode="create") checks then writes, which races.
         path = self.path(key)
         with translated(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._make_parents(path)
             try:
                 f = _DurableFile(path, "xb")
             except FileExistsError:
@@ -391,7 +411,7 @@ class LocalStore(Store):
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
         path = self.path(key)
         with translated(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._make_parents(path)
             with FileLock(path + ".lock"):
                 try:
                     current: str | None = content_token(self.read_bytes(key))
@@ -426,7 +446,7 @@ class LocalStore(Store):
 
     def ensure_root(self) -> None:
         with translated(""):
-            os.makedirs(self.root, exist_ok=True)
+            self._make_parents(os.path.join(self.root, "x"))
 
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
         try:
