@@ -1,23 +1,25 @@
 """Local-disk store: atomic rename, O_EXCL creates, lock-file compare-and-swap.
 
 Layout on disk is the store layout itself; nothing is hidden except the
-``*.lock`` files that serialize pointer updates beside each pointer.
+``*.lock`` files that serialize pointer updates beside each pointer (present
+only while an update runs) and their ``*.tmp-<random>`` temp files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import mmap
 import os
 import shutil
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO
 
 import fsspec
-from filelock import FileLock
 
 from registry.errors import (
     ObjectExistsError,
@@ -27,6 +29,7 @@ from registry.errors import (
 )
 from registry.pools import HelperPool
 from registry.store.base import ObjectInfo, Store, content_token
+from registry.store.leaselock import LeaseLock
 from registry.store.translate import translated
 
 _RENAME_NOREPLACE = 1
@@ -409,22 +412,29 @@ class LocalStore(Store):
         return data, content_token(data)
 
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        """Compare-and-swap under a :class:`LeaseLock` (``<name>.lock``,
+        exclusive creation: correct where ``flock`` locks nothing), then the
+        seed's step 4 with a temp name of its own (``<name>.tmp-<random>``):
+        write, fsync, rename over ``<name>``, fsync the folder."""
         path = self.path(key)
         with translated(key):
             self._make_parents(path)
-            with FileLock(path + ".lock"):
+            with LeaseLock(path + ".lock"):
                 try:
                     current: str | None = content_token(self.read_bytes(key))
                 except ObjectNotFoundError:
                     current = None
                 if current != expected:
                     raise PointerConflictError(key, expected=expected, actual=current)
-                # The seed's step 4: write <name>.tmp, fsync, rename, fsync dir.
-                # The lock makes the fixed temp name safe.
-                tmp = path + ".tmp"
-                with _DurableFile(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
+                tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+                try:
+                    with _DurableFile(tmp, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    raise
                 fsync_path(os.path.dirname(path))
 
     def info(self, key: str) -> ObjectInfo:
