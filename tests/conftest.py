@@ -119,9 +119,13 @@ def _fault_proxy_session(s3_server: S3Server) -> Iterator[FaultProxy]:
 def proxy(_fault_proxy_session: FaultProxy) -> Iterator[FaultProxy]:
     """The fault-injecting proxy in front of the session's S3 server, with no
     rules and an empty log; rules added by a test are dropped after it."""
+    from registry.store.s3probe import forget
+
     _fault_proxy_session.reset()
+    forget()  # each test's server behaviour is probed afresh
     yield _fault_proxy_session
     _fault_proxy_session.reset()
+    forget()
 
 
 def proxied(url: str, proxy: FaultProxy, **options: Any) -> Store:

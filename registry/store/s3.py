@@ -36,6 +36,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.store.base import CHUNK, ObjectInfo, Store
+from registry.store.s3probe import OPT_OUT_ENV, require_conditional_writes
 from registry.store.translate import s3_error_code, translate, translated
 
 #: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
@@ -51,6 +52,9 @@ class S3Store(Store):
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
         options: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
         options.update(storage_options)
+        #: accept a server that ignores conditional writes (see s3probe).
+        self.single_writer = bool(options.pop("single_writer", False)) or os.environ.get(
+            OPT_OUT_ENV, "") not in ("", "0", "false")
         # Bodies are not SHA256-signed (UNSIGNED-PAYLOAD): each part carries a
         # CRC32 the server checks, and the manifest's sha256 covers every byte
         # end to end. Over https botocore already skips payload signing when a
@@ -68,11 +72,11 @@ class S3Store(Store):
         #: parts in flight across every writer of this store (memory bound).
         self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
         self._bucket_seen = False
-        endpoint = ((options.get("client_kwargs") or {}).get("endpoint_url")
-                    or options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
-                    or "AWS S3")
+        self.endpoint = ((options.get("client_kwargs") or {}).get("endpoint_url")
+                         or options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+                         or "AWS S3")
         #: the store as a user knows it, in every error but "not found".
-        self.where = f"{url} (bucket {self.bucket!r} at {endpoint})"
+        self.where = f"{url} (bucket {self.bucket!r} at {self.endpoint})"
 
     @contextmanager
     def _translated(self, key: str) -> Iterator[None]:
@@ -158,6 +162,7 @@ class S3Store(Store):
                 botocore), so the 412 may answer our own first attempt that
                 landed: only then may a caller read back and compare.
         """
+        require_conditional_writes(self)
         for attempt in range(5):
             try:
                 self.call("put_object", Key=self._key(key), Body=data, **condition)
