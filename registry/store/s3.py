@@ -182,9 +182,13 @@ class S3Store(Store):
     # -- primitives --------------------------------------------------------------
 
     def open_read(self, key: str) -> IO[bytes]:
-        with self._translated(key):
-            return self.fs.open(self.path(key), "rb", block_size=PART_SIZE,  # type: ignore[no-any-return]
-                                cache_type="readahead")
+        """A seekable reader whose every read is a ranged GET checked to
+        answer 206 with the requested ``Content-Range`` (s3fs's own file
+        takes a 200 with the whole object as the range), buffered by
+        ``PART_SIZE`` bytes of read-ahead."""
+        size = self.info(key).size
+        return io.BufferedReader(_RangeReader(self, key, size),  # type: ignore[return-value]
+                                 buffer_size=PART_SIZE)
 
     def _ranged_body(self, key: str, start: int, end: int) -> Any | None:
         """The body of a GET of bytes ``[start, end)``; None when ``start`` is
@@ -196,7 +200,31 @@ class S3Store(Store):
                 return None
             with self._translated(key):
                 raise
+        self._check_range(key, resp, start, end)
         return resp["Body"]
+
+    def _check_range(self, key: str, resp: dict[str, Any], start: int, end: int) -> None:
+        """A ranged GET must answer 206 with ``Content-Range: bytes
+        start-last/total`` (``last`` = ``end - 1``, or the object's last byte):
+        a server or proxy that ignores ``Range`` answers 200 with the whole
+        object, which must never be taken for the range (issue 13 item 11)."""
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        got = str(resp.get("ContentRange") or "")
+        ok = False
+        if status == 206 and got.startswith("bytes "):
+            span, _, total = got[6:].partition("/")
+            first, _, last = span.partition("-")
+            try:
+                size = int(total) if total != "*" else end
+                ok = int(first) == start and int(last) == min(end, size) - 1
+            except ValueError:
+                ok = False
+        if not ok:
+            resp["Body"].close()
+            raise StorageError(
+                f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
+                f"answered {status} with Content-Range {got or '(none)'}: the server or a "
+                "proxy ignores Range requests, which the registry needs", key=key)
 
     def _stream(self, key: str, body: Any, chunk: int) -> Iterator[bytes]:
         """Yield ``body`` in blocks of at most ``chunk`` bytes; closes it."""
@@ -335,6 +363,37 @@ class S3Store(Store):
                 raise StorageError(f"{self.url_of(first.get('Key', prefix))} in {self.where}: "
                                    f"delete failed ({first.get('Code')})", key=prefix)
         self.delete(prefix)
+
+
+class _RangeReader(io.RawIOBase):
+    """Raw reads of one object by checked ranged GETs (see ``S3Store.open_read``)."""
+
+    def __init__(self, store: S3Store, key: str, size: int) -> None:
+        self._store, self._key, self._size, self._pos = store, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self._store.read_range(self._key, self._pos, self._pos + n)
+        view[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def _botocore_retries(exc: BaseException) -> int:

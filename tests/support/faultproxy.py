@@ -67,6 +67,9 @@ class Action:
         ``delay``: sleep ``seconds``, then forward.
         ``strip``: forward without the headers in ``headers`` (a server that
             ignores them: ``If-None-Match``, ``If-Match``, ``Range``).
+        ``corrupt``: forward, then flip the last byte of the answer's body and
+            drop its checksum headers (a server or cache that returns other
+            bytes than stored, and no checksum).
     """
 
     kind: str
@@ -168,10 +171,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         self.send_response_only(status)
+        length = str(len(body))
         for k, v in headers:
+            if k.lower() == "content-length" and self.command == "HEAD":
+                length = v  # a HEAD answer has no body but the object's length
             if k.lower() not in _HOP:
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", length)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -206,6 +212,10 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "reset_after":
             self._reset()
             return
+        if kind == "corrupt" and data:
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+            resp_headers = [(k, v) for k, v in resp_headers  # no checksum to give it away
+                            if not k.lower().startswith("x-amz-checksum")]
         if kind == "error_after":
             assert action is not None
             self._answer(action.status, [("Content-Type", "application/xml")],
