@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from registry.claim import Claim, ClaimLost
 from registry.errors import (
     CommitConflictError,
     ObjectExistsError,
@@ -43,7 +43,6 @@ from registry.manifest import (
     Manifest,
     check_path,
     list_local_files,
-    utc_now,
 )
 from registry.store import Store, join
 from registry.store.translate import translate, translated
@@ -92,31 +91,40 @@ class DirectoryWriter:
         store.ensure_root()  # the first writer of a new local store creates it
         if store.exists(join(self.prefix, MANIFEST)):
             raise self._conflict("already committed")
+        self._lease: Claim | None = None
         if store.atomic_rename:
             self.staging = staging or f"{self.prefix}{TMP_MARK}-{uuid.uuid4().hex[:12]}"
+            # The staging directory's owner, for gc: never removed while live.
+            self._lease = self._take_claim(self.staging + CLAIM_SUFFIX)
             if sole_writer:
                 store.delete_prefix(self.staging)
         else:
             self.staging = self.prefix
-            self._take_claim()
+            self._claim_object_store()
 
     def _conflict(self, why: str) -> CommitConflictError:
         return self._error(f"{self.store.url_of(self.prefix)}: {why}", path=self.prefix)
 
-    def _take_claim(self) -> None:
-        claim = json.dumps({"owner": uuid.uuid4().hex, "host": socket.gethostname(),
-                            "pid": os.getpid(), "created_at": utc_now()}).encode()
+    def _take_claim(self, key: str) -> Claim:
+        """Claim ``key`` for this writer (see :mod:`registry.claim`)."""
+        claim = Claim(self.store, key)
         try:
-            self.store.create(self._claim, claim)
-        except ObjectExistsError:
-            if not self._sole:
-                raise self._conflict("claimed by another writer "
-                                     f"({self.store.url_of(self._claim)})") from None
-            self.store.write_bytes(self._claim, claim)
+            claim.take(force=self._sole)
+        except ObjectExistsError as e:
+            state = getattr(e, "state", None)
+            who = state.describe() if state is not None else "it keeps changing"
+            raise self._conflict(
+                f"claimed by another writer ({who}); if that writer is gone, "
+                f"`registry gc --store {self.store.url} --break-claims` removes its claim"
+            ) from None
+        return claim
+
+    def _claim_object_store(self) -> None:
+        self._lease = self._take_claim(self._claim)
         # Re-check under the claim: a writer may have committed and released
         # its claim between our first check and our create.
         if self.store.exists(join(self.prefix, MANIFEST)):
-            self.store.delete(self._claim)
+            self._lease.release()
             raise self._conflict("already committed")
         self.store.delete_prefix(self.prefix)  # leftovers of a crashed writer
 
@@ -180,6 +188,12 @@ class DirectoryWriter:
         data = manifest.to_bytes()
         store = self.store
         try:
+            if self._lease is not None:
+                try:
+                    self._lease.renew()  # still ours? (a lapsed lease was taken over)
+                except ClaimLost:
+                    raise self._conflict("this writer lost its claim to another writer "
+                                         "(its lease lapsed); nothing was committed") from None
             self._check_staged()
             if store.atomic_rename:
                 # Every folder the files made (evals/, heads/, dist_ckpt/...),
@@ -199,11 +213,12 @@ class DirectoryWriter:
                     store.create(join(self.prefix, MANIFEST), data)
                 except ObjectExistsError:
                     raise self._conflict("already committed by another writer") from None
-                store.delete(self._claim)
         except BaseException:
             self.abort()
             raise
         self.manifest = manifest
+        if self._lease is not None:
+            self._lease.release()
         return manifest
 
     def _check_staged(self) -> None:
@@ -230,11 +245,16 @@ class DirectoryWriter:
         """Remove what this writer staged; never touches a committed directory."""
         if self.manifest is not None:
             return
+        lease = self._lease
+        if lease is not None and lease.lost:
+            return  # another writer owns the directory now: touch nothing of it
         if self.store.atomic_rename:
             self.store.delete_prefix(self.staging)
         elif not self.store.exists(join(self.prefix, MANIFEST)):
             self.store.delete_prefix(self.prefix)
-            self.store.delete(self._claim)
+        if lease is not None:
+            lease.release()
+            self._lease = None
 
     def __enter__(self) -> DirectoryWriter:
         return self

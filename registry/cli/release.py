@@ -240,6 +240,9 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftov
        checkpoint_path: Annotated[list[str] | None, typer.Option(
            "--checkpoint-path", help="Also scan this LoongSage checkpoint tree (relative to "
                                      "the store; repeatable).")] = None,
+       break_claims: Annotated[bool, typer.Option(
+           "--break-claims", help="Also remove claims whose lease is still live (their "
+                                  "writers are known to be gone).")] = False,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
     with error_boundary():
@@ -250,7 +253,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftov
                 raise UsageError(f"{s.url_of(tree.strip('/'))}: no such checkpoint tree "
                                  "(nothing there)")
         removed = collect(s, older_than=seconds, dry_run=dry_run,
-                          trees=checkpoint_path or [])
+                          trees=checkpoint_path or [], break_claims=break_claims)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run})
     else:
