@@ -1,0 +1,19 @@
+"""A writer that claims a directory, writes one file, says so, and waits
+(to be killed, or to hold its claim while another writer tries).
+
+    python -m tests.support.claim_child STORE PREFIX
+"""
+
+import sys
+import time
+
+from registry.commit import DirectoryWriter
+from registry.store import open_store
+
+if __name__ == "__main__":
+    store = open_store(sys.argv[1])
+    with DirectoryWriter(store, sys.argv[2], kind="checkpoint",
+                         meta={"run_id": "r", "step": 1}) as w:
+        w.write_bytes("partial.bin", b"p" * 1000)
+        print(w.staging, flush=True)
+        time.sleep(600)
