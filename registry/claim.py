@@ -118,6 +118,7 @@ class Claim:
         self.started_at = utc_now()
         self._renewals = 0
         self._token: str | None = None
+        self._renewed_at = time.monotonic()
         self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,6 +136,17 @@ class Claim:
             raise ClaimLost(self.store.url_of(self.key), expected="our claim",
                             actual="another writer's")
         self._token = token
+        self._renewed_at = time.monotonic()
+
+    def check(self) -> None:
+        """Before each write: renew now if the last renewal is older than half
+        the lease (the process may have been stopped meanwhile).
+
+        Raises:
+            ClaimLost: another writer took the claim over.
+        """
+        if self.lost or time.monotonic() - self._renewed_at > self.lease / 2:
+            self.renew()
 
     def take(self, *, force: bool = False) -> ClaimState | None:
         """Create the claim, or take over one that is not live (or any, with

@@ -142,8 +142,16 @@ class DirectoryWriter:
         if relpath in self.entries:
             raise ValueError(f"{relpath}: written twice")
         key = join(self.staging, relpath)
+        if self._lease is not None and not self.store.atomic_rename:
+            try:
+                self._lease.check()
+            except ClaimLost:
+                raise self._conflict("this writer lost its claim to another writer (its "
+                                     "lease lapsed); it writes nothing more") from None
         try:
-            with self.store.open_write(key) as raw:
+            # A conditional create: a writer that lost its claim can never
+            # replace a file of the directory another writer now owns.
+            with self.store.open_write(key, exclusive=True) as raw:
                 w = HashingWriter(raw)
                 yield w
         except RegistryError:

@@ -117,3 +117,32 @@ def test_a_lapsed_lease_on_another_host(durable_store_url: str) -> None:
     assert len(wins) == 1
     wins[0].release()
     assert not store.exists(key)
+
+
+def test_a_writer_that_lost_its_claim_cannot_touch_the_release(durable_store_url: str) -> None:
+    """Issue 13 item 9: writer A is stopped mid-upload until its lease lapses;
+    B takes over and commits; A resumes and finishes its PUT: it fails (a
+    conditional create, or the lost claim), and B's release still verifies
+    with B's bytes only."""
+    store = open_store(durable_store_url)
+    prefix = "models/big/1"
+    a = subprocess.Popen([sys.executable, "-m", "tests.support.claim_child", durable_store_url,
+                          prefix, "late"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, REGISTRY_CLAIM_LEASE="1.5"))
+    assert a.stdout is not None and a.stdout.readline().strip()
+    a.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.0)  # A's lease lapses (A is alive: only the lease says it is stalled)
+        _commit(store, prefix)
+    finally:
+        a.send_signal(signal.SIGCONT)
+    _, err = a.communicate(timeout=120)
+    assert a.returncode != 0, err
+    if not store.atomic_rename:
+        assert "another object is already there" in err or "lost its claim" in err, err
+    else:
+        assert "already committed" in err, err
+    assert verify_directory(store, prefix, full=True).ok
+    assert store.read_bytes(f"{prefix}/model.bin") == b"m" * 100
+    assert sorted(store.walk_files(prefix)) == ["MANIFEST.json", "model.bin"]

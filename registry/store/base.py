@@ -96,8 +96,14 @@ class Store(ABC):
         """Open ``key`` for streaming reads. Raises ObjectNotFoundError."""
 
     @abstractmethod
-    def open_write(self, key: str) -> IO[bytes]:
+    def open_write(self, key: str, *, exclusive: bool = False) -> IO[bytes]:
         """Open ``key`` for a streaming write that replaces any object there.
+
+        With ``exclusive``, the write is a conditional create: ``close()``
+        raises ObjectExistsError if an object appeared at ``key`` meanwhile
+        (``If-None-Match: *`` on the PUT or CompleteMultipartUpload on S3).
+        On local disk writes go to a staging directory private to its writer,
+        so the flag changes nothing there.
 
         The object is durable once ``close()`` returns (fsync locally, the
         completed PUT on object stores). On an exception inside a ``with`` block

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import threading
 import time
@@ -271,8 +272,10 @@ class S3Store(Store):
         if body is not None:
             yield from self._stream(key, body, chunk)
 
-    def open_write(self, key: str) -> IO[bytes]:
-        return _MultipartWriter(self, key)  # type: ignore[return-value]
+    def open_write(self, key: str, *, exclusive: bool = False) -> IO[bytes]:
+        if exclusive:
+            require_conditional_writes(self)
+        return _MultipartWriter(self, key, exclusive=exclusive)  # type: ignore[return-value]
 
     def create(self, key: str, data: bytes) -> None:
         try:
@@ -426,9 +429,10 @@ class _MultipartWriter:
     where it would hold up every other part in flight.
     """
 
-    def __init__(self, store: S3Store, key: str) -> None:
+    def __init__(self, store: S3Store, key: str, *, exclusive: bool = False) -> None:
         self.store = store
         self.key = key
+        self._condition = {"IfNoneMatch": "*"} if exclusive else {}
         self._part = io.BytesIO()
         self._upload_id: str | None = None
         self._checksum: dict[str, str] = {}
@@ -493,28 +497,69 @@ class _MultipartWriter:
             return
         self.closed = True
         key = self.store._key(self.key)
-        with self.store._translated(self.key):
+        try:
             if self._upload_id is None:
                 self._part.seek(0)
-                self.store.call("put_object", Key=key, Body=self._part)
+                self._finish("put_object", Key=key, Body=self._part, **self._condition)
                 return
             if self._part.tell():
                 self._send(self._part)
             self._part = io.BytesIO()
             while self._parts:
                 self._reap()
-            self.store.call("complete_multipart_upload", Key=key, UploadId=self._upload_id,
-                            MultipartUpload={"Parts": sorted(self._done,
-                                                             key=lambda p: p["PartNumber"])})
+            parts = sorted(self._done, key=lambda p: p["PartNumber"])
+            self._finish("complete_multipart_upload", Key=key, UploadId=self._upload_id,
+                         MultipartUpload={"Parts": parts}, **self._condition)
+        except BaseException:
+            self.discard()  # never leave a multipart upload open (billed, invisible)
+            raise
 
+    def _expected_etag(self) -> str:
+        """The ETag S3 gives what this writer sent: the MD5 of a single PUT's
+        body, or ``md5(part md5s)-<parts>`` for a multipart upload."""
+        if self._upload_id is None:
+            return '"' + hashlib.md5(self._part.getbuffer()).hexdigest() + '"'
+        digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in sorted(
+            self._done, key=lambda p: p["PartNumber"]))
+        return f'"{hashlib.md5(digests).hexdigest()}-{len(self._done)}"'
+
+    def _finish(self, method: str, **kwargs: Any) -> None:
+        """The request that makes the object visible. A conditional one that
+        fails (412, or NoSuchUpload for a completion) after it was sent more
+        than once may be answering our own first attempt, which landed
+        (a server that completed, then reported an error): the object's ETag
+        then is exactly ours, and that is success."""
+        try:
+            with self.store._translated(self.key):
+                self.store.call(method, **kwargs)
+            return
+        except StorageError as e:
+            code = s3_error_code(e)
+            if code not in ("PreconditionFailed", "412", "NoSuchUpload"):
+                raise
+            if _botocore_retries(e) > 0 or code == "NoSuchUpload":
+                try:
+                    head = self.store.call("head_object", Key=self.store._key(self.key))
+                except Exception:  # noqa: BLE001 - fall through to the error
+                    head = {}
+                if head.get("ETag") == self._expected_etag():
+                    self._upload_id = None  # completed: nothing to abort
+                    return
+            if code == "NoSuchUpload":
+                raise
+            raise ObjectExistsError(
+                f"{self.store.url_of(self.key)}: another object is already there; a writer "
+                "that lost its claim never replaces a file of a directory another writer "
+                "owns", key=self.key) from None
     def discard(self) -> None:
         self.closed = True
         for _, fut in self._parts:
             fut.cancel()
-        if self._upload_id is not None:
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
             try:
                 self.store.call("abort_multipart_upload", Key=self.store._key(self.key),
-                                UploadId=self._upload_id)
+                                UploadId=upload_id)
             except Exception:  # best effort: the lifecycle rule reaps leftovers
                 pass
 
