@@ -131,7 +131,7 @@ class DirectoryWriter:
     # -- writing ---------------------------------------------------------------
 
     @contextmanager
-    def open(self, relpath: str) -> Iterator[HashingWriter]:
+    def open(self, relpath: str, *, size: int | None = None) -> Iterator[HashingWriter]:
         """Open ``relpath`` for a streaming write, hashed while written.
 
         Raises:
@@ -151,7 +151,7 @@ class DirectoryWriter:
         try:
             # A conditional create: a writer that lost its claim can never
             # replace a file of the directory another writer now owns.
-            with self.store.open_write(key, exclusive=True) as raw:
+            with self.store.open_write(key, exclusive=True, size=size) as raw:
                 w = HashingWriter(raw)
                 yield w
         except RegistryError:
@@ -176,7 +176,7 @@ class DirectoryWriter:
         (see :meth:`HashingWriter.copy_from`)."""
         with translated(os.fspath(local_path)):
             src = open(local_path, "rb", buffering=0)  # noqa: SIM115 - closed below
-        with src, self.open(relpath) as w:
+        with src, self.open(relpath, size=os.fstat(src.fileno()).st_size) as w:
             w.copy_from(src)
         return self.entries[relpath]
 

@@ -111,6 +111,19 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
             if not is_dir or _age(store, key, now) >= older_than:
                 doomed.append((key, is_dir))
     removed = []
+
+    def under_live_claim(key: str) -> bool:
+        parts = key.split("/")
+        for i in range(len(parts) - 1, 0, -1):
+            seen = read_state(store, "/".join(parts[:i]) + CLAIM_SUFFIX)
+            if seen is not None:
+                return seen[0].live and not break_claims
+        return False
+
+    # Multipart uploads nobody will complete (a killed writer's) are billed
+    # and invisible to listings: abort them, except under a live claim.
+    removed += [f"{k} (multipart upload)" for k in store.abort_stale_uploads(
+        older_than, dry_run=dry_run, keep=under_live_claim)]
     for key, is_dir in doomed:
         if not is_dir:  # a claim that is not live: take it over, then clear under it
             folder_key = key[:-len(CLAIM_SUFFIX)]

@@ -11,8 +11,6 @@ the index as it was.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,8 @@ import pytest
 from registry.errors import ObjectNotFoundError, StorageError
 from registry.ledger import revoke
 from registry.store import open_store
-from tests.conftest import REPO, free_port, proxied, run_cli
+from tests.conftest import free_port, proxied, run_cli
+from tests.support import moto_process
 from tests.support.faultproxy import FaultProxy, deny_listing
 from tests.test_release import checkpoint, release
 
@@ -30,12 +29,8 @@ from tests.test_release import checkpoint, release
 @pytest.fixture(scope="module")
 def auth_endpoint() -> Iterator[str]:
     """A moto server with authentication on: the session's keys are unknown to it."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.authserver"], cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    endpoint = proc.stdout.readline().strip()
-    yield endpoint
-    proc.communicate("", timeout=30)
+    with moto_process.start({"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+        yield endpoint
 
 
 def broken(case: str, tmp_path: Path, auth: str | None) -> tuple[str, dict[str, str], str]:

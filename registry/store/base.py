@@ -96,14 +96,16 @@ class Store(ABC):
         """Open ``key`` for streaming reads. Raises ObjectNotFoundError."""
 
     @abstractmethod
-    def open_write(self, key: str, *, exclusive: bool = False) -> IO[bytes]:
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
         """Open ``key`` for a streaming write that replaces any object there.
 
         With ``exclusive``, the write is a conditional create: ``close()``
         raises ObjectExistsError if an object appeared at ``key`` meanwhile
         (``If-None-Match: *`` on the PUT or CompleteMultipartUpload on S3).
         On local disk writes go to a staging directory private to its writer,
-        so the flag changes nothing there.
+        so the flag changes nothing there. ``size``: the number of bytes that
+        will be written, when known (object stores size their parts from it).
 
         The object is durable once ``close()`` returns (fsync locally, the
         completed PUT on object stores). On an exception inside a ``with`` block
@@ -174,6 +176,12 @@ class Store(ABC):
         Only where ``atomic_rename`` is true. Raises ObjectExistsError.
         """
         raise NotImplementedError(f"{self!r} has no atomic rename")
+
+    def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
+                            keep: Any = None) -> list[str]:
+        """Abort unfinished uploads older than ``older_than`` seconds (object
+        stores' multipart uploads); returns their keys. Nothing elsewhere."""
+        return []
 
     def ensure_root(self) -> None:
         """Create the store's root where that is a thing (a local folder), for

@@ -387,7 +387,8 @@ class LocalStore(Store):
                 continue  # another writer made it (and fsyncs its parent)
             fsync_path(os.path.dirname(folder))
 
-    def open_write(self, key: str, *, exclusive: bool = False) -> IO[bytes]:
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
         path = self.path(key)
         with translated(key):
             self._make_parents(path)

@@ -32,6 +32,7 @@ from fsspec.asyn import sync
 
 from registry.errors import (
     ObjectExistsError,
+    UsageError,
     ObjectNotFoundError,
     PointerConflictError,
     StorageError,
@@ -44,6 +45,33 @@ from registry.store.translate import s3_error_code, translate, translated
 #: test server they did as well as 16 MiB x 6 and hold less memory (88 MiB).
 PART_SIZE = 8 * 1024 * 1024
 MAX_INFLIGHT = 10
+#: S3's limits on a multipart upload (issue 13 item 2).
+MIN_PART, MAX_PART = 5 * 1024**2, 5 * 1024**3
+MAX_PARTS, MAX_OBJECT = 10_000, 5 * 1024**4
+#: when the size is not known up front, the part size doubles every this many
+#: parts: 8 MiB x 1,000, 16 MiB x 1,000, ... 4 GiB x 1,000 holds 8 TiB
+#: (> 5 TiB) in 10,000 parts, and a file under 7.8 GiB keeps 8 MiB parts.
+PARTS_PER_DOUBLING = 1_000
+
+
+def part_size_for(size: int) -> int:
+    """The part size of an upload of ``size`` bytes known up front:
+    ``PART_SIZE``, or the smallest whole MiB that fits the file in
+    ``MAX_PARTS`` parts.
+
+    Raises:
+        UsageError: ``size`` is over S3's 5 TiB object limit.
+    """
+    if size > MAX_OBJECT:
+        raise UsageError(f"{size} bytes: over S3's limit of {MAX_OBJECT} bytes per object")
+    need = -(-size // MAX_PARTS)
+    mib = 1024 * 1024
+    return min(MAX_PART, max(PART_SIZE, -(-need // mib) * mib))
+
+
+def part_size_of(number: int) -> int:
+    """The size of part ``number`` (from 1) of an upload of unknown size."""
+    return min(MAX_PART, PART_SIZE * 2 ** ((number - 1) // PARTS_PER_DOUBLING))
 _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 
 
@@ -272,10 +300,46 @@ class S3Store(Store):
         if body is not None:
             yield from self._stream(key, body, chunk)
 
-    def open_write(self, key: str, *, exclusive: bool = False) -> IO[bytes]:
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
+        """``size``: the object's size when known up front (parts are sized
+        from it); else parts grow (``part_size_of``). Raises UsageError for
+        an object over 5 TiB, before anything is sent."""
         if exclusive:
             require_conditional_writes(self)
-        return _MultipartWriter(self, key, exclusive=exclusive)  # type: ignore[return-value]
+        return _MultipartWriter(self, key, exclusive=exclusive,  # type: ignore[return-value]
+                                size=size)
+
+    def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
+                            keep: Any = None) -> list[str]:
+        """Abort the multipart uploads under this store's prefix started more
+        than ``older_than`` seconds ago (billed storage nobody will complete);
+        ``keep(key)`` spares an upload (a key under a live claim). Returns the
+        keys of the uploads aborted (or that would be)."""
+        base = self._key("").strip("/")
+        args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
+        now = time.time()
+        out = []
+        while True:
+            with self._translated("/"):
+                page = self.call("list_multipart_uploads", **args)
+            for u in page.get("Uploads", []):
+                key = u["Key"][len(args["Prefix"]):]
+                if now - u["Initiated"].timestamp() < older_than or (keep and keep(key)):
+                    continue
+                if not dry_run:
+                    with self._translated(key):
+                        try:
+                            self.call("abort_multipart_upload", Key=u["Key"],
+                                      UploadId=u["UploadId"])
+                        except Exception as exc:
+                            if s3_error_code(exc) != "NoSuchUpload":
+                                raise
+                out.append(key)
+            if not page.get("IsTruncated"):
+                return out
+            args["KeyMarker"] = page.get("NextKeyMarker")
+            args["UploadIdMarker"] = page.get("NextUploadIdMarker")
 
     def create(self, key: str, data: bytes) -> None:
         try:
@@ -429,9 +493,11 @@ class _MultipartWriter:
     where it would hold up every other part in flight.
     """
 
-    def __init__(self, store: S3Store, key: str, *, exclusive: bool = False) -> None:
+    def __init__(self, store: S3Store, key: str, *, exclusive: bool = False,
+                 size: int | None = None) -> None:
         self.store = store
         self.key = key
+        self._fixed = part_size_for(size) if size is not None else None
         self._condition = {"IfNoneMatch": "*"} if exclusive else {}
         self._part = io.BytesIO()
         self._upload_id: str | None = None
@@ -446,17 +512,28 @@ class _MultipartWriter:
         n = len(view)
         pos = 0
         while pos < n:
-            take = min(PART_SIZE - self._part.tell(), n - pos)
+            target = self._part_size()
+            take = min(target - self._part.tell(), n - pos)
             piece = view[pos:pos + take]
             self._part.write(piece)
             self._crc = zlib.crc32(piece, self._crc)
             pos += take
-            if self._part.tell() >= PART_SIZE:
+            if self._part.tell() >= target:
                 self._send(self._part)
                 self._part = io.BytesIO()
         return n
 
+    def _part_size(self) -> int:
+        """The size of the part being filled: fixed from a known size, else
+        growing with the part number so that 10,000 parts hold 5 TiB."""
+        if self._fixed is not None:
+            return self._fixed
+        return part_size_of(len(self._done) + len(self._parts) + 1)
+
     def _send(self, part: io.BytesIO) -> None:
+        if len(self._done) + len(self._parts) >= MAX_PARTS:
+            raise UsageError(f"{self.store.url_of(self.key)}: over {MAX_PARTS} parts "
+                             "(S3's limit); the upload is aborted")
         if self._upload_id is None:
             self._checksum = self.store._multipart_checksum()
             with self.store._translated(self.key):
