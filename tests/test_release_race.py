@@ -415,6 +415,7 @@ def test_protocol_lookalike_versions_are_refused(durable_store_url: str, tmp_pat
     never mistake a release for a leftover."""
     from registry.errors import InvalidNameError
     store = open_store(durable_store_url)
+    store.ensure_root()  # reading a store folder that does not exist is an error
     with pytest.raises(InvalidNameError, match="reserved"):
         Source(tmp_path, "look", 300).publish(durable_store_url, version)
     assert store.walk_files("models") == {}
