@@ -153,7 +153,7 @@ def list_aliases(store: Store, model_id: str) -> dict[str, str]:
     out = {}
     prefix = join("models", check_name(model_id, "model_id"), "refs")
     for name, is_dir in store.list_dir(prefix):
-        if is_dir or name.endswith((".lock", ".tmp")):
+        if is_dir or name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
             continue
         try:
             value = read_pointer(store, join(prefix, name))

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from registry.claim import Claim, ClaimLost
 from registry.errors import (
     CommitConflictError,
     ObjectExistsError,
@@ -43,7 +43,6 @@ from registry.manifest import (
     Manifest,
     check_path,
     list_local_files,
-    utc_now,
 )
 from registry.store import Store, join
 from registry.store.translate import translate, translated
@@ -89,42 +88,50 @@ class DirectoryWriter:
         self._error = conflict_error
         self._sole = sole_writer
         self._claim = self.prefix + CLAIM_SUFFIX
-        self._claim_data = b""
+        store.ensure_root()  # the first writer of a new local store creates it
         if store.exists(join(self.prefix, MANIFEST)):
             raise self._conflict("already committed")
+        self._lease: Claim | None = None
         if store.atomic_rename:
             self.staging = staging or f"{self.prefix}{TMP_MARK}-{uuid.uuid4().hex[:12]}"
+            # The staging directory's owner, for gc: never removed while live.
+            self._lease = self._take_claim(self.staging + CLAIM_SUFFIX)
             if sole_writer:
                 store.delete_prefix(self.staging)
         else:
             self.staging = self.prefix
-            self._take_claim()
+            self._claim_object_store()
 
     def _conflict(self, why: str) -> CommitConflictError:
         return self._error(f"{self.store.url_of(self.prefix)}: {why}", path=self.prefix)
 
-    def _take_claim(self) -> None:
-        self._claim_data = claim = json.dumps(
-            {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
-             "created_at": utc_now()}).encode()
+    def _take_claim(self, key: str) -> Claim:
+        """Claim ``key`` for this writer (see :mod:`registry.claim`)."""
+        claim = Claim(self.store, key)
         try:
-            self.store.create(self._claim, claim)
-        except ObjectExistsError:
-            if not self._sole:
-                raise self._conflict("claimed by another writer "
-                                     f"({self.store.url_of(self._claim)})") from None
-            self.store.write_bytes(self._claim, claim)
+            claim.take(force=self._sole)
+        except ObjectExistsError as e:
+            state = getattr(e, "state", None)
+            who = state.describe() if state is not None else "it keeps changing"
+            raise self._conflict(
+                f"claimed by another writer ({who}); if that writer is gone, "
+                f"`registry gc --store {self.store.url} --break-claims` removes its claim"
+            ) from None
+        return claim
+
+    def _claim_object_store(self) -> None:
+        self._lease = self._take_claim(self._claim)
         # Re-check under the claim: a writer may have committed and released
         # its claim between our first check and our create.
         if self.store.exists(join(self.prefix, MANIFEST)):
-            self.store.delete(self._claim)
+            self._lease.release()
             raise self._conflict("already committed")
         self.store.delete_prefix(self.prefix)  # leftovers of a crashed writer
 
     # -- writing ---------------------------------------------------------------
 
     @contextmanager
-    def open(self, relpath: str) -> Iterator[HashingWriter]:
+    def open(self, relpath: str, *, size: int | None = None) -> Iterator[HashingWriter]:
         """Open ``relpath`` for a streaming write, hashed while written.
 
         Raises:
@@ -135,8 +142,16 @@ class DirectoryWriter:
         if relpath in self.entries:
             raise ValueError(f"{relpath}: written twice")
         key = join(self.staging, relpath)
+        if self._lease is not None and not self.store.atomic_rename:
+            try:
+                self._lease.check()
+            except ClaimLost:
+                raise self._conflict("this writer lost its claim to another writer (its "
+                                     "lease lapsed); it writes nothing more") from None
         try:
-            with self.store.open_write(key) as raw:
+            # A conditional create: a writer that lost its claim can never
+            # replace a file of the directory another writer now owns.
+            with self.store.open_write(key, exclusive=True, size=size) as raw:
                 w = HashingWriter(raw)
                 yield w
         except RegistryError:
@@ -161,7 +176,7 @@ class DirectoryWriter:
         (see :meth:`HashingWriter.copy_from`)."""
         with translated(os.fspath(local_path)):
             src = open(local_path, "rb", buffering=0)  # noqa: SIM115 - closed below
-        with src, self.open(relpath) as w:
+        with src, self.open(relpath, size=os.fstat(src.fileno()).st_size) as w:
             w.copy_from(src)
         return self.entries[relpath]
 
@@ -181,8 +196,19 @@ class DirectoryWriter:
         data = manifest.to_bytes()
         store = self.store
         try:
+            if self._lease is not None:
+                try:
+                    self._lease.renew()  # still ours? (a lapsed lease was taken over)
+                except ClaimLost:
+                    raise self._conflict("this writer lost its claim to another writer "
+                                         "(its lease lapsed); nothing was committed") from None
             self._check_staged()
             if store.atomic_rename:
+                # Every folder the files made (evals/, heads/, dist_ckpt/...),
+                # deepest first, before the manifest: its entries must not
+                # vanish in a power loss once the manifest says they exist.
+                for folder in _folders_of(self.entries):
+                    store.fsync_dir(join(self.staging, folder))
                 store.write_bytes(join(self.staging, MANIFEST), data)
                 store.fsync_dir(self.staging)
                 try:
@@ -195,11 +221,12 @@ class DirectoryWriter:
                     store.create(join(self.prefix, MANIFEST), data)
                 except ObjectExistsError:
                     raise self._conflict("already committed by another writer") from None
-                store.delete(self._claim)
         except BaseException as exc:
             self._abort_after(exc)
             raise
         self.manifest = manifest
+        if self._lease is not None:
+            self._lease.release()
         return manifest
 
     def _check_staged(self) -> None:
@@ -234,16 +261,21 @@ class DirectoryWriter:
         """
         if self.manifest is not None:
             return
+        lease = self._lease
+        if lease is not None:
+            try:
+                # Still ours? (compare-and-swap on the claim) A writer whose
+                # lapsed claim was taken over touches nothing of the directory.
+                lease.renew()
+            except ClaimLost:
+                return
         if self.store.atomic_rename:
             self.store.delete_prefix(self.staging)
-            return
-        try:
-            ours = self.store.read_bytes(self._claim) == self._claim_data
-        except FileNotFoundError:
-            ours = False
-        if ours and not self.store.exists(join(self.prefix, MANIFEST)):
+        elif not self.store.exists(join(self.prefix, MANIFEST)):
             self.store.delete_prefix(self.prefix)
-            self.store.delete(self._claim)
+        if lease is not None:
+            lease.release()
+            self._lease = None
 
     def _abort_after(self, exc: BaseException) -> None:
         """Abort because of ``exc``; a failing cleanup is noted on ``exc``
@@ -262,6 +294,15 @@ class DirectoryWriter:
                 self.abort()
             else:
                 self._abort_after(exc)
+
+
+def _folders_of(paths: Iterator[str] | Any) -> list[str]:
+    """Every folder above the given relative file paths, deepest first."""
+    folders = set()
+    for path in paths:
+        parts = path.split("/")[:-1]
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return sorted(folders, key=lambda f: (-f.count("/"), f))
 
 
 def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], prefix: str, *,

@@ -54,6 +54,11 @@ class InsufficientSpaceError(StorageError):
         self.available = available
 
 
+class ConditionalWritesUnsupportedError(StorageError):
+    """The S3-compatible server ignores ``If-None-Match`` / ``If-Match``: it
+    cannot guard commits, claims and pointers against a second writer."""
+
+
 class InvalidStoreURLError(StorageError, ValueError):
     """The store URL cannot be opened (unknown protocol, missing bucket)."""
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
+from registry.claim import Claim, read_state
 from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
-from registry.errors import UsageError
+from registry.errors import ObjectExistsError, UsageError
 from registry.store import Store, join
 from registry.verify import verify_directory
 
@@ -62,40 +63,90 @@ def _loongsage_candidate(name: str) -> bool:
 
 
 def collect(store: Store, *, older_than: float, dry_run: bool = False,
-            trees: tuple[str, ...] | list[str] = ()) -> list[str]:
+            trees: tuple[str, ...] | list[str] = (), break_claims: bool = False) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
     deleted (or that would be).
 
+    A claim (``*.claim``) says who owns the directory beside it (the version
+    directory on object stores, the staging directory on local disk): while
+    it is live (renewed within its lease, its process alive on this host)
+    neither is touched, whatever their age; once it is not, both go at once,
+    whatever ``older_than`` says. A claim is removed by taking it over first
+    (compare-and-swap on the claim itself), so a writer recovering the same
+    directory and gc never both proceed. Leftovers without a claim go by age.
+
     Args:
-        older_than: seconds; younger leftovers may belong to a live writer.
+        older_than: seconds; younger unclaimed leftovers may belong to a live writer.
         trees: LoongSage ``checkpoint_path`` keys to scan as well.
+        break_claims: remove claims even while live (the user knows their
+            writers are gone).
     """
     now = time.time()
-    doomed = []
+    doomed: list[tuple[str, bool]] = []
     folders = [(f, False) for f in _folders(store)]
     folders += [(t.strip("/"), True) for t in trees]
     for folder, loong in folders:
-        for name, is_dir in store.list_dir(folder):
+        entries = store.list_dir(folder)
+        claims = {name[:-len(CLAIM_SUFFIX)]: name for name, is_dir in entries
+                  if not is_dir and name.endswith(CLAIM_SUFFIX)}
+        states = {base: read_state(store, join(folder, name)) for base, name in claims.items()}
+        for name, is_dir in entries:
             key = join(folder, name)
             if name == "refs" or name.endswith(".lock") or name in ("LATEST", "policy.json"):
                 continue
             if loong and not _loongsage_candidate(name):
                 continue
-            if is_dir and committed_here(store, key):
-                continue
             if not is_dir and not name.endswith(CLAIM_SUFFIX):
                 continue
-            if _age(store, key, now) >= older_than:
+            base = name[:-len(CLAIM_SUFFIX)] if not is_dir else name
+            seen = states.get(base)
+            if seen is not None:
+                if seen[0].live and not break_claims:
+                    continue
+                if not is_dir:
+                    doomed.append((key, False))
+                continue  # a claimed directory goes with its claim, below
+            if is_dir and committed_here(store, key):
+                continue
+            if not is_dir or _age(store, key, now) >= older_than:
                 doomed.append((key, is_dir))
     removed = []
+
+    def under_live_claim(key: str) -> bool:
+        parts = key.split("/")
+        for i in range(len(parts) - 1, 0, -1):
+            seen = read_state(store, "/".join(parts[:i]) + CLAIM_SUFFIX)
+            if seen is not None:
+                return seen[0].live and not break_claims
+        return False
+
+    # Multipart uploads nobody will complete (a killed writer's) are billed
+    # and invisible to listings: abort them, except under a live claim.
+    removed += [f"{k} (multipart upload)" for k in store.abort_stale_uploads(
+        older_than, dry_run=dry_run, keep=under_live_claim)]
     for key, is_dir in doomed:
-        if is_dir and committed_here(store, key):  # committed meanwhile: keep it
+        if not is_dir:  # a claim that is not live: take it over, then clear under it
+            folder_key = key[:-len(CLAIM_SUFFIX)]
+            if dry_run:
+                removed += [k for k in (folder_key,) if store.walk_files(k)] + [key]
+                continue
+            claim = Claim(store, key)
+            try:
+                claim.take(force=break_claims)
+            except ObjectExistsError:
+                continue  # renewed or recovered meanwhile: a live writer has it
+            try:
+                if store.walk_files(folder_key) and not committed_here(store, folder_key):
+                    delete_directory(store, folder_key)
+                    removed.append(folder_key)
+            finally:
+                claim.release()
+            removed.append(key)
+            continue
+        if committed_here(store, key):  # committed meanwhile: keep it
             continue
         if not dry_run:
-            if is_dir:
-                delete_directory(store, key)
-            else:
-                store.delete(key)
+            delete_directory(store, key)
         removed.append(key)
     return removed
 

@@ -90,6 +90,7 @@ def move_pointer(store: Store, key: str, value: str, *,
         ``If-None-Match`` PUTs on S3. Durable on return.
     """
     data = (value + "\n").encode()
+    store.ensure_root()  # a writer may be the first to use a new local store
     for _ in range(MAX_ATTEMPTS):
         try:
             raw, token = store.read_versioned(key)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
-from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 from registry.store import Store, open_store
+from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,3 +128,37 @@ def require_engines(*modules: str) -> list[Any]:
                 pytest.fail(f"engine {name} is not installed (REGISTRY_REQUIRE_ENGINES=1): {e}")
             pytest.skip(f"engine {name} is not installed (pip install -e '.[engines]')")
     return loaded
+
+
+@pytest.fixture(scope="session")
+def _fault_proxy_session(s3_server: S3Server) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(s3_server.endpoint).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def proxy(_fault_proxy_session: FaultProxy) -> Iterator[FaultProxy]:
+    """The fault-injecting proxy in front of the session's S3 server, with no
+    rules and an empty log; rules added by a test are dropped after it."""
+    from registry.store.s3probe import forget
+
+    _fault_proxy_session.reset()
+    forget()  # each test's server behaviour is probed afresh
+    yield _fault_proxy_session
+    _fault_proxy_session.reset()
+    forget()
+
+
+def proxied(url: str, proxy: FaultProxy, **options: Any) -> Store:
+    """``url`` (``s3://...``) opened through ``proxy``."""
+    client_kwargs = dict(options.pop("client_kwargs", {}))
+    client_kwargs["endpoint_url"] = proxy.endpoint
+    return open_store(url, client_kwargs=client_kwargs, **options)
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on (an endpoint that is down)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -146,6 +146,7 @@ class LoongSageCheckpointer:
                  keep: int = 0, run_id: str | None = None,
                  lease_seconds: float = DEFAULT_SECONDS) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
+        self.store.ensure_root()  # a new run may be the first writer of a new store
         self.tree = CheckpointTree(self.store, checkpoint_path, LOONGSAGE)
         where = self.store.url_of(self.tree.root)
         for name, value in (("save_freq", save_freq), ("total_steps", total_steps),

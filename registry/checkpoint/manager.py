@@ -156,6 +156,7 @@ class CheckpointManager:
                  lease_seconds: float = DEFAULT_SECONDS) -> None:
         self.store = store_url if isinstance(store_url, Store) else open_store(store_url)
         self.run_id = check_name(run_id, "run_id")
+        self.store.ensure_root()  # a new run may be the first writer of a new store
         self.keep_ckpts = keep_ckpts
         self.progress_file = progress_file
         self.async_save = async_save

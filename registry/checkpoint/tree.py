@@ -16,8 +16,10 @@ from registry.errors import (
     CommitConflictError,
     NoValidCheckpointError,
     NotCommittedError,
+    ObjectNotFoundError,
     PointerError,
     RegistryError,
+    StorageError,
 )
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
@@ -207,6 +209,8 @@ class CheckpointTree:
             try:
                 return step, require_verified(self.store, self.prefix(step), full=True)
             except RegistryError as e:
+                if isinstance(e, StorageError) and not isinstance(e, ObjectNotFoundError):
+                    raise  # the store failed: never resume from an older step for that
                 reason = f"{self.layout.step_dir(step)}: {e}"
                 reasons.append(reason)
                 if not fallback:

@@ -314,6 +314,9 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
            "--checkpoint-path", metavar="PATH",
            help="Also scan this LoongSage checkpoint tree (relative to "
                 "the store; repeatable).")] = None,
+       break_claims: Annotated[bool, typer.Option(
+           "--break-claims", help="Also remove claims whose lease is still live (their "
+                                  "writers are known to be gone).")] = False,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
     with error_boundary(as_json):
@@ -324,7 +327,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
                 raise ObjectNotFoundError(f"{s.url_of(tree.strip('/'))}: no such checkpoint "
                                           "tree (nothing there)", key=tree.strip("/"))
         removed = collect(s, older_than=seconds, dry_run=dry_run,
-                          trees=checkpoint_path or [])
+                          trees=checkpoint_path or [], break_claims=break_claims)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run})
     else:

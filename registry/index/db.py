@@ -148,6 +148,7 @@ class Index:
             event.listen(self.engine, "connect",
                          _sqlite_ro_pragmas if self.read_only else _sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._pid = os.getpid()
         if check:
             try:
                 self._ensure_schema()
@@ -285,6 +286,11 @@ class Index:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A session in one transaction: commit on success, rollback on error."""
+        if self._pid != os.getpid():
+            # A forked child must not use the parent's pooled connections
+            # (SQLAlchemy's advice): it drops them without closing them.
+            self.engine.dispose(close=False)
+            self._pid = os.getpid()
         with self._sessions() as s:
             try:
                 yield s

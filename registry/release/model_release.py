@@ -25,7 +25,13 @@ from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
-from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, VersionExistsError
+from registry.errors import (
+    DocumentError,
+    IntegrityError,
+    ObjectNotFoundError,
+    RegistryError,
+    VersionExistsError,
+)
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
 from registry.ledger import revoked_reasons
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
@@ -43,9 +49,10 @@ from registry.release.convert import (
     weights_groups,
 )
 from registry.release.step_source import check_step_source
-from registry.safetensors_io import SafetensorsHeader, read_header, write_safetensors
+from registry.safetensors_io import read_header, write_safetensors
 from registry.signing import SIGNATURE
 from registry.store import Store, join, open_store
+from registry.release.source_check import HashedSource, stream_sha256
 from registry.verify import require_verified
 
 CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -200,7 +207,10 @@ class ModelRelease:
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
         names = {e.path[len(subdir) + 1:] if subdir else e.path for e in src_manifest.files
                  if not subdir or e.path.startswith(subdir + "/")}
+        digests = {e.path[len(subdir) + 1:] if subdir else e.path: e.sha256
+                   for e in src_manifest.files}
         return self._release(self.store, src, names, prefix, model_id, version, source=source,
+                             digests=digests,
                              dtype=dtype, group_size=group_size, ledger=ledger,
                              evals=eval_summary, heads=heads, card=None,
                              card_fields=card_fields, generation_config=generation_config,
@@ -267,6 +277,7 @@ class ModelRelease:
                              sign_key=sign_key)
 
     def _refuse_existing(self, prefix: str) -> None:
+        self.store.ensure_root()  # the first release may create a new local store
         _, model_id, version = prefix.split("/")
         check_version_name(self.store, model_id, version)
         if self.store.exists(join(prefix, MANIFEST)):
@@ -279,7 +290,8 @@ class ModelRelease:
                  card: str | None, card_fields: Mapping[str, Any] | None,
                  generation_config: Any, tokenizer_config: Any,
                  require: Iterable[Threshold | str], copy_all: bool,
-                 sign_key: str | os.PathLike[str] | None = None) -> ReleaseResult:
+                 sign_key: str | os.PathLike[str] | None = None,
+                 digests: Mapping[str, str] | None = None) -> ReleaseResult:
         where = src_store.url_of(src)
         signer = release_signing.signer(sign_key)
         config = schemas.load_json(src_store.read_bytes(join(src, "config.json")),
@@ -329,15 +341,22 @@ class ModelRelease:
         with DirectoryWriter(self.store, prefix, kind="release",
                              meta={"model_id": model_id, "version": version, "source": source},
                              conflict_error=VersionExistsError) as w:
+            # Every byte taken from the source is checked against the source's
+            # manifest (release create) before the commit; a converted file
+            # against a streamed read when the source has none (publish).
             if dtype is None and engines_accept(header.metadata):
-                _copy(src_store, model_key, w, "model.safetensors")
+                _copy(src_store, model_key, w, "model.safetensors", digests)
             else:  # converted, or a format engines refuse: tensors kept, metadata fixed
-                with src_store.open_read(model_key) as f, w.open("model.safetensors") as out:
-                    tensors, meta = plan(header, f, dtype=dtype, group_size=group_size,
+                expected = (digests or {}).get("model.safetensors") or stream_sha256(
+                    src_store, model_key)
+                with src_store.open_read(model_key) as raw, w.open("model.safetensors") as out:
+                    f = HashedSource(raw, size, path=src_store.url_of(model_key))
+                    tensors, meta = plan(header, f, dtype=dtype, group_size=group_size,  # type: ignore[arg-type]
                                          path=src_store.url_of(model_key))
                     write_safetensors(out, tensors, metadata=meta, path="model.safetensors")
+                    f.check(expected)
             for name in carried:
-                _copy(src_store, join(src, name), w, name)
+                _copy(src_store, join(src, name), w, name, digests)
             for name, data in extra.items():
                 w.write_bytes(name, data)
             w.write_bytes("MODEL_CARD.md", card.encode())
@@ -428,13 +447,28 @@ def _stored(data: bytes | None, prefix: str, name: str, store: Store) -> _Stored
     return None if data is None else _StoredDoc(data, store.url_of(join(prefix, name)))
 
 
-def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str) -> None:
+def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
+          digests: Mapping[str, str] | None = None) -> None:
+    """Copy one source file in (hashed as written); with ``digests`` (the
+    source manifest), the copy's sha256 must be the source's.
+
+    Raises:
+        IntegrityError: the bytes read differ from the source manifest.
+    """
     local = src_store.local_path(key)
     if local is not None:
         w.put_file(relpath, local)
-        return
-    with src_store.open_read(key) as f, w.open(relpath) as out:
-        _pump(f, out)
+    else:
+        with src_store.open_read(key) as f, w.open(relpath) as out:
+            _pump(f, out)
+    expected = (digests or {}).get(relpath)
+    entry = w.entries[relpath]
+    if expected is not None and entry.sha256 != expected:
+        raise IntegrityError(src_store.url_of(key), expected_sha256=expected,
+                             actual_sha256=entry.sha256, actual_size=entry.size,
+                             reason=f"the bytes read differ from the source manifest (sha256 "
+                                    f"{entry.sha256}, expected {expected}); nothing was "
+                                    "committed")
 
 
 def _pump(f: IO[bytes], out: Any) -> None:

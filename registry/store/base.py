@@ -97,8 +97,16 @@ class Store(ABC):
         """Open ``key`` for streaming reads. Raises ObjectNotFoundError."""
 
     @abstractmethod
-    def open_write(self, key: str) -> IO[bytes]:
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
         """Open ``key`` for a streaming write that replaces any object there.
+
+        With ``exclusive``, the write is a conditional create: ``close()``
+        raises ObjectExistsError if an object appeared at ``key`` meanwhile
+        (``If-None-Match: *`` on the PUT or CompleteMultipartUpload on S3).
+        On local disk writes go to a staging directory private to its writer,
+        so the flag changes nothing there. ``size``: the number of bytes that
+        will be written, when known (object stores size their parts from it).
 
         The object is durable once ``close()`` returns (fsync locally, the
         completed PUT on object stores). On an exception inside a ``with`` block
@@ -138,11 +146,20 @@ class Store(ABC):
     @abstractmethod
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
         """Immediate children of ``prefix`` as ``(name, is_dir)``, sorted by name.
-        An absent prefix lists as empty."""
+
+        An absent prefix lists as empty -- only when the backend said so (S3
+        answered the listing; the folder is missing under an existing local
+        root). Zero-byte folder markers (``incoming/``) are not listed.
+
+        Raises:
+            StorageError: any other failure (permissions, a missing bucket or
+                store root, an unreachable endpoint): never an empty answer.
+        """
 
     @abstractmethod
     def walk_files(self, prefix: str) -> dict[str, int]:
-        """Every file under ``prefix``: relative path -> size in bytes."""
+        """Every file under ``prefix``: relative path -> size in bytes; folder
+        markers are skipped. Raises StorageError as :meth:`list_dir` does."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
@@ -160,6 +177,17 @@ class Store(ABC):
         Only where ``atomic_rename`` is true. Raises ObjectExistsError.
         """
         raise NotImplementedError(f"{self!r} has no atomic rename")
+
+    def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
+                            keep: Any = None) -> list[str]:
+        """Abort unfinished uploads older than ``older_than`` seconds (object
+        stores' multipart uploads); returns their keys. Nothing elsewhere."""
+        return []
+
+    def ensure_root(self) -> None:
+        """Create the store's root where that is a thing (a local folder), for
+        a writer about to list a store it may be the first to use; listing
+        a missing root is otherwise a StorageError."""
 
     def fsync_dir(self, prefix: str) -> None:
         """Make a directory's entries durable (local disk); a no-op elsewhere."""

@@ -1,11 +1,13 @@
 """Local-disk store: atomic rename, O_EXCL creates, lock-file compare-and-swap.
 
 Layout on disk is the store layout itself; nothing is hidden except the
-``*.lock`` files that serialize pointer updates beside each pointer.
+``*.lock`` files that serialize pointer updates beside each pointer (present
+only while an update runs) and their ``*.tmp-<random>`` temp files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -13,20 +15,22 @@ import mmap
 import os
 import shutil
 import sys
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO
 
 import fsspec
-from filelock import FileLock
 
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     PointerConflictError,
+    StorageError,
 )
 from registry.pools import HelperPool
 from registry.store.base import ObjectInfo, Store, content_token
+from registry.store.leaselock import LeaseLock
 from registry.store.translate import translated
 
 _RENAME_NOREPLACE = 1
@@ -370,13 +374,38 @@ class LocalStore(Store):
         return self.path(key)
 
     def open_read(self, key: str) -> IO[bytes]:
-        with translated(key):
-            return open(self.path(key), "rb")
+        try:
+            with translated(key):
+                return open(self.path(key), "rb")
+        except ObjectNotFoundError:
+            self._require_root()
+            raise
 
-    def open_write(self, key: str) -> IO[bytes]:
+    def _make_parents(self, path: str) -> None:
+        """Create the missing folders above ``path``, fsyncing the parent of
+        each one created, so that its entry survives a power loss (the files
+        inside are made durable by their own fsync and the commit's
+        :meth:`fsync_dir` of every folder, issue 13 item 6)."""
+        missing = []
+        folder = os.path.dirname(path)
+        while not os.path.isdir(folder):
+            missing.append(folder)
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                break
+            folder = parent
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                continue  # another writer made it (and fsyncs its parent)
+            fsync_path(os.path.dirname(folder))
+
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
         path = self.path(key)
         with translated(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._make_parents(path)
             return _DurableFile(path, "wb")  # type: ignore[return-value]
 
     def create(self, key: str, data: bytes) -> None:
@@ -384,7 +413,7 @@ class LocalStore(Store):
         # pipe_file(mode="create") checks then writes, which races.
         path = self.path(key)
         with translated(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._make_parents(path)
             try:
                 f = _DurableFile(path, "xb")
             except FileExistsError:
@@ -398,45 +427,79 @@ class LocalStore(Store):
         return data, content_token(data)
 
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        """Compare-and-swap under a :class:`LeaseLock` (``<name>.lock``,
+        exclusive creation: correct where ``flock`` locks nothing), then the
+        seed's step 4 with a temp name of its own (``<name>.tmp-<random>``):
+        write, fsync, rename over ``<name>``, fsync the folder."""
         path = self.path(key)
         with translated(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with FileLock(path + ".lock"):
+            self._make_parents(path)
+            with LeaseLock(path + ".lock"):
                 try:
                     current: str | None = content_token(self.read_bytes(key))
                 except ObjectNotFoundError:
                     current = None
                 if current != expected:
                     raise PointerConflictError(key, expected=expected, actual=current)
-                # The seed's step 4: write <name>.tmp, fsync, rename, fsync dir.
-                # The lock makes the fixed temp name safe.
-                tmp = path + ".tmp"
-                with _DurableFile(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
+                tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+                try:
+                    with _DurableFile(tmp, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    raise
                 fsync_path(os.path.dirname(path))
 
     def info(self, key: str) -> ObjectInfo:
-        with translated(key):
-            st = os.stat(self.path(key))
+        try:
+            with translated(key):
+                st = os.stat(self.path(key))
+        except ObjectNotFoundError:
+            self._require_root()
+            raise
         return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def _require_root(self) -> None:
+        """A read or a listing in a store folder that does not exist is an
+        error, never "not found" or an empty answer (a mistyped ``--store``);
+        writers call :meth:`ensure_root` first."""
+        if not os.path.isdir(self.root):
+            raise StorageError(f"{self.url}: the store does not exist (no folder {self.root}); "
+                               "check the store path", key="")
+
+    def ensure_root(self) -> None:
+        with translated(""):
+            self._make_parents(os.path.join(self.root, "x"))
 
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
         try:
-            entries = list(os.scandir(self.path(prefix)))
-        except (FileNotFoundError, NotADirectoryError):
+            with translated(prefix):
+                entries = list(os.scandir(self.path(prefix)))
+        except ObjectNotFoundError:
+            self._require_root()
             return []
         return sorted((e.name, e.is_dir()) for e in entries)
 
     def walk_files(self, prefix: str) -> dict[str, int]:
         base = self.path(prefix)
+        if not os.path.isdir(base):
+            self._require_root()
         out: dict[str, int] = {}
-        for dirpath, _dirs, files in os.walk(base):
-            rel = os.path.relpath(dirpath, base)
-            for name in files:
-                relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                with translated(relpath):
-                    out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
+
+        def fail(err: OSError) -> None:  # os.walk swallows errors unless told
+            if not isinstance(err, (FileNotFoundError, NotADirectoryError)) or \
+                    err.filename != base:
+                raise err
+
+        with translated(prefix):
+            for dirpath, _dirs, files in os.walk(base, onerror=fail):
+                rel = os.path.relpath(dirpath, base)
+                for name in files:
+                    relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                    with translated(relpath):
+                        out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
         return dict(sorted(out.items()))
 
     def delete(self, key: str) -> None:

@@ -28,9 +28,10 @@ class MemoryStore(Store):
         with translated(key):
             return self.fs.open(self.path(key), "rb")  # type: ignore[no-any-return]
 
-    def open_write(self, key: str) -> IO[bytes]:
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
         with translated(key):
-            return self.fs.open(self.path(key), "wb")  # type: ignore[no-any-return]
+            return self.fs.open(self.path(key), "xb" if exclusive else "wb")  # type: ignore[no-any-return]
 
     def create(self, key: str, data: bytes) -> None:
         with _LOCK, translated(key):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import threading
 import time
@@ -22,19 +23,55 @@ import zlib
 from collections import deque
 from concurrent.futures import Future
 from collections.abc import Iterator
+import os
+from contextlib import contextmanager
 from typing import IO, Any
 
 import s3fs
 from fsspec.asyn import sync
 
-from registry.errors import ObjectExistsError, PointerConflictError, StorageError
+from registry.errors import (
+    ObjectExistsError,
+    UsageError,
+    ObjectNotFoundError,
+    PointerConflictError,
+    StorageError,
+)
 from registry.store.base import CHUNK, ObjectInfo, Store
-from registry.store.translate import s3_error_code, translated
+from registry.store.s3probe import OPT_OUT_ENV, require_conditional_writes
+from registry.store.translate import s3_error_code, translate, translated
 
 #: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
 #: test server they did as well as 16 MiB x 6 and hold less memory (88 MiB).
 PART_SIZE = 8 * 1024 * 1024
 MAX_INFLIGHT = 10
+#: S3's limits on a multipart upload (issue 13 item 2).
+MIN_PART, MAX_PART = 5 * 1024**2, 5 * 1024**3
+MAX_PARTS, MAX_OBJECT = 10_000, 5 * 1024**4
+#: when the size is not known up front, the part size doubles every this many
+#: parts: 8 MiB x 1,000, 16 MiB x 1,000, ... 4 GiB x 1,000 holds 8 TiB
+#: (> 5 TiB) in 10,000 parts, and a file under 7.8 GiB keeps 8 MiB parts.
+PARTS_PER_DOUBLING = 1_000
+
+
+def part_size_for(size: int) -> int:
+    """The part size of an upload of ``size`` bytes known up front:
+    ``PART_SIZE``, or the smallest whole MiB that fits the file in
+    ``MAX_PARTS`` parts.
+
+    Raises:
+        UsageError: ``size`` is over S3's 5 TiB object limit.
+    """
+    if size > MAX_OBJECT:
+        raise UsageError(f"{size} bytes: over S3's limit of {MAX_OBJECT} bytes per object")
+    need = -(-size // MAX_PARTS)
+    mib = 1024 * 1024
+    return min(MAX_PART, max(PART_SIZE, -(-need // mib) * mib))
+
+
+def part_size_of(number: int) -> int:
+    """The size of part ``number`` (from 1) of an upload of unknown size."""
+    return min(MAX_PART, PART_SIZE * 2 ** ((number - 1) // PARTS_PER_DOUBLING))
 _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 
 
@@ -44,6 +81,9 @@ class S3Store(Store):
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
         options: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
         options.update(storage_options)
+        #: accept a server that ignores conditional writes (see s3probe).
+        self.single_writer = bool(options.pop("single_writer", False)) or os.environ.get(
+            OPT_OUT_ENV, "") not in ("", "0", "false")
         # Bodies are not SHA256-signed (UNSIGNED-PAYLOAD): each part carries a
         # CRC32 the server checks, and the manifest's sha256 covers every byte
         # end to end. Over https botocore already skips payload signing when a
@@ -55,10 +95,64 @@ class S3Store(Store):
         s3_config.setdefault("payload_signing_enabled", False)
         config["s3"] = s3_config
         options["config_kwargs"] = config
+        self._options = options
         super().__init__(url, s3fs.S3FileSystem(**options), root)
         self.bucket, _, self.prefix = self.root.partition("/")
         #: parts in flight across every writer of this store (memory bound).
         self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
+        self._bucket_seen = False
+        self.endpoint = ((options.get("client_kwargs") or {}).get("endpoint_url")
+                         or options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+                         or "AWS S3")
+        #: the store as a user knows it, in every error but "not found".
+        self.where = f"{url} (bucket {self.bucket!r} at {self.endpoint})"
+
+    @contextmanager
+    def _translated(self, key: str) -> Iterator[None]:
+        """:func:`translated` naming this store; a 404 without an error code
+        (HEAD answers have no body) is "not found" only once the bucket is
+        known to exist: a missing bucket is a StorageError, never an absent
+        object (issue 13 item 7)."""
+        try:
+            with translated(key, where=self.where):
+                yield
+        except ObjectNotFoundError as e:
+            if s3_error_code(e) != "NoSuchKey":
+                self.require_bucket()
+            raise
+
+    def require_bucket(self) -> None:
+        """Raise StorageError unless the bucket exists and answers (checked
+        once per store object; a success is remembered)."""
+        if self._bucket_seen:
+            return
+        try:
+            self.call("head_bucket")
+        except Exception as exc:
+            if s3_error_code(exc) in ("404", "NoSuchBucket") or isinstance(exc, FileNotFoundError):
+                raise StorageError(f"{self.where}: the bucket does not exist (check the store "
+                                   "URL)", key="") from None
+            raise translate(exc, "", where=self.where) from exc
+        self._bucket_seen = True
+
+    # -- fork safety ---------------------------------------------------------------
+
+    @property  # type: ignore[override]
+    def fs(self) -> s3fs.S3FileSystem:
+        """The s3fs filesystem of this process. s3fs's event loop and
+        connections cannot cross ``fork()`` ("This class is not fork-safe"):
+        a forked child (gunicorn ``--preload``, multiprocessing) gets fresh
+        ones on first use, and a fresh part budget (issue 13 item 4)."""
+        if self._fs_pid != os.getpid():
+            self._fs = s3fs.S3FileSystem(**self._options)
+            self._fs_pid = os.getpid()
+            self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: s3fs.S3FileSystem) -> None:
+        self._fs = value
+        self._fs_pid = os.getpid()
 
     # -- raw calls ---------------------------------------------------------------
 
@@ -97,6 +191,7 @@ class S3Store(Store):
                 botocore), so the 412 may answer our own first attempt that
                 landed: only then may a caller read back and compare.
         """
+        require_conditional_writes(self)
         for attempt in range(5):
             try:
                 self.call("put_object", Key=self._key(key), Body=data, **condition)
@@ -110,15 +205,19 @@ class S3Store(Store):
                     err = ObjectExistsError(f"{key}: precondition failed", key=key)
                     err.retried = attempt > 0 or _botocore_retries(exc) > 0  # type: ignore[attr-defined]
                     raise err from exc
-                with translated(key):
+                with self._translated(key):
                     raise
 
     # -- primitives --------------------------------------------------------------
 
     def open_read(self, key: str) -> IO[bytes]:
-        with translated(key):
-            return self.fs.open(self.path(key), "rb", block_size=PART_SIZE,  # type: ignore[no-any-return]
-                                cache_type="readahead")
+        """A seekable reader whose every read is a ranged GET checked to
+        answer 206 with the requested ``Content-Range`` (s3fs's own file
+        takes a 200 with the whole object as the range), buffered by
+        ``PART_SIZE`` bytes of read-ahead."""
+        size = self.info(key).size
+        return io.BufferedReader(_RangeReader(self, key, size),  # type: ignore[return-value]
+                                 buffer_size=PART_SIZE)
 
     def _ranged_body(self, key: str, start: int, end: int) -> Any | None:
         """The body of a GET of bytes ``[start, end)``; None when ``start`` is
@@ -128,15 +227,39 @@ class S3Store(Store):
         except Exception as exc:
             if s3_error_code(exc) in ("InvalidRange", "416") or "not satisfiable" in str(exc):
                 return None
-            with translated(key):
+            with self._translated(key):
                 raise
+        self._check_range(key, resp, start, end)
         return resp["Body"]
+
+    def _check_range(self, key: str, resp: dict[str, Any], start: int, end: int) -> None:
+        """A ranged GET must answer 206 with ``Content-Range: bytes
+        start-last/total`` (``last`` = ``end - 1``, or the object's last byte):
+        a server or proxy that ignores ``Range`` answers 200 with the whole
+        object, which must never be taken for the range (issue 13 item 11)."""
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        got = str(resp.get("ContentRange") or "")
+        ok = False
+        if status == 206 and got.startswith("bytes "):
+            span, _, total = got[6:].partition("/")
+            first, _, last = span.partition("-")
+            try:
+                size = int(total) if total != "*" else end
+                ok = int(first) == start and int(last) == min(end, size) - 1
+            except ValueError:
+                ok = False
+        if not ok:
+            resp["Body"].close()
+            raise StorageError(
+                f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
+                f"answered {status} with Content-Range {got or '(none)'}: the server or a "
+                "proxy ignores Range requests, which the registry needs", key=key)
 
     def _stream(self, key: str, body: Any, chunk: int) -> Iterator[bytes]:
         """Yield ``body`` in blocks of at most ``chunk`` bytes; closes it."""
         try:
             while True:
-                with translated(key):
+                with self._translated(key):
                     block = sync(self.fs.loop, body.read, chunk)
                 if not block:
                     return
@@ -153,7 +276,7 @@ class S3Store(Store):
             async with body:
                 return await body.read()  # type: ignore[no-any-return]
 
-        with translated(key):
+        with self._translated(key):
             return sync(self.fs.loop, _read)  # type: ignore[no-any-return]
 
     def read_bytes(self, key: str) -> bytes:
@@ -163,7 +286,7 @@ class S3Store(Store):
         """Stream ``key`` with one GET (not a ranged request per block, as a
         buffered s3fs file would): one round trip, and servers that read the
         whole object for every range request are not penalized."""
-        with translated(key):
+        with self._translated(key):
             resp = self.call("get_object", Key=self._key(key))
         yield from self._stream(key, resp["Body"], chunk)
 
@@ -177,8 +300,46 @@ class S3Store(Store):
         if body is not None:
             yield from self._stream(key, body, chunk)
 
-    def open_write(self, key: str) -> IO[bytes]:
-        return _MultipartWriter(self, key)  # type: ignore[return-value]
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
+        """``size``: the object's size when known up front (parts are sized
+        from it); else parts grow (``part_size_of``). Raises UsageError for
+        an object over 5 TiB, before anything is sent."""
+        if exclusive:
+            require_conditional_writes(self)
+        return _MultipartWriter(self, key, exclusive=exclusive,  # type: ignore[return-value]
+                                size=size)
+
+    def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
+                            keep: Any = None) -> list[str]:
+        """Abort the multipart uploads under this store's prefix started more
+        than ``older_than`` seconds ago (billed storage nobody will complete);
+        ``keep(key)`` spares an upload (a key under a live claim). Returns the
+        keys of the uploads aborted (or that would be)."""
+        base = self._key("").strip("/")
+        args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
+        now = time.time()
+        out = []
+        while True:
+            with self._translated("/"):
+                page = self.call("list_multipart_uploads", **args)
+            for u in page.get("Uploads", []):
+                key = u["Key"][len(args["Prefix"]):]
+                if now - u["Initiated"].timestamp() < older_than or (keep and keep(key)):
+                    continue
+                if not dry_run:
+                    with self._translated(key):
+                        try:
+                            self.call("abort_multipart_upload", Key=u["Key"],
+                                      UploadId=u["UploadId"])
+                        except Exception as exc:
+                            if s3_error_code(exc) != "NoSuchUpload":
+                                raise
+                out.append(key)
+            if not page.get("IsTruncated"):
+                return out
+            args["KeyMarker"] = page.get("NextKeyMarker")
+            args["UploadIdMarker"] = page.get("NextUploadIdMarker")
 
     def create(self, key: str, data: bytes) -> None:
         try:
@@ -188,13 +349,13 @@ class S3Store(Store):
                 raise ObjectExistsError(f"{key}: already exists", key=key) from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
-        with translated(key):
+        with self._translated(key):
             return sync(self.fs.loop, self._get, key)  # type: ignore[no-any-return]
 
     def _content(self, key: str) -> bytes | None:
         try:
             return self.read_versioned(key)[0]
-        except StorageError:
+        except ObjectNotFoundError:
             return None
 
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
@@ -209,42 +370,97 @@ class S3Store(Store):
                 raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def info(self, key: str) -> ObjectInfo:
-        with translated(key):
+        with self._translated(key):
             resp = self.call("head_object", Key=self._key(key))
         return ObjectInfo(key, int(resp["ContentLength"]), resp["LastModified"].timestamp())
 
+    def _list(self, prefix: str, delimiter: str) -> Iterator[dict[str, Any]]:
+        """Every page of a ListObjectsV2 of ``prefix/``. An error is raised,
+        never an empty answer: only a listing the server answered is empty."""
+        base = self._key(prefix).strip("/")
+        args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
+        if delimiter:
+            args["Delimiter"] = delimiter
+        while True:
+            with self._translated(prefix or "/"):
+                page = self.call("list_objects_v2", **args)
+            self._bucket_seen = True
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            args["ContinuationToken"] = page["NextContinuationToken"]
+
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
-        try:
-            with translated(prefix):
-                entries = self.fs.ls(self.path(prefix), detail=True, refresh=True)
-        except StorageError:
-            return []
-        out = []
-        for e in entries:
-            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
-            if e["name"].rstrip("/") != self.path(prefix).rstrip("/"):
-                out.append((name, e["type"] == "directory"))
-        return sorted(out)
+        """Zero-byte "folder" markers (keys ending in ``/``, made by consoles'
+        "Create folder") are not objects: they are skipped, and a folder that
+        holds only a marker lists as empty."""
+        out: dict[str, bool] = {}
+        for page in self._list(prefix, "/"):
+            for d in page.get("CommonPrefixes", []):
+                out[d["Prefix"].rstrip("/").rsplit("/", 1)[-1]] = True
+            for o in page.get("Contents", []):
+                if not o["Key"].endswith("/"):
+                    out.setdefault(o["Key"].rsplit("/", 1)[-1], False)
+        return sorted(out.items())
 
     def walk_files(self, prefix: str) -> dict[str, int]:
-        base = self.path(prefix).rstrip("/") + "/"
-        with translated(prefix):
-            found = self.fs.find(base, detail=True, withdirs=False)
-        return dict(sorted((name[len(base):], int(e["size"])) for name, e in found.items()
-                           if name.startswith(base)))
+        """Folder markers (keys ending in ``/``) are skipped."""
+        base = self._key(prefix).strip("/")
+        cut = len(base) + 1 if base else 0
+        out = {}
+        for page in self._list(prefix, ""):
+            for o in page.get("Contents", []):
+                if not o["Key"].endswith("/"):
+                    out[o["Key"][cut:]] = int(o["Size"])
+        return dict(sorted(out.items()))
 
     def delete(self, key: str) -> None:
-        with translated(key):
+        with self._translated(key):
             self.call("delete_object", Key=self._key(key))
 
     def delete_prefix(self, prefix: str) -> None:
-        files = self.walk_files(prefix)
-        paths = [self.path(f"{prefix}/{rel}") for rel in files]
-        if paths:
-            with translated(prefix):
-                self.fs.rm(paths)
-        if self.exists(prefix):
-            self.delete(prefix)
+        """Folder markers under ``prefix`` go too."""
+        keys = [o["Key"] for page in self._list(prefix, "") for o in page.get("Contents", [])]
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i:i + 1000]]
+            with self._translated(prefix):
+                resp = self.call("delete_objects", Delete={"Objects": batch, "Quiet": True})
+            if resp.get("Errors"):
+                first = resp["Errors"][0]
+                raise StorageError(f"{self.url_of(first.get('Key', prefix))} in {self.where}: "
+                                   f"delete failed ({first.get('Code')})", key=prefix)
+        self.delete(prefix)
+
+
+class _RangeReader(io.RawIOBase):
+    """Raw reads of one object by checked ranged GETs (see ``S3Store.open_read``)."""
+
+    def __init__(self, store: S3Store, key: str, size: int) -> None:
+        self._store, self._key, self._size, self._pos = store, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self._store.read_range(self._key, self._pos, self._pos + n)
+        view[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def _botocore_retries(exc: BaseException) -> int:
@@ -277,9 +493,12 @@ class _MultipartWriter:
     where it would hold up every other part in flight.
     """
 
-    def __init__(self, store: S3Store, key: str) -> None:
+    def __init__(self, store: S3Store, key: str, *, exclusive: bool = False,
+                 size: int | None = None) -> None:
         self.store = store
         self.key = key
+        self._fixed = part_size_for(size) if size is not None else None
+        self._condition = {"IfNoneMatch": "*"} if exclusive else {}
         self._part = io.BytesIO()
         self._upload_id: str | None = None
         self._checksum: dict[str, str] = {}
@@ -293,20 +512,31 @@ class _MultipartWriter:
         n = len(view)
         pos = 0
         while pos < n:
-            take = min(PART_SIZE - self._part.tell(), n - pos)
+            target = self._part_size()
+            take = min(target - self._part.tell(), n - pos)
             piece = view[pos:pos + take]
             self._part.write(piece)
             self._crc = zlib.crc32(piece, self._crc)
             pos += take
-            if self._part.tell() >= PART_SIZE:
+            if self._part.tell() >= target:
                 self._send(self._part)
                 self._part = io.BytesIO()
         return n
 
+    def _part_size(self) -> int:
+        """The size of the part being filled: fixed from a known size, else
+        growing with the part number so that 10,000 parts hold 5 TiB."""
+        if self._fixed is not None:
+            return self._fixed
+        return part_size_of(len(self._done) + len(self._parts) + 1)
+
     def _send(self, part: io.BytesIO) -> None:
+        if len(self._done) + len(self._parts) >= MAX_PARTS:
+            raise UsageError(f"{self.store.url_of(self.key)}: over {MAX_PARTS} parts "
+                             "(S3's limit); the upload is aborted")
         if self._upload_id is None:
             self._checksum = self.store._multipart_checksum()
-            with translated(self.key):
+            with self.store._translated(self.key):
                 resp = self.store.call("create_multipart_upload", Key=self.store._key(self.key),
                                        **self._checksum)
             self._upload_id = resp["UploadId"]
@@ -332,7 +562,7 @@ class _MultipartWriter:
 
     def _reap(self) -> None:
         number, fut = self._parts.popleft()
-        with translated(self.key):
+        with self.store._translated(self.key):
             resp = fut.result()
         done = {"PartNumber": number, "ETag": resp["ETag"]}
         if self._checksum and "ChecksumCRC32" in resp:
@@ -344,28 +574,69 @@ class _MultipartWriter:
             return
         self.closed = True
         key = self.store._key(self.key)
-        with translated(self.key):
+        try:
             if self._upload_id is None:
                 self._part.seek(0)
-                self.store.call("put_object", Key=key, Body=self._part)
+                self._finish("put_object", Key=key, Body=self._part, **self._condition)
                 return
             if self._part.tell():
                 self._send(self._part)
             self._part = io.BytesIO()
             while self._parts:
                 self._reap()
-            self.store.call("complete_multipart_upload", Key=key, UploadId=self._upload_id,
-                            MultipartUpload={"Parts": sorted(self._done,
-                                                             key=lambda p: p["PartNumber"])})
+            parts = sorted(self._done, key=lambda p: p["PartNumber"])
+            self._finish("complete_multipart_upload", Key=key, UploadId=self._upload_id,
+                         MultipartUpload={"Parts": parts}, **self._condition)
+        except BaseException:
+            self.discard()  # never leave a multipart upload open (billed, invisible)
+            raise
 
+    def _expected_etag(self) -> str:
+        """The ETag S3 gives what this writer sent: the MD5 of a single PUT's
+        body, or ``md5(part md5s)-<parts>`` for a multipart upload."""
+        if self._upload_id is None:
+            return '"' + hashlib.md5(self._part.getbuffer()).hexdigest() + '"'
+        digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in sorted(
+            self._done, key=lambda p: p["PartNumber"]))
+        return f'"{hashlib.md5(digests).hexdigest()}-{len(self._done)}"'
+
+    def _finish(self, method: str, **kwargs: Any) -> None:
+        """The request that makes the object visible. A conditional one that
+        fails (412, or NoSuchUpload for a completion) after it was sent more
+        than once may be answering our own first attempt, which landed
+        (a server that completed, then reported an error): the object's ETag
+        then is exactly ours, and that is success."""
+        try:
+            with self.store._translated(self.key):
+                self.store.call(method, **kwargs)
+            return
+        except StorageError as e:
+            code = s3_error_code(e)
+            if code not in ("PreconditionFailed", "412", "NoSuchUpload"):
+                raise
+            if _botocore_retries(e) > 0 or code == "NoSuchUpload":
+                try:
+                    head = self.store.call("head_object", Key=self.store._key(self.key))
+                except Exception:  # noqa: BLE001 - fall through to the error
+                    head = {}
+                if head.get("ETag") == self._expected_etag():
+                    self._upload_id = None  # completed: nothing to abort
+                    return
+            if code == "NoSuchUpload":
+                raise
+            raise ObjectExistsError(
+                f"{self.store.url_of(self.key)}: another object is already there; a writer "
+                "that lost its claim never replaces a file of a directory another writer "
+                "owns", key=self.key) from None
     def discard(self) -> None:
         self.closed = True
         for _, fut in self._parts:
             fut.cancel()
-        if self._upload_id is not None:
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
             try:
                 self.store.call("abort_multipart_upload", Key=self.store._key(self.key),
-                                UploadId=self._upload_id)
+                                UploadId=upload_id)
             except Exception:  # best effort: the lifecycle rule reaps leftovers
                 pass
 

@@ -32,13 +32,42 @@ _TABLE: tuple[tuple[type[BaseException], type[StorageError]], ...] = (
 #: S3 error codes (botocore ClientError) and what they mean here.
 _S3_CODES: dict[str, type[StorageError]] = {
     "NoSuchKey": ObjectNotFoundError,
-    "NoSuchBucket": ObjectNotFoundError,
     "404": ObjectNotFoundError,
     "PreconditionFailed": ObjectExistsError,
     "412": ObjectExistsError,
     "AccessDenied": StoragePermissionError,
     "403": StoragePermissionError,
+    "InvalidAccessKeyId": StoragePermissionError,
+    "SignatureDoesNotMatch": StoragePermissionError,
+    "InvalidClientTokenId": StoragePermissionError,
+    "ExpiredToken": StoragePermissionError,
+    "InvalidToken": StoragePermissionError,
 }
+
+#: the likely cause of a failure, by S3 error code, in words a user can act on.
+#: A missing bucket is never "not found": only a missing object under an
+#: existing bucket is (issue 13 item 7).
+_S3_HINTS: dict[str, str] = {
+    "NoSuchBucket": "the bucket does not exist (check the store URL)",
+    "AccessDenied": "access denied (check the credentials' permissions and the bucket policy)",
+    "403": "access denied (check the credentials' permissions and the bucket policy)",
+    "InvalidAccessKeyId": "the access key is not known to the server (check the credentials)",
+    "SignatureDoesNotMatch": "the secret key is wrong (check the credentials)",
+    "InvalidClientTokenId": "the credentials are not known to the server",
+    "ExpiredToken": "the credentials have expired",
+    "InvalidToken": "the session token is invalid (check the credentials)",
+    "SlowDown": "the server is throttling requests (503 SlowDown) and kept doing so",
+    "503": "the server is unavailable (503) and stayed so",
+    "InternalError": "the server failed (500 InternalError) and kept failing",
+    "500": "the server failed (500) and kept failing",
+}
+
+#: exception class names (botocore, aiohttp, the OS) that mean the endpoint
+#: could not be reached or did not answer in time.
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError",
+                "ClientOSError", "ConnectionRefusedError", "ConnectionResetError",
+                "TimeoutError", "ServerTimeoutError", "ResponseStreamingError")
 
 
 #: errno values of a full disk (a quota is a full disk for this user).
@@ -60,12 +89,38 @@ def s3_error_code(exc: BaseException) -> str | None:
     return None
 
 
-def translate(exc: BaseException, key: str) -> StorageError:
-    """Map one foreign exception to the registry error for ``key``."""
+def _unreachable(exc: BaseException) -> BaseException | None:
+    """The connection-level error behind ``exc`` (refused, reset, timed out)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if any(c.__name__ in _UNREACHABLE for c in type(seen).__mro__):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def translate(exc: BaseException, key: str, *, where: str | None = None) -> StorageError:
+    """Map one foreign exception to the registry error for ``key``.
+
+    Args:
+        where: the store as a user knows it (``s3://bucket/root at
+            http://host:9000``): added to every error but "not found", with the
+            likely cause (credentials, permissions, bucket, endpoint).
+    """
     code = s3_error_code(exc)
     if code in _S3_FULL:
         return InsufficientSpaceError(f"{key}: no space left on the storage server ({code})",
                                       key=key)
+    if code in _S3_HINTS or (code is None and _unreachable(exc) is not None):
+        if code in _S3_HINTS:
+            cause = _S3_HINTS[code]
+        else:
+            low = _unreachable(exc)
+            cause = (f"cannot reach the endpoint ({type(low).__name__}: {low}); is the "
+                     "server up and the endpoint URL (AWS_ENDPOINT_URL) right?")
+        mapped = _S3_CODES.get(code or "", StorageError)
+        place = f" in {where}" if where else ""
+        return mapped(f"{key}{place}: {cause}", key=key)
     if code in _S3_CODES:
         return _S3_CODES[code](f"{key}: {code}", key=key)
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
@@ -76,15 +131,17 @@ def translate(exc: BaseException, key: str) -> StorageError:
                       ObjectExistsError: "already exists",
                       StoragePermissionError: "permission denied"}[mapped]
             return mapped(f"{key}: {reason}", key=key)
-    return StorageError(f"{key}: {type(exc).__name__}: {exc}", key=key)
+    place = f" in {where}" if where else ""
+    return StorageError(f"{key}{place}: {type(exc).__name__}: {exc}", key=key)
 
 
 @contextmanager
-def translated(key: str) -> Iterator[None]:
-    """Run a backend call, re-raising foreign errors as registry errors."""
+def translated(key: str, *, where: str | None = None) -> Iterator[None]:
+    """Run a backend call, re-raising foreign errors as registry errors
+    (``where``: see :func:`translate`)."""
     try:
         yield
     except RegistryError:
         raise
     except Exception as exc:  # the whole point: nothing foreign escapes
-        raise translate(exc, key) from exc
+        raise translate(exc, key, where=where) from exc

@@ -1,0 +1,238 @@
+"""Claims: which writer owns a directory being written, for how long (issue 13 item 8).
+
+A claim is a small JSON object beside the directory (``models/m/1.claim`` on
+object stores; ``<staging>.claim`` beside a local staging directory)::
+
+    {"owner": "<random token>", "host": "...", "pid": 123,
+     "started_at": "2026-...Z", "lease_seconds": 600.0, "renewals": 4}
+
+Its writer renews it (a compare-and-swap that rewrites it) every third of
+the lease while it works, so the object's modification time, set by the
+store, says when the writer was last seen alive. A claim is *live* while
+that is within the lease and, on the writer's own host, its process exists.
+A claim that is not live is taken over with a compare-and-swap on the
+claim's own version token: of two recoverers only one wins. A writer whose
+renewal finds the claim changed has lost it; it then stops writing and never
+deletes what is under the claim.
+
+``REGISTRY_CLAIM_LEASE`` (seconds) overrides the lease (tests, or stores
+whose writers stall longer than the default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from registry.errors import ObjectExistsError, ObjectNotFoundError, PointerConflictError
+from registry.manifest import utc_now
+from registry.store import Store
+
+#: seconds a claim stays live without a renewal.
+DEFAULT_LEASE = 600.0
+
+
+def lease_seconds() -> float:
+    return float(os.environ.get("REGISTRY_CLAIM_LEASE") or DEFAULT_LEASE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    """A claim as read: its writer, how long ago it was last renewed (seconds),
+    its lease, and whether it is still live."""
+
+    host: str
+    pid: int
+    started_at: str
+    lease: float
+    age: float
+    writer_gone: bool
+
+    @property
+    def live(self) -> bool:
+        return not self.writer_gone and self.age <= self.lease
+
+    def describe(self) -> str:
+        state = ("its process is gone" if self.writer_gone else
+                 f"lease {self.lease:.0f}s, expires in {max(0.0, self.lease - self.age):.0f}s"
+                 if self.live else f"lease {self.lease:.0f}s, expired")
+        return (f"writer {self.host} pid {self.pid}, started {self.started_at}, last seen "
+                f"{self.age:.0f}s ago ({state})")
+
+
+def read_state(store: Store, key: str) -> tuple[ClaimState, str] | None:
+    """The claim at ``key`` and its version token, or None when there is none.
+    A claim that is not valid JSON (an older format, a torn write) is judged
+    by its age alone against the default lease."""
+    try:
+        data, token = store.read_versioned(key)
+        mtime = store.info(key).mtime
+    except ObjectNotFoundError:
+        return None
+    try:
+        doc: dict[str, Any] = json.loads(data)
+    except ValueError:
+        doc = {}
+    host = str(doc.get("host", "?"))
+    pid = int(doc.get("pid", 0) or 0)
+    gone = host == socket.gethostname() and pid > 0 and not _alive(pid)
+    age = max(0.0, time.time() - (mtime or 0.0))
+    return ClaimState(host, pid, str(doc.get("started_at", doc.get("created_at", "?"))),
+                      float(doc.get("lease_seconds", DEFAULT_LEASE)), age, gone), token
+
+
+class ClaimLost(PointerConflictError):
+    """Another writer took this writer's claim over (its lease had lapsed)."""
+
+
+class Claim:
+    """One writer's claim on ``key``; see the module docstring.
+
+    Args:
+        store: where the claim lives.
+        key: the claim's key (``models/m/1.claim``).
+        lease: seconds (default ``REGISTRY_CLAIM_LEASE`` or 600).
+    """
+
+    def __init__(self, store: Store, key: str, *, lease: float | None = None) -> None:
+        self.store = store
+        self.key = key
+        self.lease = lease_seconds() if lease is None else lease
+        self.owner = uuid.uuid4().hex
+        self.started_at = utc_now()
+        self._renewals = 0
+        self._token: str | None = None
+        self._renewed_at = time.monotonic()
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _body(self) -> bytes:
+        return json.dumps({"owner": self.owner, "host": socket.gethostname(),
+                           "pid": os.getpid(), "started_at": self.started_at,
+                           "lease_seconds": self.lease, "renewals": self._renewals}).encode()
+
+    def _learn_token(self, body: bytes) -> None:
+        data, token = self.store.read_versioned(self.key)
+        if data != body:
+            self.lost = True
+            raise ClaimLost(self.store.url_of(self.key), expected="our claim",
+                            actual="another writer's")
+        self._token = token
+        self._renewed_at = time.monotonic()
+
+    def check(self) -> None:
+        """Before each write: renew now if the last renewal is older than half
+        the lease (the process may have been stopped meanwhile).
+
+        Raises:
+            ClaimLost: another writer took the claim over.
+        """
+        if self.lost or time.monotonic() - self._renewed_at > self.lease / 2:
+            self.renew()
+
+    def take(self, *, force: bool = False) -> ClaimState | None:
+        """Create the claim, or take over one that is not live (or any, with
+        ``force``: the sole writer of a run's checkpoints).
+
+        Returns:
+            The state of the claim taken over, or None when there was none.
+
+        Raises:
+            ObjectExistsError: a live claim holds ``key`` (``.state`` tells
+                whose), or another recoverer took it over first.
+        """
+        for _ in range(8):
+            body = self._body()
+            try:
+                self.store.create(self.key, body)
+                self._learn_token(body)
+                self._start()
+                return None
+            except ObjectExistsError:
+                pass
+            seen = read_state(self.store, self.key)
+            if seen is None:
+                continue  # released meanwhile: create again
+            state, token = seen
+            if state.live and not force:
+                err = ObjectExistsError(f"{self.key}: claimed", key=self.key)
+                err.state = state  # type: ignore[attr-defined]
+                raise err
+            try:
+                self.store.swap(self.key, body, token)  # one recoverer wins
+            except PointerConflictError:
+                continue  # renewed or taken over meanwhile: look again
+            self._learn_token(body)
+            self._start()
+            return state
+        err = ObjectExistsError(f"{self.key}: claim keeps changing", key=self.key)
+        err.state = None  # type: ignore[attr-defined]
+        raise err
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._beat, daemon=True,
+                                        name=f"claim-{self.key}")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                self.renew()
+            except ClaimLost:
+                return
+            except Exception:  # noqa: BLE001 - a failed renewal is retried next beat
+                continue
+
+    def renew(self) -> None:
+        """Rewrite the claim if it is still ours (compare-and-swap).
+
+        Raises:
+            ClaimLost: another writer holds it now.
+        """
+        with self._lock:
+            if self.lost:
+                raise ClaimLost(self.store.url_of(self.key), expected="our claim",
+                                actual="another writer's")
+            self._renewals += 1
+            body = self._body()
+            try:
+                self.store.swap(self.key, body, self._token)
+            except PointerConflictError:
+                self.lost = True
+                raise ClaimLost(self.store.url_of(self.key), expected="our claim",
+                                actual="another writer's") from None
+            self._learn_token(body)
+
+    def release(self) -> None:
+        """Stop renewing and delete the claim if it is still ours."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            if self.lost or self._token is None:
+                return
+            try:
+                _, token = self.store.read_versioned(self.key)
+            except ObjectNotFoundError:
+                return
+            if token == self._token:
+                self.store.delete(self.key)
+            self._token = None

@@ -1,0 +1,98 @@
+"""Derived writes check the bytes they read against their source (issue 13 item 11).
+
+A release converted to another dtype is computed from reads of the source
+file; a server or proxy that returns other bytes than asked (a 200 with the
+whole object for a ranged GET, a stale replica) would otherwise be committed
+as garbage weights that then verify, since the new manifest describes the
+converted bytes. :class:`HashedSource` wraps the source file the conversion
+reads from and hashes every byte in file order -- the bytes the conversion
+used, plus any gap it skipped, read through the same file -- so that
+:meth:`HashedSource.check` can compare the whole file's sha256 with the
+source manifest (or with a separate streamed read) before the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import IO, Any
+
+from registry.errors import IntegrityError
+from registry.store.base import CHUNK
+
+
+class HashedSource(io.RawIOBase):
+    """A seekable reader over ``f`` (``size`` bytes) that hashes what it serves.
+
+    Reads past the hashed prefix first hash the gap (read from ``f``), so the
+    digest always covers ``[0, hashed)`` exactly as read; reads before it
+    (re-reads) are served but not hashed again. Memory: one chunk.
+    """
+
+    def __init__(self, f: IO[bytes], size: int, *, path: str) -> None:
+        self._f, self._size, self.path = f, size, path
+        self._hash = hashlib.sha256()
+        self._hashed = 0
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _fill(self, upto: int) -> None:
+        self._f.seek(self._hashed)
+        while self._hashed < upto:
+            block = self._f.read(min(CHUNK, upto - self._hashed))
+            if not block:
+                break
+            self._hash.update(block)
+            self._hashed += len(block)
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos > self._hashed:
+            self._fill(self._pos)
+        self._f.seek(self._pos)
+        view = memoryview(buffer).cast("B")
+        data = self._f.read(len(view))
+        view[:len(data)] = data
+        end = self._pos + len(data)
+        if self._pos <= self._hashed < end:
+            self._hash.update(memoryview(data)[self._hashed - self._pos:])
+            self._hashed = end
+        self._pos = end
+        return len(data)
+
+    def check(self, expected_sha256: str) -> None:
+        """Hash the rest of the file, then compare the whole digest.
+
+        Raises:
+            IntegrityError: the bytes read differ from the source's sha256
+                (names the file and both digests); nothing may be committed.
+        """
+        self._fill(self._size)
+        actual = self._hash.hexdigest()
+        if self._hashed != self._size or actual != expected_sha256:
+            raise IntegrityError(self.path, expected_size=self._size, actual_size=self._hashed,
+                                 expected_sha256=expected_sha256, actual_sha256=actual,
+                                 reason=f"the bytes read for conversion differ from the "
+                                        f"source (sha256 {actual}, expected "
+                                        f"{expected_sha256}); nothing was committed")
+
+
+def stream_sha256(store: Any, key: str) -> str:
+    """sha256 of ``key`` read with one streamed GET (the reference for a
+    source that has no manifest)."""
+    h = hashlib.sha256()
+    for block in store.iter_read(key, CHUNK):
+        h.update(block)
+    return h.hexdigest()
