@@ -26,7 +26,12 @@ from sqlalchemy.orm import Session
 from registry.aliases import parse_ref, resolve, set_alias
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
-from registry.errors import GateFailedError, InvalidNameError
+from registry.errors import (
+    GateFailedError,
+    IndexDamagedError,
+    InvalidNameError,
+    UnknownModelError,
+)
 from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
@@ -42,6 +47,7 @@ from registry.index.record import (
 )
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
+from registry.release.failing import failing_gates
 from registry.release.policy import set_policy
 from registry.store import Store, open_store
 from registry.verify import read_manifest
@@ -83,8 +89,9 @@ class Registry:
         try:
             self.index.run(fn)
         except Exception as e:  # the store commit stands whatever the index does
-            msg = (f"{what} is committed in the store but the index was not updated ({e}); "
-                   "run `registry index rebuild`")
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = (f"{what} is committed in the store but the index was not updated "
+                   f"({reason}); run `registry index rebuild` to index it")
             self.index_errors.append(msg)
             warnings.warn(msg, IndexWriteWarning, stacklevel=3)
 
@@ -173,8 +180,29 @@ class Registry:
         return parsed
 
     def rebuild_index(self) -> dict[str, int]:
-        """Recompute the whole index from the store."""
+        """Recompute the whole index from the store.
+
+        Raises:
+            IndexDamagedError: the SQLite file is not a database: see
+                :meth:`repair_index`.
+        """
         return rebuild(self.index, self.store)
+
+    def repair_index(self) -> str | None:
+        """Move a damaged SQLite index file aside (``<file>.damaged-<time>``) so
+        that :meth:`rebuild_index` starts from an empty one; returns the new
+        name, or None when the index opens (nothing moved). Postgres and other
+        failures raise as :attr:`index` does (IndexDatabaseError)."""
+        if self._index is not None:
+            return None
+        try:
+            self._index = Index(self.db)
+        except IndexDamagedError:
+            damaged = Index(self.db, check=False)
+            aside = damaged.move_aside()
+            self._index = Index(self.db)
+            return aside
+        return None
 
     # -- reads ------------------------------------------------------------------
 
@@ -186,15 +214,26 @@ class Registry:
                                    name=ref)
         return model_id, resolve(self.store, model_id, name)
 
-    def pull(self, ref: str, **kw: Any) -> PullResult:
+    def pull(self, ref: str, *, require_passing: bool = False, **kw: Any) -> PullResult:
         """Pull ``model_id@version`` or ``model_id@alias`` to a model directory
         on this host: :func:`registry.pull.pull` (its keyword arguments and
         errors: ``to``, ``cache``, ``workers``, ``verify``, ``force``,
-        ``fsync``, ...). Reads only the store, never the index."""
+        ``fsync``, ...). Reads only the store, never the index.
+
+        Raises:
+            GateFailedError: ``require_passing`` and the release fails a gate
+                now (live ledger, policy): nothing is downloaded.
+        """
         model_id, name = parse_ref(ref)
         if name is None:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
+        if require_passing:
+            name = resolve(self.store, model_id, name)
+            failed = failing_gates(self.store, model_id, name)
+            if failed:
+                raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",
+                                      failed)
         return pull(self.store, model_id, name, **kw)
 
     def gate_check(self, model_id: str, version: str,
@@ -202,11 +241,30 @@ class Registry:
         """Every gate of a committed release, evaluated now from the store."""
         return ModelRelease(self.store).check(model_id, version, require=require)
 
+    def _known_model(self, s: Session, model_id: str) -> None:
+        """Raise UnknownModelError unless the index holds ``model_id``: an empty
+        answer must mean "none", never "no such model" (a typo)."""
+        known = queries.model_ids(s)
+        if model_id not in known:
+            names = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+            raise UnknownModelError(
+                f"{model_id}: no such model in the index {self.index} (models: "
+                f"{names or 'none'}; if the store holds it, run `registry index rebuild`)",
+                model_id=model_id, known=tuple(known))
+
     def passing(self, model_id: str, *, require: Iterable[Threshold | str] = (),
                 latest: bool = False) -> list[dict[str, Any]]:
-        """Versions passing every gate now (index), newest first."""
+        """Versions passing every gate now (index), newest first; [] when none does.
+
+        Raises:
+            UnknownModelError: the index has no such model.
+        """
         req = _thresholds(require)
-        return self._query(lambda s: queries.passing(s, model_id, require=req, latest=latest))
+
+        def work(s: Session) -> list[dict[str, Any]]:
+            self._known_model(s, model_id)
+            return queries.passing(s, model_id, require=req, latest=latest)
+        return self._query(work)
 
     def releases_for_source(self, source_id: str) -> list[dict[str, Any]]:
         return self._query(lambda s: queries.releases_for_source(s, source_id))
@@ -215,7 +273,16 @@ class Registry:
         return self._query(lambda s: queries.show(s, model_id, version))
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:
-        return self._query(lambda s: queries.ls(s, model_id))
+        """Models (``model_id`` None), or the releases of ``model_id``.
+
+        Raises:
+            UnknownModelError: the index has no such model.
+        """
+        def work(s: Session) -> list[dict[str, Any]]:
+            if model_id is not None:
+                self._known_model(s, model_id)
+            return queries.ls(s, model_id)
+        return self._query(work)
 
     def diff(self, model_id: str, a: str, b: str) -> dict[str, Any]:
         return self._query(lambda s: queries.diff(s, model_id, a, b))

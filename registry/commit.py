@@ -89,6 +89,7 @@ class DirectoryWriter:
         self._error = conflict_error
         self._sole = sole_writer
         self._claim = self.prefix + CLAIM_SUFFIX
+        self._claim_data = b""
         if store.exists(join(self.prefix, MANIFEST)):
             raise self._conflict("already committed")
         if store.atomic_rename:
@@ -103,8 +104,9 @@ class DirectoryWriter:
         return self._error(f"{self.store.url_of(self.prefix)}: {why}", path=self.prefix)
 
     def _take_claim(self) -> None:
-        claim = json.dumps({"owner": uuid.uuid4().hex, "host": socket.gethostname(),
-                            "pid": os.getpid(), "created_at": utc_now()}).encode()
+        self._claim_data = claim = json.dumps(
+            {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
+             "created_at": utc_now()}).encode()
         try:
             self.store.create(self._claim, claim)
         except ObjectExistsError:
@@ -194,8 +196,8 @@ class DirectoryWriter:
                 except ObjectExistsError:
                     raise self._conflict("already committed by another writer") from None
                 store.delete(self._claim)
-        except BaseException:
-            self.abort()
+        except BaseException as exc:
+            self._abort_after(exc)
             raise
         self.manifest = manifest
         return manifest
@@ -221,21 +223,45 @@ class DirectoryWriter:
                            f"`registry gc`? Nothing was committed.", key=where)
 
     def abort(self) -> None:
-        """Remove what this writer staged; never touches a committed directory."""
+        """Remove what this writer staged, and only that; never touches a
+        committed directory. Locally that is its own staging directory; on an
+        object store the files under the prefix, only while the claim is
+        still this writer's (a writer whose claim was taken over leaves the
+        files to the new owner).
+
+        Raises:
+            StorageError: the store failed while removing.
+        """
         if self.manifest is not None:
             return
         if self.store.atomic_rename:
             self.store.delete_prefix(self.staging)
-        elif not self.store.exists(join(self.prefix, MANIFEST)):
+            return
+        try:
+            ours = self.store.read_bytes(self._claim) == self._claim_data
+        except FileNotFoundError:
+            ours = False
+        if ours and not self.store.exists(join(self.prefix, MANIFEST)):
             self.store.delete_prefix(self.prefix)
             self.store.delete(self._claim)
+
+    def _abort_after(self, exc: BaseException) -> None:
+        """Abort because of ``exc``; a failing cleanup is noted on ``exc``
+        (which is what the caller sees), never raised in its place."""
+        try:
+            self.abort()
+        except Exception as e:  # noqa: BLE001 - the original error matters more
+            exc.add_note(f"cleanup of {self.store.url_of(self.staging)} failed too: {e}")
 
     def __enter__(self) -> DirectoryWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if self.manifest is None:
-            self.abort()
+            if exc is None:
+                self.abort()
+            else:
+                self._abort_after(exc)
 
 
 def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], prefix: str, *,

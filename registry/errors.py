@@ -212,6 +212,35 @@ class IndexDatabaseError(RegistryError):
     source of truth: ``registry index rebuild`` repairs the index from it."""
 
 
+class UnknownModelError(RegistryError, LookupError):
+    """The index has no model of this id (a typo, or a store not indexed yet:
+    ``registry index rebuild``).
+
+    Attributes:
+        model_id: the id asked for.
+        known: the model ids the index holds.
+    """
+
+    def __init__(self, message: str, *, model_id: str, known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.model_id = model_id
+        self.path = model_id
+        self.known = known
+
+
+class IndexDamagedError(IndexDatabaseError):
+    """The SQLite index file is not a database (overwritten, truncated, another
+    file). ``registry index rebuild`` moves it aside and rebuilds it.
+
+    Attributes:
+        path: the damaged file.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class IndexOutOfDateError(IndexDatabaseError):
     """The index database's schema is behind this registry: run ``registry db upgrade``."""
 
@@ -221,6 +250,26 @@ class IndexOutOfDateError(IndexDatabaseError):
 
 class CheckpointError(RegistryError):
     """A checkpoint cannot be saved or resumed."""
+
+
+class RunLeasedError(CommitConflictError):
+    """Another process holds the writer lease of this checkpoint tree (a run has
+    one writer at a time), or this writer lost it to another one.
+
+    Attributes:
+        holder: the lease document of the holder (owner, host, pid,
+            started_at, expires_at).
+    """
+
+    def __init__(self, message: str, *, path: str = "", holder: dict[str, Any] | None = None,
+                 ) -> None:
+        super().__init__(message, path=path)
+        self.holder = dict(holder or {})
+
+
+class CheckpointExistsError(CommitConflictError, CheckpointError):
+    """The step is already a committed checkpoint at or before the pointer;
+    saving never overwrites it."""
 
 
 class NoValidCheckpointError(CheckpointError, FileNotFoundError):

@@ -230,12 +230,14 @@ def list_local_files(root: str | os.PathLike[str]) -> list[str]:
         ObjectNotFoundError: a symlink points nowhere.
         UsageError: an entry is not a regular file once symlinks are followed
             (a FIFO, a socket, a device): it could block a reader forever or
-            never end, so nothing is committed.
+            never end, so nothing is committed; or a symlinked directory leads
+            back to itself or an enclosing directory (a loop), named once.
     """
     out = []
     for dirpath, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()
         rel = os.path.relpath(dirpath, root)
+        _refuse_loops(dirpath, dirs, root)
         for name in files:
             p = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
             if p == MANIFEST:
@@ -253,6 +255,23 @@ def list_local_files(root: str | os.PathLike[str]) -> list[str]:
                                  f"cannot be part of a model directory)")
             out.append(p)
     return sorted(out)
+
+
+def _refuse_loops(dirpath: str, dirs: list[str], root: str | os.PathLike[str]) -> None:
+    """Raise UsageError when a symlinked sub-directory of ``dirpath`` resolves to
+    ``dirpath`` or one of its ancestors: following it would repeat the same
+    folders until the path is too long (``up/model/up/model/...``)."""
+    here = os.path.realpath(dirpath)
+    for d in dirs:
+        link = os.path.join(dirpath, d)
+        if not os.path.islink(link):
+            continue
+        target = os.path.realpath(link)
+        if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+            shown = os.path.relpath(link, root).replace(os.sep, "/")
+            raise UsageError(f"{os.path.join(os.fspath(root), shown)}: a symlink loop: it "
+                             f"points back to {target}, which holds it; a model directory "
+                             "cannot contain itself")
 
 
 def build_manifest(root: str | os.PathLike[str], kind: str, **meta: Any) -> Manifest:

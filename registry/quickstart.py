@@ -27,7 +27,7 @@ from typing import Any
 
 from registry.api import Registry
 from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
-from registry.errors import RegistryError
+from registry.errors import ObjectExistsError, RegistryError
 from registry.examples.tinytrainer import eval_loss, make_spec
 from registry.pull import pull
 
@@ -114,17 +114,36 @@ def serve_line(store: str | None = None, db: str | None = None) -> str:
     return " ".join(parts)
 
 
+def refuse_rerun(reg: Registry, work: Path) -> None:
+    """Raise ObjectExistsError, before anything runs, when an earlier quickstart
+    left its run or models in the store or files in ``work``: releases are
+    immutable and the trainer would resume the old run, so a second run could
+    only fail half-way after printing misleading lines."""
+    keys = (run_root(RUN_ID), f"models/{MODEL}", f"models/{MINILM}")
+    found = [reg.store.url_of(k) for k in keys if reg.store.list_dir(k)]
+    if work.is_dir() and any(work.iterdir()):
+        found.append(str(work))
+    if found:
+        raise ObjectExistsError(
+            f"{', '.join(found)}: already there from an earlier quickstart, which runs once "
+            "per store and workdir: remove them (and the index), or give a new --store, "
+            "--db and --workdir", key=found[0])
+
+
 def run(store: str | None = None, db: str | None = None, workdir: str | Path = "quickstart",
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the quickstart; returns a summary of what it did.
 
     Raises:
+        ObjectExistsError: an earlier quickstart's run, models or workdir are
+            there (:func:`refuse_rerun`); nothing was done.
         QuickstartError: a step did not have the expected outcome.
         RegistryError: any registry error on the way.
     """
     work = Path(workdir).resolve()
-    work.mkdir(parents=True, exist_ok=True)
     reg = Registry(store, db)
+    refuse_rerun(reg, work)
+    work.mkdir(parents=True, exist_ok=True)
     say(f"store {reg.store.url}, index {reg.index}")
     trained = train_with_a_crash(reg.store.url, work, say)
 

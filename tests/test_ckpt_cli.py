@@ -74,8 +74,12 @@ def test_gc_keeps_newest(durable_store_url: str) -> None:
 
 def test_latest_problems_are_clean_errors(durable_store_url: str) -> None:
     r = run_cli("ckpt", "latest", "r1", "--store", durable_store_url)
-    assert r.returncode == 3 and "no pointer" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 3 and "no such run 'r1'" in r.stderr and "Traceback" not in r.stderr
     populate(durable_store_url)
+    store = open_store(durable_store_url)
+    store.delete(f"{ROOT}/LATEST")
+    r = run_cli("ckpt", "latest", "r1", "--store", durable_store_url)
+    assert r.returncode == 3 and "no pointer" in r.stderr and "Traceback" not in r.stderr
     open_store(durable_store_url).write_bytes(f"{ROOT}/LATEST", b"../../etc\n")
     r = run_cli("ckpt", "latest", "r1", "--store", durable_store_url)
     assert r.returncode == 5 and "outside its folder" in r.stderr

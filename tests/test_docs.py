@@ -56,3 +56,66 @@ def test_every_registry_error_maps_to_a_one_line_message_and_exit_code(
     assert all(issubclass(c, E.RegistryError) for c in EXIT_CODES)
     assert exit_code_for(E.VersionExistsError("x")) == 4
     assert exit_code_for(E.IndexOutOfDateError("x")) == 9
+
+
+def _readme_sections() -> dict[str, tuple[str, list[str]]]:
+    """README reference: command -> (usage line, bullet names such as ``--ledger PATH``)."""
+    text = README.read_text()
+    out = {}
+    for m in re.finditer(r"#### `registry ([^`]+)`\n.*?```\n(.*?)\n```\n\n(.*?)(?=\n####|\n<!--)",
+                         text, re.S):
+        names = re.findall(r"^- `([^`]+)`", m.group(3), re.M)
+        out[m.group(1)] = (m.group(2), names)
+    return out
+
+
+def _help(path: list[str]) -> str:
+    from typer.testing import CliRunner
+
+    r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200",
+                                                        "TERMINAL_WIDTH": "200"})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.mark.parametrize("path", [p[1:] for p, c in _walk(typer.main.get_command(app),
+                                                           ["registry"])
+                                  if not hasattr(c, "list_commands")] + [[]],
+                         ids=lambda p: " ".join(p) or "registry")
+def test_real_help_matches_the_readme_and_shows_the_fields_metavars(path: list[str]) -> None:
+    """The real ``--help`` (whatever typer/click render it): usage line as in the
+    README, each option followed by its metavar (flags by their help text, never
+    by a value placeholder), no ``{model_dir}``, ``<str>`` or ``<bool>``."""
+    out = _help(path)
+    for bad in ("<str>", "<bool>", "<int>", "<list", "<path>", "TEXT", "BOOLEAN", "INTEGER"):
+        assert bad not in out, (bad, out)
+    assert not re.search(r"\{[a-z_]+\}", out), out
+    for flag in ("--help", "--debug", "--json", "--force", "--verify", "--dry-run", "--full"):
+        for m in re.finditer(re.escape(flag) + r"\s+(\S+)", out):
+            assert not m.group(1).isupper(), (flag, m.group(0))  # a help word, no metavar
+    if not path:
+        return
+    usage, names = _readme_sections()[" ".join(path)]
+    flat = " ".join(out.replace("│", " ").split())
+    assert f"Usage: {usage}" in flat, (usage, flat[:300])
+    for name in names:
+        if name.startswith("--"):
+            opt, _, metavar = name.partition(" ")
+            if metavar:
+                assert re.search(re.escape(opt) + r"\s+" + re.escape(metavar) + r"(\s|$)", out), \
+                    (name, out)
+            else:
+                assert re.search(re.escape(opt) + r"\s+[A-Z][a-z]", out), (name, out)
+        else:  # an argument: its name, in the usage line and the arguments panel
+            assert re.search(r"\b" + re.escape(name) + r"\b", out.split("Usage:", 1)[1]), name
+
+
+def test_readme_error_table_lists_every_exit_code_the_cli_uses() -> None:
+    from registry.cli.errors import EXIT_NOT_INDEXED, EXIT_USAGE
+
+    text = README.read_text()
+    section = text.split("## Errors and exit codes", 1)[1].split("\n## ", 1)[0]
+    listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
+    used = set(EXIT_CODES.values()) | {0, EXIT_USAGE, EXIT_NOT_INDEXED, 130}
+    assert listed == used
+    assert "schemas/cli-error.schema.json" in section

@@ -218,12 +218,19 @@ def cli_batch(commands: list[list[str]]) -> list[str]:
 
 
 def assert_clean_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """A non-zero exit with one ``error:`` line naming ``needles``, and no traceback."""
+    """A non-zero exit with one ``error:`` line (with --json: one error document)
+    naming ``needles``, and no traceback."""
     assert r.returncode != 0, r.stdout
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
-    assert r.stderr.startswith("error: "), r.stderr
+    if r.stderr.startswith("{"):
+        doc = json.loads(r.stderr)
+        assert doc["error"]["exit_code"] == r.returncode
+        said = doc["error"]["message"]
+    else:
+        assert r.stderr.startswith("error: "), r.stderr
+        said = r.stderr
     for n in needles:
-        assert n in r.stderr, r.stderr
+        assert n in said, r.stderr
 
 
 # -- 1. schema and migrations -------------------------------------------------------

@@ -692,7 +692,7 @@ def test_gc_scans_a_named_loongsage_tree_and_only_step_shaped_names(durable_stor
     for step in (2, 4):
         assert verify_directory(store, f"{ROOT}/train_step_{step}", full=True).ok
     r = run_cli("gc", "--checkpoint-path", "exp/typo", "--store", durable_store_url)
-    assert r.returncode == 2 and "no such checkpoint tree" in r.stderr, r.stderr
+    assert r.returncode == 3 and "no such checkpoint tree" in r.stderr, r.stderr
 
 
 def test_registry_indexes_loongsage_saves_and_their_retention(store: Store,

@@ -1072,7 +1072,7 @@ def test_disk_full_via_cli_is_one_line(tmp_path: Path) -> None:
                         str(tmp_path / "serve"), "--cache", str(tmp_path / "cache"),
                         "--store", str(tmp_path / "store")],
                        capture_output=True, text=True, timeout=120)
-    assert_cli_error(p, 6, "1000 bytes free")
+    assert_cli_error(p, 6, "1000 bytes free", "64 MiB safety margin kept free")
     assert not (tmp_path / "serve").exists() and blobs(tmp_path / "cache") == {}
 
 

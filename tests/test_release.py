@@ -111,9 +111,7 @@ def test_existing_version_is_refused(store: Store) -> None:
     ({"ledger": [ledger_row(allowed_uses=["eval"])]}, "ledger", "does not allow train"),
     ({"ledger": [ledger_row(revoked=True, revoked_at="2026-01-01T00:00:00Z",
                             revocation_reason="takedown")]}, "ledger", "revoked in ledger.json"),
-    ({"ledger": [{"source_id": "x"}]}, "ledger", "required"),
     ({"eval_summary": summary(0.2)}, "evals", "copy/accuracy=0.2"),
-    ({"eval_summary": {"suite": "s"}}, "evals", "required"),
     ({"require": ["accuracy>=0.95"]}, "policy:accuracy>=0.95", "required >= 0.95"),
     ({"require": ["f1>=0.5"]}, "policy:f1>=0.5", "not in the eval summary"),
 ])
@@ -124,6 +122,22 @@ def test_failing_gate_commits_nothing(store: Store, kw: dict[str, object], gate:
         release(store, **kw)
     failing = {r.name: r.reason for r in e.value.results if not r.passed}
     assert gate in failing and reason in failing[gate]
+    assert store.walk_files("models") == {}
+
+
+@pytest.mark.parametrize(("kw", "rule"), [
+    ({"ledger": [{"source_id": "x"}]}, "required"),
+    ({"ledger": {"source_id": "x"}}, "array"),
+    ({"eval_summary": {"suite": "s"}}, "required"),
+    ({"eval_summary": []}, "object"),
+])
+def test_invalid_input_document_is_refused_before_the_gates(store: Store, kw: dict[str, object],
+                                                            rule: str) -> None:
+    """An invalid ledger or summary given to a release is the caller's input error
+    (SchemaValidationError), not a failing gate: no gate runs, nothing is written."""
+    checkpoint(store)
+    with pytest.raises(SchemaValidationError, match=rule):
+        release(store, **kw)
     assert store.walk_files("models") == {}
 
 

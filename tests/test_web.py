@@ -113,13 +113,14 @@ def test_openapi_documents_every_api_route(client: TestClient) -> None:
 @pytest.mark.parametrize(("path", "status", "cls", "code", "named"), [
     ("/api/v1/releases/tiny/9.9", 404, "NotCommittedError", 3, "9.9"),
     ("/api/v1/releases/nosuch/1", 404, "NotCommittedError", 3, "nosuch"),
-    ("/api/v1/models/nosuch/releases", 200, None, None, None),  # the CLI's answer: []
+    ("/api/v1/models/nosuch/releases", 404, "UnknownModelError", 3, "nosuch"),
     ("/api/v1/releases/tiny/bad%20name", 400, "InvalidNameError", 2, "bad name"),
     ("/api/v1/models/-x/passing", 400, "InvalidNameError", 2, "-x"),
     ("/api/v1/sources/wiki.tmp/releases", 400, "InvalidNameError", 2, "wiki.tmp"),
     ("/api/v1/releases/tiny/1/gates?require=accuracy~1", 400, "UsageError", 2, "accuracy~1"),
     ("/api/v1/models/tiny/passing?latest=maybe", 400, "UsageError", 2, "latest"),
     ("/api/v1/nothing-here", 404, "NotFound", 3, "/api/v1/nothing-here"),
+    ("/api/v1/runs/nosuch/checkpoints", 404, "ObjectNotFoundError", 3, "nosuch"),
 ])
 def test_api_errors_are_the_cli_error_document(client: TestClient, path: str, status: int,
                                                cls: str | None, code: int | None,

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout, run_root
 from registry.checkpoint.manager import CheckpointManager, ResumeState, SaveResult
-from registry.checkpoint.tree import CheckpointSkippedWarning, CheckpointTree, StepInfo
+from registry.checkpoint.lease import WriterLease
+from registry.checkpoint.tree import (
+    CheckpointSkippedWarning,
+    CheckpointTree,
+    RetentionSkippedWarning,
+    StepInfo,
+)
 from registry.checkpoint.loongsage import (
     LoongSageCheckpointer,
     LoongSaveResult,
@@ -15,5 +21,5 @@ from registry.checkpoint.loongsage import (
 
 __all__ = ["LAYOUTS", "LOONGSAGE", "TINYLLM", "CheckpointManager", "CheckpointSkippedWarning",
            "CheckpointTree", "Layout", "LoongSageCheckpointer", "LoongSaveResult", "ResumeState",
-           "SaveResult", "StepInfo", "TrainingState", "get_layout", "load_dist_ckpt",
-           "load_training_state", "run_root"]
+           "RetentionSkippedWarning", "SaveResult", "StepInfo", "TrainingState", "WriterLease",
+           "get_layout", "load_dist_ckpt", "load_training_state", "run_root"]

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from registry.errors import PointerError, UsageError
+from registry.manifest import Manifest
 from registry.pointer import parse_pointer
 from registry.store import join
 
@@ -35,6 +36,9 @@ class Layout:
         dir_format: ``str.format`` pattern of a step directory name.
         pointer_holds_dir: the pointer holds the directory name (tinyllm),
             else the bare step number (loongsage).
+        resumable_paths: a committed step holds state training can resume
+            from when its manifest lists one of these paths, or a path under
+            one ending in ``/`` (the rest is an export: weights only).
     """
 
     name: str
@@ -42,11 +46,17 @@ class Layout:
     step_re: re.Pattern[str]
     dir_format: str
     pointer_holds_dir: bool
+    resumable_paths: tuple[str, ...] = ()
+
+    def resumable(self, manifest: Manifest) -> bool:
+        """Whether the committed step of ``manifest`` can be resumed from."""
+        return any(e.path == p or (p.endswith("/") and e.path.startswith(p))
+                   for e in manifest.files for p in self.resumable_paths)
 
     def step_dir(self, step: int) -> str:
         """Directory name of ``step`` (``step-000500`` / ``train_step_500``)."""
         if step < 0:
-            raise ValueError(f"step {step} is negative")
+            raise UsageError(f"step {step}: a step is a number >= 0")
         return self.dir_format.format(step=step)
 
     def parse_dir(self, name: str) -> int | None:
@@ -83,9 +93,11 @@ class Layout:
         return step
 
 
-TINYLLM = Layout("tinyllm", "LATEST", re.compile(r"step-(\d{6,})"), "step-{step:06d}", True)
+TINYLLM = Layout("tinyllm", "LATEST", re.compile(r"step-(\d{6,})"), "step-{step:06d}", True,
+                 ("optimizer.safetensors",))
 LOONGSAGE = Layout("loongsage", "latest_checkpointed_iteration.txt",
-                   re.compile(r"train_step_(0|[1-9]\d*)"), "train_step_{step}", False)
+                   re.compile(r"train_step_(0|[1-9]\d*)"), "train_step_{step}", False,
+                   ("dist_ckpt/",))
 LAYOUTS = {layout.name: layout for layout in (TINYLLM, LOONGSAGE)}
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from registry.checkpoint.layout import LOONGSAGE
+from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
 from registry.checkpoint.loongsage_format import (
     CONFIG,
     DIST,
@@ -115,6 +116,8 @@ class LoongSageCheckpointer:
         keep: committed steps kept (the tracker's always), pruned on the writer
             before each save; ``0`` (default, as the seed): keep all.
         run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
+        lease_seconds: duration of the tree's writer lease
+            (:mod:`registry.checkpoint.lease`).
 
     Raises:
         UsageError: bad switches or sizes, or ``save_hf`` without ``hf_config``.
@@ -124,15 +127,24 @@ class LoongSageCheckpointer:
         finalize of the previous async save: the tracker moves there),
         :meth:`maybe_save` after it, and :meth:`finish` at the end (blocking
         flush). At most one save is in flight. A failed save never moves the
-        tracker; its exception is raised by the next finalize. One
-        checkpointer should be the only writer of its tree.
+        tracker; its exception is raised by the next finalize.
+
+        A tree has one writer at a time: the first save takes the writer
+        lease ``<checkpoint_path>/WRITER.lease``, :meth:`finish` releases it.
+        A second checkpointer of the same tree gets RunLeasedError (a
+        CommitConflictError naming the holder) from :meth:`maybe_save` before
+        it writes anything. Staging directories are writer-unique
+        (``train_step_<N>.tmp-<owner>``), and the tracker moves only to a
+        step whose MANIFEST.json is the one this writer committed and whose
+        files all exist with their sizes, checked just before the move.
     """
 
     def __init__(self, store: str | Store, checkpoint_path: str = "", *, save_freq: int,
                  total_steps: int, save_checkpoint: bool = True, save_hf: bool = False,
                  async_save: bool = True, hf_config: Mapping[str, Any] | str | bytes | None = None,
                  tokenizer: Any = None, topology: Mapping[str, int] | None = None,
-                 keep: int = 0, run_id: str | None = None) -> None:
+                 keep: int = 0, run_id: str | None = None,
+                 lease_seconds: float = DEFAULT_SECONDS) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.tree = CheckpointTree(self.store, checkpoint_path, LOONGSAGE)
         where = self.store.url_of(self.tree.root)
@@ -161,6 +173,7 @@ class LoongSageCheckpointer:
             elif doc.get("tl_tokenizer") == "file":
                 raise UsageError(f"{where}/{HF}/{CONFIG}: says \"tl_tokenizer\": \"file\" "
                                  "but no tokenizer was given")
+        self.lease = WriterLease(self.store, self.tree.root, seconds=lease_seconds)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
         self._pending: Future[_Landed] | None = None
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
@@ -222,6 +235,8 @@ class LoongSageCheckpointer:
 
         Raises:
             CheckpointError, SafetensorsError, UsageError: bad input; nothing written.
+            RunLeasedError: another process is the tree's writer (or took it over
+                from this one); nothing written.
             Any error of the previous async save.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -246,6 +261,7 @@ class LoongSageCheckpointer:
             opt = self._snapshot("o", optimizer_state, f"{where}/{DIST}/{OPTIMIZER}")
             check_optimizer_state(opt, {k: v.shape for k, v in params.items()},
                                   optimizer=optimizer, path=f"{where}/{DIST}/{OPTIMIZER}")
+        self.lease.hold()  # one writer per tree, checked before any byte is written
         job = _Job(step, params, opt, optimizer, docs)
         if self.async_save:
             self._pending = self._pool.submit(self._write, job)
@@ -272,6 +288,7 @@ class LoongSageCheckpointer:
         finally:
             self._pool.shutdown(wait=True)
             self._buffers.clear()
+            self.lease.release()
 
     close = finish
 
@@ -317,12 +334,17 @@ class LoongSageCheckpointer:
         return out
 
     def _write(self, job: _Job) -> _Landed:
+        with self.lease.renewing():
+            return self._write_leased(job)
+
+    def _write_leased(self, job: _Job) -> _Landed:
         t0 = time.perf_counter()
         prefix = self.tree.prefix(job.step)
         if self.keep > 0:
-            self.tree.retain(self.keep)
+            self.tree.retain_or_warn(self.keep)
         self.tree.clear_for_save(job.step)
-        staging = prefix + ".tmp" if self.store.atomic_rename else None
+        # Writer-unique, so that no other writer's cleanup can remove it.
+        staging = f"{prefix}.tmp-{self.lease.owner[:12]}" if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": job.step,
                                    "layout": LOONGSAGE.name},
@@ -348,7 +370,8 @@ class LoongSageCheckpointer:
     def _finalize(self, landed: _Landed) -> None:
         """The seed's finalize: the write has landed, so the tracker may name it."""
         if self.save_checkpoint:
-            self.tree.set_latest(landed.step)
+            self.lease.hold()  # still this tree's writer, just before the tracker moves
+            self.tree.set_latest(landed.step, manifest_sha256=landed.manifest.digest)
         parts = tuple(p for p, on in ((DIST, self.save_checkpoint), (HF, self.save_hf)) if on)
         result = LoongSaveResult(landed.step, self.store.url_of(landed.prefix),
                                  landed.manifest.digest, landed.manifest.total_size,

@@ -24,6 +24,7 @@ import numpy as np
 
 from registry import schemas
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
+from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
 from registry.checkpoint.state import (
     config_dict,
     encode_json,
@@ -116,6 +117,9 @@ class CheckpointManager:
             LATEST names it; the deletion finishes before the next save starts
             writing, before ``resume`` and in ``close``. A deletion error is
             raised by the next ``poll``/``save``/``resume``/``close``.
+        lease_seconds: duration of the run's writer lease
+            (:mod:`registry.checkpoint.lease`), renewed by every save and every
+            third of it while a save writes.
 
     Raises:
         InvalidNameError: ``run_id`` breaks the naming rule.
@@ -123,15 +127,27 @@ class CheckpointManager:
     Notes:
         At most one save is in flight. A failed async save never moves LATEST;
         its exception is raised by the next ``poll``/``wait``/``save`` (that
-        ``save`` is then not scheduled), and later saves work. One manager
-        should be the only writer of its run (as with Orbax): it removes stale
-        staging directories and claims its predecessors left.
+        ``save`` is then not scheduled), and later saves work.
+
+        A run has one writer at a time: the first ``save`` takes the run's
+        writer lease (``runs/<run_id>/ckpt/WRITER.lease``), ``close`` releases
+        it. A second manager of the same run (a preempted job's zombie, a
+        launcher started twice) gets RunLeasedError, a CommitConflictError
+        naming the holder, from ``save`` before it writes anything; a writer
+        whose lease lapsed and was taken over gets the same error from every
+        later save (it is fenced off). Under the lease it removes the stale
+        staging directories and claims its predecessors left. Staging
+        directories are writer-unique (``step-<n>.tmp-<owner>``), and LATEST
+        moves only to a step whose MANIFEST.json is the one this writer
+        committed and whose files all exist with their sizes, checked just
+        before the move.
     """
 
     def __init__(self, store_url: str | Store, run_id: str, *, keep_ckpts: int,
                  progress_file: str | os.PathLike[str] | None = None,
                  async_save: bool = True, background_delete: bool = False,
-                 layout: Layout = TINYLLM, root: str | None = None) -> None:
+                 layout: Layout = TINYLLM, root: str | None = None,
+                 lease_seconds: float = DEFAULT_SECONDS) -> None:
         self.store = store_url if isinstance(store_url, Store) else open_store(store_url)
         self.run_id = check_name(run_id, "run_id")
         self.keep_ckpts = keep_ckpts
@@ -139,6 +155,7 @@ class CheckpointManager:
         self.async_save = async_save
         self.tree = CheckpointTree(self.store, run_root(run_id) if root is None else root,
                                    layout)
+        self.lease = WriterLease(self.store, self.tree.root, seconds=lease_seconds)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
         self._pending: Future[SaveResult] | None = None
         self.background_delete = background_delete
@@ -176,7 +193,13 @@ class CheckpointManager:
         Raises:
             CheckpointError, SchemaValidationError, SafetensorsError: bad input;
                 nothing is written.
-            CommitConflictError: the step is already committed.
+            RunLeasedError: another process is the run's writer (or took the
+                run over from this one); nothing is written.
+            CheckpointExistsError: the step is already committed at or before
+                LATEST (both a CommitConflictError and a CheckpointError).
+            CommitConflictError: another writer committed the step first;
+                LATEST did not move.
+            InsufficientSpaceError: the disk filled up; nothing committed.
             Any error of the previous async save, which is then cleared.
         """
         where = self.store.url_of(self.tree.prefix(step) if isinstance(step, int) and step >= 0
@@ -198,6 +221,7 @@ class CheckpointManager:
         validate_save_inputs(step, model, opt, optimizer=optimizer, config=config_doc,
                              trainer_state=state, has_tokenizer=tok is not None,
                              generation_config=gen, where=where)
+        self.lease.hold()  # one writer per run, checked before any byte is written
         job = (step, model, opt, optimizer, config_bytes, state, tok, gen)
         if self.async_save:
             self._pending = self._pool.submit(self._write, *job)
@@ -209,11 +233,20 @@ class CheckpointManager:
     def _write(self, step: int, model: dict[str, np.ndarray], opt: dict[str, np.ndarray],
                optimizer: str, config: bytes, state: dict[str, Any], tokenizer: bytes | None,
                gen: dict[str, Any] | None) -> SaveResult:
+        with self.lease.renewing():
+            return self._write_leased(step, model, opt, optimizer, config, state,
+                                      tokenizer, gen)
+
+    def _write_leased(self, step: int, model: dict[str, np.ndarray],
+                      opt: dict[str, np.ndarray], optimizer: str, config: bytes,
+                      state: dict[str, Any], tokenizer: bytes | None,
+                      gen: dict[str, Any] | None) -> SaveResult:
         t0 = time.perf_counter()
         self._finish_delete()  # retention must not race this save's staging
         prefix = self.tree.prefix(step)
         self.tree.clear_for_save(step)
-        staging = prefix + ".tmp" if self.store.atomic_rename else None
+        # Writer-unique, so that no other writer's cleanup can remove it.
+        staging = f"{prefix}.tmp-{self.lease.owner[:12]}" if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": step}, staging=staging,
                              sole_writer=True) as w:
@@ -233,7 +266,8 @@ class CheckpointManager:
                 w.write_json("generation_config.json", gen)
             w.write_json("trainer_state.json", state)
             manifest = w.commit()
-        self.tree.set_latest(step)
+        self.lease.hold()  # still this run's writer, just before the pointer moves
+        self.tree.set_latest(step, manifest_sha256=manifest.digest)
         result = SaveResult(step, self.store.url_of(prefix), manifest.digest,
                             manifest.total_size, time.perf_counter() - t0)
         self._emit(result)
@@ -249,7 +283,7 @@ class CheckpointManager:
         return result
 
     def _retain(self) -> None:
-        deleted = self.tree.retain(self.keep_ckpts)
+        deleted = self.tree.retain_or_warn(self.keep_ckpts)
         steps = [s for s in (self.tree.layout.parse_dir(k.rsplit("/", 1)[-1]) for k in deleted)
                  if s is not None]
         for retained in self.on_retain:
@@ -298,7 +332,8 @@ class CheckpointManager:
         return pending.result() if pending is not None else None
 
     def close(self) -> None:
-        """Flush the in-flight save (raising its error) and stop the worker."""
+        """Flush the in-flight save (raising its error), stop the worker and
+        release the run's writer lease."""
         try:
             self.wait()
         finally:
@@ -308,6 +343,7 @@ class CheckpointManager:
                 self._pool.shutdown(wait=True)
                 if self._deleter is not None:
                     self._deleter.shutdown(wait=True)
+                self.lease.release()
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -11,7 +11,14 @@ import warnings
 from dataclasses import dataclass
 
 from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
-from registry.errors import CheckpointError, NoValidCheckpointError, PointerError, RegistryError
+from registry.errors import (
+    CheckpointExistsError,
+    CommitConflictError,
+    NoValidCheckpointError,
+    NotCommittedError,
+    PointerError,
+    RegistryError,
+)
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
 from registry.store import Store, join
@@ -21,6 +28,11 @@ from registry.verify import VerifyReport, is_committed, require_verified, verify
 
 class CheckpointSkippedWarning(UserWarning):
     """A step was skipped on resume because it is not committed or does not verify."""
+
+
+class RetentionSkippedWarning(UserWarning):
+    """A save skipped retention because the pointer could not be read; the save
+    itself goes on (and rewrites the pointer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +94,38 @@ class CheckpointTree:
             return None
         return self.layout.parse_pointer(raw, path=self.store.url_of(self.pointer_key))
 
-    def set_latest(self, step: int) -> None:
-        """Move the pointer to ``step``, never backwards (compare-and-swap)."""
+    def set_latest(self, step: int, *, manifest_sha256: str | None = None) -> None:
+        """Move the pointer to ``step``, never backwards (compare-and-swap).
+
+        Immediately before the move, the step must be committed: its
+        MANIFEST.json exists and validates and every file it lists exists
+        with its size (one listing, no file read), and -- given
+        ``manifest_sha256`` -- the manifest is the one the caller committed.
+        This holds whatever else writes into the tree (a second writer, a
+        ``gc`` that emptied the directory meanwhile).
+
+        Raises:
+            CommitConflictError: the step's manifest is not ``manifest_sha256``
+                (another writer committed this step); the pointer did not move.
+            NotCommittedError: the step is not committed or a file is missing
+                or resized; the pointer did not move.
+            PointerRegressionError: the pointer is already further on.
+        """
+        prefix = self.prefix(step)
+        report = verify_directory(self.store, prefix)
+        url = self.store.url_of(prefix)
+        if report.manifest is None:
+            raise NotCommittedError(f"{url}: not moving {self.layout.pointer} to it: "
+                                    f"{report.error}", path=prefix)
+        if report.problems:
+            raise NotCommittedError(f"{url}: not moving {self.layout.pointer} to it: "
+                                    f"{report.problems[0]}", path=prefix)
+        if manifest_sha256 is not None and report.manifest.digest != manifest_sha256:
+            raise CommitConflictError(
+                f"{url}: not moving {self.layout.pointer} to it: its MANIFEST.json "
+                f"(sha256 {report.manifest.digest[:12]}) is not the one this writer "
+                f"committed ({manifest_sha256[:12]}): another writer saved this step",
+                path=prefix)
         move_pointer(self.store, self.pointer_key, self.layout.pointer_value(step),
                      order=self.layout.order)
 
@@ -96,7 +138,8 @@ class CheckpointTree:
         before the pointer is a real checkpoint: saving over it is refused.
 
         Raises:
-            CheckpointError: ``step`` is committed at or before the pointer.
+            CheckpointExistsError: ``step`` is committed at or before the
+                pointer (a CommitConflictError and a CheckpointError).
         """
         prefix = self.prefix(step)
         try:
@@ -104,7 +147,7 @@ class CheckpointTree:
         except PointerError:
             latest = None
         if latest is not None and step <= latest and is_committed(self.store, prefix):
-            raise CheckpointError(
+            raise CheckpointExistsError(
                 f"{self.store.url_of(prefix)}: already a committed checkpoint at or before "
                 f"{self.layout.pointer} (step {latest}); saving does not overwrite it: delete "
                 "newer checkpoints (registry ckpt gc) or use a new run id")
@@ -176,32 +219,49 @@ class CheckpointTree:
     def retain(self, keep: int, *, min_age: float = 0.0) -> list[str]:
         """Apply retention; returns the keys deleted.
 
-        Keeps the ``keep`` newest committed steps (``keep <= 0``: all) and
-        always the step the pointer names; deletes older committed steps
+        Keeps the ``keep`` newest committed steps (``keep <= 0``: all), the
+        ``keep`` newest *resumable* ones (holding optimizer state:
+        ``optimizer.safetensors`` / ``dist_ckpt/``, see
+        :meth:`Layout.resumable`), so that an export-only step never takes
+        the place of the state training resumes from, and always the step the
+        pointer names. Without a pointer, every resumable step is kept (which
+        one is vouched for is unknown). Deletes the other committed steps
         (MANIFEST.json first), stale staging directories and claims, and
-        uncommitted step directories older than the pointer's step. ``min_age``
-        (seconds) spares leftovers younger than that (``registry gc``).
+        uncommitted step directories older than the pointer's step.
+        ``min_age`` (seconds) spares leftovers younger than that.
+
+        Raises:
+            PointerError: the pointer exists but cannot be read (empty, as a
+                full disk leaves it, garbled, not UTF-8, naming something
+                outside the tree): nothing is deleted, since the step it
+                vouched for is unknown.
 
         Notes:
             Safe only where no other writer saves into this tree (a training
-            run is the sole writer of its checkpoints).
+            run is the sole writer of its checkpoints: the writer lease).
         """
         try:
             latest = self.latest()
-        except PointerError:
-            latest = None
-        committed, uncommitted = [], []
+        except PointerError as e:
+            raise PointerError(e.path, f"{e.rule}; retention deletes nothing while the "
+                                       "pointer cannot be read (repair it: registry ckpt "
+                                       "verify shows the steps that verify)") from None
+        committed, uncommitted, resumable = [], [], []
         for step in self.steps():
-            ok = verify_directory(self.store, self.prefix(step)).manifest is not None
-            (committed if ok else uncommitted).append(step)
+            manifest = verify_directory(self.store, self.prefix(step)).manifest
+            (committed if manifest is not None else uncommitted).append(step)
+            if manifest is not None and self.layout.resumable(manifest):
+                resumable.append(step)
         doomed = []
         if keep > 0:
-            doomed += [self.prefix(s) for s in committed[:-keep] if s != latest]
+            kept = set(committed[-keep:]) | set(resumable if latest is None
+                                                else resumable[-keep:])
+            doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
         if latest is not None:
             doomed += [self.prefix(s) for s in uncommitted if s < latest]
         now = time.time()
         for name, _is_dir in self.store.list_dir(self.root):
-            if TMP_MARK in name or name.endswith(CLAIM_SUFFIX):
+            if self.is_leftover(name):
                 key = join(self.root, name)
                 if min_age <= 0 or self._age(key, now) >= min_age:
                     doomed.append(key)
@@ -211,6 +271,29 @@ class CheckpointTree:
             else:
                 delete_directory(self.store, key)
         return doomed
+
+    def retain_or_warn(self, keep: int) -> list[str]:
+        """:meth:`retain` inside a save: a pointer that cannot be read skips
+        retention with a RetentionSkippedWarning instead of failing the save."""
+        try:
+            return self.retain(keep)
+        except PointerError as e:
+            warnings.warn(str(e), RetentionSkippedWarning, stacklevel=2)
+            return []
+
+    def is_leftover(self, name: str) -> bool:
+        """Whether ``name`` (an entry of the tree root) is a step's staging
+        directory (``step-000500.tmp``, ``step-000500.tmp-<id>``) or claim
+        (``step-000500.claim``). Pointer temp files (``LATEST.tmp``), lock
+        files and the writer lease are not: a concurrent pointer move or
+        lease renewal owns them."""
+        if TMP_MARK in name:
+            base = name.split(TMP_MARK, 1)[0]
+        elif name.endswith(CLAIM_SUFFIX):
+            base = name.removesuffix(CLAIM_SUFFIX)
+        else:
+            return False
+        return self.layout.parse_dir(base) is not None
 
     def _age(self, key: str, now: float) -> float:
         files = self.store.walk_files(key)

@@ -1,14 +1,82 @@
-"""The typer application and options shared by every command."""
+"""The typer application and options shared by every command.
+
+Every command and group is built with :class:`RegistryCommand` /
+:class:`RegistryGroup`, which give each parameter an explicit metavar (an
+argument its own name, ``MODEL_DIR``; an option the kind of value it takes,
+``PATH``, ``URL``; a flag none) and write usage lines as ``ARG`` / ``[ARG]``,
+so ``--help`` reads the same whatever typer/click versions render it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-app = typer.Typer(
+from registry.store import Store
+
+
+def _fix_metavar(param: Any) -> None:
+    """Give ``param`` an explicit metavar unless it has one: arguments their
+    upper-case name, flags none (so they do not look like taking a value),
+    other options their upper-case name."""
+    if param.param_type_name == "argument" and hasattr(param, "display_type_rich"):
+        # typer >= 0.16 prints a ``<str>`` type column beside the name: the
+        # name already says what to give
+        param.display_type_rich = lambda ctx: None
+    if getattr(param, "metavar", None) is not None:
+        return
+    if getattr(param, "is_flag", False) or getattr(param, "is_bool_flag", False):
+        param.metavar = ""
+    else:
+        param.metavar = (param.name or "").upper()
+
+
+class RegistryCommand(TyperCommand):
+    """A typer command whose help shows the metavars we chose (see module doc)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for p in params:
+            _fix_metavar(p)
+        return params
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name == "argument":
+                name = p.metavar or (p.name or "").upper()
+                pieces.append(name if p.required else f"[{name}]")
+        return pieces
+
+
+class RegistryGroup(TyperGroup):
+    """A typer group whose options (``--debug``, ``--help``) show no value."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for p in params:
+            _fix_metavar(p)
+        return params
+
+
+class RegistryTyper(typer.Typer):
+    """typer.Typer whose commands and groups are RegistryCommand / RegistryGroup."""
+
+    def __init__(self, **kw: Any) -> None:
+        kw.setdefault("cls", RegistryGroup)
+        super().__init__(**kw)
+
+    def command(self, *args: Any, **kw: Any) -> Callable[..., Any]:
+        kw.setdefault("cls", RegistryCommand)
+        return super().command(*args, **kw)
+
+
+app = RegistryTyper(
     name="registry",
     help="Object-store-backed registry for model directories: checkpoints, releases, "
          "gates and pull.",
@@ -28,6 +96,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
     version: Annotated[bool, typer.Option(
         "--version", callback=_print_version, is_eager=True,
@@ -36,21 +105,39 @@ def _root(
     """Object-store-backed registry for model directories."""
     if debug:
         os.environ["REGISTRY_DEBUG"] = "1"
+    # memory:// stores live only inside one process: a command line cannot use them
+    from registry.store import refuse_memory_stores
+
+    ctx.call_on_close(refuse_memory_stores())
 
 
 StoreOpt = Annotated[
     str | None,
-    typer.Option("--store", envvar="REGISTRY_STORE",
-                 help="Store URL: a folder, s3://bucket/prefix or memory://x "
+    typer.Option("--store", envvar="REGISTRY_STORE", metavar="URL",
+                 help="Store URL: a folder, file:// or s3://bucket/prefix "
                       "(default: ./artifacts)."),
 ]
 DbOpt = Annotated[
     str | None,
-    typer.Option("--db", envvar="REGISTRY_DB",
+    typer.Option("--db", envvar="REGISTRY_DB", metavar="URL",
                  help="Index database URL: sqlite:///path.db or "
                       "postgresql+psycopg://user@host/db (default: sqlite:///registry.db)."),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of "
+                                                      "text (errors: one on stderr).")]
+
+
+def nothing_stored(store: Store, key: str) -> bool:
+    """True when nothing is stored at ``key``: an unknown run, tree, directory or
+    model. On local disk a missing folder answers at once (and a store folder
+    that is itself missing is left to the store's own error, unless ``key`` is
+    the store itself: a directory given as an argument); elsewhere an empty
+    listing does."""
+    path, root = store.local_path(key), store.local_path("")
+    if path is not None and root is not None:
+        if not os.path.isdir(path) and (key == "" or os.path.isdir(root)):
+            return True
+    return not store.list_dir(key)
 
 
 def print_json(doc: Any) -> None:

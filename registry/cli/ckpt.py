@@ -9,16 +9,22 @@ import typer
 
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
-from registry.cli.app import JsonOpt, StoreOpt, app, print_json
-from registry.cli.errors import EXIT_FAILED, error_boundary
+from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
+from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
 from registry.commit import CLAIM_SUFFIX
 from registry.documents import checkpoint_list
-from registry.errors import NoValidCheckpointError, NotCommittedError, PointerError, UsageError
+from registry.errors import (
+    NoValidCheckpointError,
+    NotCommittedError,
+    ObjectNotFoundError,
+    PointerError,
+    UsageError,
+)
 from registry.names import check_name
 from registry.store import Store, join, open_store
 from registry.verify import verify_directory
 
-ckpt_app = typer.Typer(help="Checkpoints of training runs (seed 000 and LoongSage trees).",
+ckpt_app = RegistryTyper(help="Checkpoints of training runs (seed 000 and LoongSage trees).",
                        no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
 
@@ -66,6 +72,15 @@ def open_tree(run: str, store_url: str | None, layout: str) -> CheckpointTree:
     return CheckpointTree(open_store(store_url), run_root(check_name(run, "run_id")), TINYLLM)
 
 
+def _require_tree(tree: CheckpointTree, run: str) -> None:
+    """Raise ObjectNotFoundError when nothing is stored where RUN points (a typo
+    in a run id or path must not read as "a run without checkpoints")."""
+    if nothing_stored(tree.store, tree.root):
+        what = "run" if tree.layout is TINYLLM else "checkpoint tree"
+        raise ObjectNotFoundError(f"{tree.store.url_of(tree.root)}: no such {what} {run!r} "
+                                  "(nothing stored there)", key=tree.root)
+
+
 def _refuse_foreign(tree: CheckpointTree) -> None:
     """Raise UsageError when retention would delete LoongSage-written steps."""
     try:
@@ -89,10 +104,15 @@ def ckpt_ls(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
             full: Annotated[bool, typer.Option("--full", help="Verify sha256 too.")] = False,
             as_json: JsonOpt = False) -> None:
     """List step directories: step, committed, verified, bytes."""
-    with error_boundary():
-        doc = checkpoint_list(open_tree(run, store, layout), full=full)
+    with error_boundary(as_json):
+        tree = open_tree(run, store, layout)
+        _require_tree(tree, run)
+        doc = checkpoint_list(tree, full=full)
     if as_json:
         print_json(doc)
+        return
+    if not doc["steps"]:
+        typer.echo(f"{doc['tree']}: no step directories", err=True)
         return
     typer.echo(f"{'step':>10}  {'committed':9}  {'verified':8}  {'bytes':>14}  latest")
     for d in doc["steps"]:
@@ -108,8 +128,9 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 
     Exits 1 when there is no pointer or the step it names does not verify.
     """
-    with error_boundary():
+    with error_boundary(as_json):
         tree = open_tree(run, store, layout)
+        _require_tree(tree, run)
         step = tree.latest()
         if step is None:
             raise NoValidCheckpointError(f"{tree.store.url_of(tree.pointer_key)}: no pointer")
@@ -120,12 +141,15 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
         typer.echo(f"{tree.layout.step_dir(step)}\t{tree.store.url_of(info.prefix)}\t"
                    f"{'verified' if info.report.ok else 'NOT COMMITTED'}")
     if not info.report.ok:
-        raise typer.Exit(EXIT_FAILED)
+        fail(f"{tree.store.url_of(info.prefix)}: the pointer names a step that does not "
+             f"verify ({info.report.error or 'files differ from MANIFEST.json'})", EXIT_FAILED,
+             as_json=as_json, path=tree.store.url_of(info.prefix))
 
 
 @ckpt_app.command("verify")
 def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
-                step: Annotated[int | None, typer.Option("--step", help="Only this step.")] = None,
+                step: Annotated[int | None, typer.Option("--step",
+                                                         help="Only this step.")] = None,
                 as_json: JsonOpt = False) -> None:
     """Verify every step (or --step N) fully, sha256 included. Exits 1 on any failure.
 
@@ -133,8 +157,13 @@ def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
     short) is not a checkpoint: readers ignore it, the next save or `ckpt gc`
     removes it. It is listed as SKIP and fails the run only when named with
     --step or when the pointer names it."""
-    with error_boundary():
+    with error_boundary(as_json):
+        at_least("--step", step, 0)
         tree = open_tree(run, store, layout)
+        _require_tree(tree, run)
+        if step is not None and step not in tree.steps():
+            key = tree.prefix(step)
+            raise ObjectNotFoundError(f"{tree.store.url_of(key)}: no such step", key=key)
         steps = [step] if step is not None else tree.steps()
         infos = [tree.info(s, full=True) for s in steps]
         try:
@@ -156,26 +185,38 @@ def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
             typer.echo(f"{label} {tree.layout.step_dir(i.step)}"
                        + (": " + "; ".join(map(str, problems)) if problems else "") + note)  # type: ignore[arg-type]
     checked = [i for i in infos if not ignored(i)]
-    if not checked or not all(i.report.ok for i in checked):
-        raise typer.Exit(EXIT_FAILED)
+    bad = [tree.layout.step_dir(i.step) for i in checked if not i.report.ok]
+    if not checked:
+        fail(f"{tree.store.url_of(tree.root)}: no committed step to verify", EXIT_FAILED,
+             as_json=as_json, path=tree.store.url_of(tree.root))
+    if bad:
+        fail(f"{tree.store.url_of(tree.root)}: {', '.join(bad)} "
+             f"{'does' if len(bad) == 1 else 'do'} not verify", EXIT_FAILED, as_json=as_json,
+             path=tree.store.url_of(tree.root))
 
 
 @ckpt_app.command("gc")
-def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option("--keep", help="Committed steps "
-                                                           "to keep (the pointer's always).")],
+def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
+                "--keep", help="Committed steps to keep, at least 1 (the pointer's "
+                                      "step is always kept too).")],
             store: StoreOpt = None, layout: LayoutOpt = "auto",
             force: Annotated[bool, typer.Option(
                 "--force", help="LoongSage trees: delete step dirs without a manifest (and "
                                 "without a claim) too.")] = False,
             as_json: JsonOpt = False) -> None:
-    """Delete committed steps beyond the KEEP newest, stale staging dirs, claims and
-    uncommitted steps older than the pointer (MANIFEST.json first).
+    """Delete committed steps beyond the KEEP newest (and the KEEP newest resumable
+    ones), stale staging dirs, claims and uncommitted steps older than the pointer
+    (MANIFEST.json first). Deletes nothing (exit 5) when the pointer cannot be read.
 
-    On a LoongSage tree, step directories without a manifest that no crashed save
-    of ours claimed were most likely written by LoongSage itself: gc refuses to
+    A resumable step (optimizer.safetensors, dist_ckpt/) is never deleted to keep
+    a newer export-only one; without a pointer every resumable step is kept. On a
+    LoongSage tree, step directories without a manifest that no crashed save of
+    ours claimed were most likely written by LoongSage itself: gc refuses to
     delete them (exit 2) unless --force."""
-    with error_boundary():
+    with error_boundary(as_json):
+        at_least("--keep", keep, 1)
         tree = open_tree(run, store, layout)
+        _require_tree(tree, run)
         if tree.layout is LOONGSAGE and not force:
             _refuse_foreign(tree)
         deleted = tree.retain(keep)
@@ -184,6 +225,9 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option("--keep", help="Commi
     else:
         for k in deleted:
             typer.echo(f"deleted {tree.store.url_of(k)}")
+        if not deleted:
+            typer.echo(f"nothing to delete in {tree.store.url_of(tree.root)} (keeping the "
+                       f"{keep} newest committed steps and the pointer's)", err=True)
 
 
 @ckpt_app.command("adopt")
@@ -196,8 +240,9 @@ def ckpt_adopt(checkpoint_path: Annotated[str, typer.Argument(
                as_json: JsonOpt = False) -> None:
     """Hash the step the tracker file vouches for and commit it in place: write its
     MANIFEST.json (conditional create). Afterwards `ckpt verify` checks it."""
-    with error_boundary():
+    with error_boundary(as_json):
         tree = open_tree(checkpoint_path, store, "loongsage")
+        _require_tree(tree, checkpoint_path)
         result = adopt(tree.store, tree.root, run_id=run_id)
     if as_json:
         print_json(result.to_dict())

@@ -1,18 +1,25 @@
 """The one table mapping registry errors to exit codes, and the error boundary.
 
 Every command runs inside :func:`error_boundary`: a ``RegistryError`` becomes one
-line on stderr (``error: <message>``) and the exit code of its class in
-:data:`EXIT_CODES` (most specific class wins); anything else is a bug and keeps
-its traceback. ``--debug`` or ``REGISTRY_DEBUG=1`` shows the traceback always.
+line on stderr (``error: <message>``), or with ``--json`` one JSON document
+(``schemas/cli-error.schema.json``), and the exit code of its class in
+:data:`EXIT_CODES` (most specific class wins). Errors of the environment that
+reach the CLI without a registry class -- an ``OSError`` (read-only file
+system, permission, full disk) or a database driver error -- are user errors
+too and get exit 6 and 8. Anything else is a bug and keeps its traceback.
+``--debug`` or ``REGISTRY_DEBUG=1`` shows the traceback always.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, NoReturn
 
 import typer
 
@@ -21,6 +28,10 @@ from registry import errors as E
 EXIT_OK = 0
 EXIT_FAILED = 1  # the check ran and the answer is "no" (verify, gate check)
 EXIT_USAGE = 2  # typer/click usage errors
+EXIT_STORAGE = 6
+EXIT_INDEX = 8
+#: the store write is committed, but the index could not record it
+EXIT_NOT_INDEXED = 10
 
 #: class -> exit code; looked up along the MRO, so subclasses inherit.
 EXIT_CODES: dict[type[E.RegistryError], int] = {
@@ -42,6 +53,7 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.InsufficientSpaceError: 6,
     E.CheckpointError: 7,
     E.GateFailedError: 1,
+    E.UnknownModelError: 3,
     E.IndexDatabaseError: 8,
     E.IndexOutOfDateError: 9,
 }
@@ -59,14 +71,111 @@ def debug_enabled() -> bool:
     return os.environ.get("REGISTRY_DEBUG", "") not in ("", "0", "false")
 
 
+def _path_of(exc: BaseException) -> str | None:
+    for attr in ("path", "key", "where", "filename", "name"):
+        value = getattr(exc, attr, None)
+        if value:
+            return str(value)
+    return None
+
+
+def error_document(cls: str, code: int, message: str, path: str | None,
+                   **extra: Any) -> dict[str, Any]:
+    """The ``--json`` error document (``schemas/cli-error.schema.json``)."""
+    return {"error": {"class": cls, "exit_code": code, "message": message, "path": path,
+                      **extra}}
+
+
+def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
+         path: str | None = None, **extra: Any) -> NoReturn:
+    """Report an outcome that is not a success and exit with ``code``: one
+    ``error:`` line on stderr, or with ``--json`` one error document there."""
+    if as_json:
+        typer.echo(json.dumps(error_document(cls, code, message, path, **extra),
+                              sort_keys=True, default=str), err=True)
+    else:
+        typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def at_least(option: str, value: int | None, minimum: int) -> None:
+    """Raise UsageError (exit 2, one line naming the option) when ``value`` is
+    below ``minimum``; None (not given) passes."""
+    if value is not None and value < minimum:
+        raise E.UsageError(f"{option} {value}: must be at least {minimum}")
+
+
+def _one_line(text: str, fallback: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else fallback
+
+
+def _os_message(exc: OSError) -> str:
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is not None and exc.filename2 is not None:
+        return f"{exc.filename} -> {exc.filename2}: {reason}"
+    if exc.filename is not None:
+        return f"{exc.filename}: {reason}"
+    return reason
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    """A SQLAlchemy or DB-API driver error (sqlite3, psycopg), without importing them."""
+    return any(c.__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "psycopg")
+               for c in type(exc).__mro__)
+
+
 @contextmanager
-def error_boundary() -> Iterator[None]:
-    """Turn registry errors into one line + exit code (traceback with --debug)."""
+def index_writes() -> Iterator[None]:
+    """Silence the API's IndexWriteWarning (a raw warning with file:line):
+    :func:`report_not_indexed` says it in one line instead."""
+    from registry.api import IndexWriteWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IndexWriteWarning)
+        yield
+
+
+def report_not_indexed(index_errors: list[str], *, store: str | None, db: str | None,
+                       as_json: bool) -> None:
+    """The contract of a write whose index update failed: the store is the
+    truth, so the store write stands and its output was printed; then one line
+    says what was not indexed and the command that repairs it, and the exit
+    code is :data:`EXIT_NOT_INDEXED` (10)."""
+    if not index_errors:
+        return
+    fix = " ".join(["registry index rebuild", *(["--store", store] if store else []),
+                    *(["--db", db] if db else [])])
+    message = index_errors[0].replace("`registry index rebuild`", f"`{fix}`")
+    if len(index_errors) > 1:
+        message += f" (and {len(index_errors) - 1} more index writes failed)"
+    fail(message, EXIT_NOT_INDEXED, as_json=as_json, cls="IndexNotUpdated")
+
+
+@contextmanager
+def error_boundary(as_json: bool = False) -> Iterator[None]:
+    """Turn registry errors (and the environment's OSError / database errors)
+    into one line or one JSON document on stderr plus the exit code of
+    :data:`EXIT_CODES`; tracebacks only with --debug."""
     try:
         yield
     except E.RegistryError as exc:
         if debug_enabled():
             traceback.print_exc()
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"error: {first_line}", file=sys.stderr)
-        raise typer.Exit(exit_code_for(exc)) from None
+        extra = {}
+        if isinstance(exc, E.GateFailedError):
+            extra["gates"] = [r.to_dict() for r in getattr(exc, "results", ())]
+        fail(_one_line(str(exc), type(exc).__name__), exit_code_for(exc), as_json=as_json,
+             cls=type(exc).__name__, path=_path_of(exc), **extra)
+    except OSError as exc:  # not a RegistryError: the host refused (EROFS, EACCES, ...)
+        if debug_enabled():
+            traceback.print_exc()
+        fail(_one_line(_os_message(exc), type(exc).__name__), EXIT_STORAGE, as_json=as_json,
+             cls=type(exc).__name__, path=_path_of(exc))
+    except Exception as exc:
+        if not _is_database_error(exc):
+            raise  # a bug: keep the traceback
+        if debug_enabled():
+            traceback.print_exc()
+        orig = getattr(exc, "orig", None) or exc
+        fail(_one_line(f"index database: {orig}", type(exc).__name__), EXIT_INDEX,
+             as_json=as_json, cls=type(exc).__name__)

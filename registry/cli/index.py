@@ -9,14 +9,16 @@ from typing import Annotated
 
 import typer
 
-from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
-from registry.cli.errors import EXIT_USAGE, error_boundary
-from registry.errors import InvalidNameError
+from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
+from registry.cli.errors import error_boundary, index_writes, report_not_indexed
+from registry.errors import RegistryError, UsageError
 from registry.documents import revocation_list
+from registry.release.failing import failing_aliases
+from registry.store import open_store
 
-db_app = typer.Typer(help="The index database schema.", no_args_is_help=True)
-index_app = typer.Typer(help="The SQL index derived from the store.", no_args_is_help=True)
-ledger_app = typer.Typer(help="The live data ledger (revocations).", no_args_is_help=True)
+db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
+index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)
+ledger_app = RegistryTyper(help="The live data ledger (revocations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(index_app, name="index")
 app.add_typer(ledger_app, name="ledger")
@@ -36,25 +38,36 @@ def _registry(store: str | None, db: str | None) -> Registry:
 
 
 @db_app.command("upgrade")
-def db_upgrade(db: DbOpt = None) -> None:
+def db_upgrade(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Bring the index schema to the newest migration (Alembic head)."""
     from registry.index import Index
 
-    with error_boundary():
+    with error_boundary(as_json):
         index = Index(db, check=False)
         head = index.upgrade()
-    typer.echo(f"{index}: at revision {head}")
+    if as_json:
+        print_json({"db": repr(index), "revision": head})
+    else:
+        typer.echo(f"{index}: at revision {head}")
 
 
 @index_app.command("rebuild")
 def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Recompute the whole index from the store alone (local or S3)."""
-    with error_boundary():
-        counts = _registry(store, db).rebuild_index()
+    """Recompute the whole index from the store alone (local or S3).
+
+    A SQLite file that is not a database is first moved aside (to
+    <file>.damaged-<time>, named in the output) and rebuilt from scratch."""
+    with error_boundary(as_json):
+        reg = _registry(store, db)
+        aside = reg.repair_index()
+        counts = reg.rebuild_index()
     if as_json:
-        print_json(counts)
-    else:
-        typer.echo(", ".join(f"{v} {k}" for k, v in counts.items()))
+        # the counts document keeps its shape; a repair adds the file it moved
+        print_json({**counts, **({"moved_aside": aside} if aside else {})})
+        return
+    if aside is not None:
+        typer.echo(f"moved the damaged index aside to {aside}")
+    typer.echo(", ".join(f"{v} {k}" for k, v in counts.items()))
 
 
 @ledger_app.command("revoke")
@@ -62,25 +75,41 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
                   reason: Annotated[str, typer.Option("--reason", help="Why (kept forever).")],
                   store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Revoke a data source: releases trained on it stop passing the gates at once."""
-    with error_boundary():
-        rev, created = _registry(store, db).revoke(source_id, reason)
+    with error_boundary(as_json), index_writes():
+        reg = _registry(store, db)
+        rev, created = reg.revoke(source_id, reason)
+    try:  # the revocation is committed: a failing alias scan must not hide that
+        failing, unchecked = failing_aliases(reg.store), None
+    except RegistryError as e:
+        failing, unchecked = [], str(e)
     if as_json:
-        print_json({**rev.to_dict(), "created": created})
+        print_json({**rev.to_dict(), "created": created,
+                    "failing_aliases": [a.to_dict() for a in failing],
+                    "aliases_unchecked": unchecked})
     else:
         typer.echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
                    + ("" if created else " (already revoked)"))
+        for a in failing:
+            typer.echo(f"warning: alias {a.model_id}@{a.alias} -> {a.version} fails its "
+                       f"gates now ({a.reason}); move it with `registry alias set`", err=True)
+        if unchecked is not None:
+            typer.echo(f"warning: the aliases could not be checked: {unchecked}", err=True)
+    report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
 @ledger_app.command("ls")
 def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List revoked sources (from the store)."""
-    with error_boundary():
-        revs = revocation_list(_registry(store, None).store)
+    with error_boundary(as_json):
+        s = open_store(store)
+        revs = revocation_list(s)
     if as_json:
         print_json(revs)
     else:
         for r in revs:
             typer.echo(f"{r['source_id']}\t{r['revoked_at']}\t{r['revocation_reason']}")
+        if not revs:
+            typer.echo(f"no data source is revoked in {s.url}", err=True)
 
 
 @app.command()
@@ -89,24 +118,31 @@ def query(
     passing: Annotated[bool, typer.Option("--passing", help="Versions passing every gate "
                                                             "now.")] = False,
     require: Annotated[list[str] | None, typer.Option(
-        "--require", help="Extra threshold METRIC>=VALUE (repeatable).")] = None,
+        "--require", metavar="METRIC>=VALUE",
+        help="Extra threshold METRIC>=VALUE (repeatable).")] = None,
     latest: Annotated[bool, typer.Option("--latest", help="Only the newest.")] = False,
-    source: Annotated[str | None, typer.Option("--source", help="Releases trained on this "
-                                                                "data source.")] = None,
+    source: Annotated[str | None, typer.Option("--source", metavar="SOURCE_ID",
+                                               help="Releases trained on this "
+                                                    "data source.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Ask the index: MODEL_ID --passing [--require M>=V] [--latest], or --source ID."""
-    with error_boundary():
+    with error_boundary(as_json):
         reg = _registry(store, db)
         if source is not None:
             rows = reg.releases_for_source(source)
         elif model_id is not None and passing:
             rows = reg.passing(model_id, require=require or [], latest=latest)
         else:
-            raise InvalidNameError("query: give MODEL_ID --passing, or --source SOURCE_ID")
+            raise UsageError("query: give MODEL_ID --passing, or --source SOURCE_ID")
     if as_json:
         print_json(rows)
         return
+    if not rows and source is not None:
+        typer.echo(f"no release in the index was trained on source {source}", err=True)
+    elif not rows:
+        extra = f" with {', '.join(require)}" if require else ""
+        typer.echo(f"no version of {model_id} passes its gates{extra} now", err=True)
     for r in rows:
         if source is not None:
             typer.echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['uri']}")
@@ -123,7 +159,7 @@ def _ref(reg: Registry, ref: str) -> tuple[str, str]:
 def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
          store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Manifest summary, each gate with its reason, evals and sources of a release."""
-    with error_boundary():
+    with error_boundary(as_json):
         reg = _registry(store, db)
         doc = reg.show(*_ref(reg, ref))
     if as_json:
@@ -146,11 +182,15 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
 def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = None,
            store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """List models, or the releases of MODEL_ID (newest first, passing or not)."""
-    with error_boundary():
-        rows = _registry(store, db).ls(model_id)
+    with error_boundary(as_json):
+        reg = _registry(store, db)
+        rows = reg.ls(model_id)
     if as_json:
         print_json(rows)
         return
+    if not rows:
+        typer.echo(f"no model in the index {reg.index}" if model_id is None
+                   else f"{model_id} has no releases in the index {reg.index}", err=True)
     for r in rows:
         if model_id is None:
             typer.echo(f"{r['model_id']}\t{r['releases']} releases\tnewest {r['newest']}\t"
@@ -165,13 +205,12 @@ def diff(a: Annotated[str, typer.Argument(help="MODEL_ID@A")],
          b: Annotated[str, typer.Argument(help="MODEL_ID@B")],
          store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Files added, removed and changed (sha256) between two releases; eval deltas."""
-    with error_boundary():
+    with error_boundary(as_json):
         reg = _registry(store, db)
         ma, va = _ref(reg, a)
         mb, vb = _ref(reg, b)
         if ma != mb:
-            typer.echo(f"error: {a} and {b} are releases of different models", err=True)
-            raise typer.Exit(EXIT_USAGE)
+            raise UsageError(f"{a} and {b} are releases of different models")
         doc = reg.diff(ma, va, vb)
     if as_json:
         print_json(doc)

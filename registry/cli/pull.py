@@ -15,20 +15,22 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from registry.aliases import parse_ref
+from registry.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
-from registry.cli.errors import error_boundary
-from registry.errors import InvalidNameError, UsageError
+from registry.cli.errors import at_least, error_boundary
+from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
+from registry.release.failing import describe, failing_gates
 from registry.store import open_store
 
 
 @app.command()
 def pull(
     ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
-    to: Annotated[str | None, typer.Option("--to", help="Model directory to create "
-                                           "(default: inside the cache).")] = None,
-    cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE",
+    to: Annotated[str | None, typer.Option("--to", metavar="PATH",
+                                           help="Model directory to create "
+                                                "(default: inside the cache).")] = None,
+    cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE", metavar="PATH",
                                               help="Cache directory [default: "
                                                    "~/.cache/model-registry].")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Parallel downloads.")] = 8,
@@ -38,39 +40,57 @@ def pull(
                                                         "holding other content.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     range_threshold_mib: Annotated[int, typer.Option(
-        "--range-threshold-mib", help="Files larger than this many MiB may be split into "
-                                      "parallel byte ranges (when their stream is slow "
-                                      "enough for that to pay).")] = 64,
+        "--range-threshold-mib", metavar="MIB",
+        help="Files larger than this many MiB may be split into "
+             "parallel byte ranges (when their stream is slow "
+             "enough for that to pay).")] = 64,
     no_fsync: Annotated[bool, typer.Option(
         "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
                            "the host, e.g. a pod's emptyDir): faster, but a power loss "
                            "can leave damaged files.")] = False,
+    require_passing: Annotated[bool, typer.Option(
+        "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
+                                  "its gates now (revoked source, policy).")] = False,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Download, verify and place a release where the engine reads it (needs no index)."""
+    """Download, verify and place a release where the engine reads it (needs no index).
+
+    A release that fails its gates now (a data source revoked since, a policy
+    threshold it misses) is pulled with a warning naming the failing gate, or
+    refused with --require-passing."""
     show_bar = not quiet and not as_json and sys.stderr.isatty()
-    with error_boundary():
+    with error_boundary(as_json):
         model_id, name = parse_ref(ref)
         if name is None:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
+        at_least("--workers", workers, 1)
         if range_threshold_mib < 0:
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")
         s = open_store(store)
+        version = resolve(s, model_id, name)
+        failed = failing_gates(s, model_id, version)
+        if failed and require_passing:
+            raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing)",
+                                  failed)
         with Progress("[progress.description]{task.description}", BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                       console=Console(stderr=True), disable=not show_bar,
                       transient=True) as bar:
             task = bar.add_task(f"pull {ref}", total=None)
-            result = do_pull(s, model_id, name, to=to, cache=cache, workers=workers,
+            result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
                              range_threshold=range_threshold_mib * 1024 * 1024,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "passing": not failed,
+                    "failing_gates": [r.to_dict() for r in failed]})
         return
+    if failed:
+        typer.echo(f"warning: {model_id}@{result.version} fails its gates now "
+                   f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
     mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
     if not quiet:
         typer.echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "

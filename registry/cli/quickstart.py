@@ -12,15 +12,16 @@ from registry.cli.errors import error_boundary
 
 @app.command()
 def quickstart(
-    workdir: Annotated[str, typer.Option("--workdir", help="Scratch folder for the trainer's "
-                                                           "output, cache and serving dir.")]
+    workdir: Annotated[str, typer.Option("--workdir", metavar="PATH",
+                                         help="Scratch folder for the trainer's "
+                                              "output, cache and serving dir.")]
     = "quickstart",
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the whole workflow on STORE and DB, printing each step (a few minutes at most)."""
     from registry import quickstart as qs
 
-    with error_boundary():
+    with error_boundary(as_json):
         summary = qs.run(store, db, workdir, say=(lambda _msg: None) if as_json else typer.echo)
     if as_json:
         print_json(summary)

@@ -1,13 +1,12 @@
 """The README's CLI reference, generated from the commands themselves.
 
-``python -m registry.cli.reference`` prints it; a test checks the README holds
-exactly this text between its ``cli-reference`` markers, so it cannot drift
-from ``--help``.
+``python -m registry.cli.reference`` prints it; tests check that the README holds
+exactly this text between its ``cli-reference`` markers, and that every usage
+line and metavar in it is what the real ``--help`` of each command prints.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import typer
@@ -31,9 +30,7 @@ def _first_paragraph(text: str | None) -> str:
 
 
 def _usage(text: str) -> str:
-    text = " ".join(text.split()).removeprefix("Usage: ")
-    text = re.sub(r"\{(\w+)\}", lambda m: m.group(1).upper(), text)
-    return re.sub(r"\[([a-z_]+)\]", lambda m: f"[{m.group(1).upper()}]", text)
+    return " ".join(text.split()).removeprefix("Usage: ")
 
 
 def render() -> str:
@@ -47,14 +44,16 @@ def render() -> str:
         lines += [f"#### `{' '.join(path)}`", "", _first_paragraph(cmd.help), "", "```",
                   _usage(cmd.get_usage(ctx)),
                   "```", ""]
-        for p in cmd.params:
+        for p in cmd.get_params(ctx):  # metavars as --help shows them (RegistryCommand)
+            if p.name == "help":
+                continue
             if p.param_type_name == "option":
-                flags = ", ".join(f"`{o}`" for o in p.opts)
+                flags = ", ".join(f"`{o}{' ' + p.metavar if p.metavar else ''}`"
+                                  for o in p.opts)
                 required = " (required)" if p.required else ""
                 lines.append(f"- {flags}{required}: {_first_paragraph(p.help)}")
             else:
-                lines.append(f"- `{(p.name or '').upper()}`: "
-                             f"{_first_paragraph(getattr(p, 'help', ''))}")
+                lines.append(f"- `{p.metavar}`: {_first_paragraph(getattr(p, 'help', ''))}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -10,26 +10,47 @@ from typing import Annotated
 
 import typer
 
-from registry.checkpoint import get_layout
 from registry import documents
-from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
-from registry.cli.errors import EXIT_FAILED, EXIT_USAGE, error_boundary
-from registry.errors import GateFailedError, UsageError
-from registry.gates import GateResult
+from registry.aliases import parse_ref, resolve
+from registry.checkpoint import get_layout
+from registry.cli.app import (
+    DbOpt,
+    JsonOpt,
+    RegistryTyper,
+    StoreOpt,
+    app,
+    nothing_stored,
+    print_json,
+)
+from registry.cli.errors import (
+    EXIT_FAILED,
+    at_least,
+    error_boundary,
+    fail,
+    index_writes,
+    report_not_indexed,
+)
+from registry.errors import GateFailedError, InvalidNameError, ObjectNotFoundError, UsageError
+from registry.gates import GateResult, passed
 from registry.gc import collect, parse_duration
-from registry.release import ReleaseResult
+from registry.release import ModelRelease, ReleaseResult
 from registry.release.policy import thresholds
-from registry.store import open_store
+from registry.names import check_name
+from registry.store import Store, join, open_store
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
 VersionOpt = Annotated[str, typer.Option("--version", help="New, immutable version.")]
-LedgerOpt = Annotated[str, typer.Option("--ledger", help="ledger.json: rows of every "
-                                                         "training data source.")]
-EvalsOpt = Annotated[str, typer.Option("--evals", help="EvalSuite summary JSON file.")]
-HeadOpt = Annotated[list[str] | None, typer.Option("--head", help="Linear head JSON file "
-                                                                  "(repeatable).")]
+LedgerOpt = Annotated[str, typer.Option("--ledger", metavar="PATH",
+                                        help="ledger.json: rows of every "
+                                             "training data source.")]
+EvalsOpt = Annotated[str, typer.Option("--evals", metavar="PATH",
+                                       help="EvalSuite summary JSON file.")]
+HeadOpt = Annotated[list[str] | None, typer.Option("--head", metavar="PATH",
+                                                   help="Linear head JSON file "
+                                                        "(repeatable).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
-    "--require", help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
+    "--require", metavar="METRIC>=VALUE",
+    help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
 
 
 if TYPE_CHECKING:
@@ -43,6 +64,13 @@ def _registry(store: str | None, db: str | None) -> Registry:
 
     return Registry(store, db)
 
+
+def _require_model(store: Store, model_id: str) -> None:
+    """Raise ObjectNotFoundError unless the store holds something of ``model_id``
+    (so a typo is exit 3, not an empty answer)."""
+    key = join("models", check_name(model_id, "model_id"))
+    if nothing_stored(store, key):
+        raise ObjectNotFoundError(f"{store.url_of(key)}: no such model in the store", key=key)
 
 
 def _print_gates(results: tuple[GateResult, ...] | list[GateResult]) -> None:
@@ -62,16 +90,16 @@ def _report(result: ReleaseResult, as_json: bool) -> None:
 
 @contextmanager
 def _gate_failures(as_json: bool) -> Iterator[None]:
-    """Print every gate (failing ones with their reasons) before exiting 1."""
+    """Print every gate (failing ones with their reasons) before exiting 1; with
+    --json the gates are in the error document."""
     try:
         yield
     except GateFailedError as e:
-        if as_json:
-            print_json({"passed": False, "gates": [r.to_dict() for r in e.results]})
-        else:
+        if not as_json:
             _print_gates(e.results)
-        typer.echo(f"error: {e.where}: not released: fails the release gates", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        fail(f"{e.where}: not released: fails the release gates", EXIT_FAILED,
+             as_json=as_json, cls="GateFailedError", path=e.where,
+             gates=[r.to_dict() for r in e.results])
 
 
 @app.command()
@@ -79,8 +107,9 @@ def publish(
     model_dir: Annotated[str, typer.Argument(help="Model directory (folder or URL) holding "
                                                   "model.safetensors and config.json.")],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
-    card: Annotated[str | None, typer.Option("--card", help="MODEL_CARD.md to use "
-                                                            "(default: rendered).")] = None,
+    card: Annotated[str | None, typer.Option("--card", metavar="PATH",
+                                             help="MODEL_CARD.md to use "
+                                                  "(default: rendered).")] = None,
     head: HeadOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Convert weights: f32, bf16, "
                                                               "int4 (default: as is).")] = None,
@@ -89,15 +118,18 @@ def publish(
     as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
-    with error_boundary(), _gate_failures(as_json):
-        result = _registry(store, db).publish(
+    with error_boundary(as_json), _gate_failures(as_json), index_writes():
+        at_least("--group-size", group_size, 1)
+        reg = _registry(store, db)
+        result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [])
     _report(result, as_json)
+    report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
-release_app = typer.Typer(help="Releases from checkpoints.", no_args_is_help=True)
+release_app = RegistryTyper(help="Releases from checkpoints.", no_args_is_help=True)
 app.add_typer(release_app, name="release")
 
 
@@ -109,26 +141,29 @@ def release_create(
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     head: HeadOpt = None,
     card_field: Annotated[list[str] | None, typer.Option(
-        "--card-field", help="KEY=VALUE for the model card (description, intended_use, "
-                             "limitations).")] = None,
+        "--card-field", metavar="KEY=VALUE",
+        help="KEY=VALUE for the model card (description, intended_use, "
+             "limitations).")] = None,
     run: Annotated[str | None, typer.Option(
         "--run", help="Run id of the checkpoint (required for tinyllm; for loongsage, "
                       "default: the last part of --checkpoint-path).")] = None,
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
-        "--checkpoint-path", help="LoongSage checkpoint_path, relative to the store.")] = None,
+        "--checkpoint-path", metavar="PATH",
+        help="LoongSage checkpoint_path, relative to the store.")] = None,
     require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
-    fields = {}
-    for kv in card_field or []:
-        key, sep, value = kv.partition("=")
-        if not sep:
-            typer.echo(f"error: --card-field {kv!r}: expected KEY=VALUE", err=True)
-            raise typer.Exit(EXIT_USAGE)
-        fields[key] = value
-    with error_boundary(), _gate_failures(as_json):
+    with error_boundary(as_json), _gate_failures(as_json), index_writes():
+        at_least("--step", step, 0)
+        at_least("--group-size", group_size, 1)
+        fields = {}
+        for kv in card_field or []:
+            key, sep, value = kv.partition("=")
+            if not sep or not key:
+                raise UsageError(f"--card-field {kv!r}: expected KEY=VALUE")
+            fields[key] = value
         lay = get_layout(layout)
         loong = lay.name == "loongsage"
         if run is None:
@@ -136,16 +171,18 @@ def release_create(
             if not run:
                 raise UsageError("--run is required" + (
                     "" if loong else " with --layout tinyllm (runs/<run>/ckpt)"))
-        result = _registry(store, db).create_release(
+        reg = _registry(store, db)
+        result = reg.create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
             checkpoint_root=(checkpoint_path or "") if loong else None,
             subdir="hf_model" if loong else "")
     _report(result, as_json)
+    report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
-gate_app = typer.Typer(help="Release gates.", no_args_is_help=True)
+gate_app = RegistryTyper(help="Release gates.", no_args_is_help=True)
 app.add_typer(gate_app, name="gate")
 
 
@@ -156,17 +193,25 @@ def gate_check(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODE
     """Re-evaluate every gate of a committed release now (live ledger, policy).
 
     Exits 0 when all pass, 1 otherwise."""
-    with error_boundary():
-        doc = documents.gate_check(open_store(store), ref, require=require or [])
+    with error_boundary(as_json):
+        rel = ModelRelease(store)
+        model_id, name = parse_ref(ref)
+        if name is None:
+            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION", name=ref)
+        version = resolve(rel.store, model_id, name)
+        results = rel.check(model_id, version, require=require or [])
     if as_json:
-        print_json(doc)
+        print_json(documents.gate_report(model_id, version, results))
     else:
-        _print_gates([GateResult(g["gate"], g["passed"], g["reason"]) for g in doc["gates"]])
-    if not doc["passed"]:
-        raise typer.Exit(EXIT_FAILED)
+        _print_gates(results)
+    if not passed(results):
+        fail(f"{model_id}@{version}: fails the release gates now ("
+             + "; ".join(f"{r.name}: {r.reason}" for r in results if not r.passed) + ")",
+             EXIT_FAILED, as_json=as_json, cls="GateFailedError", path=f"{model_id}@{version}",
+             gates=[r.to_dict() for r in results])
 
 
-alias_app = typer.Typer(help="Mutable aliases (refs/<alias>) of releases.",
+alias_app = RegistryTyper(help="Mutable aliases (refs/<alias>) of releases.",
                         no_args_is_help=True)
 app.add_typer(alias_app, name="alias")
 
@@ -179,48 +224,63 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
                                                                   "fails the gates.")] = False,
               store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Point ALIAS of MODEL_ID at VERSION (compare-and-swap); it must pass the gates."""
-    with error_boundary():
-        previous = _registry(store, db).set_alias(model_id, alias, version, force=force)
+    with error_boundary(as_json), index_writes():
+        reg = _registry(store, db)
+        previous = reg.set_alias(model_id, alias, version, force=force)
     if as_json:
         print_json({"model_id": model_id, "alias": alias, "version": version,
                     "previous": previous})
     else:
         typer.echo(f"{model_id}@{alias} -> {version}"
                    + (f" (was {previous})" if previous else ""))
+    report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
 @alias_app.command("ls")
 def alias_ls(model_id: Annotated[str, typer.Argument(help="Model id.")],
              store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the aliases of MODEL_ID."""
-    with error_boundary():
-        aliases = documents.alias_map(open_store(store), model_id)
+    with error_boundary(as_json):
+        s = open_store(store)
+        _require_model(s, model_id)
+        aliases = documents.alias_map(s, model_id)
     if as_json:
         print_json(aliases)
     else:
         for alias, version in aliases.items():
             typer.echo(f"{alias}\t{version}")
+        if not aliases:
+            typer.echo(f"{model_id} has no aliases", err=True)
 
 
-policy_app = typer.Typer(help="Per-model gate thresholds.", no_args_is_help=True)
+policy_app = RegistryTyper(help="Per-model gate thresholds.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
 
 
 @policy_app.command("set")
 def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
-               require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None) -> None:
+               require: RequireOpt = None, store: StoreOpt = None, db: DbOpt = None,
+               as_json: JsonOpt = False) -> None:
     """Replace MODEL_ID's thresholds (none given: clear them)."""
-    with error_boundary():
-        parsed = _registry(store, db).set_policy(model_id, require or [])
-    typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds"))
+    with error_boundary(as_json), index_writes():
+        reg = _registry(store, db)
+        _require_model(reg.store, model_id)
+        parsed = reg.set_policy(model_id, require or [])
+    if as_json:
+        print_json({"model_id": model_id, "require": [str(t) for t in parsed]})
+    else:
+        typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds"))
+    report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
 @policy_app.command("show")
 def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Show MODEL_ID's thresholds."""
-    with error_boundary():
-        parsed = thresholds(open_store(store), model_id)
+    with error_boundary(as_json):
+        s = open_store(store)
+        _require_model(s, model_id)
+        parsed = thresholds(s, model_id)
     if as_json:
         print_json([str(t) for t in parsed])
     else:
@@ -228,21 +288,23 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
 
 
 @app.command()
-def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftovers older "
-                                               "than this (90s, 15m, 2h, 7d).")] = "1h",
+def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION",
+                                               help="Only leftovers older "
+                                                    "than this (90s, 15m, 2h, 7d).")] = "1h",
        dry_run: Annotated[bool, typer.Option("--dry-run", help="List, delete nothing.")] = False,
        checkpoint_path: Annotated[list[str] | None, typer.Option(
-           "--checkpoint-path", help="Also scan this LoongSage checkpoint tree (relative to "
-                                     "the store; repeatable).")] = None,
+           "--checkpoint-path", metavar="PATH",
+           help="Also scan this LoongSage checkpoint tree (relative to "
+                "the store; repeatable).")] = None,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
-    with error_boundary():
+    with error_boundary(as_json):
         s = open_store(store)
         seconds = parse_duration(older_than)
         for tree in checkpoint_path or []:
-            if not s.list_dir(tree.strip("/")):
-                raise UsageError(f"{s.url_of(tree.strip('/'))}: no such checkpoint tree "
-                                 "(nothing there)")
+            if nothing_stored(s, tree.strip("/")):
+                raise ObjectNotFoundError(f"{s.url_of(tree.strip('/'))}: no such checkpoint "
+                                          "tree (nothing there)", key=tree.strip("/"))
         removed = collect(s, older_than=seconds, dry_run=dry_run,
                           trees=checkpoint_path or [])
     if as_json:
@@ -250,3 +312,6 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", help="Only leftov
     else:
         for k in removed:
             typer.echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
+        if not removed:
+            typer.echo(f"nothing to remove in {s.url} (no leftover older than {older_than})",
+                       err=True)

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from registry.cli.app import JsonOpt, app, print_json
-from registry.cli.errors import EXIT_FAILED, error_boundary
+from registry.cli.app import JsonOpt, app, nothing_stored, print_json
+from registry.cli.errors import EXIT_FAILED, error_boundary, fail
+from registry.errors import ObjectNotFoundError
 from registry.store import open_store
 from registry.verify import verify_directory
 
@@ -23,8 +24,11 @@ def verify(
 
     Exits 0 when it verifies, 1 when it does not (one line per failing file).
     """
-    with error_boundary():
+    with error_boundary(as_json):
         store = open_store(directory)
+        if nothing_stored(store, ""):
+            raise ObjectNotFoundError(f"{store.url}: no such directory (nothing stored there)",
+                                      key=store.url)
         report = verify_directory(store, "", full=full)
     if as_json:
         print_json(report.to_dict())
@@ -42,4 +46,8 @@ def verify(
             typer.echo(f"OK {store.url}: {len(m.files)} files, {m.total_size} bytes, "
                        f"{mode} verified, manifest sha256 {m.digest}")
     if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+        why = (str(report.error) if report.error is not None
+               else f"{len(report.problems)} files differ from MANIFEST.json"
+               if report.problems else f"{len(report.extras)} files not in MANIFEST.json")
+        fail(f"{store.url}: does not verify: {why}", EXIT_FAILED, as_json=as_json,
+             path=store.url)

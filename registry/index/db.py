@@ -28,10 +28,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from filelock import FileLock
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from registry.errors import IndexDatabaseError, IndexOutOfDateError
+from registry.errors import IndexDamagedError, IndexDatabaseError, IndexOutOfDateError
 from registry.resources import resource_path
 
 DEFAULT_DB = "sqlite:///registry.db"
@@ -73,6 +73,7 @@ class Index:
 
     Raises:
         IndexDatabaseError: the database cannot be reached.
+        IndexDamagedError: the SQLite file is not a database.
         IndexOutOfDateError: the schema is behind; ``registry db upgrade``.
     """
 
@@ -97,8 +98,8 @@ class Index:
         return f"Index({self.engine.url.render_as_string(hide_password=True)!r})"
 
     def _lock_path(self) -> str | None:
-        db = self.engine.url.database
-        return f"{db}.lock" if self.is_sqlite and db and db != ":memory:" else None
+        db = self.sqlite_path()
+        return f"{db}.lock" if db else None
 
     def current_revision(self) -> str | None:
         with self.engine.connect() as conn:
@@ -127,6 +128,42 @@ class Index:
         except OperationalError as e:
             raise IndexDatabaseError(f"{self}: cannot reach the index: "
                                      f"{str(e.orig).strip()}") from None
+        except DatabaseError as e:
+            raise self._damaged(e) from None
+
+    def sqlite_path(self) -> str | None:
+        """The SQLite database file, or None (Postgres, in-memory SQLite)."""
+        db = self.engine.url.database
+        return db if self.is_sqlite and db and db != ":memory:" else None
+
+    def _damaged(self, e: DatabaseError) -> IndexDatabaseError:
+        """SQLite says the file is no database ("file is not a database",
+        "database disk image is malformed"): name the file and the repair."""
+        path = self.sqlite_path()
+        reason = str(e.orig).strip()
+        if path is None:
+            return IndexDatabaseError(f"{self}: {reason}")
+        return IndexDamagedError(f"{path}: not a usable SQLite index ({reason}); "
+                                 "`registry index rebuild` moves it aside and rebuilds it "
+                                 "from the store", path=path)
+
+    def move_aside(self) -> str:
+        """Rename a damaged SQLite file (and its -wal/-shm) to
+        ``<file>.damaged-<UTC time>``; returns its absolute path. The store is the
+        truth, so nothing is lost: the caller rebuilds the index from it.
+
+        Raises:
+            IndexDatabaseError: not a SQLite file index.
+        """
+        path = self.sqlite_path()
+        if path is None:
+            raise IndexDatabaseError(f"{self}: only a SQLite file can be moved aside")
+        self.engine.dispose()
+        aside = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        for suffix in ("-wal", "-shm", ""):
+            if os.path.exists(path + suffix):
+                os.replace(path + suffix, aside + suffix)
+        return os.path.abspath(aside)
 
     def _schema_lock(self) -> Any:
         lock = self._lock_path()
@@ -136,11 +173,18 @@ class Index:
         try:
             with self.engine.begin() as conn:
                 command.upgrade(_alembic_config(conn), "head")
+        except DatabaseError as e:
+            if not isinstance(e, OperationalError):
+                raise self._damaged(e) from None
+            raise self._unknown_schema(e) from None
         except (CommandError, SQLAlchemyError) as e:
-            raise IndexDatabaseError(
-                f"{self}: cannot upgrade the index schema ({str(e).splitlines()[0]}); if this "
-                "database was not made by this registry, point --db at an empty database and "
-                "run `registry index rebuild`") from None
+            raise self._unknown_schema(e) from None
+
+    def _unknown_schema(self, e: Exception) -> IndexDatabaseError:
+        return IndexDatabaseError(
+            f"{self}: cannot upgrade the index schema ({str(e).splitlines()[0]}); if this "
+            "database was not made by this registry, point --db at an empty database and "
+            "run `registry index rebuild`")
 
     def upgrade(self) -> str:
         """Bring the schema to head (idempotent, serialized); returns the head.
@@ -149,8 +193,14 @@ class Index:
             IndexDatabaseError: the database holds a schema the migrations do not
                 know (an unknown revision, or tables without a version).
         """
-        with self._schema_lock():
-            self._migrate()
+        try:
+            with self._schema_lock():
+                self._migrate()
+        except OperationalError as e:
+            raise IndexDatabaseError(f"{self}: cannot reach the index: "
+                                     f"{str(e.orig).strip()}") from None
+        except DatabaseError as e:
+            raise self._damaged(e) from None
         return head_revision()
 
     @contextmanager
@@ -186,6 +236,8 @@ class Index:
                     time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.5))
                     continue
                 raise IndexDatabaseError(f"{self}: {str(e.orig).strip()}") from None
+            except DatabaseError as e:
+                raise self._damaged(e) from None
             except SQLAlchemyError as e:
                 raise IndexDatabaseError(f"{self}: {e}") from None
         raise AssertionError("unreachable")

@@ -195,6 +195,11 @@ def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
     }
 
 
+def model_ids(s: Session) -> list[str]:
+    """Every model id in the index, sorted."""
+    return list(s.execute(select(Model.model_id).order_by(Model.model_id)).scalars().all())
+
+
 def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     """Models (with release counts, newest and newest passing version, aliases),
     or the releases of one model newest first."""

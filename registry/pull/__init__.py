@@ -25,6 +25,7 @@ from registry.verify import read_manifest
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
+_MARGIN_MIB = FREE_MARGIN // (1024 * 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +62,9 @@ def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> Non
     need = need_blobs + FREE_MARGIN
     if free < need:
         raise InsufficientSpaceError(
-            f"{cache.root}: {free} bytes free, the pull needs {need_blobs} bytes "
-            f"(+{FREE_MARGIN} margin)", key=str(cache.root), needed=need, available=free)
+            f"{cache.root}: {free} bytes free, the pull needs {need} bytes ({need_blobs} "
+            f"to download + a {_MARGIN_MIB} MiB safety margin kept free)",
+            key=str(cache.root), needed=need, available=free)
     probe = target.parent if not target.exists() else target
     while not probe.exists():
         probe = probe.parent
@@ -70,8 +72,9 @@ def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> Non
         free_t = shutil.disk_usage(probe).free
         if free_t < total + FREE_MARGIN:
             raise InsufficientSpaceError(
-                f"{probe}: {free_t} bytes free, the model directory needs {total} bytes",
-                key=str(probe), needed=total + FREE_MARGIN, available=free_t)
+                f"{probe}: {free_t} bytes free, the model directory needs "
+                f"{total + FREE_MARGIN} bytes ({total} of files + a {_MARGIN_MIB} MiB safety "
+                "margin kept free)", key=str(probe), needed=total + FREE_MARGIN, available=free_t)
 
 
 def _refuse_overlap(target: Path, cache: Cache, store: Store) -> None:

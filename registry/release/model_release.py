@@ -24,7 +24,7 @@ from registry import gates, schemas
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
-from registry.errors import DocumentError, RegistryError, VersionExistsError
+from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, VersionExistsError
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
 from registry.ledger import revoked_reasons
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
@@ -166,9 +166,11 @@ class ModelRelease:
             VersionExistsError: the version exists (or another publisher won).
             NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
             GateFailedError: a gate fails; nothing is written.
-            SchemaValidationError, DocumentError: a head or config is invalid.
+            SchemaValidationError, DocumentError: the ledger, eval summary, a head
+                or config is missing, unreadable or invalid (checked before any gate).
         """
         prefix = release_prefix(model_id, version)
+        ledger, eval_summary = _inputs(ledger, eval_summary)
         self._refuse_existing(prefix)
         tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
                               else run_root(check_name(run_id, "run_id")), layout)
@@ -202,14 +204,20 @@ class ModelRelease:
         a file is unlisted or differs (see ``release.step_source``).
         """
         prefix = release_prefix(model_id, version)
+        ledger, eval_summary = _inputs(ledger, eval_summary)
         self._refuse_existing(prefix)
         url = os.fspath(model_dir)
         check_step_source(url)  # inside a checkpoint step: only from a committed one
         src_store = open_store(url)
         local_root = src_store.local_path("")
+        if local_root is not None and not os.path.isdir(local_root):
+            raise ObjectNotFoundError(f"{url}: no such model directory", key=url)
         if local_root is not None:
             list_local_files(local_root)  # refuses FIFOs, sockets, dangling symlinks
         names = set(src_store.walk_files(""))
+        if not names and local_root is None:
+            raise ObjectNotFoundError(f"{url}: no such model directory (nothing stored there)",
+                                      key=url)
         if not names:
             raise DocumentError(url, "not a model directory (no files)")
         card_text = None
@@ -327,6 +335,25 @@ class ModelRelease:
         facts = self.facts(model_id, version)
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         return gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
+
+
+def _inputs(ledger: Any, eval_summary: Any) -> tuple[Any, Any]:
+    """The ledger and eval summary given to a new release, loaded and validated
+    *before* any gate runs or any weight is read: a file that is missing,
+    unreadable, not JSON or breaks its schema is the caller's input error
+    (DocumentError naming the file and the rule), not a failing gate. ``None``
+    stays None (the gate then says the document is missing)."""
+    docs = []
+    for value, what, validate in ((ledger, "ledger.json", schemas.validate_ledger),
+                                  (eval_summary, "evals/summary.json",
+                                   schemas.validate_eval_summary)):
+        if value is None:
+            docs.append(None)
+            continue
+        doc, where = load_doc(value, what=what)
+        validate(doc, path=where)
+        docs.append(doc)
+    return docs[0], docs[1]
 
 
 def _validated(value: Any, what: str,

@@ -59,7 +59,7 @@ def set_policy(store: Store, model_id: str, require: Iterable[str]) -> list[Thre
     """Replace the model's thresholds; returns them parsed.
 
     Raises:
-        UsageError: a threshold does not parse.
+        UsageError: a threshold does not parse (it is an argument, not a document).
     """
     parsed = [r if isinstance(r, Threshold) else Threshold.parse(str(r)) for r in require]
     store.write_bytes(policy_key(model_id),

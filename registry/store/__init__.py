@@ -7,15 +7,32 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
-from registry.errors import InvalidStoreURLError
+from registry.errors import InvalidStoreURLError, UsageError
 from registry.store.base import CHUNK, ObjectInfo, Store, join
 from registry.store.local import LocalStore
 from registry.store.memory import MemoryStore
 
 DEFAULT_STORE = "./artifacts"
+
+#: False inside a command line run: a memory:// store would vanish with the process.
+_MEMORY_ALLOWED: ContextVar[bool] = ContextVar("memory_stores_allowed", default=True)
+
+
+def refuse_memory_stores() -> Callable[[], None]:
+    """Make :func:`open_store` refuse ``memory://`` URLs (the CLI calls this: what
+    a command writes there is gone when it exits, and the index would list it).
+    Returns the function that allows them again."""
+    previous = _MEMORY_ALLOWED.get()
+    _MEMORY_ALLOWED.set(False)
+
+    def allow_again() -> None:
+        _MEMORY_ALLOWED.set(previous)
+    return allow_again
 
 
 def open_store(url: str | None = None, **storage_options: Any) -> Store:
@@ -29,6 +46,7 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
 
     Raises:
         InvalidStoreURLError: unknown protocol, or ``s3://`` without a bucket.
+        UsageError: ``memory://`` from the command line (:func:`refuse_memory_stores`).
     """
     url = url or os.environ.get("REGISTRY_STORE") or DEFAULT_STORE
     parts = urlsplit(url)
@@ -43,6 +61,9 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
 
         return S3Store(url, f"{parts.netloc}{parts.path}", **storage_options)
     if scheme == "memory":
+        if not _MEMORY_ALLOWED.get():
+            raise UsageError(f"{url}: memory:// stores live only inside one process; the "
+                             "command line needs a folder, file:// or s3:// URL")
         return MemoryStore(url, f"{parts.netloc}{parts.path}")
     raise InvalidStoreURLError(f"{url}: unsupported store protocol {scheme!r} "
                                "(use a local path, file://, s3:// or memory://)")
@@ -57,4 +78,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CHUNK", "DEFAULT_STORE", "LocalStore", "MemoryStore", "ObjectInfo", "S3Store",
-           "Store", "join", "open_store"]
+           "Store", "join", "open_store", "refuse_memory_stores"]

@@ -30,6 +30,7 @@ from typing import IO, Any
 import fsspec
 
 from registry.errors import ObjectNotFoundError
+from registry.store.translate import translated
 
 #: bytes read per call when streaming a file (large enough to amortize calls,
 #: small enough to keep memory flat).
@@ -181,8 +182,17 @@ class Store(ABC):
             return f.read()
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        """Replace ``key`` with ``data`` (durable on return)."""
-        with self.open_write(key) as f:
+        """Replace ``key`` with ``data`` (durable on return).
+
+        Raises:
+            InsufficientSpaceError: the disk filled up (ENOSPC, EDQUOT at the
+                write, the flush or the fsync); the message names the object's
+                URL, and no partial object is left.
+            StorageError: any other failure of the backend.
+        """
+        # Local writes fail at write/flush/fsync time, after open_write
+        # returned: translate here, naming the object (the manifest, a claim).
+        with translated(self.url_of(key)), self.open_write(key) as f:
             f.write(data)
 
     def exists(self, key: str) -> bool:

@@ -12,6 +12,7 @@ import errno
 import mmap
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO
@@ -338,6 +339,19 @@ class _DurableFile:
             self.discard()
 
 
+def _rmtree(path: str) -> None:
+    """``shutil.rmtree`` for which an entry that vanished meanwhile (another
+    process deleting the same tree) is not an error; any other error is."""
+    def vanished_ok(_func: object, _path: str, exc: BaseException) -> None:
+        if not isinstance(exc, FileNotFoundError):
+            raise exc
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=vanished_ok)
+    else:
+        shutil.rmtree(path, onerror=lambda f, p, info: vanished_ok(f, p, info[1]))
+
+
 class LocalStore(Store):
     """A store in a local folder. Writes are fsynced; ``rename_dir`` is atomic."""
 
@@ -434,7 +448,8 @@ class LocalStore(Store):
     def delete_prefix(self, prefix: str) -> None:
         path = self.path(prefix)
         if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=False)
+            with translated(prefix):
+                _rmtree(path)
         else:
             self.delete(prefix)
 

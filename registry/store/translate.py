@@ -41,6 +41,13 @@ _S3_CODES: dict[str, type[StorageError]] = {
 }
 
 
+#: errno values of a full disk (a quota is a full disk for this user).
+_FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+#: S3 error codes of a full server: MinIO's full drives answer 507.
+_S3_FULL = {"XMinioStorageFull", "507"}
+
+
 def s3_error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore ClientError (or its translated cause)."""
     seen: BaseException | None = exc
@@ -56,10 +63,13 @@ def s3_error_code(exc: BaseException) -> str | None:
 def translate(exc: BaseException, key: str) -> StorageError:
     """Map one foreign exception to the registry error for ``key``."""
     code = s3_error_code(exc)
+    if code in _S3_FULL:
+        return InsufficientSpaceError(f"{key}: no space left on the storage server ({code})",
+                                      key=key)
     if code in _S3_CODES:
         return _S3_CODES[code](f"{key}: {code}", key=key)
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return InsufficientSpaceError(f"{key}: no space left on device", key=key)
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        return InsufficientSpaceError(f"{key}: {_FULL_ERRNOS[exc.errno]}", key=key)
     for builtin, mapped in _TABLE:
         if isinstance(exc, builtin):
             reason = {ObjectNotFoundError: "not found",

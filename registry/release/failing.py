@@ -1,0 +1,68 @@
+"""Which releases fail their gates *now*, read from the store alone.
+
+A release passed its gates when it was published, but the live ledger (a
+revoked data source) and the model's policy can change afterwards. A serving
+host pulling it, or an alias pointing at it, should hear of that: this module
+re-evaluates the gates of one release (:func:`failing_gates`) or of every
+aliased release (:func:`failing_aliases`) without any index, since the store
+holds the ledger, the policy and each release's documents (seed 000
+"Released model", DESIGN section 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from registry.aliases import list_aliases
+from registry.errors import RegistryError
+from registry.gates import GateResult
+from registry.release.model_release import ModelRelease
+from registry.store import Store
+
+
+def failing_gates(store: Store, model_id: str, version: str) -> list[GateResult]:
+    """The gates ``model_id@version`` fails now ([] when it passes them all).
+
+    A gate that cannot be evaluated (a malformed ``policy.json``, an unreadable
+    release document) is reported as a failing ``gates`` result naming why,
+    never raised: the caller is reading, not judging the store.
+    """
+    try:
+        results = ModelRelease(store).check(model_id, version)
+    except RegistryError as e:
+        return [GateResult("gates", False, f"cannot evaluate the gates: {e}")]
+    return [r for r in results if not r.passed]
+
+
+def describe(failed: list[GateResult]) -> str:
+    """``"ledger: source x is revoked ...; evals: ..."``: failing gates in one line."""
+    return "; ".join(f"{r.name}: {r.reason}" for r in failed)
+
+
+@dataclass(frozen=True, slots=True)
+class FailingAlias:
+    """An alias pointing at a version that fails a gate now, and why."""
+
+    model_id: str
+    alias: str
+    version: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "alias": self.alias, "version": self.version,
+                "reason": self.reason}
+
+
+def failing_aliases(store: Store) -> list[FailingAlias]:
+    """Every alias of every model whose version fails a gate now, by model then
+    alias. Reads each aliased release's manifest, card, ledger and summary once."""
+    out = []
+    for model_id in store.subdirs("models"):
+        verdicts: dict[str, list[GateResult]] = {}
+        for alias, version in sorted(list_aliases(store, model_id).items()):
+            if version not in verdicts:
+                verdicts[version] = failing_gates(store, model_id, version)
+            if verdicts[version]:
+                out.append(FailingAlias(model_id, alias, version, describe(verdicts[version])))
+    return out
