@@ -151,6 +151,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("query-bad-threshold", ["query", "tiny", "--passing", "--require", "acc>0.8"], 2,
      ["acc>0.8"]),
     ("policy-bad-threshold", ["policy", "set", "tiny", "--require", "acc=1"], 2, ["acc=1"]),
+    ("serve-open-host", ["serve", "--host", "0.0.0.0"], 2, ["--token-file"]),
     ("publish-bad-model-id", ["publish", "{w}/hf", *PUB[2:], "--model-id", "../x",
                               "--version", "9"], 2, ["model_id"]),
     ("publish-bad-dtype", ["publish", "{w}/hf", *PUB, "--version", "9", "--dtype", "f8"], 2,

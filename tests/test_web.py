@@ -120,6 +120,7 @@ def test_openapi_documents_every_api_route(client: TestClient) -> None:
     ("/api/v1/releases/tiny/1/gates?require=accuracy~1", 400, "UsageError", 2, "accuracy~1"),
     ("/api/v1/models/tiny/passing?latest=maybe", 400, "UsageError", 2, "latest"),
     ("/api/v1/nothing-here", 404, "NotFound", 3, "/api/v1/nothing-here"),
+    ("/api/v1/runs/nosuch/checkpoints", 404, "ObjectNotFoundError", 3, "nosuch"),
 ])
 def test_api_errors_are_the_cli_error_document(client: TestClient, path: str, status: int,
                                                cls: str | None, code: int | None,

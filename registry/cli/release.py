@@ -204,7 +204,7 @@ def gate_check(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODE
     results = [GateResult(g["gate"], g["passed"], g["reason"]) for g in doc["gates"]]
     model_id, version = doc["model_id"], doc["version"]
     if as_json:
-        print_json(doc)
+        print_json(documents.gate_report(model_id, version, results))
     else:
         _print_gates(results)
     if not doc["passed"]:

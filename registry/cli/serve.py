@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from registry.cli.app import DbOpt, StoreOpt, app
+from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
 from registry.errors import UsageError
 
@@ -57,10 +57,10 @@ def serve(
     token_file: Annotated[str | None, typer.Option(
         "--token-file", help="File whose first line is the bearer token every request "
                              "must send (Authorization: Bearer TOKEN).")] = None,
-    store: StoreOpt = None, db: DbOpt = None,
+    store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Serve read-only web pages and a JSON API (/api/v1) of the store and index."""
-    with error_boundary():
+    with error_boundary(as_json):
         try:
             import uvicorn
 
@@ -83,8 +83,13 @@ def serve(
     sock = config.bind_socket()
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"serving {reg.store.url} and {reg.index} read-only at "
-               f"http://{shown}:{bound}/ (API: /api/v1, docs: /api/v1/docs); Ctrl-C stops")
+    url = f"http://{shown}:{bound}/"
+    if as_json:
+        print_json({"url": url, "store": reg.store.url, "index": repr(reg.index),
+                    "api": f"{url}api/v1", "docs": f"{url}api/v1/docs"})
+    else:
+        typer.echo(f"serving {reg.store.url} and {reg.index} read-only at {url} "
+                   "(API: /api/v1, docs: /api/v1/docs); Ctrl-C stops")
     try:
         server.run(sockets=[sock])
     finally:

@@ -26,6 +26,8 @@ from fastapi import APIRouter, Query, Request
 from registry import documents
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree, run_root
+from registry.cli.app import nothing_stored
+from registry.errors import ObjectNotFoundError
 from registry.names import check_name
 
 router = APIRouter(prefix="/api/v1", tags=["registry"])
@@ -107,5 +109,8 @@ def revocations(request: Request) -> list[dict[str, Any]]:
                     "(registry ckpt ls RUN_ID --json)")
 def checkpoints(request: Request, run_id: str) -> dict[str, Any]:
     reg = _reg(request)
-    return documents.checkpoint_list(CheckpointTree(reg.store,
-                                                    run_root(check_name(run_id, "run_id"))))
+    tree = CheckpointTree(reg.store, run_root(check_name(run_id, "run_id")))
+    if nothing_stored(reg.store, tree.root):  # as `registry ckpt ls`: an unknown run is 404
+        raise ObjectNotFoundError(f"{reg.store.url_of(tree.root)}: no such run {run_id!r} "
+                                  "(nothing stored there)", key=tree.root)
+    return documents.checkpoint_list(tree)
