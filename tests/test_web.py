@@ -21,7 +21,7 @@ from registry.api import Registry
 from registry.cli import app as cli_app
 from registry.web import create_app
 from tests.conftest import run_cli
-from tests.web_util import EVIL, build, serve
+from tests.web_util import EVIL, build, ledger_row, serve, summary2
 
 
 @pytest.fixture(scope="module")
@@ -206,14 +206,21 @@ def test_version_page(client: TestClient, built: tuple[str, str]) -> None:
     assert 'href="/runs/r1"' in r2.text
 
 
-def test_signer_row_when_a_signature_file_exists(tmp_path: Path) -> None:
+def test_signer_row_names_the_key_that_signed(tmp_path: Path) -> None:
+    """A release published with --sign-key shows its signer's fingerprint
+    (model.sig); an unsigned one has no signer row."""
+    pytest.importorskip("model_signing")
+    from registry.keys import generate
+
     store, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
     build(store, db)
-    (tmp_path / "store/models/tiny/3/SIGNATURE.json").write_text(
-        json.dumps({"signer": "release-bot@example.com"}))
+    priv, _, fingerprint = generate(tmp_path / "release.pem")
+    with Registry(store, db) as reg:
+        reg.create_release("r1", 30, "tiny", "4", ledger=[ledger_row("wiki")],
+                           eval_summary=summary2(0.97, 1.2), sign_key=priv)
     with Registry(store, db) as reg, TestClient(create_app(reg)) as c:
-        t = text_of(c.get("/models/tiny/3").text)
-        assert "signer release-bot@example.com (SIGNATURE.json)" in t
+        t = text_of(c.get("/models/tiny/4").text)
+        assert f"signer key {fingerprint} (not verified here) (model.sig)" in t
         assert 'id="signer"' not in c.get("/models/tiny/2").text
 
 

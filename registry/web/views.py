@@ -46,9 +46,6 @@ PAGE_SIZE = 50
 RUN_CHART_STEPS = 100
 #: documents larger than this (bytes) are not rendered inline
 MAX_DOCUMENT = 1 << 20
-#: names a signature of a release may have; signing (issue 17) is not built yet,
-#: so the version page shows a signer row only when one of these files exists
-SIGNATURE_NAMES = ("SIGNATURE.json", "signature.json", "MANIFEST.json.sig", "MANIFEST.sig")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +214,7 @@ def version_view(reg: Registry, model_id: str, ref: str) -> dict[str, Any]:
                           "pooling": head.get("pooling")})
         except (ValueError, AttributeError) as e:
             heads.append({"path": path, "error": str(e)})
-    names = {name for name, is_dir in reg.store.list_dir(prefix) if not is_dir}
-    signatures = [_signature(reg, join(prefix, n), n) for n in SIGNATURE_NAMES if n in names]
+    signatures = [_signature(doc["signature"])] if doc.get("signature") else []
     store_url = reg.store.url
     pull = (f"registry pull {shlex.quote(f'{model_id}@{version}')} "
             f"--store {shlex.quote(store_url)}")
@@ -227,18 +223,14 @@ def version_view(reg: Registry, model_id: str, ref: str) -> dict[str, Any]:
             "pull": pull}
 
 
-def _signature(reg: Registry, key: str, name: str) -> dict[str, Any]:
-    """What a signature file says of its signer (a JSON ``signer``/``identity``/
-    ``key_id`` field), else only that the file exists."""
-    signer = None
-    try:
-        doc = json.loads(reg.store.read_bytes(key))
-        if isinstance(doc, dict):
-            signer = next((str(doc[k]) for k in ("signer", "identity", "key_id") if k in doc),
-                          None)
-    except (ValueError, RegistryError, OSError):
-        pass
-    return {"file": name, "signer": signer}
+def _signature(sig: dict[str, Any]) -> dict[str, Any]:
+    """The signer row of a signed release (``model.sig``, OpenSSF model signing):
+    the signing key's fingerprint, and whether the model's policy keys verified
+    it (only a pull with ``--trusted-key`` is a security check; see the README)."""
+    state = {True: "verified against the policy's keys",
+             False: "NOT verified by the policy's keys",
+             None: "not verified here"}[sig.get("verified")]
+    return {"file": sig["path"], "signer": f"key {sig['fingerprint']} ({state})"}
 
 
 def source_view(reg: Registry, source_id: str, page: int = 1) -> dict[str, Any]:
