@@ -172,7 +172,7 @@ class Source:
         tensors = {"embed.weight": rng.standard_normal((16, 8), dtype=np.float32),
                    "norm.bias": np.full(8, seed, dtype=np.float32)}
         with open(self.dir / "model.safetensors", "wb") as f:
-            write_safetensors(f, tensors, metadata={"format": "tinyllm"},
+            write_safetensors(f, tensors, metadata={"format": "pt"},
                               path="model.safetensors")
         (self.dir / "config.json").write_text(json.dumps({"hidden_size": 8, "tag": tag}))
         (self.dir / "MODEL_CARD.md").write_text(f"# racer\n\nPublished by {tag}.\n")
