@@ -176,11 +176,11 @@ def test_failed_async_save_does_not_move_latest(store: Store, tmp_path: Path,
     real = store.open_write
     calls = {"n": 0}
 
-    def flaky(key: str):  # type: ignore[no-untyped-def]
+    def flaky(key: str, **kw):  # type: ignore[no-untyped-def]
         if "step-000002" in key and "optimizer" in key:
             raise StorageError(f"{key}: injected network failure", key=key)
         calls["n"] += 1
-        return real(key)
+        return real(key, **kw)
 
     monkeypatch.setattr(store, "open_write", flaky)
     save(m, 2)
@@ -199,7 +199,7 @@ def test_failure_is_raised_by_next_save(store: Store, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     m = mgr(store, tmp_path)
     real = store.open_write
-    monkeypatch.setattr(store, "open_write", lambda key: (_ for _ in ()).throw(
+    monkeypatch.setattr(store, "open_write", lambda key, **kw: (_ for _ in ()).throw(
         StorageError(f"{key}: injected", key=key)))
     fut = save(m, 1)
     concurrent.futures.wait([fut])
