@@ -73,6 +73,7 @@ def test_gc_keeps_newest(durable_store_url: str) -> None:
 
 
 def test_latest_problems_are_clean_errors(durable_store_url: str) -> None:
+    open_store(durable_store_url).ensure_root()  # a missing local store is exit 6 instead
     r = run_cli("ckpt", "latest", "r1", "--store", durable_store_url)
     assert r.returncode == 3 and "no such run 'r1'" in r.stderr and "Traceback" not in r.stderr
     populate(durable_store_url)
