@@ -196,9 +196,13 @@ class DirectoryWriter:
         data = manifest.to_bytes()
         store = self.store
         try:
-            if self._lease is not None:
+            if self._lease is not None and not store.atomic_rename:
+                # Still ours? (a lapsed lease was taken over) On rename stores
+                # the staging directory is this writer's alone and the rename
+                # fails rather than replace a commit, so no write is spent
+                # there: on a nearly full disk it would fail before the manifest.
                 try:
-                    self._lease.renew()  # still ours? (a lapsed lease was taken over)
+                    self._lease.renew()
                 except ClaimLost:
                     raise self._conflict("this writer lost its claim to another writer "
                                          "(its lease lapsed); nothing was committed") from None
@@ -262,13 +266,15 @@ class DirectoryWriter:
         if self.manifest is not None:
             return
         lease = self._lease
-        if lease is not None:
+        if lease is not None and not self.store.atomic_rename:
             try:
                 # Still ours? (compare-and-swap on the claim) A writer whose
                 # lapsed claim was taken over touches nothing of the directory.
                 lease.renew()
             except ClaimLost:
                 return
+        # (A staging directory is writer-unique: removing it needs no check,
+        # and must not cost a write on a full disk.)
         if self.store.atomic_rename:
             self.store.delete_prefix(self.staging)
         elif not self.store.exists(join(self.prefix, MANIFEST)):

@@ -524,6 +524,11 @@ def pages(root: Path, *, skip: tuple[str, ...] = ()) -> int:
                if p.is_file() and p.name not in skip)
 
 
+#: the staging directory's claim (``<staging>.claim``, a small JSON document),
+#: written beside it for the commit's duration and gone after it
+STAGING_CLAIM_PAGES = 1
+
+
 def fill_leaving(mnt: Path, free: int) -> None:
     """Fill ``mnt`` so that exactly ``free`` blocks are left."""
     st = os.statvfs(mnt)
@@ -597,7 +602,8 @@ def test_publish_onto_a_disk_full_at_the_manifest(tmp_path: Path, small_disk: Pa
 
     probe = run_cli(*publish_argv(tmp_path, str(tmp_path / "probe")))
     assert probe.returncode == 0, probe.stderr
-    fill_leaving(small_disk, pages(tmp_path / "probe" / "models", skip=(MANIFEST,)))
+    fill_leaving(small_disk, pages(tmp_path / "probe" / "models", skip=(MANIFEST,))
+                 + STAGING_CLAIM_PAGES)
     r = run_cli(*publish_argv(tmp_path, str(small_disk / "store")))
     assert_one_line_exit_6(r, f"/{MANIFEST}")
     models = small_disk / "store" / "models" / "m"
@@ -665,7 +671,7 @@ def test_checkpoint_save_onto_a_disk_full_at_the_manifest(
     probe = tmp_path / "probe"
     assert save_in_child(str(probe), layout, 20).returncode == 0
     step20 = probe / (run_root("r") if layout is TINYLLM else "exp") / layout.step_dir(20)
-    fill_leaving(small_disk, pages(step20, skip=(MANIFEST,)))
+    fill_leaving(small_disk, pages(step20, skip=(MANIFEST,)) + STAGING_CLAIM_PAGES)
     r = save_in_child(url, layout, 20)
     assert_one_line_exit_6(r, f"{layout.step_dir(20)}.tmp-")
     assert f"/{MANIFEST}" in r.stderr
