@@ -403,6 +403,8 @@ def test_every_command_prints_one_json_document_on_success(tmp_path: Path) -> No
 
 def test_empty_answers_are_said_in_words(tmp_path: Path) -> None:
     _world(tmp_path)
+    # an existing, empty store (a store folder that does not exist is exit 6)
+    (tmp_path / "empty-store").mkdir()
     runs = _run(tmp_path, [[a.replace("{w}", str(tmp_path)) for a in argv] for argv, _ in EMPTY])
     for (argv, words), (code, out, err) in zip(EMPTY, runs, strict=True):
         assert code == 0, (argv, err)

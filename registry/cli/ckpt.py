@@ -56,12 +56,21 @@ def _looks_loongsage(store: Store, root: str) -> bool:
                for name, is_dir in store.list_dir(root))
 
 
+def _looks_loongsage_at(run: str, store_url: str | None) -> bool:
+    """RUN (a key in --store, or without --store a relative folder) holds a
+    LoongSage tree. Without --store, a folder that does not exist is no tree:
+    RUN is then a run id of the default store."""
+    if store_url is None and not os.path.isdir(os.path.expanduser(run)):
+        return False
+    return _looks_loongsage(*_loongsage_location(run, store_url))
+
+
 def open_tree(run: str, store_url: str | None, layout: str) -> CheckpointTree:
     """The checkpoint tree RUN names, in the layout asked for or detected."""
     if layout == "auto":
         if _is_location(run):
             layout = "loongsage"
-        elif _looks_loongsage(*_loongsage_location(run, store_url)):
+        elif _looks_loongsage_at(run, store_url):
             layout = "loongsage"
         elif "/" in run and not store_url:
             layout = "loongsage"
