@@ -324,6 +324,7 @@ def test_database_behind_is_refused(db_url: str, how: str, tmp_path: Path) -> No
         with pytest.raises(IndexOutOfDateError, match="registry db upgrade") as e:
             reg.passing("tiny")
         close_refused_index(e)
+    (tmp_path / "s").mkdir()  # an existing (empty) store: the index is what refuses
     r = run_cli("query", "tiny", "--passing", "--json", "--store", str(tmp_path / "s"),
                 "--db", db_url)
     assert_clean_error(r, "registry db upgrade")
