@@ -254,10 +254,10 @@ def test_failed_async_save_leaves_the_tracker(monkeypatch: pytest.MonkeyPatch) -
     c.wait()
     real = store.open_write
 
-    def flaky(key: str) -> Any:
+    def flaky(key: str, **kw: Any) -> Any:
         if "train_step_2" in key and "optimizer" in key:
             raise StorageError(f"{key}: injected network failure", key=key)
-        return real(key)
+        return real(key, **kw)
 
     monkeypatch.setattr(store, "open_write", flaky)
     c.maybe_save(2, **save_kwargs(2))

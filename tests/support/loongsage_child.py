@@ -92,7 +92,7 @@ def arm(ckpt: Any, killer: _Killer) -> None:
     from registry.commit import DirectoryWriter
 
     real_open = ckpt.store.open_write
-    ckpt.store.open_write = lambda key: _WatchedFile(real_open(key), killer)
+    ckpt.store.open_write = lambda key, **kw: _WatchedFile(real_open(key, **kw), killer)
     for cls, name in ((DirectoryWriter, "commit"), (CheckpointTree, "set_latest")):
         orig = getattr(cls, name)
 
