@@ -202,10 +202,16 @@ def assert_clean(cache: Path, target: Path) -> None:
 
 
 def assert_cli_error(p: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    """Exit ``code`` with one error: an ``error:`` line, or with ``--json`` one
+    JSON error document on stderr (the CLI contract); ``needles`` in it."""
     assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
     assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    if "--json" in p.args:
+        doc = json.loads(p.stderr)
+        assert doc["error"]["exit_code"] == code, doc
+        lines = [doc["error"]["message"]]
+    assert len(lines) == 1 and (lines[0].startswith("error: ") or "--json" in p.args), p.stderr
     for n in needles:
         assert n in lines[0], (n, lines[0])
 
