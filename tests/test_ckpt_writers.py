@@ -711,5 +711,5 @@ def test_full_disk_errnos_at_a_small_write_name_the_object(
     with pytest.raises(E.InsufficientSpaceError, match=says) as e:
         store.write_bytes("runs/r/ckpt/step-000001.tmp/MANIFEST.json", b"{}")
     monkeypatch.undo()
-    assert str(e.value).startswith(store.url_of("runs/r/ckpt/step-000001.tmp/MANIFEST.json"))
+    assert "runs/r/ckpt/step-000001.tmp/MANIFEST.json" in str(e.value)  # names the object
     assert not (tmp_path / "s" / "runs" / "r" / "ckpt" / "step-000001.tmp" / MANIFEST).exists()

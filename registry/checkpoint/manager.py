@@ -437,6 +437,9 @@ class CheckpointManager:
                 and os.path.abspath(parent) in own):
             tree = self.tree
         elif "://" in parent or os.path.isabs(parent):
+            if "://" not in parent and not os.path.isdir(parent):
+                # a missing local folder is no store to open (that is exit 6)
+                raise CheckpointError(f"{path}: no such step directory (no folder {parent})")
             tree = CheckpointTree(open_store(parent), "", self.tree.layout)
         else:
             tree = CheckpointTree(self.store, parent, self.tree.layout)
