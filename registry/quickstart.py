@@ -167,6 +167,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     """
     work = Path(workdir).resolve()
     reg = Registry(store, db)
+    reg.store.ensure_root()  # the quickstart makes its store (a new local folder)
     refuse_rerun(reg, work)
     work.mkdir(parents=True, exist_ok=True)
     key = _signing_key(work, say)
