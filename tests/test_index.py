@@ -69,7 +69,7 @@ from registry.store import Store, open_store
 from registry.verify import read_manifest, verify_directory
 from tests.ckpt_util import save
 from tests.conftest import POSTGRES, run_cli
-from tests.release_util import head, ledger_row, summary
+from tests.release_util import head, ledger_row, summary, summary2
 
 W = np.random.default_rng(7).standard_normal((8, 64), dtype=np.float32)
 B = np.linspace(-1, 1, 8, dtype=np.float32)
@@ -142,16 +142,6 @@ def checkpoint(reg: Registry, run_id: str = "r1", steps: Sequence[int] = (10,),
         for step in steps:
             save(m, step, params=params(1.0 + step / 100),
                  generation_config={"max_new_tokens": 8})
-
-
-def summary2(acc: float, loss: float) -> dict[str, Any]:
-    """Two results: copy/accuracy (>= 0.5) and copy/loss (<= 3.0, lower is better)."""
-    results = [{"task": "copy", "metric": "accuracy", "value": acc, "n": 100,
-                "threshold": 0.5, "higher_is_better": True, "passed": acc >= 0.5},
-               {"task": "copy", "metric": "loss", "value": loss, "n": 100,
-                "threshold": 3.0, "higher_is_better": False, "passed": loss <= 3.0}]
-    return {"suite": "smoke", "suite_version": "2", "created_at": "2026-11-29T10:00:00Z",
-            "results": results, "passed": all(r["passed"] for r in results)}
 
 
 def versions(rows: list[dict[str, Any]]) -> list[str]:

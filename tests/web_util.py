@@ -9,27 +9,16 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 
 from registry.api import Registry
 from tests.ckpt_util import adamw, trainer_state
-from tests.release_util import head, ledger_row
+from tests.release_util import head, ledger_row, summary2  # noqa: F401  (re-exported)
 
 #: what the model card's description says: markup that must render as text
 EVIL = '<script>window.__pwned = 1; alert("pwned")</script><img src=x onerror="alert(2)">'
 LOSSES = {10: 3.25, 20: 2.5, 30: 1.75}
-
-
-def summary2(acc: float, loss: float) -> dict[str, Any]:
-    """copy/accuracy (>= 0.5, higher is better) and copy/loss (<= 3.0)."""
-    results = [{"task": "copy", "metric": "accuracy", "value": acc, "n": 100,
-                "threshold": 0.5, "higher_is_better": True, "passed": acc >= 0.5},
-               {"task": "copy", "metric": "loss", "value": loss, "n": 100,
-                "threshold": 3.0, "higher_is_better": False, "passed": loss <= 3.0}]
-    return {"suite": "smoke", "suite_version": "2", "created_at": "2026-11-29T10:00:00Z",
-            "results": results, "passed": all(r["passed"] for r in results)}
 
 
 def build(store_url: str, db_url: str) -> None:
