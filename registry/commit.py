@@ -158,7 +158,7 @@ class DirectoryWriter:
             raise
         except OSError as e:  # disk full, I/O error: one clear error naming the file
             raise translate(e, self.store.url_of(key)) from e
-        self.entries[relpath] = FileEntry(relpath, w.size, w.sha256)
+        self.entries[relpath] = FileEntry(relpath, w.size, w.sha256, w.pieces)
 
     def write_bytes(self, relpath: str, data: bytes) -> FileEntry:
         """Write a small file whole; returns its manifest entry."""

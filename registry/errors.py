@@ -332,3 +332,23 @@ class NoValidCheckpointError(CheckpointError, FileNotFoundError):
 
 
 __all__ = [name for name in dir() if name.endswith("Error")]
+
+
+class PieceMismatchError(IntegrityError):
+    """One piece of a file does not verify against its manifest entry's piece
+    states (registry.pieces); the file's bytes differ from its sha256.
+
+    Attributes:
+        piece: the piece's index (0-based); ``start``, ``end``: its bytes.
+        expected_state, actual_state: the SHA-256 state the piece must end at
+            and the one its bytes give (for the last piece, the file's sha256).
+    """
+
+    def __init__(self, path: str, *, size: int, piece: int, start: int, end: int,
+                 expected_state: str, actual_state: str, last: bool) -> None:
+        self.piece, self.start, self.end = piece, start, end
+        self.expected_state, self.actual_state = expected_state, actual_state
+        what = "sha256" if last else "sha256 state"
+        super().__init__(path, expected_size=size, actual_size=size,
+                         reason=f"piece {piece} (bytes {start}-{end - 1}) does not verify: "
+                                f"{what} {actual_state}, expected {expected_state}")

@@ -25,7 +25,6 @@ against 0.58-0.60 s through ``write``.
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 from collections import deque
@@ -33,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
 from registry.manifest import HASH_CHUNK
+from registry.pieces import ChainHasher, Pieces
 from registry.pools import HelperPool
 
 #: :meth:`HashingWriter.copy_from`: bytes per read, and buffers in rotation
@@ -59,7 +59,7 @@ class HashingWriter:
     def __init__(self, raw: IO[bytes]) -> None:
         self.raw = raw
         self.size = 0
-        self._h = hashlib.sha256()
+        self._h = ChainHasher()
 
     def write(self, data: bytes | memoryview) -> int:
         """Hash and write ``data``. A write over PIPELINE_CHUNK bytes (a whole
@@ -250,6 +250,13 @@ class HashingWriter:
     @property
     def sha256(self) -> str:
         return self._h.hexdigest()
+
+    @property
+    def pieces(self) -> Pieces | None:
+        """The piece states of what was written (registry.pieces), or None
+        for at most one piece. The states come from the same pass as the
+        sha256: the digest pauses at each boundary, nothing is read twice."""
+        return self._h.pieces
 
 
 def _fill(src: IO[bytes], view: memoryview) -> int:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from registry import schemas
+from registry.pieces import ChainHasher, Pieces
 from registry.errors import (
     DocumentError,
     ManifestError,
@@ -75,14 +76,20 @@ def check_path(path: object, *, source: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
-    """One file of a manifest: relative POSIX path, size in bytes, sha256 hex."""
+    """One file of a manifest: relative POSIX path, size in bytes, sha256 hex,
+    and for a file of more than one piece its piece states (registry.pieces),
+    None otherwise or in manifests written before them."""
 
     path: str
     size: int
     sha256: str
+    pieces: Pieces | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+        doc: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.pieces is not None:
+            doc["pieces"] = self.pieces.to_dict()
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +161,10 @@ class Manifest:
                 raise ManifestError(source, f"files not sorted by path at {e.path!r}")
             seen.add(e.path)
             prev = e.path
+            if e.pieces is not None and not e.pieces.fits(e.size):
+                raise ManifestError(source, f"file {e.path!r}: {len(e.pieces.states)} piece "
+                                            f"states of {e.pieces.size} bytes do not fit its "
+                                            f"{e.size} bytes (a file of n pieces lists n-1)")
         # A file may not also be a directory of another entry ("a" and "a/b").
         for p in seen:
             head = p
@@ -187,7 +198,9 @@ def parse_manifest(data: bytes, *, source: str) -> Manifest:
     meta = {k: v for k, v in doc.items()
             if k not in ("format", "format_version", "kind", "created_at", "files")}
     m = Manifest(doc["kind"],
-                 tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in doc["files"]),
+                 tuple(FileEntry(f["path"], f["size"], f["sha256"],
+                                 Pieces.from_dict(f["pieces"]) if "pieces" in f else None)
+                       for f in doc["files"]),
                  doc["created_at"], meta)
     m._check(source=source)
     return m
@@ -220,6 +233,18 @@ def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
     """``(size, sha256)`` of a local file, read once with a reused buffer."""
     with open(path, "rb", buffering=0) as f:
         return hash_stream(f)  # type: ignore[arg-type]
+
+
+def hash_entry(path: str | os.PathLike[str], rel: str) -> FileEntry:
+    """The manifest entry of the local file ``path`` listed as ``rel``: size,
+    sha256 and piece states, from one read with a reused buffer."""
+    h = ChainHasher()
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            h.update(view[:n])
+    return FileEntry(rel, h.size, h.hexdigest(), h.pieces)
 
 
 def list_local_files(root: str | os.PathLike[str]) -> list[str]:
@@ -284,6 +309,5 @@ def build_manifest(root: str | os.PathLike[str], kind: str, **meta: Any) -> Mani
     entries = []
     for rel in list_local_files(root):
         check_path(rel, source=str(root))
-        size, digest = hash_file(os.path.join(root, *rel.split("/")))
-        entries.append(FileEntry(rel, size, digest))
+        entries.append(hash_entry(os.path.join(root, *rel.split("/")), rel))
     return Manifest.build(kind, entries, **meta)

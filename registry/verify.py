@@ -10,11 +10,20 @@ and reported by a full verification.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from registry.errors import IntegrityError, ManifestError, NotCommittedError, RegistryError
+from registry import pieces as pc
+from registry.errors import (
+    IntegrityError,
+    ManifestError,
+    NotCommittedError,
+    PieceMismatchError,
+    RegistryError,
+)
 from registry.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
 from registry.store import Store, join
 from registry.store.base import CHUNK
@@ -84,20 +93,78 @@ def _hash_object(store: Store, key: str) -> str:
     return h.hexdigest()
 
 
-def _check_entry(store: Store, prefix: str, entry: FileEntry, sizes: dict[str, int],
-                 full: bool) -> IntegrityError | None:
+def _check_size(entry: FileEntry, sizes: dict[str, int]) -> IntegrityError | None:
     actual = sizes.get(entry.path)
     if actual is None:
         return IntegrityError(entry.path, expected_size=entry.size, actual_size=None,
                               expected_sha256=entry.sha256)
     if actual != entry.size:
         return IntegrityError(entry.path, expected_size=entry.size, actual_size=actual)
-    if full:
-        digest = _hash_object(store, join(prefix, entry.path))
-        if digest != entry.sha256:
-            return IntegrityError(entry.path, expected_size=entry.size, actual_size=actual,
-                                  expected_sha256=entry.sha256, actual_sha256=digest)
     return None
+
+
+def _check_whole(store: Store, key: str, entry: FileEntry) -> IntegrityError | None:
+    digest = _hash_object(store, key)
+    if digest != entry.sha256:
+        return IntegrityError(entry.path, expected_size=entry.size, actual_size=entry.size,
+                              expected_sha256=entry.sha256, actual_sha256=digest)
+    return None
+
+
+def piece_error(entry: FileEntry, k: int, actual: str) -> PieceMismatchError:
+    """The error for piece ``k`` of ``entry`` whose bytes end at ``actual``."""
+    assert entry.pieces is not None
+    start, end = entry.pieces.bounds(entry.size)[k]
+    return PieceMismatchError(entry.path, size=entry.size, piece=k, start=start, end=end,
+                              expected_state=pc.expected_state(entry.pieces, entry.sha256, k),
+                              actual_state=actual, last=k == entry.pieces.count() - 1)
+
+
+def _check_piece(store: Store, key: str, entry: FileEntry, k: int) -> IntegrityError | None:
+    assert entry.pieces is not None
+    start, end = entry.pieces.bounds(entry.size)[k]
+    local = store.local_path(key)
+    if local is not None:
+        fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            actual = pc.check_fd(fd, entry.pieces, entry.sha256, entry.size, k)
+        finally:
+            os.close(fd)
+    else:
+        actual = pc.check_piece(entry.pieces, entry.sha256, entry.size, k,
+                                store.iter_range(key, start, end, CHUNK))
+    return None if actual is None else piece_error(entry, k, actual)
+
+
+def hash_tasks(store: Store, key: str, entry: FileEntry,
+               ) -> list[Callable[[], IntegrityError | None]]:
+    """The independent checks that together verify every byte of ``entry``
+    at ``key``: one per piece when the entry has piece states (and
+    libcrypto is here), else one whole-file sha256. Each returns None or
+    the error (a PieceMismatchError names the piece and both states)."""
+    if entry.pieces is not None and pc.AVAILABLE:
+        return [lambda k=k: _check_piece(store, key, entry, k)  # type: ignore[misc]
+                for k in range(entry.pieces.count())]
+    return [lambda: _check_whole(store, key, entry)]
+
+
+def default_workers(workers: int) -> int:
+    """Threads for hashing: at least one per core (hashing releases the GIL)."""
+    return max(1, workers, os.cpu_count() or 1)
+
+
+def run_checks(pool: ThreadPoolExecutor, checks: Iterable[tuple[int, Callable[[], Any]]],
+               ) -> dict[int, IntegrityError]:
+    """Run ``(index, check)`` pairs on ``pool``; the first error per index,
+    lowest piece first."""
+    futures: list[tuple[int, Future[IntegrityError | None]]] = [
+        (i, pool.submit(fn)) for i, fn in checks]
+    errors: dict[int, IntegrityError] = {}
+    for i, fut in futures:
+        err = fut.result()
+        if err is not None and i not in errors:
+            errors[i] = err
+    return errors
 
 
 def verify_directory(store: Store, prefix: str, *, full: bool = False,
@@ -129,12 +196,28 @@ def verify_entries(store: Store, prefix: str, entries: Any, *, full: bool = True
                    ) -> list[IntegrityError]:
     """Check some manifest entries of the directory at ``prefix`` (sizes, and
     sha256 when ``full``); returns one IntegrityError per file that differs,
-    in manifest order. Raises StorageError when the store fails."""
+    in manifest order. Raises StorageError when the store fails.
+
+    A file with piece states is checked piece by piece, every piece of every
+    file on a pool of ``max(workers, CPU count)`` threads, so one large file
+    verifies on every core; its error is a PieceMismatchError naming the
+    first bad piece. Other files hash whole, in parallel with the rest."""
     if sizes is None:
         sizes = store.walk_files(prefix)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(lambda e: _check_entry(store, prefix, e, sizes, full), entries))
-    return [r for r in results if r is not None]
+    entries = list(entries)
+    errors: dict[int, IntegrityError] = {}
+    checks: list[tuple[int, Callable[[], Any]]] = []
+    for i, e in enumerate(entries):
+        bad = _check_size(e, sizes)
+        if bad is not None:
+            errors[i] = bad
+        elif full:
+            checks.extend((i, fn) for fn in hash_tasks(store, join(prefix, e.path), e))
+    if checks:
+        with ThreadPoolExecutor(default_workers(workers), thread_name_prefix="verify") as pool:
+            for i, err in run_checks(pool, checks).items():
+                errors.setdefault(i, err)
+    return [errors[i] for i in sorted(errors)]
 
 
 def is_committed(store: Store, prefix: str) -> bool:
