@@ -21,7 +21,7 @@ from registry.pull.download import fetch
 from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.release import release_prefix
 from registry.store import Store
-from registry.verify import read_manifest
+from registry.verify import default_workers, read_manifest
 
 if TYPE_CHECKING:
     from registry.keys import Trust
@@ -148,10 +148,12 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
         return 0
     transferred = 0
     with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
-            ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files:
+            ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files, \
+            ThreadPoolExecutor(default_workers(1), thread_name_prefix="pull-pieces") as checks:
         futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
-                                range_threshold=range_threshold, fsync=fsync)
+                                range_threshold=range_threshold, fsync=fsync,
+                                verify_pool=checks)
                    for e in sorted(missing.values(), key=lambda e: -e.size)]
         errors = []
         for fut in futures:

@@ -34,10 +34,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from registry import pieces as pc
 from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.store import Store, join
+from registry.verify import default_workers, piece_error
 
 #: files larger than this (bytes) may be split into parallel byte ranges.
 RANGE_THRESHOLD = 64 * 1024 * 1024
@@ -123,6 +125,47 @@ class _Hasher:
         return self.h.hexdigest()
 
 
+class _PieceChecks:
+    """Piece checks of one file (registry.pieces), each started on ``pool`` as
+    soon as every byte of its piece has landed in ``fd``: the piece is hashed
+    back from the page cache, on any free core, while the download goes on.
+    Nothing is hashed in file order, so ranges that land out of order cost no
+    wait and no second pass."""
+
+    def __init__(self, entry: FileEntry, fd: int, pool: ThreadPoolExecutor) -> None:
+        assert entry.pieces is not None
+        self.entry, self.fd, self.pool = entry, fd, pool
+        self.bounds = entry.pieces.bounds(entry.size)
+        self.futures: dict[int, Future[str | None]] = {}
+
+    def landed(self, spans: list[tuple[int, int]]) -> None:
+        """``spans``: ``[start, end)`` ranges fully written so far."""
+        merged: list[list[int]] = []
+        for a, b in sorted(spans):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            elif b > a:
+                merged.append([a, b])
+        for k, (a, b) in enumerate(self.bounds):
+            if k not in self.futures and any(s <= a and b <= e for s, e in merged):
+                self.futures[k] = self.pool.submit(pc.check_fd, self.fd, self.entry.pieces,
+                                                   self.entry.sha256, self.entry.size, k)
+
+    def first_error(self) -> IntegrityError | None:
+        """Wait for every started check; the lowest bad piece's error."""
+        bad = None
+        for k in sorted(self.futures):
+            actual = self.futures[k].result()
+            if actual is not None and bad is None:
+                bad = piece_error(self.entry, k, actual)
+        return bad
+
+    def close(self) -> None:
+        for fut in self.futures.values():
+            fut.cancel()
+        wait(list(self.futures.values()))
+
+
 class _Pieces:
     """The byte ranges of one file fetched by other threads, and how far each got."""
 
@@ -189,6 +232,28 @@ class _Pieces:
                 break
         return got
 
+    def check_as_landed(self, stream_end: int, checks: _PieceChecks) -> int:
+        """Start each piece's check as its ranges land, until every range is
+        done; returns the bytes landed in file order from ``stream_end``."""
+        while True:
+            with self.cond:
+                if self.error is not None:
+                    raise self.error
+                spans = [(0, stream_end)] + [(s, s + n) for (s, _e), n in
+                                              zip(self.bounds, self.landed, strict=True)]
+                done = all(self.finished)
+                if not done:
+                    self.cond.wait()
+            checks.landed(spans)
+            if done:
+                break
+        got = 0
+        for (start, end), n in zip(self.bounds, self.landed, strict=True):
+            got += n
+            if start + n < end:
+                break
+        return got
+
     def close(self) -> None:
         """Stop the ranges and wait for them: nothing writes to the file after."""
         self.stop = True
@@ -197,9 +262,11 @@ class _Pieces:
 
 def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher, *,
               ranged_pool: ThreadPoolExecutor, workers: int, threshold: int,
-              progress: Progress) -> int:
+              progress: Progress, checks: _PieceChecks | None = None) -> int:
     """Stream ``key`` into ``fd``, splitting its tail when that pays; returns
-    the bytes received (more than ``entry.size`` when the object is longer)."""
+    the bytes received (more than ``entry.size`` when the object is longer).
+    Each block goes to ``hasher`` in order, or, with ``checks``, each piece
+    is checked once it has landed."""
     size = entry.size
     end = size  # where this stream stops (lowered by a split)
     pos = 0
@@ -219,11 +286,14 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
                 if pieces is not None and len(view) > end - pos:
                     view = view[:end - pos]  # the rest is the ranges'
                 _pwrite_all(fd, view, pos)
-                hasher.update(view)
+                if checks is None:
+                    hasher.update(view)
                 pos += len(view)
                 progress(len(view))
                 if pos > size or (pieces is not None and pos >= end):
                     break
+                if checks is not None:
+                    checks.landed([(0, pos)])
                 if not decided and now - first >= PROBE_SECONDS:
                     decided = True
                     k = plan_split(size - pos, pos / max(now - t0, 1e-6), ttfb, workers)
@@ -237,8 +307,13 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
         finally:
             stream.close()  # drops the connection of a stream cut short
         if pieces is None or pos < end:
+            if checks is not None and pos == size:
+                checks.landed([(0, pos)])
             return pos
-        got = pos + pieces.hash_in_order(fd, hasher)
+        if checks is not None:
+            got = pos + pieces.check_as_landed(pos, checks)
+        else:
+            got = pos + pieces.hash_in_order(fd, hasher)
         return got + pieces.longer
     finally:
         if pieces is not None:
@@ -247,11 +322,19 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
 
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
-          fsync: bool = True, range_threshold: int | None = None) -> int:
+          fsync: bool = True, range_threshold: int | None = None,
+          verify_pool: ThreadPoolExecutor | None = None) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
+
+    An entry with piece states (registry.pieces) is verified piece by piece
+    on ``verify_pool`` (one thread per core) as its pieces land; all pieces
+    verified is its sha256 verified. Other entries hash in file order on a
+    helper thread while they download.
 
     Args:
         ranged_pool: threads that fetch byte ranges of large files.
+        verify_pool: threads that check pieces (default: one per core, for
+            this file only).
         inflight: the most ranges one file is cut into.
         progress: called with each block's byte count as it lands.
         fsync: make the blob durable before it is linked into ``blobs/``.
@@ -267,21 +350,33 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     key = join(prefix, entry.path)
     tmp = cache.new_temp(entry.sha256)
     threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
-    hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK)
+    by_pieces = entry.pieces is not None and pc.AVAILABLE
+    hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)
+    own_pool = None
+    if by_pieces and verify_pool is None:
+        verify_pool = own_pool = ThreadPoolExecutor(default_workers(1),
+                                                    thread_name_prefix="pull-pieces")
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        checks = _PieceChecks(entry, fd, verify_pool) if by_pieces else None  # type: ignore[arg-type]
         try:
             got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
-                            workers=inflight, threshold=threshold, progress=progress)
-            actual = hasher.hexdigest()
-            if got == entry.size and fsync:
+                            workers=inflight, threshold=threshold, progress=progress,
+                            checks=checks)
+            bad = checks.first_error() if checks is not None and got == entry.size else None
+            actual = entry.sha256 if checks is not None else hasher.hexdigest()
+            if got == entry.size and fsync and bad is None:
                 os.fsync(fd)
         finally:
+            if checks is not None:
+                checks.close()
             os.close(fd)
         if got != entry.size:
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  reason=f"size {got}{'+' if got > entry.size else ''} bytes, "
                                         f"expected {entry.size}")
+        if bad is not None:
+            raise bad
         if actual != entry.sha256:
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  expected_sha256=entry.sha256, actual_sha256=actual)
@@ -305,4 +400,6 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         raise
     finally:
         hasher.close()
+        if own_pool is not None:
+            own_pool.shutdown(wait=True)
         Path(tmp).unlink(missing_ok=True)
