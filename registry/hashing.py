@@ -165,6 +165,7 @@ class HashingWriter:
         align = start()
         if align is None:
             return None
+        chunk = getattr(self.raw, "direct_chunk", chunk)  # the store's measured choice
         raw = self.raw
         views = [memoryview(mmap.mmap(-1, chunk)) for _ in range(depth)]
         pending: deque[tuple[Future[None], Future[None] | None]] = deque()

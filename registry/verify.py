@@ -148,9 +148,14 @@ def hash_tasks(store: Store, key: str, entry: FileEntry,
     return [lambda: _check_whole(store, key, entry)]
 
 
-def default_workers(workers: int) -> int:
-    """Threads for hashing: at least one per core (hashing releases the GIL)."""
-    return max(1, workers, os.cpu_count() or 1)
+#: threads hashing at once when not told: enough requests in flight for an
+#: object store, and one per core at least (hashing releases the GIL).
+WORKERS = 4
+
+
+def default_workers(workers: int | None = None) -> int:
+    """``workers`` if given, else max(WORKERS, CPU count)."""
+    return max(1, workers) if workers is not None else max(WORKERS, os.cpu_count() or 1)
 
 
 def run_checks(pool: ThreadPoolExecutor, checks: Iterable[tuple[int, Callable[[], Any]]],
@@ -168,13 +173,14 @@ def run_checks(pool: ThreadPoolExecutor, checks: Iterable[tuple[int, Callable[[]
 
 
 def verify_directory(store: Store, prefix: str, *, full: bool = False,
-                     workers: int = 4) -> VerifyReport:
+                     workers: int | None = None) -> VerifyReport:
     """Verify the directory at ``prefix`` against its manifest; never raises for
     a bad directory (the report says what is wrong).
 
     Args:
         full: compare sha256 digests (reads every byte), else sizes only.
-        workers: files hashed in parallel (threads; hashlib releases the GIL).
+        workers: threads hashing files and pieces in parallel (hashing
+            releases the GIL); default max(WORKERS, CPU count).
 
     Raises:
         StorageError: the store itself failed (network, permissions).
@@ -192,14 +198,14 @@ def verify_directory(store: Store, prefix: str, *, full: bool = False,
 
 
 def verify_entries(store: Store, prefix: str, entries: Any, *, full: bool = True,
-                   workers: int = 4, sizes: dict[str, int] | None = None,
+                   workers: int | None = None, sizes: dict[str, int] | None = None,
                    ) -> list[IntegrityError]:
     """Check some manifest entries of the directory at ``prefix`` (sizes, and
     sha256 when ``full``); returns one IntegrityError per file that differs,
     in manifest order. Raises StorageError when the store fails.
 
     A file with piece states is checked piece by piece, every piece of every
-    file on a pool of ``max(workers, CPU count)`` threads, so one large file
+    file on a pool of ``workers`` threads (default: see default_workers), so one large file
     verifies on every core; its error is a PieceMismatchError naming the
     first bad piece. Other files hash whole, in parallel with the rest."""
     if sizes is None:

@@ -5,6 +5,8 @@ Needs only read access to the store, never the index.
 
 from __future__ import annotations
 
+import os
+
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -149,7 +151,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
     transferred = 0
     with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files, \
-            ThreadPoolExecutor(default_workers(1), thread_name_prefix="pull-pieces") as checks:
+            ThreadPoolExecutor(default_workers(os.cpu_count() or 1), thread_name_prefix="pull-pieces") as checks:
         futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,

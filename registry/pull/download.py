@@ -25,6 +25,7 @@ and one block per range.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -320,6 +321,26 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
             pieces.close()
 
 
+def _copy_local(src: str, fd: int, entry: FileEntry, checks: _PieceChecks,
+                progress: Progress, chunk: int = 4 * STREAM_CHUNK) -> int:
+    """A local store's file into ``fd`` by ``copy_file_range`` (the kernel
+    copies page cache to page cache, nothing passes through Python), each
+    piece checked once it has landed; returns the bytes copied (one more
+    than ``entry.size`` when the file is longer). None-copying kernels
+    (EXDEV...) raise OSError before any byte: the caller streams instead."""
+    with open(src, "rb", buffering=0) as f:
+        pos = 0
+        want = entry.size + 1  # one byte more: is the file longer?
+        while pos < want:
+            n = os.copy_file_range(f.fileno(), fd, min(chunk, want - pos), pos, pos)
+            if not n:
+                break
+            pos += n
+            progress(min(n, max(0, entry.size - (pos - n))))
+            checks.landed([(0, min(pos, entry.size))])
+    return pos
+
+
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None,
@@ -354,15 +375,27 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)
     own_pool = None
     if by_pieces and verify_pool is None:
-        verify_pool = own_pool = ThreadPoolExecutor(default_workers(1),
+        verify_pool = own_pool = ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
                                                     thread_name_prefix="pull-pieces")
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         checks = _PieceChecks(entry, fd, verify_pool) if by_pieces else None  # type: ignore[arg-type]
+        local = store.local_path(key) if checks is not None else None
         try:
-            got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
-                            workers=inflight, threshold=threshold, progress=progress,
-                            checks=checks)
+            got = -1
+            if local is not None and checks is not None:
+                try:
+                    got = _copy_local(local, fd, entry, checks, progress)
+                except FileNotFoundError:
+                    pass  # the stream below raises the store's own error
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+                                       errno.EOPNOTSUPP) or os.fstat(fd).st_size:
+                        raise
+            if got < 0:
+                got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
+                                workers=inflight, threshold=threshold, progress=progress,
+                                checks=checks)
             bad = checks.first_error() if checks is not None and got == entry.size else None
             actual = entry.sha256 if checks is not None else hasher.hexdigest()
             if got == entry.size and fsync and bad is None:

@@ -32,6 +32,7 @@ from registry.pools import HelperPool
 from registry.store.base import ObjectInfo, Store, content_token
 from registry.store.leaselock import LeaseLock
 from registry.store.translate import translated
+from registry.store.writepath import WritePath, write_path
 
 _RENAME_NOREPLACE = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -99,9 +100,11 @@ class _DurableFile:
     large file being written.
     """
 
-    def __init__(self, path: str, mode: str) -> None:
+    def __init__(self, path: str, mode: str, *,
+                 write_path: Callable[[], WritePath] | None = None) -> None:
         self._f = open(path, mode)  # noqa: SIM115 - closed in close()
         self.name = path
+        self._choose = write_path  # asked once, by the first large write
         self._written = 0
         self._flushed = 0
         self._direct: int | None = None
@@ -110,6 +113,8 @@ class _DurableFile:
         self._in_flight: Future[None] | None = None
         self._filled = 0
         self._buffered_only = "x" in mode  # create(): small documents
+        #: bytes per direct write buffer (the store's measured choice).
+        self.direct_chunk = DIRECT_BUFFER
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data)
@@ -155,10 +160,20 @@ class _DurableFile:
         """Switch to direct writes at offset ``DIRECT_AFTER``; False where
         the filesystem has no direct I/O (writes stay buffered)."""
         self._buffered_only = True  # decided once, whatever the outcome
-        if self._written != DIRECT_AFTER or self._open_direct_fd() is None:
+        if self._written != DIRECT_AFTER or not self._direct_chosen() \
+                or self._open_direct_fd() is None:
             return False
-        self._buffer = memoryview(mmap.mmap(-1, DIRECT_BUFFER))
+        self._buffer = memoryview(mmap.mmap(-1, self.direct_chunk))
         return True
+
+    def _direct_chosen(self) -> bool:
+        """The store's measured write path (registry.store.writepath) says
+        direct; True when the file was opened without one."""
+        if self._choose is None:
+            return True
+        choice = self._choose()
+        self.direct_chunk = choice.chunk
+        return choice.direct
 
     def _flush_direct(self) -> None:
         """Hand the full buffer to the disk with O_DIRECT at the end of the
@@ -186,7 +201,7 @@ class _DurableFile:
         else:
             self._wait_direct()
             self._in_flight = _DIRECT_WRITERS.submit(self.pwrite_direct, data, self._written)
-            spare = self._spare or memoryview(mmap.mmap(-1, DIRECT_BUFFER))
+            spare = self._spare or memoryview(mmap.mmap(-1, self.direct_chunk))
             self._spare, self._buffer = self._buffer, spare
         self._written += self._filled
         self._filled = 0
@@ -262,6 +277,8 @@ class _DurableFile:
         if self._written or self._direct is not None or self._buffer is not None:
             return None
         self._buffered_only = True  # this file is copied whole, not streamed
+        if not self._direct_chosen():
+            return None
         return self._open_direct_fd()
 
     def _open_direct_fd(self) -> int | None:
@@ -406,7 +423,8 @@ class LocalStore(Store):
         path = self.path(key)
         with translated(key):
             self._make_parents(path)
-            return _DurableFile(path, "wb")  # type: ignore[return-value]
+            return _DurableFile(path, "wb",  # type: ignore[return-value]
+                                write_path=lambda: write_path(self.root))
 
     def create(self, key: str, data: bytes) -> None:
         # O_EXCL is the atomic check-and-create; fsspec's local
