@@ -151,6 +151,9 @@ def main() -> int:
         results["sha256_largest_seconds"] = min(
             timed(lambda: hash_file(src / "model.safetensors")) for _ in range(3))
         local_store = tmp / "store"
+        local_store.mkdir()
+        from registry.store.writepath import write_path
+        results["write_path"] = write_path(str(local_store)).to_dict()
         release = local_store / "models/bench/1"
         results["local"] = bench_backend(
             "local", str(local_store), src, tmp, args.repeat,
@@ -191,7 +194,8 @@ def report(results: dict[str, Any], args: Any, backends: tuple[str, ...]) -> Non
         peer = "cp -r && sync" if backend == "local" else "s3fs get"
         peer_nf = "cp -r" if backend == "local" else "s3fs get"
         target = "1.15" if backend == "local" else "1.0"
-        print(f"| {backend} | {r['ours_seconds']:.2f} | {peer} {r.get('peer_sync_seconds', r['peer_seconds']):.2f} "
+        peer_s = r.get("peer_sync_seconds", r["peer_seconds"])
+        print(f"| {backend} | {r['ours_seconds']:.2f} | {peer} {peer_s:.2f} "
               f"| {r['ratio']:.2f} | {r['no_fsync_seconds']:.2f} | {peer_nf} "
               f"{r['peer_seconds']:.2f} | {r['no_fsync_ratio']:.2f} | <= {target} "
               f"| {r['warm_seconds_per_gib']:.3f} |")

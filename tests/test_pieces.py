@@ -19,7 +19,12 @@ import pytest
 from registry import pieces as pc
 from registry.checkpoint.tree import CheckpointSkippedWarning, CheckpointTree
 from registry.commit import DirectoryWriter, commit_local_directory
-from registry.errors import IntegrityError, ManifestError, NoValidCheckpointError, PieceMismatchError
+from registry.errors import (
+    IntegrityError,
+    ManifestError,
+    NoValidCheckpointError,
+    PieceMismatchError,
+)
 from registry.manifest import MANIFEST, FileEntry, Manifest, build_manifest, parse_manifest
 from registry.pieces import ChainHasher, Pieces, check_piece
 from registry.pull import pull

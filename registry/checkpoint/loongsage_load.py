@@ -15,11 +15,9 @@ structure). :func:`load_dist_ckpt` reads one concrete ``train_step_<N>/dist_ckpt
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +45,6 @@ from registry.checkpoint.tree import CheckpointTree
 from registry.errors import (
     CheckpointError,
     DocumentError,
-    IntegrityError,
     NoValidCheckpointError,
     NotCommittedError,
     ObjectNotFoundError,
@@ -57,7 +54,7 @@ from registry.errors import (
 from registry.manifest import Manifest, check_path
 from registry.safetensors_io import check_optimizer_state, read_safetensors
 from registry.store import Store, join, open_store
-from registry.verify import read_manifest, verify_directory
+from registry.verify import read_manifest, verify_directory, verify_entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,22 +287,9 @@ def _verified_step(tree: CheckpointTree, step: int, tracker: str) -> Manifest:
 
 def _verify_entries(store: Store, prefix: str, manifest: Manifest, under: str) -> None:
     entries = [e for e in manifest.files if e.path.startswith(under)]
-    sizes = store.walk_files(join(prefix, under))
-
-    def check(e: Any) -> IntegrityError | None:
-        actual = sizes.get(e.path[len(under):])
-        if actual is None or actual != e.size:
-            return IntegrityError(e.path, expected_size=e.size, actual_size=actual)
-        h = hashlib.sha256()
-        for block in store.iter_read(join(prefix, e.path)):
-            h.update(block)
-        if h.hexdigest() != e.sha256:
-            return IntegrityError(e.path, expected_size=e.size, actual_size=actual,
-                                  expected_sha256=e.sha256, actual_sha256=h.hexdigest())
-        return None
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        problems = [p for p in pool.map(check, entries) if p]
+    sizes = {under + rel: n for rel, n in store.walk_files(join(prefix, under)).items()}
+    # Piece by piece on every core where the manifest has piece states.
+    problems = verify_entries(store, prefix, entries, full=True, sizes=sizes)
     if problems:
         raise NoValidCheckpointError(f"{store.url_of(prefix)} does not verify: {problems[0]}")
 

@@ -151,7 +151,8 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
     transferred = 0
     with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files, \
-            ThreadPoolExecutor(default_workers(os.cpu_count() or 1), thread_name_prefix="pull-pieces") as checks:
+            ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
+                               thread_name_prefix="pull-pieces") as checks:
         futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,

@@ -379,7 +379,8 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                                                     thread_name_prefix="pull-pieces")
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        checks = _PieceChecks(entry, fd, verify_pool) if by_pieces else None  # type: ignore[arg-type]
+        checks = (_PieceChecks(entry, fd, verify_pool)  # type: ignore[arg-type]
+                  if by_pieces else None)
         local = store.local_path(key) if checks is not None else None
         try:
             got = -1

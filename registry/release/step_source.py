@@ -61,5 +61,5 @@ def check_step_source(url: str) -> str | None:
         p = problems[0]
         raise IntegrityError(f"{store.url_of(step_dir)}/{p.path}", expected_size=p.expected_size,
                              actual_size=p.actual_size, expected_sha256=p.expected_sha256,
-                             actual_sha256=p.actual_sha256)
+                             actual_sha256=p.actual_sha256, reason=p.reason)
     return manifest.digest
