@@ -162,6 +162,10 @@ def test_one_tampered_byte_in_the_middle_piece_is_named(store: Store, tmp_path: 
     assert not serve.exists()
     blobs = {p.name for p in (cache / "blobs").rglob("*") if p.is_file()}
     assert entry.sha256 not in blobs and sha(bad) not in blobs
+    # repaired: the pull places it, and --verify re-checks the placed pieces
+    store.write_bytes("models/tiny/1/model.safetensors", flip(bad, MIDDLE))
+    r = pull(store, "tiny", "1", to=serve, cache=cache, verify=True)
+    assert r.placed and (serve / "model.safetensors").read_bytes() == flip(bad, MIDDLE)
 
 
 def test_cli_verify_names_file_piece_and_both_states(durable_store_url: str,

@@ -899,7 +899,16 @@ def test_verify_rehashes_the_target(tmp_path: Path) -> None:
         return real(path)
 
     import unittest.mock
-    with unittest.mock.patch.object(materialize, "hash_file", spy):
+
+    from registry import verify as verify_mod
+    real_tasks = verify_mod.hash_tasks
+
+    def spy_tasks(store: Store, key: str, entry: Any) -> Any:  # --verify: every file
+        read.append(Path(entry.path).name)
+        return real_tasks(store, key, entry)
+
+    with unittest.mock.patch.object(materialize, "hash_file", spy), \
+            unittest.mock.patch.object(verify_mod, "hash_tasks", spy_tasks):
         assert not pull(store, MODEL, "1", to=target, cache=cache).placed
         assert read == []  # stamps unchanged: nothing read
         assert not pull(store, MODEL, "1", to=target, cache=cache, verify=True).placed
@@ -1241,6 +1250,25 @@ def fake_reflink(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(materialize, "reflink", clone)
     return calls
+
+
+def test_a_verified_blob_is_copied_unread(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without reflinks, a blob whose stamp is the one recorded when it was
+    verified is copied by the kernel, not hashed again (issue 19: the second
+    sha256 pass of every pull); a changed stamp is re-hashed (see
+    test_a_changed_cache_blob_is_never_placed)."""
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1", release_files())
+    monkeypatch.setattr(materialize, "reflink", lambda src, dst: False)
+    hashed: list[object] = []
+    real = materialize.HashingWriter
+    monkeypatch.setattr(materialize, "HashingWriter",
+                        lambda raw: hashed.append(raw) or real(raw))
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    pull(store, MODEL, "1", to=target, cache=cache)
+    assert hashed == []
+    assert_pulled(target, store, "1", cache)
 
 
 def test_reflink_checks_the_blob_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

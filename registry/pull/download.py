@@ -40,6 +40,7 @@ from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.store import Store, join
+from registry.store.local import _SYNC_FILE_RANGE_WRITE, _sync_file_range
 from registry.verify import default_workers, piece_error
 
 #: files larger than this (bytes) may be split into parallel byte ranges.
@@ -322,11 +323,13 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
 
 
 def _copy_local(src: str, fd: int, entry: FileEntry, checks: _PieceChecks,
-                progress: Progress, chunk: int = 4 * STREAM_CHUNK) -> int:
+                progress: Progress, *, fsync: bool, chunk: int = 4 * STREAM_CHUNK) -> int:
     """A local store's file into ``fd`` by ``copy_file_range`` (the kernel
     copies page cache to page cache, nothing passes through Python), each
     piece checked once it has landed; returns the bytes copied (one more
-    than ``entry.size`` when the file is longer). None-copying kernels
+    than ``entry.size`` when the file is longer). With ``fsync``, the
+    writeback of each chunk is started as it lands (the fsync then has
+    less to wait for). Kernels that cannot copy between these files
     (EXDEV...) raise OSError before any byte: the caller streams instead."""
     with open(src, "rb", buffering=0) as f:
         pos = 0
@@ -338,6 +341,8 @@ def _copy_local(src: str, fd: int, entry: FileEntry, checks: _PieceChecks,
             pos += n
             progress(min(n, max(0, entry.size - (pos - n))))
             checks.landed([(0, min(pos, entry.size))])
+            if fsync and _sync_file_range is not None:
+                _sync_file_range(fd, pos - n, n, _SYNC_FILE_RANGE_WRITE)
     return pos
 
 
@@ -386,7 +391,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             got = -1
             if local is not None and checks is not None:
                 try:
-                    got = _copy_local(local, fd, entry, checks, progress)
+                    got = _copy_local(local, fd, entry, checks, progress, fsync=fsync)
                 except FileNotFoundError:
                     pass  # the stream below raises the store's own error
                 except OSError as e:
