@@ -53,6 +53,10 @@ def _rows_pull(r: dict[str, Any]) -> Iterator[Row]:
         if backend in r and "no_fsync_seconds" in r[backend]:
             yield ("pull", f"{backend}, every byte verified, --no-fsync",
                    r[backend]["no_fsync_seconds"], peer, r[backend]["no_fsync_ratio"], target)
+    if "verify_all_cores_seconds" in r:
+        yield ("pull", f"every byte's piece checks on {r['cpus']} cores (verification floor)",
+               r["verify_all_cores_seconds"], "cp -r",
+               r["verify_all_cores_seconds"] / local["peer_seconds"], "(floor)")
     if "sha256_largest_seconds" in r:
         yield ("pull", "sha256 of the largest file on one core", r["sha256_largest_seconds"],
                "cp -r", r["sha256_largest_seconds"] / local["peer_seconds"], "(reported)")

@@ -1323,16 +1323,16 @@ def test_disk_full_while_materializing(tmp_path: Path, monkeypatch: pytest.Monke
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1", release_files())
     calls = [0]
-    real = materialize.HashingWriter.copy_from
+    real = materialize._copy_unread  # verified blobs are copied unread (issue 19)
 
-    def full(self: Any, src: Any, *a: Any, **kw: Any) -> int:
+    def full(src: Any, raw: Any) -> int:
         calls[0] += 1
         if calls[0] < 3:
-            return real(self, src, *a, **kw)
-        self.raw.write(b"partial")
+            return real(src, raw)
+        raw.write(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(materialize.HashingWriter, "copy_from", full)
+    monkeypatch.setattr(materialize, "_copy_unread", full)
     cache, target = tmp_path / "cache", tmp_path / "serve"
     try:
         with pytest.raises(InsufficientSpaceError):
