@@ -503,12 +503,17 @@ def main(argv: list[str] | None = None) -> int:
             before = loadavg()
             results["s3"] = bench_s3(src, nbytes, args.repeat, probe_mib=args.size_mib * 3 // 4)
             results["s3"]["loadavg_before_after"] = [before, loadavg()]
+        from bench.floor import disk_floor, floor_line
+        results["disk_floor_seconds"] = disk_floor(work, nbytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["targets"] = targets(results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
+    ours = results.get("local", {}).get("ours", {})
+    print(floor_line(results["disk_floor_seconds"], nbytes,
+                     ours.get("median_seconds") if isinstance(ours, dict) else None))
     return 0
 
 

@@ -139,6 +139,8 @@ def main() -> int:
                 "ratio": statistics.median(ours_t) / statistics.median(naive_t),
                 "ours_peak_rss_mib": max(ours_m) / MIB, "naive_peak_rss_mib": max(naive_m) / MIB,
                 "samples": {"ours": ours_t, "naive": naive_t}}
+        from bench.floor import disk_floor
+        result["disk_floor_seconds"] = disk_floor(tmp, largest)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"release of a {args.model_mib} MiB F32 checkpoint (largest tensor "
           f"{largest / MIB:.0f} MiB), medians of {args.repeat}, each in a fresh process:")
@@ -148,6 +150,8 @@ def main() -> int:
         r = result[dtype]
         print(f"| {dtype} | {r['ours_seconds']:.2f} | {r['naive_seconds']:.2f} | {r['ratio']:.2f} "
               f"| {r['ours_peak_rss_mib']:.0f} | {r['naive_peak_rss_mib']:.0f} |")
+    from bench.floor import floor_line
+    print(floor_line(result["disk_floor_seconds"], largest))
     return 0
 
 
