@@ -1252,6 +1252,47 @@ def fake_reflink(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("fsync", [True, False])
+def test_no_blobs_writes_each_byte_once(store: Store, tmp_path: Path, fsync: bool) -> None:
+    """``blobs=False``: files the cache lacks go straight into the target
+    (one write per byte), no blob is kept; cached files still come from
+    their blobs; a tampered file places nothing (issue 19)."""
+    m = publish(store, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    r = pull(store, MODEL, "1", to=target, cache=cache, blobs=False, fsync=fsync)
+    assert r.placed and r.downloaded == len({e.sha256 for e in m.files})
+    assert r.transferred == sum({e.sha256: e.size for e in m.files}.values())
+    assert_pulled(target, store, "1", None)
+    assert blobs(cache) == {}
+    assert_clean(cache, target)
+    assert not pull(store, MODEL, "1", to=target, cache=cache, blobs=False).placed
+    # a second target: the files are downloaded again (no blob to share) ...
+    other = tmp_path / "t2"
+    assert pull(store, MODEL, "1", to=other, cache=cache, blobs=False).transferred == \
+        r.transferred
+    # ... unless a default pull cached them: then they come from the blobs
+    pull(store, MODEL, "1", to=tmp_path / "t3", cache=cache)
+    assert pull(store, MODEL, "1", to=tmp_path / "t4", cache=cache,
+                blobs=False).transferred == 0
+    assert_pulled(tmp_path / "t4", store, "1", cache)
+    key = join(release_prefix(MODEL, "1"), "data/b.bin")
+    store.write_bytes(key, tampered(store.read_bytes(key), "flip"))
+    with pytest.raises(IntegrityError, match="data/b.bin"):
+        pull(store, MODEL, "1", to=tmp_path / "t5", cache=tmp_path / "c5", blobs=False)
+    assert not (tmp_path / "t5").exists()
+    assert_clean(tmp_path / "c5", tmp_path / "t5")
+
+
+def test_cli_no_blobs(durable_store_url: str, durable: Store, tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(target), "--cache", str(cache),
+                "--no-blobs", "--store", durable_store_url, "--json")
+    assert p.returncode == 0, p.stderr
+    assert_pulled(target, durable, "1", None)
+    assert blobs(cache) == {}
+
+
 def test_a_verified_blob_is_copied_unread(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Without reflinks, a blob whose stamp is the one recorded when it was

@@ -48,6 +48,10 @@ def pull(
         "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
                            "the host, e.g. a pod's emptyDir): faster, but a power loss "
                            "can leave damaged files.")] = False,
+    no_blobs: Annotated[bool, typer.Option(
+        "--no-blobs", help="Download files the cache lacks straight into the target, keeping "
+                           "no blob in the cache: one write per byte instead of two, but a "
+                           "later pull of another version cannot share them.")] = False,
     require_passing: Annotated[bool, typer.Option(
         "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
                                   "its gates now (revoked source, policy).")] = False,
@@ -94,6 +98,7 @@ def pull(
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
+                             blobs=not no_blobs,
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))

@@ -144,8 +144,9 @@ def _missing(cache: Cache, entries: Iterable[FileEntry]) -> dict[str, FileEntry]
 
 def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: Cache, *,
                workers: int, progress: Callable[[int], None], range_threshold: int | None,
-               fsync: bool) -> int:
-    """Download ``missing`` into the cache, largest first; returns bytes received."""
+               fsync: bool, dests: dict[str, Path] | None = None) -> int:
+    """Download ``missing`` into the cache (or, by digest, to ``dests``),
+    largest first; returns bytes received."""
     if not missing:
         return 0
     transferred = 0
@@ -156,7 +157,8 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
         futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,
-                                verify_pool=checks)
+                                verify_pool=checks,
+                                dest=dests.get(e.sha256) if dests is not None else None)
                    for e in sorted(missing.values(), key=lambda e: -e.size)]
         errors = []
         for fut in futures:
@@ -174,7 +176,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
          range_threshold: int | None = None, fsync: bool = True,
-         trust: Trust | None = None) -> PullResult:
+         trust: Trust | None = None, blobs: bool = True) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -202,6 +204,13 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             (the library's) runs during the download and must pass before
             anything is placed. The download refuses any byte that does not
             hash to the manifest's digests, so nothing is hashed twice.
+        blobs: keep a verified blob of every downloaded file in the cache
+            (the default: later pulls of other versions share it) and copy it
+            into the target. False (``--no-blobs``, the Hugging Face
+            ``local_dir`` way) downloads files the cache lacks straight into
+            the staging directory: one write per byte instead of two, and no
+            blob for a later pull to share. Files already cached are copied
+            from their blobs either way; never a hardlink.
 
     Returns:
         A PullResult.
@@ -257,17 +266,31 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     wanted = [] if holds and not changed else list(manifest.files)
     missing = _missing(c, wanted)
     need = sum(e.size for e in missing.values())
-    _check_space(c, target, need, 0 if holds and not changed else manifest.total_size)
+    _check_space(c, target, need if blobs else 0,
+                 0 if holds and not changed else manifest.total_size)
     if on_start:
         on_start(need)
     workers = max(1, workers)
-    transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
-                             range_threshold=range_threshold, fsync=fsync)
+    transferred = 0
+    if blobs:
+        transferred = _fetch_all(store, prefix, missing, c, workers=workers,
+                                 progress=on_progress, range_threshold=range_threshold,
+                                 fsync=fsync)
     downloaded = len(missing)
     signer = signature.result().fingerprint if signature is not None else None
+
+    def download(pairs: list[tuple[FileEntry, Path]]) -> None:
+        nonlocal transferred
+        transferred += _fetch_all(store, prefix, {e.sha256: e for e, _ in pairs}, c,
+                                  workers=workers, progress=on_progress,
+                                  range_threshold=range_threshold, fsync=fsync,
+                                  dests={e.sha256: p for e, p in pairs})
+
+    direct = frozenset() if blobs else frozenset(missing)
     for attempt in (1, 2):
         try:
-            placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
+            placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync,
+                                 download=download, direct=direct)
             break
         except BlobChangedError as err:
             # A blob changed after it was verified (someone wrote to the cache):
@@ -275,7 +298,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             c.drop(err.sha256)
             if attempt == 2:
                 raise
-            again = _missing(c, manifest.files)
+            again = _missing(c, [e for e in manifest.files if e.sha256 not in direct])
             transferred += _fetch_all(store, prefix, again, c, workers=workers,
                                       progress=on_progress, range_threshold=range_threshold,
                                       fsync=fsync)

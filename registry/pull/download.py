@@ -349,8 +349,13 @@ def _copy_local(src: str, fd: int, entry: FileEntry, checks: _PieceChecks,
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None,
-          verify_pool: ThreadPoolExecutor | None = None) -> int:
+          verify_pool: ThreadPoolExecutor | None = None, dest: Path | None = None) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
+
+    With ``dest`` (``pull(blobs=False)``), the file is downloaded straight
+    to that new path instead (created exclusively, read-only once verified,
+    removed if anything fails) and no blob enters the cache: one write per
+    byte.
 
     An entry with piece states (registry.pieces) is verified piece by piece
     on ``verify_pool`` (one thread per core) as its pieces land; all pieces
@@ -366,6 +371,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         fsync: make the blob durable before it is linked into ``blobs/``.
         range_threshold: files larger than this (bytes) may be split
             (default ``RANGE_THRESHOLD``).
+        dest: download here (a path that must not exist) and keep no blob.
 
     Raises:
         IntegrityError: size or sha256 differs from the manifest (nothing is
@@ -374,7 +380,8 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         InsufficientSpaceError: the disk filled up (the temp file is removed).
     """
     key = join(prefix, entry.path)
-    tmp = cache.new_temp(entry.sha256)
+    tmp = cache.new_temp(entry.sha256) if dest is None else dest
+    kept = created = False
     threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
     by_pieces = entry.pieces is not None and pc.AVAILABLE
     hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)
@@ -383,7 +390,9 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         verify_pool = own_pool = ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
                                                     thread_name_prefix="pull-pieces")
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        fd = os.open(tmp, flags | (os.O_TRUNC if dest is None else os.O_EXCL), 0o644)
+        created = True
         checks = (_PieceChecks(entry, fd, verify_pool)  # type: ignore[arg-type]
                   if by_pieces else None)
         local = store.local_path(key) if checks is not None else None
@@ -420,6 +429,9 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  expected_sha256=entry.sha256, actual_sha256=actual)
         os.chmod(tmp, 0o444)
+        if dest is not None:
+            kept = True
+            return got
         blob = cache.blob(entry.sha256)
         try:
             # link, not replace: a blob another pull placed meanwhile has the same
@@ -441,4 +453,5 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         hasher.close()
         if own_pool is not None:
             own_pool.shutdown(wait=True)
-        Path(tmp).unlink(missing_ok=True)
+        if dest is None or (created and not kept):
+            Path(tmp).unlink(missing_ok=True)

@@ -33,6 +33,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
 from registry.errors import (
@@ -286,10 +287,18 @@ def _remove(path: Path) -> None:
 
 
 def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
-                verify: bool = False, fsync: bool = True) -> bool:
+                verify: bool = False, fsync: bool = True,
+                download: Callable[[list[tuple[FileEntry, Path]]], None] | None = None,
+                direct: frozenset[str] = frozenset()) -> bool:
     """Place the release at ``target``; returns False when it was already there.
 
     Args:
+        download: with ``direct``, called once with ``(entry, path)`` pairs
+            in the staging directory, one per digest in ``direct``: it must
+            create each path with the entry's verified bytes (pull's
+            ``blobs=False``: one write per byte, no blob). Other files with
+            such a digest are then copied from the first, unread.
+        direct: sha256 digests that are not in the cache and go to ``download``.
         verify: re-hash every file in the staging directory before it is
             placed (and every file of a target that already holds the release).
         fsync: fsync every placed file and the staging directory before the
@@ -329,9 +338,27 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
     staging = target.parent / f".{target.name}.{temp_tag()}.pull-{uuid.uuid4().hex[:6]}"
     staging.mkdir()
     try:
+        firsts: dict[str, Path] = {}
         for e in manifest.files:
             dest = _inside(staging, e.path)
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if e.sha256 in direct:
+                firsts.setdefault(e.sha256, dest)
+        if firsts and download is not None:
+            download([(e, firsts[e.sha256]) for e in manifest.files
+                      if firsts.get(e.sha256) == _inside(staging, e.path)])
+        for e in manifest.files:
+            dest = _inside(staging, e.path)
+            first = firsts.get(e.sha256)
+            if first == dest:
+                continue
+            if first is not None:  # the same bytes twice in the release: copy, unread
+                with open(first, "rb", buffering=0) as src:
+                    raw = _DurableFile(str(dest), "wb") if fsync else open(dest, "wb")  # noqa: SIM115
+                    with raw:
+                        _copy_unread(src, raw)
+                os.chmod(dest, 0o444)
+                continue
             place_file(cache, e, dest, fsync=fsync)
         (staging / MANIFEST).write_bytes(manifest.to_bytes())
         if verify:
