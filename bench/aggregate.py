@@ -46,6 +46,12 @@ def _rows_pull(r: dict[str, Any]) -> Iterator[Row]:
         yield ("pull", "local, every byte verified and fsynced", local["ours_seconds"],
                "raw write + fsync of the same bytes (disk floor)",
                local["ratio_vs_disk_floor"], "(floor)")
+    if "no_blobs_seconds" in local:
+        yield ("pull", "local --no-blobs (one write), verified and fsynced",
+               local["no_blobs_seconds"], durable_peer, local["no_blobs_ratio"], "<= 1.15")
+        yield ("pull", "local --no-blobs (one write), verified, --no-fsync",
+               local["no_blobs_no_fsync_seconds"], "cp -r", local["no_blobs_no_fsync_ratio"],
+               "<= 1.15")
     if "s3" in r:
         yield ("pull", "S3, every byte verified", r["s3"]["ours_seconds"], "s3fs get",
                r["s3"]["ratio"], "<= 1.0")

@@ -88,6 +88,7 @@ def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
                            version="1", source={"uri": str(src)})
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     ours, nofsync, peers, peers_sync, warm, floor = [], [], [], [], [], []
+    once, once_nofsync = [], []  # blobs=False (--no-blobs): one write per byte
     for i in range(repeat):
         cache, target = tmp / f"{name}-cache-{i}", tmp / f"{name}-serve-{i}"
         if peer_sync is not None:
@@ -106,6 +107,12 @@ def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
                                           fsync=False)))
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
+        if peer_sync is not None:
+            for fsync, out in ((True, once), (False, once_nofsync)):
+                out.append(timed(lambda: pull(store, "bench", "1", to=target, cache=cache,
+                                              fsync=fsync, blobs=False)))
+                shutil.rmtree(cache, ignore_errors=True)
+                shutil.rmtree(target, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in
            (("ours", ours), ("nofsync", nofsync), ("peer", peers), ("warm", warm))}
     # The durable pull's peer syncs too (cp -r && sync); without one (S3) cp-less peer.
@@ -113,6 +120,10 @@ def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
     extra: dict[str, Any] = {}
     if peers_sync:
         extra = {"peer_sync_seconds": sync_peer,
+                 "no_blobs_seconds": statistics.median(once),
+                 "no_blobs_ratio": statistics.median(once) / sync_peer,
+                 "no_blobs_no_fsync_seconds": statistics.median(once_nofsync),
+                 "no_blobs_no_fsync_ratio": statistics.median(once_nofsync) / med["peer"],
                  "disk_floor_seconds": statistics.median(floor),
                  "ratio_vs_disk_floor": med["ours"] / statistics.median(floor)}
     return {"ours_seconds": med["ours"], "peer_seconds": med["peer"],
@@ -122,7 +133,8 @@ def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
             "warm_seconds_per_gib": med["warm"] / (total / 1024**3),
             "ours_mb_per_s": total / 1e6 / med["ours"],
             "samples": {"ours": ours, "no_fsync": nofsync, "peer": peers,
-                        "peer_sync": peers_sync, "disk_floor": floor, "warm": warm}}
+                        "peer_sync": peers_sync, "disk_floor": floor, "warm": warm,
+                        "no_blobs": once, "no_blobs_no_fsync": once_nofsync}}
 
 
 def main() -> int:
@@ -206,6 +218,10 @@ def report(results: dict[str, Any], args: Any, backends: tuple[str, ...]) -> Non
               f"{r['peer_seconds']:.2f} | {r['no_fsync_ratio']:.2f} | <= {target} "
               f"| {r['warm_seconds_per_gib']:.3f} |")
     local = results["local"]
+    print(f"| local --no-blobs (one write) | {local['no_blobs_seconds']:.2f} | cp -r && sync "
+          f"{local['peer_sync_seconds']:.2f} | {local['no_blobs_ratio']:.2f} | "
+          f"{local['no_blobs_no_fsync_seconds']:.2f} | cp -r {local['peer_seconds']:.2f} | "
+          f"{local['no_blobs_no_fsync_ratio']:.2f} | <= 1.15 | - |")
     print(f"disk floor (raw write + fsync of the same bytes, this run): "
           f"{local['disk_floor_seconds']:.2f} s; ours / floor {local['ratio_vs_disk_floor']:.2f}")
     print(f"sha256 of the largest file on one core: {results['sha256_largest_seconds']:.2f} s "
