@@ -19,6 +19,7 @@ from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import BlobChangedError, check_target, materialize
+from registry.pull.records import pulling, record_pull
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
@@ -246,42 +247,44 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
     _refuse_overlap(target, c, store)
-    c.clean_stale()
-    on_progress = progress or (lambda n: None)
-    holds, changed = check_target(target, manifest, c)
-    wanted = [] if holds and not changed else list(manifest.files)
-    missing = _missing(c, wanted)
-    need = sum(e.size for e in missing.values())
-    _check_space(c, target, need, 0 if holds and not changed else manifest.total_size)
-    if on_start:
-        on_start(need)
-    workers = max(1, workers)
-    transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
-                             range_threshold=range_threshold, fsync=fsync)
-    downloaded = len(missing)
-    signer = signature.result().fingerprint if signature is not None else None
-    for attempt in (1, 2):
-        try:
-            placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
-            break
-        except BlobChangedError as err:
-            # A blob changed after it was verified (someone wrote to the cache):
-            # drop it and download it again, once.
-            c.drop(err.sha256)
-            if attempt == 2:
+    with pulling(c, manifest):
+        c.clean_stale()
+        on_progress = progress or (lambda n: None)
+        holds, changed = check_target(target, manifest, c)
+        wanted = [] if holds and not changed else list(manifest.files)
+        missing = _missing(c, wanted)
+        need = sum(e.size for e in missing.values())
+        _check_space(c, target, need, 0 if holds and not changed else manifest.total_size)
+        if on_start:
+            on_start(need)
+        workers = max(1, workers)
+        transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
+                                 range_threshold=range_threshold, fsync=fsync)
+        downloaded = len(missing)
+        signer = signature.result().fingerprint if signature is not None else None
+        for attempt in (1, 2):
+            try:
+                placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
+                break
+            except BlobChangedError as err:
+                # A blob changed after it was verified (someone wrote to the cache):
+                # drop it and download it again, once.
+                c.drop(err.sha256)
+                if attempt == 2:
+                    raise
+                again = _missing(c, manifest.files)
+                transferred += _fetch_all(store, prefix, again, c, workers=workers,
+                                          progress=on_progress, range_threshold=range_threshold,
+                                          fsync=fsync)
+                downloaded += len(again)
+            except IntegrityError as err:
+                # --verify found a bad file: drop its blob, so the next pull
+                # downloads it again.
+                for e in manifest.files:
+                    if e.path == err.path:
+                        c.drop(e.sha256)
                 raise
-            again = _missing(c, manifest.files)
-            transferred += _fetch_all(store, prefix, again, c, workers=workers,
-                                      progress=on_progress, range_threshold=range_threshold,
-                                      fsync=fsync)
-            downloaded += len(again)
-        except IntegrityError as err:
-            # --verify found a bad file: drop its blob, so the next pull
-            # downloads it again.
-            for e in manifest.files:
-                if e.path == err.path:
-                    c.drop(e.sha256)
-            raise
+        record_pull(c, manifest, target)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer)

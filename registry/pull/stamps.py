@@ -97,5 +97,23 @@ class Stamps:
     def forget_dir(self, target: Path) -> None:
         self._dir_record(target).unlink(missing_ok=True)
 
+    def placed_digests(self) -> dict[str, str]:
+        """Every directory record: target path -> the manifest sha256 placed
+        there last (unreadable records are skipped)."""
+        out: dict[str, str] = {}
+        try:
+            entries = list(os.scandir(self.dirs))
+        except FileNotFoundError:
+            return out
+        for entry in entries:
+            if not entry.name.endswith(".json") or entry.name.startswith("."):
+                continue
+            try:
+                doc = json.loads(Path(entry.path).read_bytes())
+                out[str(doc["target"])] = str(doc["manifest_sha256"])
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+        return out
+
 
 __all__ = ["Stamp", "Stamps", "stamp"]
