@@ -9,6 +9,7 @@ import typer
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
 from registry.pull.cache_admin import PullCache
+from registry.pull.cache_table import human, table
 
 cache_app = RegistryTyper(help="The pull cache of this host: list, prune, verify.",
                           no_args_is_help=True)
@@ -17,24 +18,6 @@ app.add_typer(cache_app, name="cache")
 CacheOpt = Annotated[str | None, typer.Option(
     "--cache", envvar="REGISTRY_CACHE", metavar="PATH",
     help="Cache directory [default: ~/.cache/model-registry].")]
-
-
-def human(n: int) -> str:
-    """Bytes as ``du -h`` would say them (powers of 1024)."""
-    size = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if size < 1024 or unit == "T":
-            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
-        size /= 1024
-    return f"{n}B"
-
-
-def _dirs(materialized: list[dict[str, object]]) -> str:
-    out = []
-    for m in materialized:
-        where = "cache" if m["inside_cache"] else str(m["path"])
-        out.append(where if m["state"] == "placed" else f"{where} ({m['state']})")
-    return ", ".join(out) or "-"
 
 
 @cache_app.command("ls")
@@ -52,23 +35,8 @@ def ls(cache: CacheOpt = None, as_json: JsonOpt = False) -> None:
     if not report.versions and not report.blobs:
         typer.echo(f"no release in the cache {report.cache}", err=True)
         return
-    rows = [("MODEL", "VERSION", "SIZE", "SHARED", "LAST PULLED", "MATERIALIZED")]
-    for v in report.versions:
-        d = v.to_dict()
-        shared = f"{v.shared_blobs} blobs ({human(v.shared_bytes)})" if v.shared_blobs else "-"
-        missing = f", {v.missing_blobs} blobs missing" if v.missing_blobs else ""
-        rows.append((v.model_id, v.version, human(v.size_on_disk), shared + missing,
-                     v.last_pulled[:19].replace("T", " ") + "Z",
-                     _dirs(d["materialized"]) + (" [pull in progress]" if v.in_use else "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        typer.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
-    t = report.to_dict()["totals"]
-    typer.echo(f"total: {t['models']} models, {t['versions']} versions, {t['blobs']} blobs, "
-               f"{human(t['size_on_disk'])} on disk ({human(t['blob_bytes'])} of blobs, "
-               f"{human(t['materialized_bytes'])} of directories in the cache); "
-               f"{t['unreferenced_blobs']} unreferenced blobs "
-               f"({human(t['unreferenced_bytes'])}, removed by `registry cache prune`)")
+    for line in table(report):
+        typer.echo(line)
 
 
 @cache_app.command("prune")
