@@ -414,7 +414,8 @@ def test_every_command_prints_one_json_document_on_success(tmp_path: Path) -> No
     cache_docs = {argv[1]: json.loads(out) for argv, (_, out, _) in zip(SUCCESS, runs, strict=True)
                   if argv[0] == "cache"}
     for name, doc in cache_docs.items():
-        assert list(Draft202012Validator(schemas.load_schema(f"cache-{name}")).iter_errors(doc)) == []
+        schema = schemas.load_schema(f"cache-{name}")
+        assert list(Draft202012Validator(schema).iter_errors(doc)) == []
     assert [v["version"] for v in cache_docs["ls"]["versions"]] == ["1"]
     assert [p["version"] for p in cache_docs["prune"]["pruned"]] == ["1"]
     assert "books" in revoke["failing_aliases"][0]["reason"]

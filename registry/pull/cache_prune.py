@@ -177,7 +177,8 @@ def plan(report: CacheReport, *, keep_last: int | None, older_than: float | None
             if v.manifest_sha256 in chosen or v.manifest_sha256 in keep:
                 continue
             if v.in_use:
-                skipped.append(f"{v.model_id}@{v.version}")
+                if f"{v.model_id}@{v.version}" not in skipped:
+                    skipped.append(f"{v.model_id}@{v.version}")
                 continue
             chosen[v.manifest_sha256] = ["max-size"]
             size -= drop(v)
@@ -243,7 +244,8 @@ def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | Non
                 if not dry_run and not record_path(cache, v.manifest_sha256).exists():
                     write_record(cache, v.record)  # adopted: remembered from now on
                 continue
-            removed = tuple(m.path for m in v.materialized if m.inside_cache and m.state == "placed")
+            removed = tuple(m.path for m in v.materialized
+                            if m.inside_cache and m.state == "placed")
             forgotten = tuple(m.path for m in v.materialized
                               if not m.inside_cache and m.state == "placed")
             pruned.append(PrunedVersion(v.model_id, v.version, v.manifest_sha256, v.last_pulled,
@@ -256,8 +258,11 @@ def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | Non
             for d in removed:
                 trash.mkdir(exist_ok=True)
                 aside = trash / f"{temp_tag()}.{uuid.uuid4().hex[:6]}"
-                os.rename(d, aside)
-                doomed.append(aside)
+                try:
+                    os.rename(d, aside)
+                    doomed.append(aside)
+                except FileNotFoundError:
+                    pass  # removed by hand meanwhile
                 cache.stamps.forget_dir(Path(d))
         if not dry_run:
             for sha in gone_blobs:
