@@ -163,16 +163,14 @@ def _adopt(records: dict[str, PullRecord], placed: dict[str, str]) -> None:
         records[digest] = PullRecord.of_manifest(m, when=when, targets=(target,))
 
 
-def _materialized(rec: PullRecord, placed: dict[str, str], models: Path) -> list[Materialized]:
+def _materialized(rec: PullRecord, placed: dict[str, str], models: str) -> list[Materialized]:
     out = []
     for t in rec.targets:
-        if placed.get(t) == rec.manifest_sha256 and os.path.isdir(t):
-            state = "placed"
-        elif os.path.isdir(t):
-            state = "replaced"
-        else:
+        if not os.path.isdir(t):
             state = "missing"
-        out.append(Materialized(t, models in Path(t).parents, state))
+        else:
+            state = "placed" if placed.get(t) == rec.manifest_sha256 else "replaced"
+        out.append(Materialized(t, t.startswith(models), state))
     return out
 
 
@@ -208,17 +206,19 @@ def scan(cache: Cache, *, leases: list[Lease] | None = None) -> CacheReport:
     _adopt(records, placed)
     sizes = _blob_sizes(cache)
     leases = live_leases(cache) if leases is None else leases
+    blobs_of = {digest: rec.blobs for digest, rec in records.items()}
     users: dict[str, int] = {}
-    for rec in records.values():
-        for sha in rec.blobs:
+    for blobs in blobs_of.values():
+        for sha in blobs:
             users[sha] = users.get(sha, 0) + 1
     leased = {sha for lease in leases for sha in lease.blobs}
     in_use = {lease.manifest_sha256 for lease in leases}
-    models = cache.models.resolve()
+    models = str(cache.models.resolve()) + os.sep
     versions = []
     materialized_bytes = 0
-    for rec in records.values():
-        present = {sha: sizes[sha] for sha in rec.blobs if sha in sizes}
+    for digest, rec in records.items():
+        blobs = blobs_of[digest]
+        present = {sha: sizes[sha] for sha in blobs if sha in sizes}
         shared = {sha: n for sha, n in present.items() if users.get(sha, 0) > 1}
         dirs = _materialized(rec, placed, models)
         in_cache = sum(rec.total_size for d in dirs if d.inside_cache and d.state == "placed")
@@ -226,7 +226,7 @@ def scan(cache: Cache, *, leases: list[Lease] | None = None) -> CacheReport:
         blob_bytes = sum(present.values())
         versions.append(CachedVersion(
             rec.model_id, rec.version, rec.manifest_sha256, len(rec.files), rec.total_size,
-            len(present), blob_bytes, len(rec.blobs) - len(present), len(shared),
+            len(present), blob_bytes, len(blobs) - len(present), len(shared),
             sum(shared.values()), blob_bytes - sum(shared.values()), blob_bytes + in_cache,
             rec.first_pulled, rec.last_pulled, rec.manifest_sha256 in in_use, tuple(dirs), rec))
     versions.sort(key=lambda v: (v.last_pulled, v.model_id, v.version), reverse=True)

@@ -68,9 +68,10 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: str | Path) -> dict[str, Any] | None:
     try:
-        doc = json.loads(path.read_bytes())
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
@@ -144,7 +145,7 @@ def read_records(cache: Cache) -> dict[str, PullRecord]:
     for entry in entries:
         if not entry.name.endswith(".json") or entry.name.startswith("."):
             continue
-        doc = _read_json(Path(entry.path))
+        doc = _read_json(entry.path)
         try:
             rec = PullRecord.from_doc(doc or {})
         except (KeyError, TypeError, ValueError):

@@ -109,7 +109,8 @@ class Stamps:
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
             try:
-                doc = json.loads(Path(entry.path).read_bytes())
+                with open(entry.path, "rb") as f:
+                    doc = json.loads(f.read())
                 out[str(doc["target"])] = str(doc["manifest_sha256"])
             except (OSError, ValueError, TypeError, KeyError):
                 continue
