@@ -423,3 +423,21 @@ def test_cli_verify_text_names_the_bad_blob(tmp_path: Path) -> None:
     assert r.stdout.startswith(f"BAD blobs/sha256/{own.sha256}: 9 bytes hash to ")
     assert "(used by tiny@1); removed" in r.stdout
     assert r.stderr.startswith("error: ") and "1 blobs did not verify (1 removed)" in r.stderr
+
+
+def test_verify_leaves_a_bad_blob_a_pull_in_progress_uses(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    m = publish(store, tmp_path, "tiny", "1", files_of("1"))
+    cache = tmp_path / "cache"
+    pull(store, "tiny", "1", cache=cache)
+    own = next(e for e in m.files if e.path == "own.bin")
+    blob = cache / "blobs" / "sha256" / own.sha256
+    blob.chmod(0o644)
+    blob.write_bytes(b"rotten")
+    with pulling(Cache(cache), m):
+        r = PullCache(cache).verify()
+        assert [(b.sha256, b.removed) for b in r.bad] == [(own.sha256, False)]
+        assert blob.exists()  # that pull hashes what it places and replaces it itself
+    r = PullCache(cache).verify()
+    assert [(b.sha256, b.removed) for b in r.bad] == [(own.sha256, True)]
+    assert not blob.exists() and PullCache(cache).verify().ok
