@@ -291,7 +291,9 @@ def test_cli_prune(tmp_path: Path) -> None:
         pull(store, "tiny", v, cache=cache)
     r = run_cli("cache", "prune", "--keep-last", "1", "--dry-run", "--cache", str(cache))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0].startswith("would prune tiny@2 (last pulled ")
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("would prune tiny@2 (last pulled ") and first.endswith(
+        f"keep-last); would remove {cache.resolve() / 'models/tiny/2'}")
     assert len(PullCache(cache).ls().versions) == 3
     r = run_cli("cache", "prune", "--keep-last", "1", "--cache", str(cache), "--json")
     assert r.returncode == 0, r.stderr

@@ -69,8 +69,9 @@ def prune(
         return
     verb = "would prune" if dry_run else "pruned"
     for p in report.pruned:
-        extra = "".join([*(f"; removed {d}" for d in p.removed_dirs),
-                         *(f"; forgot {d} (kept on disk)" for d in p.forgotten_dirs)])
+        removed, forgot = ("would remove", "would forget") if dry_run else ("removed", "forgot")
+        extra = "".join([*(f"; {removed} {d}" for d in p.removed_dirs),
+                         *(f"; {forgot} {d} (kept on disk)" for d in p.forgotten_dirs)])
         typer.echo(f"{verb} {p.model_id}@{p.version} (last pulled {p.last_pulled}, "
                    f"{', '.join(p.reasons)}){extra}")
     for s in report.skipped_in_use:
