@@ -19,7 +19,7 @@ from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import BlobChangedError, check_target, materialize
-from registry.pull.records import pulling, record_pull
+from registry.pull.records import gives_up_leases, record_pull, take_lease
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
@@ -165,6 +165,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
     return transferred
 
 
+@gives_up_leases
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -230,6 +231,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         Concurrent pulls of one release into one cache and target all succeed:
         blobs and the directory are placed by atomic renames of unique temp
         names. A killed pull leaves only temp names, removed by the next pull.
+        From before it looks at the cache until its record is written, a pull
+        holds a lease there (registry.pull.records): ``registry cache prune``
+        and ``cache verify`` leave its release and blobs alone.
     """
     t0 = time.perf_counter()
     if to is not None and not str(to).strip():
@@ -247,44 +251,44 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
     _refuse_overlap(target, c, store)
-    with pulling(c, manifest):
-        c.clean_stale()
-        on_progress = progress or (lambda n: None)
-        holds, changed = check_target(target, manifest, c)
-        wanted = [] if holds and not changed else list(manifest.files)
-        missing = _missing(c, wanted)
-        need = sum(e.size for e in missing.values())
-        _check_space(c, target, need, 0 if holds and not changed else manifest.total_size)
-        if on_start:
-            on_start(need)
-        workers = max(1, workers)
-        transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
-                                 range_threshold=range_threshold, fsync=fsync)
-        downloaded = len(missing)
-        signer = signature.result().fingerprint if signature is not None else None
-        for attempt in (1, 2):
-            try:
-                placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
-                break
-            except BlobChangedError as err:
-                # A blob changed after it was verified (someone wrote to the cache):
-                # drop it and download it again, once.
-                c.drop(err.sha256)
-                if attempt == 2:
-                    raise
-                again = _missing(c, manifest.files)
-                transferred += _fetch_all(store, prefix, again, c, workers=workers,
-                                          progress=on_progress, range_threshold=range_threshold,
-                                          fsync=fsync)
-                downloaded += len(again)
-            except IntegrityError as err:
-                # --verify found a bad file: drop its blob, so the next pull
-                # downloads it again.
-                for e in manifest.files:
-                    if e.path == err.path:
-                        c.drop(e.sha256)
+    take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
+    c.clean_stale()
+    on_progress = progress or (lambda n: None)
+    holds, changed = check_target(target, manifest, c)
+    wanted = [] if holds and not changed else list(manifest.files)
+    missing = _missing(c, wanted)
+    need = sum(e.size for e in missing.values())
+    _check_space(c, target, need, 0 if holds and not changed else manifest.total_size)
+    if on_start:
+        on_start(need)
+    workers = max(1, workers)
+    transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
+                             range_threshold=range_threshold, fsync=fsync)
+    downloaded = len(missing)
+    signer = signature.result().fingerprint if signature is not None else None
+    for attempt in (1, 2):
+        try:
+            placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
+            break
+        except BlobChangedError as err:
+            # A blob changed after it was verified (someone wrote to the cache):
+            # drop it and download it again, once.
+            c.drop(err.sha256)
+            if attempt == 2:
                 raise
-        record_pull(c, manifest, target)
+            again = _missing(c, manifest.files)
+            transferred += _fetch_all(store, prefix, again, c, workers=workers,
+                                      progress=on_progress, range_threshold=range_threshold,
+                                      fsync=fsync)
+            downloaded += len(again)
+        except IntegrityError as err:
+            # --verify found a bad file: drop its blob, so the next pull
+            # downloads it again.
+            for e in manifest.files:
+                if e.path == err.path:
+                    c.drop(e.sha256)
+            raise
+    record_pull(c, manifest, target)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer)

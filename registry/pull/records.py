@@ -15,7 +15,7 @@ Layout (beside ``blobs/``, ``stamps/``, ``tmp/`` and ``models/`` of registry.pul
     └── trash/                          in-cache model directories prune is removing
 
 A pull takes its lease (under the lock) before it looks at which blobs the
-cache has, and gives it up (under the lock) only after its record is written:
+cache has, and gives it up only after its record is written (under the lock):
 prune and verify, which read the leases under the same lock before deleting
 anything, never delete a blob a pull in progress counts on, nor a release it
 is placing. A lease whose pid is gone (a killed pull) protects nothing and is
@@ -27,20 +27,25 @@ record (registry.pull.stamps), which names the manifest placed there last.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from filelock import FileLock
 
 from registry.manifest import Manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def now_rfc3339() -> str:
@@ -203,14 +208,23 @@ def live_leases(cache: Cache, *, remove_dead: bool = False) -> list[Lease]:
     return out
 
 
-@contextmanager
-def pulling(cache: Cache, manifest: Manifest) -> Iterator[Lease]:
-    """Hold a lease on ``manifest``'s release and blobs for the body's duration.
+_TAKEN: ContextVar[list[Path] | None] = ContextVar("registry_pull_leases", default=None)
+
+
+def take_lease(cache: Cache, manifest: Manifest) -> Lease:
+    """Take a lease on ``manifest``'s release and blobs, given up when the
+    enclosing :func:`gives_up_leases` function returns or raises.
+
+    Raises:
+        RuntimeError: called outside a :func:`gives_up_leases` function.
 
     Notes:
         The lease file is written under the cache lock, so a prune either ran
         before (and the pull sees what it deleted) or sees the lease.
     """
+    taken = _TAKEN.get()
+    if taken is None:
+        raise RuntimeError("take_lease outside a function decorated with gives_up_leases")
     blobs = frozenset(e.sha256 for e in manifest.files)
     path = leases_dir(cache) / f"{temp_tag()}.{uuid.uuid4().hex[:6]}.json"
     lease = Lease(path, str(manifest.meta.get("model_id", "")),
@@ -219,10 +233,41 @@ def pulling(cache: Cache, manifest: Manifest) -> Iterator[Lease]:
         _write_json(path, {"pid": os.getpid(), "model_id": lease.model_id,
                            "version": lease.version, "manifest_sha256": lease.manifest_sha256,
                            "blobs": sorted(blobs)})
-    try:
-        yield lease
-    finally:
+    taken.append(path)
+    return lease
+
+
+def _give_up(token: Token[list[Path] | None]) -> None:
+    for path in _TAKEN.get() or ():
         path.unlink(missing_ok=True)
+    _TAKEN.reset(token)
+
+
+def gives_up_leases(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a function that takes leases (:func:`take_lease`): every lease
+    it took is given up when it returns or raises (a pull: after its record
+    is written)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        token = _TAKEN.set([])
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _give_up(token)
+
+    return wrapper
+
+
+@contextmanager
+def pulling(cache: Cache, manifest: Manifest) -> Iterator[Lease]:
+    """Hold a lease on ``manifest``'s release and blobs for the body's duration
+    (what a pull does; for tools and tests)."""
+    token = _TAKEN.set([])
+    try:
+        yield take_lease(cache, manifest)
+    finally:
+        _give_up(token)
 
 
 def record_pull(cache: Cache, manifest: Manifest, target: Path) -> PullRecord:
@@ -244,6 +289,6 @@ def record_pull(cache: Cache, manifest: Manifest, target: Path) -> PullRecord:
     return rec
 
 
-__all__ = ["Lease", "PullRecord", "cache_lock", "forget_record", "live_leases",
-           "now_rfc3339", "parse_time", "pulling", "read_records", "record_pull",
-           "write_record"]
+__all__ = ["Lease", "PullRecord", "cache_lock", "forget_record", "gives_up_leases",
+           "live_leases", "now_rfc3339", "parse_time", "pulling", "read_records", "record_pull",
+           "take_lease", "write_record"]
