@@ -22,8 +22,10 @@ What is checked, and how:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,13 +37,13 @@ from jsonschema import Draft202012Validator
 
 from registry import schemas
 from registry.api import Registry
+from registry.commit import commit_local_directory
 from registry.manifest import Manifest
 from registry.pull import pull
+from registry.pull.cache import Cache
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_prune import parse_size
 from registry.pull.records import pulling, read_records
-from registry.pull.cache import Cache
-from registry.commit import commit_local_directory
 from registry.release import release_prefix
 from registry.store import Store, open_store
 from registry.verify import verify_directory
@@ -189,7 +191,6 @@ def test_a_cache_filled_before_records_is_listed_and_pruned(tmp_path: Path) -> N
     cache = tmp_path / "cache"
     pull(store, "tiny", "1", cache=cache)
     pull(store, "tiny", "2", cache=cache, to=tmp_path / "serve")
-    import shutil
     shutil.rmtree(cache / "records")  # as an older release of the registry left it
     report = PullCache(cache).ls()
     assert sorted((v.model_id, v.version) for v in report.versions) == [
@@ -391,7 +392,6 @@ def test_verify_removes_and_reports_a_bad_blob(durable_store_url: str, tmp_path:
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 1
     blob.write_bytes(bytes(data))
-    import hashlib
     r = run_cli("cache", "verify", "--cache", str(cache), "--json")
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 
+from registry.pull.cache import cache_dir
 from registry.pull.cache_prune import PruneReport, parse_size, prune
 from registry.pull.cache_scan import CacheReport, empty_report, open_existing, scan
 from registry.pull.cache_verify import VerifyReport, verify_cache
-from registry.pull.cache import cache_dir
 
 
 class PullCache:
