@@ -6,14 +6,12 @@ of one request, with delays nobody can set. The S3 store turns both off and
 retries here instead, once per request, with settings a deployment (or a
 test) can choose:
 
-=========================  ==============================  =========
-setting                    store option                    default
-=========================  ==============================  =========
-REGISTRY_S3_ATTEMPTS       ``retry_attempts``              5 tries
-REGISTRY_S3_RETRY_DELAY    ``retry_delay`` (seconds)       0.5 s
-REGISTRY_S3_READ_TIMEOUT   ``config_kwargs.read_timeout``  15 s
-REGISTRY_S3_CONNECT_TIMEOUT ``config_kwargs.connect_timeout`` 5 s
-=========================  ==============================  =========
+- ``REGISTRY_S3_ATTEMPTS`` / store option ``retry_attempts``: tries of one
+  request (default 5);
+- ``REGISTRY_S3_RETRY_DELAY`` / ``retry_delay``: backoff base, seconds (0.5);
+- ``REGISTRY_S3_READ_TIMEOUT`` / ``config_kwargs["read_timeout"]``: seconds
+  without a byte before a request counts as failed (s3fs's 15);
+- ``REGISTRY_S3_CONNECT_TIMEOUT`` / ``config_kwargs["connect_timeout"]`` (5).
 
 The n-th retry waits a random time in ``[0, min(20, delay * 2**(n-1))]``
 ("full jitter"). Retried: throttling and server errors (503 SlowDown, 500
@@ -22,7 +20,9 @@ closed, timeouts, and answers cut short or unparsable. Everything else (404,
 412, 403...) is an answer and is raised at once. The error raised after the
 last try carries ``registry_attempts``: how many times the request was sent,
 so a conditional write can tell a 412 caused by its own earlier try that
-landed (see :func:`attempts_of`).
+landed (see :func:`attempts_of`). Below this layer aiohttp re-sends an
+idempotent request once when a reused keep-alive connection turns out to be
+closed, so a reset costs at most two sends per try.
 """
 
 from __future__ import annotations
@@ -114,14 +114,17 @@ class RetryPolicy:
         Raises:
             UsageError: a value that is not a number, attempts < 1, delay < 0.
         """
-        attempts = options.pop("retry_attempts", None) or os.environ.get(ATTEMPTS_ENV)
+        attempts = options.pop("retry_attempts", None)
+        if attempts is None:
+            attempts = os.environ.get(ATTEMPTS_ENV) or None
         delay = options.pop("retry_delay", None)
         if delay is None:
             delay = os.environ.get(DELAY_ENV) or None
-        return cls(attempts=int(_number(ATTEMPTS_ENV, attempts, least=1)) if attempts
-                   else DEFAULT_ATTEMPTS,
-                   delay=_number(DELAY_ENV, delay, least=0) if delay is not None
-                   else DEFAULT_DELAY)
+        tries = DEFAULT_ATTEMPTS if attempts is None else _number(ATTEMPTS_ENV, attempts, least=1)
+        if tries != int(tries):
+            raise UsageError(f"{ATTEMPTS_ENV}={attempts!r}: must be a whole number of tries")
+        return cls(attempts=int(tries),
+                   delay=DEFAULT_DELAY if delay is None else _number(DELAY_ENV, delay, least=0))
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (from 1)."""
