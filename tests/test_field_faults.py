@@ -227,6 +227,7 @@ def _matrix(title: str, field: Field, prepare: Cell, run: Cell, check: Callable[
     return outcomes
 
 
+@pytest.mark.slow
 def test_publish_fault_matrix(field: Field, source: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     def publish(store: Store, cell: str) -> None:
