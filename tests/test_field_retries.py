@@ -8,6 +8,8 @@ passes is retried to success; bad settings are one line, exit 2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from registry.errors import StorageError, UsageError
@@ -17,7 +19,7 @@ from tests.conftest import proxied, run_cli
 from tests.support.faultproxy import Action, FaultProxy, Request
 
 
-def _always(op: str, action: Action):  # type: ignore[no-untyped-def]
+def _always(op: str, action: Action) -> Callable[[Request], Action | None]:
     def rule(req: Request) -> Action | None:
         return action if req.op == op and req.key.endswith("x.bin") else None
     return rule
@@ -92,7 +94,7 @@ def test_settings_from_the_environment_and_options(monkeypatch: pytest.MonkeyPat
             RetryPolicy.from_options(dict(bad))
 
 
-def test_a_bad_setting_is_one_line_exit_2(tmp_path: object, s3_server: object) -> None:
+def test_a_bad_setting_is_one_line_exit_2(s3_server: object) -> None:
     r = run_cli("gc", "--dry-run", "--store", "s3://some-bucket/p",
                 env={"REGISTRY_S3_ATTEMPTS": "lots"})
     assert r.returncode == 2, (r.returncode, r.stderr)
