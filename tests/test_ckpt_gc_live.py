@@ -1,8 +1,9 @@
 """``registry ckpt gc`` and retention beside live writers (issue 13: gc never
 removes what a live writer owns).
 
-- A run's writer paused mid-save (every file of step 200 staged, nothing
-  committed), in its own process: ``ckpt gc --keep 1`` from another process
+- A run's writer (CheckpointManager, or LoongSageCheckpointer) paused
+  mid-save (every file of step 200 staged, nothing committed), in its own
+  process, on local disk and S3: ``ckpt gc --keep 1`` from another process
   leaves its staging directory and claim alone and says why; the writer then
   commits and points at step 200, which verifies.
 - A claim whose process is alive (no writer lease) guards its staging
@@ -21,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from registry.checkpoint import CheckpointTree, run_root
+import pytest
+
+from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, run_root
 from registry.claim import Claim
 from registry.store import open_store
 from tests.conftest import REPO, run_cli
@@ -29,9 +32,9 @@ from tests.conftest import REPO, run_cli
 RUN = "live"
 
 
-def _start_writer(url: str, barrier: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.paused_saver_child", url, RUN,
-                             str(barrier)], cwd=REPO, stdout=subprocess.PIPE,
+def _start_writer(url: str, layout: str, tree: str, barrier: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.paused_saver_child", url,
+                             layout, tree, str(barrier)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (barrier / "staged").exists():
@@ -41,23 +44,27 @@ def _start_writer(url: str, barrier: Path) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.parametrize("layout", ["tinyllm", "loongsage"])
 def test_ckpt_gc_beside_a_live_writer_leaves_its_save_alone(durable_store_url: str,
-                                                           tmp_path: Path) -> None:
+                                                           layout: str, tmp_path: Path) -> None:
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    writer = _start_writer(durable_store_url, barrier)
+    name = RUN if layout == "tinyllm" else f"lg/{RUN}"
+    writer = _start_writer(durable_store_url, layout, name, barrier)
+    gc = ["ckpt", "gc", name, "--keep", "1", "--store", durable_store_url, "--layout", layout]
     try:
         store = open_store(durable_store_url)
-        tree = CheckpointTree(store, run_root(RUN))
+        tree = (CheckpointTree(store, run_root(RUN), TINYLLM) if layout == "tinyllm"
+                else CheckpointTree(store, name, LOONGSAGE))
         before = store.walk_files(tree.root)
-        staged = {k for k in before if "000200" in k}
+        staged = {k for k in before if "000200" in k or "_200" in k}
         assert staged, before  # the paused save's files (and claim)
-        r = run_cli("ckpt", "gc", RUN, "--keep", "1", "--store", durable_store_url)
+        r = run_cli(*gc)
         assert r.returncode == 0, r.stderr
         assert "a writer is saving into this run" in r.stderr and "pid" in r.stderr, r.stderr
         assert "deleted" not in r.stdout, r.stdout
         assert store.walk_files(tree.root) == before  # nothing of the save, nor step 100
-        j = run_cli("ckpt", "gc", RUN, "--keep", "1", "--store", durable_store_url, "--json")
+        j = run_cli(*gc, "--json")
         assert j.returncode == 0 and json.loads(j.stdout)["live_writer"], j
     finally:
         (barrier / "go").touch()
@@ -66,7 +73,7 @@ def test_ckpt_gc_beside_a_live_writer_leaves_its_save_alone(durable_store_url: s
     assert result == {"ok": True, "error": None, "latest": 200}, (result, err)
     assert tree.latest() == 200 and tree.info(200, full=True).report.ok
     # The writer is gone (its lease released): gc applies retention in full.
-    r = run_cli("ckpt", "gc", RUN, "--keep", "1", "--store", durable_store_url)
+    r = run_cli(*gc)
     assert r.returncode == 0 and "a writer is saving" not in r.stderr, r.stderr
     assert tree.steps() == [200] and tree.info(200, full=True).report.ok
     assert not [k for k in store.walk_files(tree.root) if ".tmp" in k or ".claim" in k]
@@ -95,7 +102,9 @@ def test_retention_spares_a_live_claim_even_at_min_age_zero(durable_store_url: s
 
 _MOVER = """
 import sys
-from registry.checkpoint import CheckpointTree, run_root
+import pytest
+
+from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, run_root
 from registry.store import open_store
 tree = CheckpointTree(open_store(sys.argv[1]), run_root("ptr"))
 for step in range(1, int(sys.argv[2]) + 1):
