@@ -35,6 +35,7 @@ from registry.errors import (
 from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
+from registry.pull.cache_admin import PullCache
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
@@ -244,6 +245,12 @@ class Registry:
                 raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",
                                       failed)
         return pull(self.store, model_id, name, **kw)
+
+    def cache(self, path: str | os.PathLike[str] | None = None) -> PullCache:
+        """This host's pull cache (``path``, else ``$REGISTRY_CACHE``...):
+        ``ls()``, ``prune(...)``, ``verify()`` (registry.pull.cache_admin).
+        Needs neither the store nor the index."""
+        return PullCache(path)
 
     def gate_check(self, model_id: str, version: str,
                    require: Iterable[Threshold | str] = ()) -> list[GateResult]:

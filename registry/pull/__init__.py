@@ -21,6 +21,7 @@ from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import BlobChangedError, check_target, materialize
+from registry.pull.records import gives_up_leases, record_pull, take_lease
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import default_workers, read_manifest
@@ -171,6 +172,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
     return transferred
 
 
+@gives_up_leases
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -243,6 +245,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         Concurrent pulls of one release into one cache and target all succeed:
         blobs and the directory are placed by atomic renames of unique temp
         names. A killed pull leaves only temp names, removed by the next pull.
+        From before it looks at the cache until its record is written, a pull
+        holds a lease there (registry.pull.records): ``registry cache prune``
+        and ``cache verify`` leave its release and blobs alone.
     """
     t0 = time.perf_counter()
     if to is not None and not str(to).strip():
@@ -260,6 +265,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
     _refuse_overlap(target, c, store)
+    take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
     on_progress = progress or (lambda n: None)
     holds, changed = check_target(target, manifest, c)
@@ -310,6 +316,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                 if e.path == err.path:
                     c.drop(e.sha256)
             raise
+    record_pull(c, manifest, target)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer)
