@@ -5,6 +5,11 @@ The rule (DESIGN section 3): a directory is committed if and only if its
 and every file it lists exists with the listed size -- and, when verifying
 fully, the listed sha256. Files outside the manifest are ignored by readers
 and reported by a full verification.
+
+A full verification checks a file with piece states (registry.pieces) piece
+by piece, every piece of every file on its own thread (one per core at
+least): all pieces verified is the whole-file sha256 verified. Files without
+them (manifests written before issue 19, adopted trees) hash whole.
 """
 
 from __future__ import annotations
