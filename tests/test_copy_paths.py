@@ -29,6 +29,14 @@ from registry.verify import verify_directory
 MIB = 1024 * 1024
 
 
+@pytest.fixture(autouse=True)
+def _direct_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the direct path's mechanics: the store's
+    measured choice (registry.store.writepath, tests/test_writepath.py)
+    is pinned to direct I/O in 8 MiB buffers."""
+    monkeypatch.setenv("REGISTRY_WRITE_PATH", "direct")
+
+
 def _big_dir(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

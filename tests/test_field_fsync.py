@@ -31,9 +31,9 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
             events.append(("fsync-dir", os.path.realpath(path)))
         real_fsync(path)
 
-    def durable_init(self: object, path: str, mode: str) -> None:
+    def durable_init(self: object, path: str, mode: str, **kw: object) -> None:
         events.append(("open", os.path.realpath(path)))
-        real_open(self, path, mode)  # type: ignore[arg-type]
+        real_open(self, path, mode, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(local_mod, "fsync_path", fsync)
     monkeypatch.setattr(local_mod._DurableFile, "__init__", durable_init)
