@@ -104,6 +104,9 @@ def populate(reg: Registry, releases: int, seed: int = 0) -> dict[str, Any]:
                 conn.execute(insert(ReleaseSource), link_rows)
                 conn.execute(insert(EvalResult), eval_rows)
                 rel_rows, link_rows, eval_rows = [], [], []
+        # what record_release keeps up to date, for the rows inserted here directly
+        conn.execute(text("UPDATE models SET release_count = (SELECT count(*) FROM releases "
+                          "WHERE releases.model_pk = models.id)"))
         if engine.dialect.name == "sqlite":
             conn.execute(text("ANALYZE"))
         total = conn.scalar(select(func.count(Release.id)))

@@ -99,7 +99,7 @@ class Registry:
             warnings.warn(msg, IndexWriteWarning, stacklevel=3)
 
     def _query(self, fn: Callable[[Session], T]) -> T:
-        return self.index.run(fn)
+        return self.index.read(fn)
 
     # -- writes -----------------------------------------------------------------
 

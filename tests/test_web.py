@@ -255,8 +255,10 @@ def test_run_page(client: TestClient) -> None:
     ("/models/tiny/refs", 400, "refs"),
     ("/runs/r1.lock", 400, "r1.lock"),
     ("/sources/-wiki", 400, "-wiki"),
-    ("/models/tiny?page=0", 400, "page"),
-    ("/models/tiny?page=x", 400, "page"),
+    ("/models/tiny?before=9.9", 404, "9.9"),
+    ("/models/tiny?after=..", 400, ".."),
+    ("/sources/wiki?before=tiny@9.9", 404, "tiny@9.9"),
+    ("/sources/wiki?after=tiny", 400, "tiny"),
     ("/no/such/page", 404, "/no/such/page"),
 ])
 def test_pages_name_what_was_asked(client: TestClient, path: str, status: int,
