@@ -10,9 +10,10 @@ makes a version stop passing at once. A test checks these queries agree with
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, exists, func, or_, select
+from sqlalchemy import ColumnElement, Select, case, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
@@ -251,20 +252,26 @@ def model_ids(s: Session) -> list[str]:
     return list(s.execute(select(Model.model_id).order_by(Model.model_id)).scalars().all())
 
 
+@cache
+def _models_summary() -> Select[Any]:
+    """One statement for every model, each answer read from the release-order
+    index (a model may have 100k releases), policy thresholds included; the
+    count is kept in the models row (counting was most of the cost). Built
+    once: it has no parameter, and building it costs more than running it."""
+    def newest(*where: Any) -> Any:
+        return (select(Release.version).where(Release.model_pk == Model.id, *where)
+                .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
+                .correlate(Model).scalar_subquery())
+    return select(Model.model_id, Model.release_count, newest(),
+                  newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
+                         ~_revoked(), _meets_policy())).order_by(Model.model_id)
+
+
 def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     """Models (with release counts, newest and newest passing version, aliases),
     or the releases of one model newest first."""
     if model_id is None:
-        def newest(*where: Any) -> Any:
-            return (select(Release.version).where(Release.model_pk == Model.id, *where)
-                    .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
-                    .correlate(Model).scalar_subquery())
-        # one statement for every model, each answer read from the release-order
-        # index (a model may have 100k releases), policy thresholds included;
-        # the count is kept in the models row (counting is most of the cost)
-        summary = s.execute(select(
-            Model.model_id, Model.release_count, newest(), newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
-                             ~_revoked(), _meets_policy())).order_by(Model.model_id)).all()
+        summary = s.execute(_models_summary()).all()
         by_model: dict[str, list[str]] = {}
         for m, alias in s.execute(select(Model.model_id, Alias.alias).join(Alias)
                                   .order_by(Alias.alias)):
