@@ -112,9 +112,12 @@ def releases_for_source(s: Session, source_id: str) -> list[dict[str, Any]]:
              else [], "live_revoked": revoked is not None} for r in s.execute(q)]
 
 
-def _release(s: Session, model_id: str, version: str) -> Release:
-    rel = s.scalar(select(Release).join(Model).where(Model.model_id == model_id,
-                                                     Release.version == version))
+def _release(s: Session, model_id: str, version: str) -> Any:
+    """The ``releases`` row (its columns as attributes; a plain row, not an
+    ORM object: loading one costs more than the query on a page)."""
+    rel = s.connection().execute(
+        select(Release.__table__).join(Model).where(Model.model_id == model_id,
+                                                    Release.version == version)).first()
     if rel is None:
         raise NotCommittedError(f"{model_id}@{version}: not in the index (a release that "
                                 "exists in the store is added by `registry index rebuild`)",
@@ -298,12 +301,12 @@ def diff(s: Session, model_id: str, a: str, b: str) -> dict[str, Any]:
     """Files added, removed and changed (by sha256) from ``a`` to ``b``; eval deltas."""
     ra, rb = _release(s, model_id, a), _release(s, model_id, b)
 
-    def files(rel: Release) -> dict[str, tuple[int, str]]:
+    def files(rel: Any) -> dict[str, tuple[int, str]]:
         return {p: (n, h) for p, n, h in s.execute(
             select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
             .where(ReleaseFile.release_pk == rel.id))}
 
-    def evals(rel: Release) -> dict[str, float]:
+    def evals(rel: Any) -> dict[str, float]:
         return {f"{t}/{m}": v for t, m, v in s.execute(
             select(EvalResult.task, EvalResult.metric, EvalResult.value)
             .where(EvalResult.release_pk == rel.id))}
