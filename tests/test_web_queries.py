@@ -153,3 +153,31 @@ def text_of(html: str) -> str:
     import html as h
     inline = re.sub(r"</?(?:a|b|span|code|em|strong)\b[^>]*>", "", html)
     return h.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", inline)))
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_connection_the_server_dropped_is_retried_once(tmp_path: Path, db_url: str) -> None:
+    """No pre-ping round trip per request: a pooled connection the server
+    closed (a restart) fails its first statement, and the read or the write is
+    replayed once on a new connection."""
+    from sqlalchemy import create_engine, text
+
+    store = str(tmp_path / "store")
+    build(store, db_url)
+    admin = create_engine(db_url, isolation_level="AUTOCOMMIT")
+
+    def drop_connections() -> None:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+    try:
+        with Registry(store, db_url) as reg:
+            assert reg.ls()[0]["releases"] == 3
+            drop_connections()
+            assert reg.ls()[0]["releases"] == 3
+            drop_connections()
+            reg.revoke("wiki", "dropped connection test")
+            assert not reg.index_errors, reg.index_errors
+            assert "wiki" in {r["source_id"] for r in reg.revocations()}
+    finally:
+        admin.dispose()
