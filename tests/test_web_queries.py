@@ -181,3 +181,31 @@ def test_a_connection_the_server_dropped_is_retried_once(tmp_path: Path, db_url:
             assert "wiki" in {r["source_id"] for r in reg.revocations()}
     finally:
         admin.dispose()
+
+
+def test_migration_0003_counts_the_releases_already_indexed(tmp_path: Path,
+                                                             db_url: str) -> None:
+    """An index made before 0003 gets its models' counts when upgraded."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from registry.index import Index
+    from registry.index.db import _alembic_config
+
+    store = str(tmp_path / "store")
+    build(store, db_url)
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(_alembic_config(conn), "0002")
+        index = Index(db_url, check=False)  # as `registry db upgrade`
+        try:
+            assert index.upgrade() == "0003"
+        finally:
+            index.close()
+        with Registry(store, db_url) as reg:
+            assert reg.ls()[0]["releases"] == 3
+            assert reg.index.read(lambda s: s.scalar(
+                select(Model.release_count).where(Model.model_id == "tiny"))) == 3
+    finally:
+        engine.dispose()
