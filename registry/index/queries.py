@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, case, exists, func, or_, select
+from sqlalchemy import ColumnElement, Select, case, exists, or_, select
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
