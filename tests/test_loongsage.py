@@ -3,6 +3,7 @@ the ckpt CLI and releases of the HF export, on memory, local disk and S3."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import safetensors.numpy
+import torch
 
 from registry.checkpoint import CheckpointTree
 from registry.checkpoint.layout import LOONGSAGE
@@ -94,6 +96,11 @@ def gate_files(tmp_path: Path) -> tuple[Path, Path]:
     return ledger, evals
 
 
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n])["__metadata__"]
+
+
 def mem() -> Store:
     """A fresh memory store (memory:// stores are process-global by name)."""
     return open_store(f"memory://ls-{uuid.uuid4().hex[:12]}")
@@ -115,9 +122,9 @@ def test_save_every_freq_and_final_step(store: Store) -> None:
     assert store.read_bytes(TRACKER) == b"10\n"
     prefix = f"{ROOT}/train_step_9"
     assert sorted(store.walk_files(prefix)) == [
-        MANIFEST, "data_source/global_dataset_state_dict_ds0.json",
-        "data_source/global_dataset_state_dict_ds1.json",
-        "data_source/global_dataset_state_dict_ds2.json",
+        MANIFEST, "data_source/global_dataset_state_dict_ds0.pt",
+        "data_source/global_dataset_state_dict_ds1.pt",
+        "data_source/global_dataset_state_dict_ds2.pt",
         "dist_ckpt/model.safetensors", "dist_ckpt/optimizer.safetensors", "dist_ckpt/rng.json",
         "dist_ckpt/scheduler.json", "hf_model/config.json", "hf_model/model.safetensors",
         "hf_model/tokenizer.json"]
@@ -134,8 +141,14 @@ def test_save_every_freq_and_final_step(store: Store) -> None:
     rng = json.loads(store.read_bytes(f"{prefix}/dist_ckpt/rng.json"))
     assert rng["topology"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 4}
     assert rng["rng_state"] == {"seed": 1234, "step": 9}
-    ds1 = json.loads(store.read_bytes(f"{prefix}/data_source/global_dataset_state_dict_ds1.json"))
+    ds1 = torch.load(io.BytesIO(store.read_bytes(
+        f"{prefix}/data_source/global_dataset_state_dict_ds1.pt")), weights_only=True)
     assert ds1["prompt_data_path"] == "data/b.jsonl" and ds1["state"] == {"cursor": 91}
+    # Weights carry the tag engines read (DESIGN 4); optimizer state the seed's own.
+    meta = safetensors_metadata(store.read_bytes(f"{prefix}/dist_ckpt/model.safetensors"))
+    assert meta["format"] == "pt" and meta["tinyllm.step"] == "9"
+    meta = safetensors_metadata(store.read_bytes(f"{prefix}/dist_ckpt/optimizer.safetensors"))
+    assert meta["format"] == "tinyllm"
 
 
 @pytest.mark.parametrize("freq", [0, -1])

@@ -22,6 +22,7 @@ and the names in :mod:`~registry.checkpoint.loongsage_format`::
 from __future__ import annotations
 
 from registry.checkpoint.loongsage_adopt import AdoptResult, adopt
+from registry.checkpoint.loongsage_data import PIPELINE, DataSourceState, data_file
 from registry.checkpoint.loongsage_format import (
     DataSourceFreshWarning,
     NoTrackerWarning,
@@ -29,7 +30,6 @@ from registry.checkpoint.loongsage_format import (
     derive_run_id,
 )
 from registry.checkpoint.loongsage_load import (
-    DataSourceState,
     DistCheckpoint,
     TrainingState,
     load_dist_ckpt,
@@ -37,6 +37,7 @@ from registry.checkpoint.loongsage_load import (
 )
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult
 
-__all__ = ["AdoptResult", "DataSourceFreshWarning", "DataSourceState", "DistCheckpoint",
-           "LoongSageCheckpointer", "LoongSaveResult", "NoTrackerWarning", "RngSkippedWarning",
-           "TrainingState", "adopt", "derive_run_id", "load_dist_ckpt", "load_training_state"]
+__all__ = ["PIPELINE", "AdoptResult", "DataSourceFreshWarning", "DataSourceState",
+           "DistCheckpoint", "LoongSageCheckpointer", "LoongSaveResult", "NoTrackerWarning",
+           "RngSkippedWarning", "TrainingState", "adopt", "data_file", "derive_run_id",
+           "load_dist_ckpt", "load_training_state"]
