@@ -586,10 +586,11 @@ def test_adopt_refusals() -> None:
     store.write_bytes(TRACKER, b"5\n")
     assert adopt(store, ROOT).step == 5 and adopt(store, ROOT).already
     # The adopted step's HF export can be released.
-    rel = ModelRelease(store).create("foreign", 5, "m", "1", ledger=[ledger_row()],
+    rel = ModelRelease(store).create(None, 5, "m", "1", ledger=[ledger_row()],
                                      eval_summary=summary(), layout=LOONGSAGE,
                                      checkpoint_root=ROOT, subdir="hf_model")
     assert rel.manifest.meta["source"]["step"] == 5
+    assert rel.manifest.meta["source"]["run_id"] == "exp-loong"  # adopt's derived run_id
     assert store.read_bytes("models/m/1/config.json") == b'{"hidden_size": 64, "step": 5}'
     store.write_bytes(f"{ROOT}/train_step_5/dist_ckpt/common.pt", b"changed")
     with pytest.raises(NoValidCheckpointError, match="does not verify"):
@@ -602,13 +603,19 @@ def test_release_and_publish_of_hf_export(durable_store_url: str, tmp_path: Path
     ledger, evals = gate_files(tmp_path)
     common = ["--ledger", str(ledger), "--evals", str(evals), "--store", durable_store_url,
               "--db", f"sqlite:///{tmp_path / 'index.db'}", "--json"]
-    r = run_cli("release", "create", "--run", "loong", "--layout", "loongsage",
-                "--checkpoint-path", ROOT, "--step", "4", "--model-id", "m", "--version", "1",
-                *common)
+    args = ["release", "create", "--layout", "loongsage", "--checkpoint-path", ROOT,
+            "--step", "4", "--model-id", "m", "--version", "1", *common]
+    # The release names the run the step's manifest records (exp-loong), no other.
+    r = run_cli(*args, "--run", "loong")
+    assert r.returncode == 2 and "records run_id 'exp-loong', not 'loong'" in r.stderr, r.stderr
+    assert not store.exists("models/m/1/MANIFEST.json")
+    r = run_cli(*args, "--run", "exp-loong")
     assert r.returncode == 0, r.stderr
     step4 = f"{ROOT}/train_step_4"
     assert json.loads(r.stdout)["source"] == {
-        "run_id": "loong", "step": 4, "manifest_sha256": read_manifest(store, step4).digest}
+        "run_id": "exp-loong", "step": 4, "manifest_sha256": read_manifest(store, step4).digest}
+    assert read_manifest(store, "models/m/1").meta["source"]["run_id"] == \
+        read_manifest(store, step4).meta["run_id"]
     assert verify_directory(store, "models/m/1", full=True).ok
     for name in ("config.json", "tokenizer.json"):
         assert store.read_bytes(f"models/m/1/{name}") == \
@@ -626,7 +633,7 @@ def test_release_and_publish_of_hf_export(durable_store_url: str, tmp_path: Path
     # A step saved without the HF export has nothing to release.
     run(ckpt(store, save_freq=6, total_steps=6), range(6, 7))
     with pytest.raises(DocumentError, match="hf_model/model.safetensors: missing"):
-        ModelRelease(store).create("loong", 6, "m", "3", ledger=[ledger_row()],
+        ModelRelease(store).create(None, 6, "m", "3", ledger=[ledger_row()],
                                    eval_summary=summary(), layout=LOONGSAGE,
                                    checkpoint_root=ROOT, subdir="hf_model")
     assert not store.exists("models/m/3/MANIFEST.json")
@@ -679,7 +686,11 @@ def test_release_create_loongsage_run_defaults_to_the_tree_name(durable_store_ur
     r = run_cli("release", "create", "--layout", "loongsage", "--checkpoint-path", ROOT,
                 *common)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["source"]["run_id"] == "loong"  # ROOT is exp/loong
+    # The run_id of the step's manifest (derived from ROOT exp/loong), as the
+    # checkpoint's index row says: not "loong" (issue 18).
+    assert json.loads(r.stdout)["source"]["run_id"] == "exp-loong"
+    assert read_manifest(store, "models/m/1").meta["source"]["run_id"] == \
+        read_manifest(store, f"{ROOT}/train_step_4").meta["run_id"]
     assert verify_directory(store, "models/m/1", full=True).ok
 
 
