@@ -10,6 +10,7 @@ import json
 import sys
 
 from registry.cli import ckpt, index, keys, pull, quickstart, release, serve, verify  # noqa: F401  (registers commands)
+from registry.cli import loongsage  # noqa: F401  (registers ckpt rollout, ckpt refs)
 from registry.cli.app import app
 from registry.cli.errors import error_document
 
