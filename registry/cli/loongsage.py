@@ -3,6 +3,7 @@ and the read-only weight sources of a run (seed 003 sections 1 and 2)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -36,7 +37,13 @@ def ckpt_rollout(rollout_data_path: Annotated[str, typer.Argument(
     with error_boundary(as_json):
         if step is not None:
             at_least("--step", step, 0)
-        data = RolloutData(_url(rollout_data_path, store))
+        if store and not _is_location(rollout_data_path):
+            data = RolloutData(rollout_data_path, store=store)
+        elif "://" not in rollout_data_path and not os.path.isdir(rollout_data_path):
+            raise ObjectNotFoundError(f"{rollout_data_path}: no such rollout_data_path (no "
+                                      "such folder)", key=rollout_data_path)
+        else:
+            data = RolloutData(rollout_data_path)
         steps = [step] if step is not None else data.steps()
         if step is None and not steps and not data.store.walk_files(data.root):
             raise ObjectNotFoundError(f"{data.url}: no such rollout_data_path (nothing "
