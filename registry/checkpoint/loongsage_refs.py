@@ -93,8 +93,10 @@ def _url(path: str | os.PathLike[str], store: str | Store | None, what: str) -> 
     p = os.fspath(path)
     if not isinstance(p, str) or not p.strip("/"):
         raise UsageError(f"{what}: must name a directory (got {p!r})")
-    if store is None:
-        return p if "://" in p else os.path.abspath(os.path.expanduser(p))
+    if "://" in p:
+        return p
+    if store is None or os.path.isabs(p) or p.startswith((".", "~")):  # a folder, not a key
+        return os.path.abspath(os.path.expanduser(p))
     s = store if isinstance(store, Store) else open_store(store)
     return s.url_of(p.strip("/"))
 
@@ -111,7 +113,8 @@ def check_dist_ckpt_path(path: str | os.PathLike[str], *, store: str | Store | N
     """Verify one concrete ``train_step_<N>/dist_ckpt`` directory before use.
 
     Args:
-        path: folder or URL of the directory, or its key in ``store``.
+        path: folder or URL of the directory, or its key in ``store`` (a URL,
+            an absolute path or one starting with ``.`` or ``~`` is never a key).
         what: the config field, for messages.
 
     Returns:
@@ -150,11 +153,14 @@ def check_hf_path(path: str | os.PathLike[str], *, store: str | Store | None = N
 
     Raises:
         UsageError: an empty path.
+        ObjectNotFoundError: a local folder that does not exist.
         DocumentError: no (valid) config.json.
         NotCommittedError, IntegrityError: as :func:`check_dist_ckpt_path`,
             for a folder inside a step.
     """
     url = _url(path, store, what)
+    if "://" not in url and not os.path.isdir(url):
+        raise ObjectNotFoundError(f"{what} {url}: no such folder", key=url)
     digest = _verified(url, what)
     hf = open_store(url)
     try:
