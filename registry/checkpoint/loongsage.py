@@ -35,9 +35,24 @@ from registry.checkpoint.loongsage_load import (
     load_dist_ckpt,
     load_training_state,
 )
+from registry.checkpoint.loongsage_refs import (
+    Teacher,
+    WeightSource,
+    WeightSources,
+    check_dist_ckpt_path,
+    check_hf_path,
+    check_reference,
+    check_teachers,
+    check_weight_sources,
+)
+from registry.checkpoint.loongsage_rollout import RolloutData, RolloutStep
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult
 
 __all__ = ["PIPELINE", "AdoptResult", "DataSourceFreshWarning", "DataSourceState",
            "DistCheckpoint", "LoongSageCheckpointer", "LoongSaveResult", "NoTrackerWarning",
            "RngSkippedWarning", "TrainingState", "adopt", "data_file", "derive_run_id",
-           "load_dist_ckpt", "load_training_state"]
+           "load_dist_ckpt", "load_training_state",
+           # issue 18 (data sources, rollout data, reference and teacher paths)
+           "RolloutData", "RolloutStep", "Teacher", "WeightSource", "WeightSources",
+           "check_dist_ckpt_path", "check_hf_path", "check_reference", "check_teachers",
+           "check_weight_sources"]
