@@ -50,7 +50,8 @@ def _kill_after(url: str, hf: Path, step: int, *extra: str) -> None:
             os.kill(p.pid, signal.SIGKILL)
             break
     else:
-        pytest.fail(f"job ended before step {step}: {p.wait()} {p.stderr.read() if p.stderr else ''}")
+        err = p.stderr.read() if p.stderr else ""
+        pytest.fail(f"job ended before step {step}: exit {p.wait()} {err[-2000:]}")
     p.communicate(timeout=120)
     assert p.returncode == -signal.SIGKILL
 

@@ -16,9 +16,10 @@
         MANIFEST.json                      kind checkpoint, layout "loongsage": every file above
 
 The ``data_source/`` files are :mod:`registry.checkpoint.loongsage_data`'s.
-Real LoongSage writes ``dist_ckpt/`` as Megatron torch_dist shards; trees it wrote can be verified and released
-(after ``registry ckpt adopt``) but only trees written by this module can be
-loaded with :func:`registry.checkpoint.loongsage.load_training_state`.
+Real LoongSage writes ``dist_ckpt/`` as Megatron torch_dist shards; trees it
+wrote can be verified and released (after ``registry ckpt adopt``) but only
+trees written by this module can be loaded with
+:func:`registry.checkpoint.loongsage.load_training_state`.
 """
 
 from __future__ import annotations
