@@ -5,6 +5,10 @@ S3, and ``registry ckpt rollout``."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +147,43 @@ def test_cli_rollout(durable_store_url: str) -> None:
     assert r.returncode == 3 and "step 9 is not committed" in r.stderr, r.stderr
     r = run_cli("ckpt", "rollout", "exp/typo", "--store", durable_store_url)
     assert r.returncode == 3 and "no such rollout_data_path" in r.stderr, r.stderr
+
+
+KILLED_WRITER = r'''
+import os, signal, sys, torch
+from registry.checkpoint.loongsage_rollout import RolloutData
+from registry.store import open_store
+rd = RolloutData(sys.argv[2], store=open_store(sys.argv[1]))
+for step in range(1, 4):
+    rd.write(step, {"tokens": torch.arange(100_000) + step})
+store = rd.store
+real = store.open_write
+class Dying:
+    def __init__(self, raw): self.raw = raw
+    def __enter__(self): return self
+    def write(self, data):
+        self.raw.write(bytes(data)[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    def __exit__(self, *exc): self.raw.__exit__(*exc)
+store.open_write = lambda key, **kw: Dying(real(key, **kw).__enter__())
+rd.write(4, {"tokens": torch.arange(100_000) + 4})
+'''
+
+
+def test_a_writer_killed_mid_step_leaves_it_uncommitted(durable_store_url: str) -> None:
+    """A real rollout-only process SIGKILLed while writing step 4: steps 1-3
+    read back verified, step 4 is not committed, and the next writer (the
+    dead one's lease is taken over) writes it."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    p = subprocess.run([sys.executable, "-c", KILLED_WRITER, durable_store_url, PATH],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    rd = RolloutData(PATH, store=open_store(durable_store_url))
+    assert rd.steps() == [1, 2, 3]
+    for step in (1, 2, 3):
+        assert torch.equal(rd.read(step)["tokens"], torch.arange(100_000) + step)
+    with pytest.raises(NotCommittedError, match="step 4 is not committed"):
+        rd.read(4)
+    with rd:
+        rd.write(4, {"tokens": torch.arange(3)})
+    assert rd.steps() == [1, 2, 3, 4] and torch.equal(rd.read(4)["tokens"], torch.arange(3))
