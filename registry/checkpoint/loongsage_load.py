@@ -330,6 +330,13 @@ def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
                           rng["rng_state"], topology)
 
 
+def _data_sources(store: Store, prefix: str, manifest: Manifest,
+                  paths: list[str]) -> tuple[DataSourceState, ...]:
+    """The data source states of a verified step, in the order of ``paths``
+    (the multi-rank resume reads these; the pipeline buffer: read_data_state)."""
+    return read_data_state(store, prefix, manifest, paths)[0]
+
+
 def _hf_config(hf: Store) -> dict[str, Any]:
     try:
         data = hf.read_bytes(CONFIG)
