@@ -147,7 +147,8 @@ def data_documents(data_sources: Iterable[Mapping[str, Any]], pipeline_buf: Any,
             raise CheckpointError(f"{where}: data source {i}: prompt_data_path {path!r} "
                                   "given twice")
         seen.add(path)
-        buffer = ds.get("prompt_buffer", ())
+        buffer = ds.get("prompt_buffer")
+        buffer = () if buffer is None else buffer
         if isinstance(buffer, (str, bytes, Mapping)) or not isinstance(buffer, Iterable):
             raise CheckpointError(f"{where}: data source {i}: prompt_buffer must be a list "
                                   "of the prompts not yet consumed")
