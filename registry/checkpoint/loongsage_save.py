@@ -148,7 +148,8 @@ class LoongSageCheckpointer:
 
     def __init__(self, store: str | Store, checkpoint_path: str | None, *,
                  save_freq: int = -1, total_steps: int, save_checkpoint: bool = True,
-                 save_hf: bool = False, async_save: bool = True, hf_config: Mapping[str, Any] | str | bytes | None = None,
+                 save_hf: bool = False, async_save: bool = True,
+                 hf_config: Mapping[str, Any] | str | bytes | None = None,
                  tokenizer: Any = None, topology: Mapping[str, int] | None = None,
                  keep: int = 0, run_id: str | None = None,
                  lease_seconds: float = DEFAULT_SECONDS,
