@@ -151,7 +151,7 @@ def release_create(
              "limitations).")] = None,
     run: Annotated[str | None, typer.Option(
         "--run", help="Run id of the checkpoint (required for tinyllm; for loongsage, "
-                      "default: the last part of --checkpoint-path).")] = None,
+                      "default: the run_id the step's MANIFEST.json records).")] = None,
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", metavar="PATH",
@@ -172,11 +172,8 @@ def release_create(
             fields[key] = value
         lay = get_layout(layout)
         loong = lay.name == "loongsage"
-        if run is None:
-            run = (checkpoint_path or "").rstrip("/").rpartition("/")[2] if loong else None
-            if not run:
-                raise UsageError("--run is required" + (
-                    "" if loong else " with --layout tinyllm (runs/<run>/ckpt)"))
+        if run is None and not loong:
+            raise UsageError("--run is required with --layout tinyllm (runs/<run>/ckpt)")
         reg = _registry(store, db)
         result = reg.create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,

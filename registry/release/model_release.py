@@ -30,6 +30,7 @@ from registry.errors import (
     IntegrityError,
     ObjectNotFoundError,
     RegistryError,
+    UsageError,
     VersionExistsError,
 )
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
@@ -155,7 +156,7 @@ class ModelRelease:
 
     # -- creating ----------------------------------------------------------------
 
-    def create(self, run_id: str, step: int, model_id: str, version: str, *,
+    def create(self, run_id: str | None, step: int, model_id: str, version: str, *,
                dtype: str = "f32", group_size: int = 128, ledger: Any, eval_summary: Any,
                heads: Sequence[Any] = (), card_fields: Mapping[str, Any] | None = None,
                generation_config: Any = None, tokenizer_config: Any = None,
@@ -165,7 +166,9 @@ class ModelRelease:
         """Release ``step`` of run ``run_id`` as ``model_id`` ``version``.
 
         Args:
-            run_id, step: the source checkpoint (verified by sha256 first).
+            run_id, step: the source checkpoint (verified by sha256 first). In a
+                tree given by ``checkpoint_root`` (LoongSage) ``run_id`` may be
+                None: ``source.run_id`` is always the step manifest's ``run_id``.
             dtype: ``"f32"``, ``"bf16"`` (round to nearest even) or ``"int4"``
                 (``<name>.qweight`` + ``<name>.scales``, ``group_size`` columns
                 per scale); converted streaming, tensor by tensor.
@@ -188,6 +191,8 @@ class ModelRelease:
 
         Raises:
             InvalidNameError: a bad model_id or version (``../x``, ``refs``...).
+            UsageError: ``run_id`` differs from the run_id of the step's manifest
+                (LoongSage trees), or is None for a tinyllm run.
             NameTakenError: an alias of the model has the version's name.
             VersionExistsError: the version exists (or another publisher won).
             NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
@@ -200,10 +205,13 @@ class ModelRelease:
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = _inputs(ledger, eval_summary)
         self._refuse_existing(prefix)
+        if checkpoint_root is None and run_id is None:
+            raise UsageError("run_id is required for a run's checkpoints (runs/<run>/ckpt)")
         tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
                               else run_root(check_name(run_id, "run_id")), layout)
         src = join(tree.prefix(step), subdir)
         src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
         names = {e.path[len(subdir) + 1:] if subdir else e.path for e in src_manifest.files
                  if not subdir or e.path.startswith(subdir + "/")}
@@ -474,3 +482,15 @@ def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
 def _pump(f: IO[bytes], out: Any) -> None:
     while block := f.read(8 * 1024 * 1024):
         out.write(block)
+
+
+def _source_run(run_id: str | None, manifest: Manifest, where: str) -> str:
+    """The release's ``source.run_id``: the one the step's manifest records, so
+    that a release and the checkpoint it came from name the same run."""
+    recorded = manifest.meta.get("run_id")
+    if not isinstance(recorded, str):
+        return run_id or ""
+    if run_id is not None and run_id != recorded:
+        raise UsageError(f"{where}/MANIFEST.json: records run_id {recorded!r}, not "
+                         f"{run_id!r}; name that run (or none)")
+    return recorded
