@@ -177,12 +177,17 @@ def check_signing_certificate(key_path: str | os.PathLike[str],
     is written.
 
     Raises:
+        UsageError: no chain (the library cannot sign without one).
         DocumentError: the key is not an EC private key; the certificate file
             is not one PEM certificate, is not the key's, is expired or not
             valid yet, or lacks the signing usage; a chain file is not PEM
             certificates or holds an expired or not-yet-valid certificate.
         SigningUnavailableError: the ``[signing]`` extra is not installed.
     """
+    chain_paths = list(chain_paths)
+    if not chain_paths:
+        raise UsageError(f"--sign-cert {os.fspath(cert_path)}: give --cert-chain too (at least "
+                         "the issuing CA's certificate; model_signing signs with a chain)")
     key = check_private_key(key_path)
     where = os.fspath(cert_path)
     certs = _read_certs(where, "signing certificate")

@@ -188,6 +188,15 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
                              "--trusted-keys", "{w}"], 5, ["ledger.json"]),
     ("pull-trusted-key-missing", ["pull", "tiny@1", "--trusted-key", "{w}/nokey.pub",
                                   "--to", "{w}/p2"], 5, ["nokey.pub"]),
+    # -- certificates from a local CA (issue 17)
+    ("keys-ca-over-a-file", ["keys", "ca", "{w}/ledger.json", "--subject", "CN=x"], 2,
+     ["ledger.json", "refusing to overwrite"]),
+    ("keys-issue-ca-missing", ["keys", "issue", "{w}/k2.pem", "--ca", "{w}/noca.pem",
+                               "--subject", "CN=x"], 5, ["noca.pem"]),
+    ("pull-trusted-ca-not-pem", ["pull", "tiny@1", "--trusted-ca", "{w}/ledger.json",
+                                 "--to", "{w}/p3"], 5, ["ledger.json", "PEM"]),
+    ("publish-sign-cert-without-key", ["publish", "{w}/hf", *PUB, "--version", "7",
+                                       "--sign-cert", "{w}/ledger.json"], 2, ["--sign-key"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a

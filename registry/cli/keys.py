@@ -14,8 +14,8 @@ from registry.cli.errors import error_boundary
 if TYPE_CHECKING:
     from registry.certs import Certificate
 
-keys_app = RegistryTyper(help="Signing keys (elliptic curve, PEM) for signed releases.",
-                         no_args_is_help=True)
+keys_app = RegistryTyper(help="Signing keys (elliptic curve, PEM) and a local CA for signed "
+                              "releases.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
 
