@@ -228,6 +228,14 @@ def bundle_chain(bundle: dict[str, Any]) -> list[bytes] | None:
     return ders
 
 
+def der_of(*pems: bytes) -> list[bytes]:
+    """The DER encodings of PEM certificates (one each)."""
+    x509 = _x509()
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return [x509.load_pem_x509_certificate(p).public_bytes(Encoding.DER) for p in pems]
+
+
 def parse_der(ders: Sequence[bytes]) -> list[Certificate]:
     """Certificates of DER bytes (from a bundle).
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from registry.commit import DirectoryWriter
 from registry import certs
+from registry.commit import DirectoryWriter
 from registry.errors import GateFailedError, IntegrityError, SignatureError, UsageError
 from registry.gates import GateResult
 from registry.keys import PublicKey, Trust, check_private_key
@@ -115,13 +115,8 @@ def _certificate_gate(cert: certs.CertSigner, keys: list[PublicKey | certs.Certi
     if not trust.cas:
         return GateResult(GATE, False, f"signing certificate {leaf.subject!r} cannot satisfy a "
                                        f"policy that lists keys only ({_names(keys)})")
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    ders = [x509.load_pem_x509_certificate(p).public_bytes(Encoding.DER)
-            for p in (leaf.pem, *cert.chain_pems)]
     try:
-        anchor = certs.verify_chain(ders, trust.cas)
+        anchor = certs.verify_chain(certs.der_of(leaf.pem, *cert.chain_pems), trust.cas)
     except ValueError as e:
         return GateResult(GATE, False, f"signing certificate {leaf.subject!r} does not chain "
                                        f"to a CA the policy lists ({_names(keys)}): {e}")
