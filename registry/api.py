@@ -46,6 +46,7 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
+from registry.certs import Certificate
 from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
@@ -182,9 +183,10 @@ class Registry:
         return rev, created
 
     def set_policy(self, model_id: str, require: Iterable[str],
-                   signed_by: Iterable[PublicKey] = ()) -> list[Threshold]:
+                   signed_by: Iterable[PublicKey | Certificate] = ()) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
-        one of which must have signed every release (the ``signature`` gate)."""
+        and CA certificates (``registry.certs.load_anchor``) one of which must
+        have signed every release (the ``signature`` gate)."""
         parsed = set_policy(self.store, model_id, require, signed_by)
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
         return parsed

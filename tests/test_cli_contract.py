@@ -199,6 +199,15 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("cache-prune-bad-size", ["cache", "prune", "--max-size", "50Q"], 2, ["50Q"]),
     ("cache-prune-bad-duration", ["cache", "prune", "--older-than", "soon"], 2, ["soon"]),
     ("cache-prune-negative-keep", ["cache", "prune", "--keep-last", "-1"], 2, ["--keep-last"]),
+    # -- certificates from a local CA (issue 17)
+    ("keys-ca-over-a-file", ["keys", "ca", "{w}/ledger.json", "--subject", "CN=x"], 2,
+     ["ledger.json", "refusing to overwrite"]),
+    ("keys-issue-ca-missing", ["keys", "issue", "{w}/k2.pem", "--ca", "{w}/noca.pem",
+                               "--subject", "CN=x"], 5, ["noca.pem"]),
+    ("pull-trusted-ca-not-pem", ["pull", "tiny@1", "--trusted-ca", "{w}/ledger.json",
+                                 "--to", "{w}/p3"], 5, ["ledger.json", "PEM"]),
+    ("publish-sign-cert-without-key", ["publish", "{w}/hf", *PUB, "--version", "7",
+                                       "--sign-cert", "{w}/ledger.json"], 2, ["--sign-key"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a
