@@ -36,6 +36,7 @@ from registry.errors import (
 from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
+from registry.pull.cache_admin import PullCache
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
@@ -46,6 +47,7 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
+from registry.certs import Certificate
 from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
@@ -190,9 +192,10 @@ class Registry:
         return rev, created
 
     def set_policy(self, model_id: str, require: Iterable[str],
-                   signed_by: Iterable[PublicKey] = ()) -> list[Threshold]:
+                   signed_by: Iterable[PublicKey | Certificate] = ()) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
-        one of which must have signed every release (the ``signature`` gate)."""
+        and CA certificates (``registry.certs.load_anchor``) one of which must
+        have signed every release (the ``signature`` gate)."""
         parsed = set_policy(self.store, model_id, require, signed_by)
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
         return parsed
@@ -253,6 +256,12 @@ class Registry:
                 raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",
                                       failed)
         return pull(self.store, model_id, name, **kw)
+
+    def cache(self, path: str | os.PathLike[str] | None = None) -> PullCache:
+        """This host's pull cache (``path``, else ``$REGISTRY_CACHE``...):
+        ``ls()``, ``prune(...)``, ``verify()`` (registry.pull.cache_admin).
+        Needs neither the store nor the index."""
+        return PullCache(path)
 
     def gate_check(self, model_id: str, version: str,
                    require: Iterable[Threshold | str] = ()) -> list[GateResult]:

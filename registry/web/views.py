@@ -177,6 +177,10 @@ def _signature(sig: dict[str, Any]) -> dict[str, Any]:
     state = {True: "verified against the policy's keys",
              False: "NOT verified by the policy's keys",
              None: "not verified here"}[sig.get("verified")]
+    if sig.get("kind") == "certificate":
+        return {"file": sig["path"], "signer": f"certificate {sig['subject']} "
+                                               f"({sig['fingerprint']}, issued by "
+                                               f"{sig['issuer']}; {state})"}
     return {"file": sig["path"], "signer": f"key {sig['fingerprint']} ({state})"}
 
 
