@@ -67,6 +67,10 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("ckpt-gc-unknown-run", ["ckpt", "gc", "nosuchrun", "--keep", "1"], 3, ["nosuchrun"]),
     ("ckpt-ls-unknown-tree", ["ckpt", "ls", "{w}/no-such-tree"], 3, ["no-such-tree"]),
     ("ckpt-adopt-unknown-tree", ["ckpt", "adopt", "{w}/no-such-tree"], 3, ["no-such-tree"]),
+    ("ckpt-rollout-unknown-path", ["ckpt", "rollout", "{w}/no-such-rollout"], 3,
+     ["no-such-rollout", "no such rollout_data_path"]),
+    ("ckpt-refs-two-refs", ["ckpt", "refs", "--ref-dist-ckpt-path", "{w}/t/train_step_1/dist_ckpt",
+                            "--ref-hf-model-path", "{w}/hf"], 2, ["pick exactly one"]),
     ("ckpt-verify-unknown-step", ["ckpt", "verify", "r1", "--step", "7"], 3,
      ["step-000007", "no such step"]),
     ("ckpt-gc-keep-0", ["ckpt", "gc", "r1", "--keep", "0"], 2, ["--keep"]),
@@ -195,6 +199,15 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("cache-prune-bad-size", ["cache", "prune", "--max-size", "50Q"], 2, ["50Q"]),
     ("cache-prune-bad-duration", ["cache", "prune", "--older-than", "soon"], 2, ["soon"]),
     ("cache-prune-negative-keep", ["cache", "prune", "--keep-last", "-1"], 2, ["--keep-last"]),
+    # -- certificates from a local CA (issue 17)
+    ("keys-ca-over-a-file", ["keys", "ca", "{w}/ledger.json", "--subject", "CN=x"], 2,
+     ["ledger.json", "refusing to overwrite"]),
+    ("keys-issue-ca-missing", ["keys", "issue", "{w}/k2.pem", "--ca", "{w}/noca.pem",
+                               "--subject", "CN=x"], 5, ["noca.pem"]),
+    ("pull-trusted-ca-not-pem", ["pull", "tiny@1", "--trusted-ca", "{w}/ledger.json",
+                                 "--to", "{w}/p3"], 5, ["ledger.json", "PEM"]),
+    ("publish-sign-cert-without-key", ["publish", "{w}/hf", *PUB, "--version", "7",
+                                       "--sign-cert", "{w}/ledger.json"], 2, ["--sign-key"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a

@@ -14,6 +14,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     ckpt,
     index,
     keys,
+    loongsage,
     pull,
     quickstart,
     release,

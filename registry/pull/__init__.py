@@ -46,8 +46,10 @@ class PullResult:
         bytes: total bytes of the release; ``transferred``: bytes downloaded.
         seconds: wall time of the pull.
         placed: False when the target already held this release.
-        signer: fingerprint of the trusted key that signed the release, when
-            the pull was given trusted keys (else None).
+        signer: fingerprint of the trusted key that signed the release (or
+            of the signing certificate), when the pull was given trusted keys
+            or CAs (else None); ``signed_by``: the whole check
+            (``registry.signing.SignatureCheck.to_dict``: kind, identity, CA).
     """
 
     model_id: str
@@ -62,6 +64,7 @@ class PullResult:
     placed: bool
     verified: bool
     signer: str | None = None
+    signed_by: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
@@ -198,10 +201,12 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             pulled directory survives a power loss. False is for disks that
             do not outlive the host (a pod's emptyDir): a killed process
             still leaves nothing partial, but a power loss may.
-        trust: the public keys this host trusts (``registry.keys.load_trust``):
-            the release must carry a ``model.sig`` made by one of them (not
-            revoked), naming ``model_id@version`` and covering exactly the
-            manifest's files and digests. What the bundle claims is checked
+        trust: the public keys and CA certificates this host trusts
+            (``registry.keys.load_trust``): the release must carry a
+            ``model.sig`` made by one of the keys, or with a certificate whose
+            chain is valid now up to one of the CAs (none of them revoked),
+            naming ``model_id@version`` and covering exactly the manifest's
+            files and digests. What the bundle claims is checked
             before any weight is downloaded; its cryptographic verification
             (the library's) runs during the download and must pass before
             anything is placed. The download refuses any byte that does not
@@ -230,7 +235,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             release, or files the release does not list), or this release
             with a file changed since it was pulled, and not ``force``.
         SignatureError: ``trust`` given and the signature is missing,
-            malformed, made by an untrusted or revoked key, bound to another
+            malformed, made by an untrusted or revoked key (or a certificate
+            of another CA, expired, not yet valid, revoked), bound to another
             release, or not covering exactly the files; nothing is placed.
         UsageError: an empty ``to``, ``workers`` < 1, a negative
             ``range_threshold``, or a target that is, holds or lies inside the
@@ -283,7 +289,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                                  progress=on_progress, range_threshold=range_threshold,
                                  fsync=fsync)
     downloaded = len(missing)
-    signer = signature.result().fingerprint if signature is not None else None
+    check = signature.result() if signature is not None else None
+    signer = check.fingerprint if check is not None else None
 
     def download(pairs: list[tuple[FileEntry, Path]]) -> None:
         nonlocal transferred
@@ -319,7 +326,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     record_pull(c, manifest, target)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
-                      time.perf_counter() - t0, placed, verify, signer)
+                      time.perf_counter() - t0, placed, verify, signer,
+                      check.to_dict() if check is not None else None)
 
 
 __all__ = ["PullResult", "pull"]
