@@ -1,0 +1,196 @@
+"""One rank of a small tensor-parallel-like training job (tests/test_loongsage_dcp.py).
+
+``python tests/support/dcp_child.py URL CKPT_PATH HF_DIR --steps N [options]``
+with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` in the
+environment (gloo on localhost). The S3 endpoint comes from the inherited ``AWS_*``.
+
+The model: ``col.weight`` [10, 6] and ``col.bias`` [10] sharded along dim 0,
+``row.weight`` [6, 10] sharded along dim 1 (a column/row parallel pair, DTensor
+``Shard``), ``norm.weight`` [6] replicated (a plain tensor). Each step adds
+per-rank RNG noise to the gradients (so an RNG restore matters) and takes an
+AdamW step whose state is held in DTensors shaped like the parameters.
+
+Options:
+  --sharding dp_reshardable|fully_reshardable
+  --sync                    sync saves (default async)
+  --save-freq K
+  --stop-after S            finish (flush) after step S and exit 0: a job that ends early
+  --kill RANK:EVENT:STEP    SIGKILL rank RANK at EVENT of step STEP's save, EVENT one of
+                            ``write`` (first shard write), ``gather`` (shards written, before
+                            the entries are gathered), ``commit`` (rank 0, before MANIFEST.json)
+  --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
+
+Prints ``RESUMED <source> <step> <rng_restored>`` and ``COMMITTED <step>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from registry.checkpoint import dist as regdist
+from registry.checkpoint import loongsage_dcp
+from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, resume_dist
+from registry.commit import DirectoryWriter
+from registry.safetensors_io import write_safetensors
+from registry.store import open_store
+
+SHAPES = {"col.weight": ((10, 6), 0), "col.bias": ((10,), 0), "row.weight": ((6, 10), 1),
+          "norm.weight": ((6,), None)}
+PROMPTS = "data/prompts.jsonl"
+
+
+def initial() -> dict[str, np.ndarray]:
+    g = np.random.default_rng(0)
+    return {k: g.standard_normal(shape, dtype=np.float32) for k, (shape, _) in SHAPES.items()}
+
+
+def write_hf(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "toy", "hidden_size": 6}, f)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        write_safetensors(f, initial(), metadata={"format": "pt"})
+
+
+def arm_kill(spec: str, rank: int, current: dict[str, int]) -> None:
+    who, event, step = spec.split(":")
+    if int(who) != rank:
+        return
+
+    def die(what: str) -> None:
+        print(f"KILL rank {rank} at {what} of step {current['step']}", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def due() -> bool:
+        return current["step"] == int(step)
+
+    if event == "write":
+        write = regdist._HashingStream.write
+
+        def dying_write(self: object, data: object) -> int:
+            if due():
+                die("write")
+            return write(self, data)  # type: ignore[arg-type]
+        regdist._HashingStream.write = dying_write  # type: ignore[method-assign]
+    elif event == "gather":
+        gather = loongsage_dcp.gather_entries
+
+        def dying_gather(*a: object, **k: object) -> object:
+            if due():
+                die("gather")
+            return gather(*a, **k)  # type: ignore[arg-type]
+        loongsage_dcp.gather_entries = dying_gather  # type: ignore[assignment]
+    elif event == "commit":
+        commit = DirectoryWriter.commit
+
+        def dying_commit(self: DirectoryWriter) -> object:
+            if due():
+                die("commit")
+            return commit(self)
+        DirectoryWriter.commit = dying_commit  # type: ignore[method-assign]
+    else:
+        raise SystemExit(f"unknown kill event {event}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("ckpt")
+    ap.add_argument("hf")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--save-freq", type=int, default=1)
+    ap.add_argument("--sharding", default="fully_reshardable")
+    ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--stop-after", type=int)
+    ap.add_argument("--kill")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    warnings.simplefilter("always")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    current = {"step": -1}
+    if a.kill:
+        arm_kill(a.kill, rank, current)
+    if rank == 0 and not os.path.exists(os.path.join(a.hf, "config.json")):
+        write_hf(a.hf)
+    if rank == 0:
+        open_store(a.url).ensure_root()
+    dist.barrier()
+
+    def place(full: torch.Tensor, dim: int | None) -> torch.Tensor:
+        if dim is None:
+            return full.clone()
+        return distribute_tensor(full, mesh, [Shard(dim)])
+
+    zeros = {k: torch.zeros(shape) for k, (shape, _) in SHAPES.items()}
+    model = {k: place(zeros[k], SHAPES[k][1]) for k in SHAPES}
+    opt = {}
+    for k, (_, dim) in SHAPES.items():
+        opt[f"{k}.exp_avg"] = place(zeros[k], dim)
+        opt[f"{k}.exp_avg_sq"] = place(zeros[k], dim)
+    opt["step"] = torch.zeros((), dtype=torch.float32)
+    topology = {"tp": world}
+    st = resume_dist(a.url, a.ckpt, model=model, optimizer_state=opt, hf_model_path=a.hf,
+                     data_sources=[PROMPTS], topology=topology)
+    if st.rng_restored:
+        torch.set_rng_state(torch.tensor(st.rng_state, dtype=torch.uint8))
+    else:
+        torch.manual_seed(1000 + rank)
+    print(f"RESUMED {st.source} {st.step} {st.rng_restored}", flush=True)
+    ckpt = DistLoongSageCheckpointer(a.url, a.ckpt, save_freq=a.save_freq,
+                                     total_steps=a.steps, async_save=not a.sync,
+                                     topology=topology, optimizer_sharding_type=a.sharding)
+    ckpt.on_commit.append(lambda r: print(f"COMMITTED {r.step}", flush=True))
+    lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
+    for step in range(st.step + 1, a.steps + 1):
+        ckpt.on_step_start()
+        opt["step"] += 1
+        t = float(opt["step"])
+        for k, p in model.items():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            noise = torch.randn(local.shape) if isinstance(p, DTensor) else 0.0
+            grad = 0.1 * local + 0.01 * step + 0.05 * noise
+            m = opt[f"{k}.exp_avg"]
+            v = opt[f"{k}.exp_avg_sq"]
+            ml = m.to_local() if isinstance(m, DTensor) else m
+            vl = v.to_local() if isinstance(v, DTensor) else v
+            ml.mul_(b1).add_(grad, alpha=1 - b1)
+            vl.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            local.mul_(1 - lr * wd)
+            denom = (vl / (1 - b2 ** t)).sqrt_().add_(eps)
+            local.addcdiv_(ml, denom, value=-lr / (1 - b1 ** t))
+        current["step"] = step
+        ckpt.maybe_save(step, model=model, optimizer_state=opt,
+                        scheduler_state={"lr": lr, "last_step": step},
+                        rng_state=torch.get_rng_state(),
+                        data_sources=[{"prompt_data_path": PROMPTS,
+                                       "state": {"consumed": step * 4}}])
+        if a.stop_after == step:
+            break
+    ckpt.finish()
+    if a.out:
+        full = {k: (v.full_tensor() if isinstance(v, DTensor) else v.clone())
+                for k, v in {**model, **{f"opt.{k}": v for k, v in opt.items()}}.items()}
+        if rank == 0:
+            torch.save(full, a.out)
+    dist.barrier()
+    dist.destroy_process_group()
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    _ = Replicate
+    main()
