@@ -573,3 +573,43 @@ def read_full(store: Store, key: str) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"{store.url_of(key)}: DCP could not load it: {e}") from None
     return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in sd.items()}
+
+
+def read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
+              optimizer: bool) -> Any:
+    """A verified step's DCP ``dist_ckpt/`` as a
+    :class:`~registry.checkpoint.loongsage_load.DistCheckpoint` (numpy, full
+    shapes), for single-process readers (:func:`load_dist_ckpt`,
+    :func:`load_training_state`).
+
+    ``model``: the ``model.<name>`` tensors, or every tensor when no key has
+    that prefix (a tree written by another DCP program); ``optimizer_state``:
+    the ``fully_reshardable`` state (None for ``dp_reshardable``, whose shards
+    only a job of the saved topology can use, and for foreign trees).
+
+    Raises:
+        CheckpointError: DCP could not read it, or it holds no tensors.
+    """
+    from registry.checkpoint.loongsage_load import DistCheckpoint
+
+    key = join(prefix, DIST)
+    url = store.url_of(key)
+    entries = read_full(store, key)
+    tensors = {k: v for k, v in entries.items() if isinstance(v, np.ndarray)}
+    model = {k[len(MODEL_KEY):]: v for k, v in tensors.items() if k.startswith(MODEL_KEY)}
+    common: dict[str, Any] = {}
+    if isinstance(entries.get(COMMON), bytes):
+        common = json.loads(entries[COMMON])
+    if not model and not common:
+        model = dict(tensors)
+    if not model:
+        raise CheckpointError(f"{url}: the DCP checkpoint holds no model tensors")
+    opt = None
+    if optimizer and common.get("optimizer_sharding_type") == "fully_reshardable":
+        opt = {k[len(OPT_FULL):]: v for k, v in tensors.items() if k.startswith(OPT_FULL)}
+    try:
+        topology = check_topology(common.get("topology"), what=f"{url}:{COMMON}")
+    except UsageError as e:
+        raise DocumentError(f"{url}:{COMMON}", str(e)) from None
+    return DistCheckpoint(step, url, manifest, model, opt, common.get("optimizer"),
+                          common.get("scheduler_state"), None, topology)

@@ -1,8 +1,11 @@
-"""One rank of a small tensor-parallel-like training job (tests/test_loongsage_dcp.py).
+"""A small tensor-parallel-like training job on CPU ranks (tests/test_loongsage_dcp.py).
 
-``python tests/support/dcp_child.py URL CKPT_PATH HF_DIR --steps N [options]``
-with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` in the
-environment (gloo on localhost). The S3 endpoint comes from the inherited ``AWS_*``.
+``python tests/support/dcp_child.py URL CKPT_PATH HF_DIR --world W --steps N [options]``
+
+Imports torch once, then forks W real rank processes (gloo on localhost, a
+free port) and waits for them; exits 0 when every rank did, else prints each
+rank's exit status (``RANK r EXIT c``; ``-9``: SIGKILL) and exits 1. The S3
+endpoint comes from the inherited ``AWS_*`` variables.
 
 The model: ``col.weight`` [10, 6] and ``col.bias`` [10] sharded along dim 0,
 ``row.weight`` [6, 10] sharded along dim 1 (a column/row parallel pair, DTensor
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import warnings
 
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from registry.checkpoint import dist as regdist
 from registry.checkpoint import loongsage_dcp
@@ -69,12 +73,19 @@ def arm_kill(spec: str, rank: int, current: dict[str, int]) -> None:
         return
 
     def die(what: str) -> None:
-        print(f"KILL rank {rank} at {what} of step {current['step']}", file=sys.stderr,
+        print(f"KILL rank {rank} at {what} of step {current['saving']}", file=sys.stderr,
               flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def due() -> bool:
-        return current["step"] == int(step)
+        return current["saving"] == int(step)
+
+    write_collective = DistLoongSageCheckpointer._write_collective
+
+    def saving(self: DistLoongSageCheckpointer, job: object) -> object:
+        current["saving"] = job.step  # type: ignore[attr-defined]
+        return write_collective(self, job)  # type: ignore[arg-type]
+    DistLoongSageCheckpointer._write_collective = saving  # type: ignore[method-assign]
 
     if event == "write":
         write = regdist._HashingStream.write
@@ -116,12 +127,46 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int)
     ap.add_argument("--kill")
     ap.add_argument("--out")
+    ap.add_argument("--world", type=int, required=True)
     a = ap.parse_args()
+    port = free_port()
+    pids = {}
+    for rank in range(a.world):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world),
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                run(a)
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - reported as the rank's exit
+                print(f"RANK {rank} ERROR {type(e).__name__}: {e}", flush=True)
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        pids[pid] = rank
+    failed = False
+    for _ in range(a.world):
+        pid, status = os.wait()
+        code = os.waitstatus_to_exitcode(status)
+        print(f"RANK {pids[pid]} EXIT {code}", flush=True)
+        failed |= code != 0
+    sys.exit(1 if failed else 0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(a: argparse.Namespace) -> None:
     warnings.simplefilter("always")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    current = {"step": -1}
+    current = {"saving": -1}
     if a.kill:
         arm_kill(a.kill, rank, current)
     if rank == 0 and not os.path.exists(os.path.join(a.hf, "config.json")):
@@ -149,11 +194,11 @@ def main() -> None:
         torch.set_rng_state(torch.tensor(st.rng_state, dtype=torch.uint8))
     else:
         torch.manual_seed(1000 + rank)
-    print(f"RESUMED {st.source} {st.step} {st.rng_restored}", flush=True)
+    print(f"RANK {rank} RESUMED {st.source} {st.step} {st.rng_restored}", flush=True)
     ckpt = DistLoongSageCheckpointer(a.url, a.ckpt, save_freq=a.save_freq,
                                      total_steps=a.steps, async_save=not a.sync,
                                      topology=topology, optimizer_sharding_type=a.sharding)
-    ckpt.on_commit.append(lambda r: print(f"COMMITTED {r.step}", flush=True))
+    ckpt.on_commit.append(lambda r: print(f"RANK {rank} COMMITTED {r.step}", flush=True))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
     for step in range(st.step + 1, a.steps + 1):
         ckpt.on_step_start()
@@ -172,7 +217,6 @@ def main() -> None:
             local.mul_(1 - lr * wd)
             denom = (vl / (1 - b2 ** t)).sqrt_().add_(eps)
             local.addcdiv_(ml, denom, value=-lr / (1 - b1 ** t))
-        current["step"] = step
         ckpt.maybe_save(step, model=model, optimizer_state=opt,
                         scheduler_state={"lr": lr, "last_step": step},
                         rng_state=torch.get_rng_state(),
@@ -188,9 +232,8 @@ def main() -> None:
             torch.save(full, a.out)
     dist.barrier()
     dist.destroy_process_group()
-    print("DONE", flush=True)
+    print(f"RANK {rank} DONE", flush=True)
 
 
 if __name__ == "__main__":
-    _ = Replicate
     main()
