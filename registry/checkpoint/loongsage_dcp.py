@@ -47,8 +47,8 @@ import json
 import pickle
 import time
 import warnings
-from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,8 +132,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-class _Agreed(Exception):
-    """Rank 0's failure, as the other ranks see it."""
+@contextmanager
+def _single_process() -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process: that is
+    the intent here (a one-process job, a reader), so the warning is dropped."""
+    if dist.is_initialized():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled",
+                                category=UserWarning)
+        yield
 
 
 def _agree(group: Any, fn: Any) -> Any:
@@ -302,7 +311,9 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             target = _agree(self.group, begin)
             writer = storage_writer(self.store, join(target, DIST),
                                     thread_count=self.thread_count)
-            dcp.save(job.state, storage_writer=writer, process_group=self.group)
+            with _single_process():
+                dcp.save(job.state, storage_writer=writer, process_group=self.group,
+                         no_dist=not dist.is_initialized())
             entries = gather_entries(written_entries(writer, DIST), self.group)
 
             def commit() -> bytes:
@@ -383,7 +394,9 @@ def _common(store: Store, key: str, group: Any) -> dict[str, Any]:
                               f"{COMMON!r} entry this saver writes (written by another "
                               "program?): read it with load_dcp")
     sd: dict[str, Any] = {COMMON: b""}
-    dcp.load(sd, storage_reader=reader, process_group=group, no_dist=not dist.is_initialized())
+    with _single_process():
+        dcp.load(sd, storage_reader=reader, process_group=group,
+                 no_dist=not dist.is_initialized())
     doc = json.loads(sd[COMMON])
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise DocumentError(f"{store.url_of(key)}:{COMMON}", f"must be a {FORMAT} object")
@@ -419,8 +432,9 @@ def load_dcp(store: str | Store, path: str, state_dict: dict[str, Any], *,
             _verify_entries(store, prefix, manifest, f"{under}/")
         _agree(group, check)
     try:
-        dcp.load(state_dict, storage_reader=storage_reader(store, key),
-                 process_group=group, no_dist=not dist.is_initialized())
+        with _single_process():
+            dcp.load(state_dict, storage_reader=storage_reader(store, key),
+                     process_group=group, no_dist=not dist.is_initialized())
     except (RuntimeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{store.url_of(key)}: DCP could not load it: "
                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
@@ -569,7 +583,8 @@ def read_full(store: Store, key: str) -> dict[str, Any]:
         elif isinstance(md, BytesStorageMetadata):
             sd[name] = b""
     try:
-        dcp.load(sd, storage_reader=reader, no_dist=True)
+        with _single_process():
+            dcp.load(sd, storage_reader=reader, no_dist=True)
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"{store.url_of(key)}: DCP could not load it: {e}") from None
     return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in sd.items()}

@@ -22,6 +22,7 @@ Options:
                             ``write`` (first shard write), ``gather`` (shards written, before
                             the entries are gathered), ``commit`` (rank 0, before MANIFEST.json)
   --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
+  --dump-resumed FILE       the same, right after resuming (before any step)
 
 Prints ``RESUMED <source> <step> <rng_restored>`` and ``COMMITTED <step>``.
 """
@@ -127,6 +128,7 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int)
     ap.add_argument("--kill")
     ap.add_argument("--out")
+    ap.add_argument("--dump-resumed")
     ap.add_argument("--world", type=int, required=True)
     a = ap.parse_args()
     port = free_port()
@@ -153,6 +155,16 @@ def main() -> None:
         print(f"RANK {pids[pid]} EXIT {code}", flush=True)
         failed |= code != 0
     sys.exit(1 if failed else 0)
+
+
+def dump(model: dict[str, torch.Tensor], opt: dict[str, torch.Tensor], path: str,
+         rank: int) -> None:
+    """Full tensors (a collective), written by rank 0."""
+    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v.clone())
+            for k, v in {**{f"model.{k}": v for k, v in model.items()},
+                         **{f"optimizer.state.{k}": v for k, v in opt.items()}}.items()}
+    if rank == 0:
+        torch.save(full, path)
 
 
 def free_port() -> int:
@@ -195,6 +207,8 @@ def run(a: argparse.Namespace) -> None:
     else:
         torch.manual_seed(1000 + rank)
     print(f"RANK {rank} RESUMED {st.source} {st.step} {st.rng_restored}", flush=True)
+    if a.dump_resumed:
+        dump(model, opt, a.dump_resumed, rank)
     ckpt = DistLoongSageCheckpointer(a.url, a.ckpt, save_freq=a.save_freq,
                                      total_steps=a.steps, async_save=not a.sync,
                                      topology=topology, optimizer_sharding_type=a.sharding)
@@ -226,10 +240,7 @@ def run(a: argparse.Namespace) -> None:
             break
     ckpt.finish()
     if a.out:
-        full = {k: (v.full_tensor() if isinstance(v, DTensor) else v.clone())
-                for k, v in {**model, **{f"opt.{k}": v for k, v in opt.items()}}.items()}
-        if rank == 0:
-            torch.save(full, a.out)
+        dump(model, opt, a.out, rank)
     dist.barrier()
     dist.destroy_process_group()
     print(f"RANK {rank} DONE", flush=True)
