@@ -9,11 +9,14 @@ Where DCP writes (docs/decisions.md, "dist_ckpt through DCP"):
 * local disk: :class:`~torch.distributed.checkpoint.FileSystemWriter` into the
   step's staging directory (``train_step_<N>.tmp-<owner>/dist_ckpt``), every
   file fsynced (DCP's ``sync_files``), renamed with the whole step on commit;
-* object stores: DCP's fsspec writer straight into the final prefix under the
-  step's claim, with the Store's own filesystem object (its endpoint and
-  credentials); ``sync_files`` off, since a remote file has no ``fileno()``
-  and DCP would fall back to ``os.sync()`` (durability there is the completed
-  PUT). Staging on local disk and uploading measured slower (bench/dcp_bench.py).
+* object stores (S3, memory): each rank's DCP writes go to a private folder
+  on local disk (:func:`local_staging`), then the rank uploads the files it
+  wrote into the claimed step prefix through the Store, each a conditional
+  create (:func:`upload_staged`); rank 0 uploads ``.metadata``. DCP's fsspec
+  writer straight into S3 measured slower on moto (bench/dcp_bench.py
+  ``--s3-mib``), writes ``.metadata`` as a temporary object it then renames
+  (copy + delete on S3), and bypasses the conditional creates, so it is only
+  kept for :func:`storage_writer` of stores without a local path.
 
 Each rank's ``*.distcp`` files are hashed (sha256) while DCP writes them, by the
 rank that writes them; :func:`gather_entries` brings every rank's entries to
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +39,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
+from registry.errors import CheckpointError
 from registry.manifest import FileEntry
 from registry.store import Store, join
 
@@ -184,19 +190,59 @@ def broadcast(obj: Any, group: Any = None) -> Any:
     return box[0]
 
 
-def gather_entries(entries: list[FileEntry], group: Any = None) -> list[FileEntry] | None:
-    """Every rank's entries on rank 0 (None on the others)."""
+def gather_entries(entries: list[FileEntry] | str, group: Any = None) -> list[FileEntry] | None:
+    """Every rank's entries on rank 0 (None on the others). A rank that failed
+    passes its error message instead; rank 0 then raises CheckpointError
+    naming it (so no rank waits for a peer that gave up).
+
+    Raises:
+        CheckpointError: on rank 0, when a rank passed an error.
+    """
+    if isinstance(entries, str):
+        rows: Any = entries
+    else:
+        rows = [(e.path, e.size, e.sha256) for e in entries]
     if not dist.is_initialized():
-        return list(entries)
-    rows = [(e.path, e.size, e.sha256) for e in entries]
-    out: list[Any] | None = [None] * world_of(group) if rank_of(group) == 0 else None
-    dist.gather_object(rows, out, dst=dist.get_global_rank(group, 0) if group else 0,
-                       group=group)
-    if out is None:
+        parts: list[Any] | None = [rows]
+    else:
+        parts = [None] * world_of(group) if rank_of(group) == 0 else None
+        dist.gather_object(rows, parts, dst=dist.get_global_rank(group, 0) if group else 0,
+                           group=group)
+    if parts is None:
         return None
-    return [FileEntry(p, s, h) for part in out for (p, s, h) in part]
+    for r, part in enumerate(parts):
+        if isinstance(part, str):
+            raise CheckpointError(f"rank {r} could not write its shards: {part}")
+    return [FileEntry(p, s, h) for part in parts for (p, s, h) in part]
 
 
 def metadata_key(prefix: str, under: str) -> str:
     """Key of DCP's ``.metadata`` in the DCP directory ``under`` of ``prefix``."""
     return join(prefix, under, METADATA)
+
+
+def upload_staged(store: Store, local_dir: str, key: str, names: list[str]) -> None:
+    """Copy the files ``names`` of the local DCP directory ``local_dir`` to
+    ``key`` in ``store``, each a conditional create (the object-store commit
+    protocol: never over a file another writer put there), streamed."""
+    for name in names:
+        path = os.path.join(local_dir, name)
+        with open(path, "rb") as src, \
+                store.open_write(join(key, name), exclusive=True,
+                                 size=os.fstat(src.fileno()).st_size) as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+
+
+@contextmanager
+def local_staging() -> Iterator[tuple[Store, str]]:
+    """Where this rank's DCP writes land before the commit: for object stores a
+    private temporary folder on local disk (``$REGISTRY_DCP_STAGING`` or the
+    system's temp dir), removed afterwards; yields (store, key) of the DCP
+    directory's parent there."""
+    from registry.store import open_store
+
+    tmp = tempfile.mkdtemp(prefix="dcp-stage-", dir=os.environ.get("REGISTRY_DCP_STAGING"))
+    try:
+        yield open_store(tmp), ""
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

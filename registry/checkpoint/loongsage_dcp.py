@@ -48,7 +48,7 @@ import pickle
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +63,12 @@ from registry.checkpoint.dist import (
     broadcast,
     gather_entries,
     hash_object,
+    local_staging,
     metadata_key,
     rank_of,
     storage_reader,
     storage_writer,
+    upload_staged,
     world_of,
     written_entries,
 )
@@ -82,7 +84,7 @@ from registry.checkpoint.state import OPTIMIZERS
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
 from registry.errors import CheckpointError, DocumentError, UsageError
-from registry.manifest import Manifest, check_path, parse_manifest
+from registry.manifest import FileEntry, Manifest, check_path, parse_manifest
 from registry.store import Store, join, open_store
 
 SHARDING_TYPES = ("dp_reshardable", "fully_reshardable")
@@ -143,6 +145,23 @@ def _single_process() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled",
                                 category=UserWarning)
         yield
+
+
+def _agree_gather(group: Any, mine: list[FileEntry] | str) -> list[FileEntry] | None:
+    """Every rank's entries on rank 0 (None elsewhere); a rank that failed
+    (``mine`` is its error message) fails the save on every rank."""
+    err: CheckpointError | None = None
+    entries = None
+    try:
+        entries = gather_entries(mine, group)
+    except CheckpointError as e:  # rank 0: some rank failed
+        err = e
+    failed = broadcast(str(err) if err else None, group)
+    if err is not None:
+        raise err
+    if failed:
+        raise CheckpointError(failed)
+    return entries
 
 
 def _agree(group: Any, fn: Any) -> Any:
@@ -309,18 +328,35 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                 return w.staging
 
             target = _agree(self.group, begin)
-            writer = storage_writer(self.store, join(target, DIST),
-                                    thread_count=self.thread_count)
-            with _single_process():
-                dcp.save(job.state, storage_writer=writer, process_group=self.group,
-                         no_dist=not dist.is_initialized())
-            entries = gather_entries(written_entries(writer, DIST), self.group)
+            # local disk: DCP writes into the staging directory itself; object
+            # stores: on local disk first, then each rank uploads its own files
+            direct = self.store.atomic_rename and self.store.local_path(target) is not None
+            where = nullcontext((self.store, target)) if direct else local_staging()
+            with where as (wstore, wkey):
+                writer = storage_writer(wstore, join(wkey, DIST),
+                                        thread_count=self.thread_count)
+                with _single_process():
+                    dcp.save(job.state, storage_writer=writer, process_group=self.group,
+                             no_dist=not dist.is_initialized())
+                mine: list[FileEntry] | str = written_entries(writer, DIST)
+                meta = None
+                try:
+                    if self.rank == 0:
+                        meta = hash_object(wstore, metadata_key(wkey, DIST),
+                                           f"{DIST}/.metadata")
+                    if not direct:
+                        names = [e.path.rsplit("/", 1)[1] for e in mine]  # type: ignore[union-attr]
+                        upload_staged(self.store, str(wstore.local_path(join(wkey, DIST))),
+                                      join(target, DIST),
+                                      names + ([".metadata"] if meta else []))
+                except Exception as e:  # noqa: BLE001 - passed to rank 0, which fails the save
+                    mine = f"{type(e).__name__}: {e}"
+            entries = _agree_gather(self.group, mine)
 
             def commit() -> bytes:
                 w = holder[0]
-                assert entries is not None
-                entries.append(hash_object(self.store, metadata_key(w.staging, DIST),
-                                           f"{DIST}/.metadata"))
+                assert entries is not None and meta is not None
+                entries.append(meta)
                 for e in entries:
                     check_path(e.path, source=self.store.url_of(prefix))
                     w.entries[e.path] = e

@@ -143,7 +143,7 @@ def main() -> None:
                 run(a)
                 code = 0
             except BaseException as e:  # noqa: BLE001 - reported as the rank's exit
-                print(f"RANK {rank} ERROR {type(e).__name__}: {e}", flush=True)
+                say(f"RANK {rank} ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
                 sys.stdout.flush()
                 os._exit(code)
@@ -152,7 +152,7 @@ def main() -> None:
     for _ in range(a.world):
         pid, status = os.wait()
         code = os.waitstatus_to_exitcode(status)
-        print(f"RANK {pids[pid]} EXIT {code}", flush=True)
+        say(f"RANK {pids[pid]} EXIT {code}")
         failed |= code != 0
     sys.exit(1 if failed else 0)
 
@@ -165,6 +165,11 @@ def dump(model: dict[str, torch.Tensor], opt: dict[str, torch.Tensor], path: str
                          **{f"optimizer.state.{k}": v for k, v in opt.items()}}.items()}
     if rank == 0:
         torch.save(full, path)
+
+
+def say(line: str) -> None:
+    """One line on stdout in one write (ranks share the pipe)."""
+    os.write(1, (line + "\n").encode())
 
 
 def free_port() -> int:
@@ -206,13 +211,13 @@ def run(a: argparse.Namespace) -> None:
         torch.set_rng_state(torch.tensor(st.rng_state, dtype=torch.uint8))
     else:
         torch.manual_seed(1000 + rank)
-    print(f"RANK {rank} RESUMED {st.source} {st.step} {st.rng_restored}", flush=True)
+    say(f"RANK {rank} RESUMED {st.source} {st.step} {st.rng_restored}")
     if a.dump_resumed:
         dump(model, opt, a.dump_resumed, rank)
     ckpt = DistLoongSageCheckpointer(a.url, a.ckpt, save_freq=a.save_freq,
                                      total_steps=a.steps, async_save=not a.sync,
                                      topology=topology, optimizer_sharding_type=a.sharding)
-    ckpt.on_commit.append(lambda r: print(f"RANK {rank} COMMITTED {r.step}", flush=True))
+    ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
     for step in range(st.step + 1, a.steps + 1):
         ckpt.on_step_start()
@@ -243,7 +248,7 @@ def run(a: argparse.Namespace) -> None:
         dump(model, opt, a.out, rank)
     dist.barrier()
     dist.destroy_process_group()
-    print(f"RANK {rank} DONE", flush=True)
+    say(f"RANK {rank} DONE")
 
 
 if __name__ == "__main__":
