@@ -195,9 +195,13 @@ def main() -> int:
     a = ap.parse_args()
     server = None
     if a.s3_mib:
+        import logging
+
         import boto3
 
         from tests.support.s3server import S3Server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
         server = S3Server(serialize=False).start()
         os.environ.update(server.env())

@@ -70,6 +70,7 @@ def test_import_registry_does_not_import_torch() -> None:
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url_kind", ["local", "s3"])
 def test_two_ranks_killed_mid_save_resume_at_three(url_kind: str, request: pytest.FixtureRequest,
                                                    tmp_path: Path) -> None:
@@ -111,11 +112,12 @@ def test_two_ranks_killed_mid_save_resume_at_three(url_kind: str, request: pytes
     same_tensors(saved4, torch.load(dump))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", ["1:write:2", "0:commit:2"])
 def test_a_rank_killed_at_any_moment_commits_nothing(kill: str, tmp_path: Path) -> None:
     """Rank 1 killed in its first shard write; rank 0 killed with every shard
     written, before MANIFEST.json: step 2 is never committed, step 1 stays
-    tracked and verifies, and the next job resumes it."""
+    tracked and verifies (resuming after a kill: the tests around)."""
     url = str(tmp_path / "store")
     hf = tmp_path / "hf"
     p = job(url, hf, 2, "--steps", "2", "--sync", "--kill", kill)
@@ -123,14 +125,13 @@ def test_a_rank_killed_at_any_moment_commits_nothing(kill: str, tmp_path: Path) 
     assert f"RANK {kill[0]} EXIT -9" in p.stdout
     store = open_store(url)
     assert tracker(store) == 1 and not committed(store, 2)
-    v = run_cli("ckpt", "verify", "exp", "--store", url)
+    leftovers = [p.name for p in (tmp_path / "store" / "exp").iterdir() if ".tmp" in p.name]
+    assert leftovers == [] or kill.startswith("0:"), leftovers  # a killed rank 0 leaves its
+    v = run_cli("ckpt", "verify", "exp", "--store", url)         # staging dir, never read
     assert v.returncode == 0, v.stdout + v.stderr
-    p = job(url, hf, 2, "--steps", "2", "--sync")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert lines(p, "RESUMED") == [f"RANK {r} RESUMED checkpoint 1 True" for r in range(2)]
-    assert tracker(store) == 2 and committed(store, 2)
 
 
+@pytest.mark.slow
 def test_same_topology_resume_is_bitwise_and_dp_reshardable_refuses_new_topology(
         tmp_path: Path) -> None:
     """An uninterrupted 2-rank run equals one that stops after step 2 and

@@ -610,8 +610,8 @@ def read_full(store: Store, key: str) -> dict[str, Any]:
     try:
         meta = reader.read_metadata()
     except Exception as e:  # noqa: BLE001 - a broken .metadata is a bad checkpoint
-        raise CheckpointError(f"{store.url_of(key)}/.metadata: DCP could not read it: "
-                              f"{e}") from None
+        raise CheckpointError(f"{store.url_of(key)}/.metadata: not a readable torch_dist "
+                              f"(torch.distributed.checkpoint) metadata file: {e}") from None
     sd: dict[str, Any] = {}
     for name, md in meta.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):
