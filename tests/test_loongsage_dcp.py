@@ -253,3 +253,28 @@ def test_adopt_and_load_a_tree_written_by_plain_dcp(url_kind: str, request: pyte
     into = {"decoder.w": torch.zeros(8, 4), "iteration": 0}
     load_dcp(store, "job/train_step_7/dist_ckpt", into)
     assert torch.equal(into["decoder.w"], model["w"]) and into["iteration"] == 7
+
+
+def test_async_saves_snapshot_into_reused_buffers(tmp_path: Path) -> None:
+    """An async save returns once the tensors are copied: changing them at once
+    does not change what lands; the next save reuses the buffers and lands its
+    own values (dp_reshardable: each rank's shard as it is)."""
+    from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, read_full
+
+    store = open_store(str(tmp_path / "s"))
+    model, opt = _model()
+    expected = {}
+    ckpt = DistLoongSageCheckpointer(store, "exp", save_freq=1, total_steps=3)
+    assert ckpt.sharding == "dp_reshardable" and ckpt.async_save
+    for step in (1, 2, 3):
+        ckpt.on_step_start()
+        ckpt.maybe_save(step, model=model, optimizer_state=opt)
+        expected[step] = (model["w"].clone(), opt["w.exp_avg"].clone())
+        model["w"].add_(1.0)  # the next step's update, while the save is in flight
+        opt["w.exp_avg"].mul_(2.0)
+    ckpt.finish()
+    for step, (w, m) in expected.items():
+        got = read_full(store, f"exp/train_step_{step}/dist_ckpt")
+        np.testing.assert_array_equal(got["model.w"], w.numpy())
+        np.testing.assert_array_equal(got["optimizer.dp_shard.rank0.w.exp_avg"], m.numpy())
+    assert tracker(store) == 3

@@ -237,6 +237,17 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         self.rank = rank_of(self.group)
         self.world = world_of(self.group)
         self.thread_count = thread_count
+        self._snapshots: dict[str, torch.Tensor] = {}
+
+    def finish(self) -> LoongSaveResult | None:
+        """Blocking flush (collective when a save is in flight), then release
+        the snapshot buffers and, on rank 0, the writer lease."""
+        try:
+            return super().finish()
+        finally:
+            self._snapshots.clear()
+
+    close = finish
 
     def maybe_save(self, step: int, *, model: Mapping[str, Any] | None = None,  # type: ignore[override]
                    optimizer_state: Mapping[str, Any] | None = None,
@@ -283,17 +294,18 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
     def _state_dict(self, step: int, model: Mapping[str, Any], opt: Mapping[str, Any],
                     optimizer: str, scheduler_state: Any, rng_state: Any,
                     where: str) -> dict[str, Any]:
-        snap = _copy if self.async_save else (lambda t: t)
         sd: dict[str, Any] = {}
         for name, value in model.items():
-            sd[MODEL_KEY + name] = snap(_tensor(value, what=f"{where}: model {name!r}"))
+            sd[MODEL_KEY + name] = _tensor(value, what=f"{where}: model {name!r}")
         dp_prefix = OPT_DP.format(rank=self.rank)
         for name, value in opt.items():
             t = _tensor(value, what=f"{where}: optimizer state {name!r}")
             if self.sharding == "fully_reshardable":
-                sd[OPT_FULL + name] = snap(t)
+                sd[OPT_FULL + name] = t
             else:
-                sd[dp_prefix + name] = _local(t).clone() if self.async_save else _local(t)
+                sd[dp_prefix + name] = _local(t)
+        if self.async_save:
+            sd = {k: self._snapshot_tensor(k, t) for k, t in sd.items()}
         common = {"format": FORMAT, "step": step, "topology": self.topology,
                   "world_size": self.world, "optimizer": optimizer,
                   "optimizer_sharding_type": self.sharding,
@@ -301,6 +313,25 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         sd[COMMON] = _json_bytes(common, what=f"{where}: scheduler_state")
         sd[RNG_KEY.format(rank=self.rank)] = _json_bytes(rng_state, what=f"{where}: rng_state")
         return sd
+
+    def _snapshot_tensor(self, key: str, t: torch.Tensor) -> torch.Tensor:
+        """A copy of ``t`` the caller may change at once, into the buffer of
+        the previous save when it matches (that save has landed: at most one
+        is in flight), so that a save does not fault in fresh memory."""
+        bufs = self._snapshots
+        buf = bufs.get(key)
+        same = (buf is not None and type(buf) is type(t) and buf.shape == t.shape
+                and buf.dtype == t.dtype and buf.stride() == t.stride())
+        if same and isinstance(t, DTensor):
+            assert isinstance(buf, DTensor)
+            same = (buf.placements == t.placements and buf.device_mesh == t.device_mesh
+                    and buf.to_local().shape == t.to_local().shape)
+        if not same:
+            bufs[key] = buf = _copy(t)
+            return buf
+        assert buf is not None
+        _local(buf).copy_(_local(t))
+        return buf
 
     def _write_dist(self, job: _DistJob) -> _Landed:
         if self.rank != 0:
