@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,31 +47,37 @@ METADATA = ".metadata"
 
 
 class _HashingStream:
-    """A write stream that hashes what passes through it, on a helper thread,
-    so that sha256 overlaps the write instead of following it."""
+    """A write stream that hashes what passes through it on a helper thread,
+    lagging behind the writes, so that sha256 overlaps the rest of the file's
+    writes and its fsync instead of adding to them.
+
+    Blocks of 1 MiB or more are hashed from the caller's memory, not copied:
+    DCP writes them from the tensors' storage (torch.save's records), which
+    lives until ``dcp.save`` returns, and :meth:`digest` (on closing the
+    file, inside ``dcp.save``) waits for the hash. Smaller blocks (zip
+    headers, pickles) are copied first, since their buffers are reused.
+    """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.size = 0
         self._h = hashlib.sha256()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcp-hash")
+        self._hashed: list[Future[None]] = []
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        if view.nbytes < 1 << 20:
-            self._h.update(view)
-            n = self.inner.write(view)
-        else:
-            # Hash and write the same block at once (both release the GIL);
-            # the block is not kept past this call (the caller may reuse it).
-            hashed = self._pool.submit(self._h.update, view)
-            n = self.inner.write(view)
-            hashed.result()
+        block = view if view.nbytes >= 1 << 20 else bytes(view)
+        # one thread: the blocks are hashed in order
+        self._hashed.append(self._pool.submit(self._h.update, block))
+        n = self.inner.write(view)
         self.size += view.nbytes
         return n if n is not None else view.nbytes
 
     def digest(self) -> str:
         self._pool.shutdown(wait=True)
+        for done in self._hashed:
+            done.result()  # raises a failed update
         return self._h.hexdigest()
 
     def tell(self) -> int:
