@@ -68,6 +68,15 @@ def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return make_store_url(request.param, request, tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _scratch_cwd(tmp_path_factory: pytest.TempPathFactory,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in a scratch working folder of its own, so a command that
+    falls back to its defaults (``./registry.db``, ``./artifacts``) never writes
+    into the checkout or shares state with another test."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None,
             cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m registry ARGS`` in a real process; returns the completed process."""

@@ -89,6 +89,20 @@ def is_live(holder: dict[str, Any], *, now: float | None = None) -> bool:
     return True
 
 
+def live_holder(store: Store, root: str) -> dict[str, Any] | None:
+    """The lease document of the tree at ``root`` while it is live (see
+    :func:`is_live`), else None (no lease, released, lapsed, garbled)."""
+    try:
+        raw = store.read_bytes(join(root, LEASE_NAME))
+    except ObjectNotFoundError:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and is_live(doc) else None
+
+
 class WriterLease:
     """The writer lease of the checkpoint tree at ``root`` in ``store``.
 

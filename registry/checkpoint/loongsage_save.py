@@ -342,7 +342,7 @@ class LoongSageCheckpointer:
         t0 = time.perf_counter()
         prefix = self.tree.prefix(job.step)
         if self.keep > 0:
-            self.tree.retain_or_warn(self.keep)
+            self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
         self.tree.clear_for_save(job.step)
         # Writer-unique, so that no other writer's cleanup can remove it.
         staging = f"{prefix}.tmp-{self.lease.owner[:12]}" if self.store.atomic_rename else None

@@ -290,7 +290,7 @@ class CheckpointManager:
         return result
 
     def _retain(self) -> None:
-        deleted = self.tree.retain_or_warn(self.keep_ckpts)
+        deleted = self.tree.retain_or_warn(self.keep_ckpts, writer=self.lease.owner)
         steps = [s for s in (self.tree.layout.parse_dir(k.rsplit("/", 1)[-1]) for k in deleted)
                  if s is not None]
         for retained in self.on_retain:

@@ -10,6 +10,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from registry.checkpoint.lease import live_holder
+from registry.claim import read_state
 from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
 from registry.errors import (
     CheckpointExistsError,
@@ -220,7 +222,23 @@ class CheckpointTree:
         detail = "; ".join(reasons) if reasons else "no step directories"
         raise NoValidCheckpointError(f"{where}: no checkpoint verifies ({detail})")
 
-    def retain(self, keep: int, *, min_age: float = 0.0) -> list[str]:
+    def live_writer(self, *, writer: str | None = None) -> dict[str, object] | None:
+        """The run's writer lease (``WRITER.lease``) while another process
+        holds it live -- a save may be in progress -- else None. ``writer``:
+        the caller's own lease owner, never "another"."""
+        holder = live_holder(self.store, self.root)
+        return None if holder is None or (writer and holder.get("owner") == writer) else holder
+
+    def _claimed_live(self, key: str) -> bool:
+        """Whether a live claim guards ``key`` (a claim, or the staging or step
+        directory beside ``<key>.claim``): its writer is alive on this host or
+        renewed it within its lease."""
+        claim = key if key.endswith(CLAIM_SUFFIX) else key + CLAIM_SUFFIX
+        seen = read_state(self.store, claim)
+        return seen is not None and seen[0].live
+
+    def retain(self, keep: int, *, min_age: float = 0.0,
+               writer: str | None = None) -> list[str]:
         """Apply retention; returns the keys deleted.
 
         Keeps the ``keep`` newest committed steps (``keep <= 0``: all), the
@@ -233,6 +251,17 @@ class CheckpointTree:
         (MANIFEST.json first), stale staging directories and claims, and
         uncommitted step directories older than the pointer's step.
         ``min_age`` (seconds) spares leftovers younger than that.
+
+        Beside a live writer it deletes only surplus committed steps older
+        than the pointer: when
+        another process holds the run's writer lease live (``writer`` is the
+        caller's own lease owner: the saving manager), staging directories,
+        claims and uncommitted steps are all left alone, whatever their age
+        -- the writer may be about to commit one and point at it. Without a
+        live lease, a leftover guarded by a live claim (its process alive on
+        this host, or renewed within its lease) is left alone too. Pointer
+        temp files (``LATEST.tmp-<random>``), lock files and the lease are
+        never candidates (:meth:`is_leftover`).
 
         Raises:
             PointerError: the pointer exists but cannot be read (empty, as a
@@ -261,14 +290,25 @@ class CheckpointTree:
             kept = set(committed[-keep:]) | set(resumable if latest is None
                                                 else resumable[-keep:])
             doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
+        if self.live_writer(writer=writer) is not None:
+            # A save may be under way: only surplus commits the pointer passed.
+            return self._delete([k for k in doomed if latest is not None
+                                 and (self.layout.parse_dir(k.rsplit("/", 1)[-1]) or 0) < latest])
+        owner = writer is not None  # the lease holder: any claim left is a predecessor's
         if latest is not None:
-            doomed += [self.prefix(s) for s in uncommitted if s < latest]
+            doomed += [self.prefix(s) for s in uncommitted
+                       if s < latest and (owner or not self._claimed_live(self.prefix(s)))]
         now = time.time()
         for name, _is_dir in self.store.list_dir(self.root):
             if self.is_leftover(name):
                 key = join(self.root, name)
+                if not owner and self._claimed_live(key):
+                    continue
                 if min_age <= 0 or self._age(key, now) >= min_age:
                     doomed.append(key)
+        return self._delete(doomed)
+
+    def _delete(self, doomed: list[str]) -> list[str]:
         for key in doomed:
             if key.endswith(CLAIM_SUFFIX):
                 self.store.delete(key)
@@ -276,11 +316,12 @@ class CheckpointTree:
                 delete_directory(self.store, key)
         return doomed
 
-    def retain_or_warn(self, keep: int) -> list[str]:
-        """:meth:`retain` inside a save: a pointer that cannot be read skips
-        retention with a RetentionSkippedWarning instead of failing the save."""
+    def retain_or_warn(self, keep: int, *, writer: str | None = None) -> list[str]:
+        """:meth:`retain` inside a save (``writer``: the saver's lease owner): a
+        pointer that cannot be read skips retention with a
+        RetentionSkippedWarning instead of failing the save."""
         try:
-            return self.retain(keep)
+            return self.retain(keep, writer=writer)
         except PointerError as e:
             warnings.warn(str(e), RetentionSkippedWarning, stacklevel=2)
             return []

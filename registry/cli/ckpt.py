@@ -9,6 +9,7 @@ import typer
 
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
+from registry.checkpoint.lease import describe as describe_holder
 from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
 from registry.commit import CLAIM_SUFFIX
@@ -221,16 +222,25 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
     a newer export-only one; without a pointer every resumable step is kept. On a
     LoongSage tree, step directories without a manifest that no crashed save of
     ours claimed were most likely written by LoongSage itself: gc refuses to
-    delete them (exit 2) unless --force."""
+    delete them (exit 2) unless --force. Beside a live writer (the run's
+    WRITER.lease held by a process that is alive or renewed it in time) only
+    committed steps older than the pointer go; staging dirs, claims and
+    uncommitted steps stay, and a note names the writer."""
     with error_boundary(as_json):
         at_least("--keep", keep, 1)
         tree = open_tree(run, store, layout)
         _require_tree(tree, run)
         if tree.layout is LOONGSAGE and not force:
             _refuse_foreign(tree)
+        busy = tree.live_writer()
         deleted = tree.retain(keep)
+    spared = None if busy is None else describe_holder(busy)
+    if spared:
+        typer.echo(f"{tree.store.url_of(tree.root)}: a writer is saving into this run "
+                   f"({spared}): its staging directories, claims and uncommitted steps, "
+                   "and steps past the pointer, were left alone", err=True)
     if as_json:
-        print_json({"deleted": [tree.store.url_of(k) for k in deleted]})
+        print_json({"deleted": [tree.store.url_of(k) for k in deleted], "live_writer": spared})
     else:
         for k in deleted:
             typer.echo(f"deleted {tree.store.url_of(k)}")

@@ -42,7 +42,9 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
         url: a local path, ``file://path``, ``s3://bucket[/prefix]`` or
             ``memory://name``. None: ``$REGISTRY_STORE``, else ``./artifacts``.
         storage_options: passed to the fsspec filesystem (s3fs: ``endpoint_url``,
-            ``key``, ``secret``, ``client_kwargs``...).
+            ``key``, ``secret``, ``client_kwargs``...); S3 also takes
+            ``single_writer`` (registry.store.s3probe), ``retry_attempts`` and
+            ``retry_delay`` (seconds; registry.store.s3retry).
 
     Raises:
         InvalidStoreURLError: unknown protocol, or ``s3://`` without a bucket.

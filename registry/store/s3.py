@@ -39,6 +39,7 @@ from registry.errors import (
 )
 from registry.store.base import CHUNK, ObjectInfo, Store
 from registry.store.s3probe import OPT_OUT_ENV, require_conditional_writes
+from registry.store.s3retry import RetryPolicy, attempts_of, timeouts
 from registry.store.translate import s3_error_code, translate, translated
 
 #: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
@@ -94,9 +95,14 @@ class S3Store(Store):
         s3_config = dict(config.get("s3") or {})
         s3_config.setdefault("payload_signing_enabled", False)
         config["s3"] = s3_config
+        # One retry layer, ours (s3retry): botocore's and s3fs's are off.
+        config.setdefault("retries", {"total_max_attempts": 1})
+        timeouts(config)
         options["config_kwargs"] = config
+        #: how each request is retried (s3retry: attempts, backoff).
+        self.retry = RetryPolicy.from_options(options)
         self._options = options
-        super().__init__(url, s3fs.S3FileSystem(**options), root)
+        super().__init__(url, _filesystem(options), root)
         self.bucket, _, self.prefix = self.root.partition("/")
         #: parts in flight across every writer of this store (memory bound).
         self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
@@ -144,7 +150,7 @@ class S3Store(Store):
         a forked child (gunicorn ``--preload``, multiprocessing) gets fresh
         ones on first use, and a fresh part budget (issue 13 item 4)."""
         if self._fs_pid != os.getpid():
-            self._fs = s3fs.S3FileSystem(**self._options)
+            self._fs = _filesystem(self._options)
             self._fs_pid = os.getpid()
             self.part_slots = threading.BoundedSemaphore(MAX_INFLIGHT)
         return self._fs
@@ -159,20 +165,33 @@ class S3Store(Store):
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        fs = self.fs
+        return await self.retry.run(
+            lambda: fs._call_s3(method, Bucket=self.bucket, **kwargs), body=kwargs.get("Body"))
+
     def call(self, method: str, **kwargs: Any) -> Any:
-        """One S3 API call on s3fs's loop, blocking the calling thread."""
-        return sync(self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket, **kwargs)
+        """One S3 API call on s3fs's loop, blocking the calling thread;
+        retried by ``self.retry`` (s3retry)."""
+        return sync(self.fs.loop, self._call, method, **kwargs)
 
     def submit(self, method: str, **kwargs: Any) -> Future[Any]:
-        """Start one S3 API call on s3fs's loop without waiting for it."""
-        coro = self.fs._call_s3(method, Bucket=self.bucket, **kwargs)
-        return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+        """Start one S3 API call on s3fs's loop without waiting for it
+        (retried like :meth:`call`)."""
+        return asyncio.run_coroutine_threadsafe(self._call(method, **kwargs), self.fs.loop)
 
     async def _get(self, key: str) -> tuple[bytes, str]:
-        resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
-        async with resp["Body"] as body:
-            data = await body.read()
-        return data, resp["ETag"]
+        """GET and read the whole body, retried as one request (a body cut
+        short is sent for again)."""
+        fs = self.fs
+
+        async def once() -> tuple[bytes, str]:
+            resp = await fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
+            async with resp["Body"] as body:
+                data = await body.read()
+            return data, resp["ETag"]
+
+        return await self.retry.run(once)
 
     def _multipart_checksum(self) -> dict[str, str]:
         """Extra arguments of a multipart upload: CRC32 parts, as boto3 does,
@@ -203,7 +222,7 @@ class S3Store(Store):
                     continue
                 if code in ("PreconditionFailed", "412") or isinstance(exc, FileExistsError):
                     err = ObjectExistsError(f"{key}: precondition failed", key=key)
-                    err.retried = attempt > 0 or _botocore_retries(exc) > 0  # type: ignore[attr-defined]
+                    err.retried = attempt > 0 or _retries(exc) > 0  # type: ignore[attr-defined]
                     raise err from exc
                 with self._translated(key):
                     raise
@@ -463,15 +482,24 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
-def _botocore_retries(exc: BaseException) -> int:
-    """How many times botocore re-sent the request that ended in ``exc``."""
+def _filesystem(options: dict[str, Any]) -> s3fs.S3FileSystem:
+    """An s3fs filesystem that does not retry (the store does: s3retry)."""
+    fs = s3fs.S3FileSystem(**options)
+    fs.retries = 1
+    return fs
+
+
+def _retries(exc: BaseException) -> int:
+    """How many times the request that ended in ``exc`` was re-sent (by the
+    store's retry policy, or botocore's when a caller configured one)."""
     seen: BaseException | None = exc
     while seen is not None:
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
-            return int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
+            botocore = int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
+            return attempts_of(exc) - 1 + botocore
         seen = seen.__cause__ or seen.__context__
-    return 0
+    return attempts_of(exc) - 1
 
 
 class _MultipartWriter:
@@ -614,7 +642,7 @@ class _MultipartWriter:
             code = s3_error_code(e)
             if code not in ("PreconditionFailed", "412", "NoSuchUpload"):
                 raise
-            if _botocore_retries(e) > 0 or code == "NoSuchUpload":
+            if _retries(e) > 0 or code == "NoSuchUpload":
                 try:
                     head = self.store.call("head_object", Key=self.store._key(self.key))
                 except Exception:  # noqa: BLE001 - fall through to the error

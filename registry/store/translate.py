@@ -89,7 +89,7 @@ def s3_error_code(exc: BaseException) -> str | None:
     return None
 
 
-def _unreachable(exc: BaseException) -> BaseException | None:
+def unreachable(exc: BaseException) -> BaseException | None:
     """The connection-level error behind ``exc`` (refused, reset, timed out)."""
     seen: BaseException | None = exc
     while seen is not None:
@@ -111,11 +111,11 @@ def translate(exc: BaseException, key: str, *, where: str | None = None) -> Stor
     if code in _S3_FULL:
         return InsufficientSpaceError(f"{key}: no space left on the storage server ({code})",
                                       key=key)
-    if code in _S3_HINTS or (code is None and _unreachable(exc) is not None):
+    if code in _S3_HINTS or (code is None and unreachable(exc) is not None):
         if code in _S3_HINTS:
             cause = _S3_HINTS[code]
         else:
-            low = _unreachable(exc)
+            low = unreachable(exc)
             cause = (f"cannot reach the endpoint ({type(low).__name__}: {low}); is the "
                      "server up and the endpoint URL (AWS_ENDPOINT_URL) right?")
         mapped = _S3_CODES.get(code or "", StorageError)

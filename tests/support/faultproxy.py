@@ -95,6 +95,8 @@ class FaultProxy:
         self._up = (up.hostname or "127.0.0.1", up.port or 80)
         self._lock = threading.Lock()
         self._seq = 0
+        self._busy = 0
+        self._idle = threading.Condition(self._lock)
         proxy = self
 
         class Handler(_Handler):
@@ -119,6 +121,19 @@ class FaultProxy:
             self._seq = 0
             self.log.clear()
             self.rules.clear()
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no request is being handled (a delayed one still lands
+        after its client gave up: a test checks the store after that)."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._busy == 0, timeout):
+                raise TimeoutError(f"the fault proxy still handles {self._busy} requests")
+
+    def _track(self, delta: int) -> None:
+        with self._idle:
+            self._busy += delta
+            if self._busy == 0:
+                self._idle.notify_all()
 
     def _next(self, method: str, path: str, headers: dict[str, str]) -> Request:
         parts = urlsplit(path)
@@ -149,6 +164,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:  # quiet
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in two writes: without TCP_NODELAY, Nagle's
+        # algorithm holds the body until the client's delayed ACK (40 ms).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -183,6 +204,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _handle(self) -> None:
+        self.owner._track(1)
+        try:
+            self._handle_tracked()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (its read timeout)
+        finally:
+            self.owner._track(-1)
+
+    def _handle_tracked(self) -> None:
         headers = {k: v for k, v in self.headers.items()}
         req = self.owner._next(self.command, self.path, headers)
         body = self._body()
@@ -203,6 +233,8 @@ class _Handler(BaseHTTPRequestHandler):
         send = {k: v for k, v in headers.items() if k.lower() not in _HOP | dropped}
         conn = http.client.HTTPConnection(*self.owner._up, timeout=60)
         try:
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.request(self.command, self.path, body=body, headers=send)
             resp = conn.getresponse()
             data = resp.read()

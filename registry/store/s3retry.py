@@ -1,0 +1,167 @@
+"""One bounded retry policy for every S3 request (issue 13 item 5).
+
+botocore retries a request up to 4 times with ``rand * 2**n`` s of backoff,
+and s3fs retries botocore's final error up to 5 times more: up to 25 tries
+of one request, with delays nobody can set. The S3 store turns both off and
+retries here instead, once per request, with settings a deployment (or a
+test) can choose:
+
+- ``REGISTRY_S3_ATTEMPTS`` / store option ``retry_attempts``: tries of one
+  request (default 5);
+- ``REGISTRY_S3_RETRY_DELAY`` / ``retry_delay``: backoff base, seconds (0.5);
+- ``REGISTRY_S3_READ_TIMEOUT`` / ``config_kwargs["read_timeout"]``: seconds
+  without a byte before a request counts as failed (s3fs's 15);
+- ``REGISTRY_S3_CONNECT_TIMEOUT`` / ``config_kwargs["connect_timeout"]`` (5).
+
+The n-th retry waits a random time in ``[0, min(20, delay * 2**(n-1))]``
+("full jitter"). Retried: throttling and server errors (503 SlowDown, 500
+InternalError, 502, 504, RequestTimeout, 429), connections refused, reset or
+closed, timeouts, and answers cut short or unparsable. Everything else (404,
+412, 403...) is an answer and is raised at once. The error raised after the
+last try carries ``registry_attempts``: how many times the request was sent,
+so a conditional write can tell a 412 caused by its own earlier try that
+landed (see :func:`attempts_of`). Below this layer aiohttp re-sends an
+idempotent request once when a reused keep-alive connection turns out to be
+closed, so a reset costs at most two sends per try.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from registry.errors import UsageError
+from registry.store.translate import s3_error_code, unreachable
+
+T = TypeVar("T")
+
+ATTEMPTS_ENV, DELAY_ENV = "REGISTRY_S3_ATTEMPTS", "REGISTRY_S3_RETRY_DELAY"
+READ_TIMEOUT_ENV, CONNECT_TIMEOUT_ENV = "REGISTRY_S3_READ_TIMEOUT", "REGISTRY_S3_CONNECT_TIMEOUT"
+MAX_DELAY = 20.0
+DEFAULT_ATTEMPTS, DEFAULT_DELAY = 5, 0.5
+
+#: S3 error codes of a request worth sending again.
+TRANSIENT_CODES = frozenset({
+    "SlowDown", "503", "ServiceUnavailable", "InternalError", "500", "502", "504",
+    "BadGateway", "GatewayTimeout", "RequestTimeout", "Throttling", "ThrottlingException",
+    "RequestLimitExceeded", "TooManyRequests", "TooManyRequestsException", "429",
+})
+#: exception class names of an answer cut short or garbled (a proxy's rate
+#: limiter answering invalid XML, a body that ended early).
+_CUT_SHORT = ("ResponseParserError", "IncompleteReadError", "IncompleteRead",
+              "ClientPayloadError")
+
+
+def _number(name: str, value: object, *, least: float) -> float:
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        out = float("nan")
+    if not out >= least:
+        raise UsageError(f"{name}={value!r}: must be a number of at least {least:g}")
+    return out
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether the request that raised ``exc`` may succeed when sent again."""
+    code = s3_error_code(exc)
+    if code is not None:
+        return code in TRANSIENT_CODES
+    if unreachable(exc) is not None:
+        return True
+    seen: BaseException | None = exc
+    while seen is not None:
+        if any(c.__name__ in _CUT_SHORT for c in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def attempts_of(exc: BaseException) -> int:
+    """How many times the request that ended in ``exc`` was sent (1 if unknown)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        n = getattr(seen, "registry_attempts", None)
+        if isinstance(n, int):
+            return n
+        seen = seen.__cause__ or seen.__context__
+    return 1
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often, and how patiently, one S3 request is sent.
+
+    Attributes:
+        attempts: tries of one request, at least 1 (1: never retried).
+        delay: seconds; the n-th retry waits up to ``delay * 2**(n-1)``
+            (at most 20 s), a uniformly random share of it.
+    """
+
+    attempts: int = DEFAULT_ATTEMPTS
+    delay: float = DEFAULT_DELAY
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> RetryPolicy:
+        """The policy from ``retry_attempts`` / ``retry_delay`` (popped from
+        ``options``), else ``REGISTRY_S3_ATTEMPTS`` / ``REGISTRY_S3_RETRY_DELAY``,
+        else the defaults.
+
+        Raises:
+            UsageError: a value that is not a number, attempts < 1, delay < 0.
+        """
+        attempts = options.pop("retry_attempts", None)
+        if attempts is None:
+            attempts = os.environ.get(ATTEMPTS_ENV) or None
+        delay = options.pop("retry_delay", None)
+        if delay is None:
+            delay = os.environ.get(DELAY_ENV) or None
+        tries = DEFAULT_ATTEMPTS if attempts is None else _number(ATTEMPTS_ENV, attempts, least=1)
+        if tries != int(tries):
+            raise UsageError(f"{ATTEMPTS_ENV}={attempts!r}: must be a whole number of tries")
+        return cls(attempts=int(tries),
+                   delay=DEFAULT_DELAY if delay is None else _number(DELAY_ENV, delay, least=0))
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (from 1)."""
+        return random.uniform(0, min(MAX_DELAY, self.delay * 2 ** (retry - 1)))
+
+    async def run(self, attempt: Callable[[], Awaitable[T]], *, body: Any = None) -> T:
+        """Await ``attempt()`` until it succeeds, fails for good, or the tries
+        run out. ``body``: a request body to rewind before each retry.
+
+        Raises:
+            the last error, with ``registry_attempts`` set on it.
+        """
+        for n in range(1, self.attempts + 1):
+            if n > 1 and hasattr(body, "seek"):
+                body.seek(0)
+            try:
+                return await attempt()
+            except Exception as exc:
+                if n >= self.attempts or not is_transient(exc):
+                    try:
+                        exc.registry_attempts = n  # type: ignore[attr-defined]
+                    except AttributeError:
+                        pass
+                    raise
+            await asyncio.sleep(self.backoff(n))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def timeouts(config: dict[str, Any]) -> None:
+    """Fill ``read_timeout`` / ``connect_timeout`` (seconds) of a botocore
+    config from ``REGISTRY_S3_READ_TIMEOUT`` / ``REGISTRY_S3_CONNECT_TIMEOUT``
+    when set and not given explicitly.
+
+    Raises:
+        UsageError: a value that is not a positive number.
+    """
+    for env, key in ((READ_TIMEOUT_ENV, "read_timeout"), (CONNECT_TIMEOUT_ENV, "connect_timeout")):
+        value = os.environ.get(env)
+        if value and key not in config:
+            config[key] = _number(env, value, least=0.001)
