@@ -347,7 +347,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
 
             def begin() -> str:
                 if self.keep > 0:
-                    self.tree.retain_or_warn(self.keep)
+                    self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
                 self.tree.clear_for_save(job.step)
                 staging = (f"{prefix}.tmp-{self.lease.owner[:12]}"
                            if self.store.atomic_rename else None)
