@@ -278,3 +278,17 @@ def test_async_saves_snapshot_into_reused_buffers(tmp_path: Path) -> None:
         np.testing.assert_array_equal(got["model.w"], w.numpy())
         np.testing.assert_array_equal(got["optimizer.dp_shard.rank0.w.exp_avg"], m.numpy())
     assert tracker(store) == 3
+
+
+def test_retention_keeps_the_newest_steps(tmp_path: Path) -> None:
+    from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer
+
+    store = open_store(str(tmp_path / "s"))
+    model, opt = _model()
+    with DistLoongSageCheckpointer(store, "exp", save_freq=1, total_steps=3, keep=1,
+                                   async_save=False) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.maybe_save(step, model=model, optimizer_state=opt)
+    steps = sorted(p.name for p in (tmp_path / "s" / "exp").iterdir() if "train_step" in p.name)
+    assert steps == ["train_step_2", "train_step_3"], steps  # pruned before each save
+    assert tracker(store) == 3
