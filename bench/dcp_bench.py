@@ -228,6 +228,10 @@ def main() -> int:
                 dist.barrier()
                 dist.destroy_process_group()
                 code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
             finally:
                 sys.stdout.flush()
                 os._exit(code)
