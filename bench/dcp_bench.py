@@ -191,6 +191,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--s3-mib", type=int, default=0)
+    ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--out", default=str(REPO / "bench" / "results-dcp.json"))
     a = ap.parse_args()
     server = None
@@ -210,7 +211,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=os.environ.get("BENCH_DIR")))
     port = free_port()
     before = loadavg()
-    world = 2
+    world = a.ranks
     pids = []
     for rank in range(world):
         pid = os.fork()
@@ -257,7 +258,7 @@ def main() -> int:
         "bytes_per_save": a.model_mib * 3 * 1024 * 1024, "repeat": a.repeat,
         "seconds": loc, "median_seconds": med,
         "targets": {
-            "2-rank sync save (1 GiB + 2 GiB AdamW), s": {
+            f"{world}-rank sync save ({a.model_mib} MiB + {2 * a.model_mib} MiB AdamW), s": {
                 "ours": med["ours_sync"], "peer": "torch.distributed.checkpoint.save",
                 "ratio": ratio, "target": "<= 1.15", "pass": ratio <= 1.15},
             "async save: loop blocked per save, s": {
