@@ -24,8 +24,9 @@ sharded along dim 0 over the 2 ranks (a tensor-parallel-like split), plus AdamW
 ``exp_avg``/``exp_avg_sq`` of the same shapes and shardings (fully_reshardable):
 3x the model in bytes per save. The ranks are forked after one torch import
 (gloo on localhost). Each timing is barrier-to-barrier (the slowest rank).
-Rounds alternate plain, ours-sync, ours-async; old step folders are removed
-outside the timed region. ``--s3-mib`` adds the S3 probe behind
+Each round runs plain and ours-sync (in alternating order: neither always
+follows the other) then ours-async; old step folders are removed outside the
+timed region. ``--s3-mib`` adds the S3 probe behind
 docs/decisions.md: DCP's fsspec writer straight into the store against
 staging on local disk then uploading each rank's files (moto server). The
 result is a JSON document (``--out``) and a table on stdout; exit 0 either way.
@@ -116,14 +117,25 @@ def rank_main(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     tree = work / "store" / "exp"
     for rnd in range(a.warmup + a.repeat):
         plain_dir = work / "plain" / f"r{rnd}"
-        t_plain = timed(lambda: dcp.save(plain_sd, checkpoint_id=str(plain_dir)))
-        if rank == 0:
-            prune(work / "plain", None)
+
+        def run_plain() -> float:
+            t = timed(lambda: dcp.save(plain_sd, checkpoint_id=str(plain_dir)))
+            if rank == 0:
+                prune(work / "plain", None)
+            return t
+
+        def run_sync() -> float:
+            t = timed(lambda: sync.maybe_save(step, model=model, optimizer_state=opt))
+            if rank == 0:
+                sync.lease.release()
+                prune(tree, f"train_step_{step}")
+            return t
+
         step += 1
-        t_sync = timed(lambda: sync.maybe_save(step, model=model, optimizer_state=opt))
-        sync.lease.release() if rank == 0 else None
-        if rank == 0:
-            prune(tree, f"train_step_{step}")
+        if rnd % 2 == 0:  # the order alternates: neither always follows the other
+            t_plain, t_sync = run_plain(), run_sync()
+        else:
+            t_sync, t_plain = run_sync(), run_plain()
         step += 1
         dist.barrier()
         t0 = time.perf_counter()
