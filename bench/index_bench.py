@@ -93,12 +93,18 @@ def populate(index: Index, *, models: int, releases_per_model: int, evals_per_re
                 conn.execute(insert(ReleaseSource), link_rows)
                 conn.execute(insert(EvalResult), eval_rows)
                 rel_rows, link_rows, eval_rows = [], [], []
+        conn.execute(text(COUNT_RELEASES))
         if index.engine.dialect.name == "postgresql":
             conn.execute(text("ANALYZE"))
         else:
             conn.execute(text("ANALYZE"))
     return {"models": models, "releases": rid, "eval_results": eid, "sources": sources,
             "populate_seconds": round(time.perf_counter() - t0, 1)}
+
+
+#: what record_release keeps up to date, for rows inserted here directly
+COUNT_RELEASES = ("UPDATE models SET release_count = "
+                  "(SELECT count(*) FROM releases WHERE releases.model_pk = models.id)")
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

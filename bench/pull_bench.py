@@ -29,39 +29,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import MIB, make_release_dir, timed  # noqa: E402
 from registry.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
-
-MIB = 1024 * 1024
-
-
-def make_release_dir(path: Path, size_mib: int) -> None:
-    """One big weights file (3/4 of the size) and three smaller ones."""
-    path.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    sizes = {"model.safetensors": size_mib * 3 // 4, "extra/a.bin": size_mib // 8,
-             "extra/b.bin": size_mib // 16, "extra/c.bin": size_mib - size_mib * 3 // 4
-             - size_mib // 8 - size_mib // 16}
-    for name, mib in sizes.items():
-        dest = path / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(dest, "wb") as f:
-            for _ in range(mib):
-                f.write(rng.bytes(MIB))
-    (path / "config.json").write_text('{"hidden_size": 4096}\n')
-
-
-def timed(fn: Any) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
 
 def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
                   peer: Any) -> dict[str, Any]:

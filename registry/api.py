@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -35,6 +36,7 @@ from registry.errors import (
 from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
+from registry.pull.cache_admin import PullCache
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
@@ -45,6 +47,7 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
+from registry.certs import Certificate
 from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
@@ -52,6 +55,7 @@ from registry.release.failing import failing_gates
 from registry.release.policy import set_policy, signed_by
 from registry.release.signing import signature_info, stored_gate
 from registry.release.convert import stored_weights
+from registry.signing import SIGNATURE
 from registry.store import Store, open_store
 from registry.verify import read_manifest
 
@@ -64,6 +68,10 @@ class IndexWriteWarning(UserWarning):
 
 def _thresholds(require: Iterable[Threshold | str]) -> list[Threshold]:
     return [r if isinstance(r, Threshold) else Threshold.parse(r) for r in require]
+
+
+#: the weights file whose header ``show`` summarizes
+WEIGHTS = "model.safetensors"
 
 
 class Registry:
@@ -81,6 +89,9 @@ class Registry:
         self.db = db
         self._index: Index | None = None
         self.index_errors: list[str] = []
+        #: weights summaries of model.safetensors files, by their sha256 (a
+        #: long-lived Registry, such as `registry serve`'s, reads each header once)
+        self._weights: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def index(self) -> Index:
@@ -99,7 +110,7 @@ class Registry:
             warnings.warn(msg, IndexWriteWarning, stacklevel=3)
 
     def _query(self, fn: Callable[[Session], T]) -> T:
-        return self.index.run(fn)
+        return self.index.read(fn)
 
     # -- writes -----------------------------------------------------------------
 
@@ -181,9 +192,10 @@ class Registry:
         return rev, created
 
     def set_policy(self, model_id: str, require: Iterable[str],
-                   signed_by: Iterable[PublicKey] = ()) -> list[Threshold]:
+                   signed_by: Iterable[PublicKey | Certificate] = ()) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
-        one of which must have signed every release (the ``signature`` gate)."""
+        and CA certificates (``registry.certs.load_anchor``) one of which must
+        have signed every release (the ``signature`` gate)."""
         parsed = set_policy(self.store, model_id, require, signed_by)
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
         return parsed
@@ -245,6 +257,12 @@ class Registry:
                                       failed)
         return pull(self.store, model_id, name, **kw)
 
+    def cache(self, path: str | os.PathLike[str] | None = None) -> PullCache:
+        """This host's pull cache (``path``, else ``$REGISTRY_CACHE``...):
+        ``ls()``, ``prune(...)``, ``verify()`` (registry.pull.cache_admin).
+        Needs neither the store nor the index."""
+        return PullCache(path)
+
     def gate_check(self, model_id: str, version: str,
                    require: Iterable[Threshold | str] = ()) -> list[GateResult]:
         """Every gate of a committed release, evaluated now from the store."""
@@ -292,12 +310,24 @@ class Registry:
         store (``{"path", "fingerprint", "verified"}`` or None) and the
         ``signature`` gate when the model's policy lists keys."""
         doc = self._query(lambda s: queries.show(s, model_id, version))
-        doc["signature"] = signature_info(self.store, model_id, version)
+        # the index lists the release's files (it is immutable): a file it
+        # lacks is not looked for in the store, a header it has is read once
+        files = {f["path"]: f["sha256"] for f in doc["manifest"]}
+        doc["signature"] = (signature_info(self.store, model_id, version)
+                            if SIGNATURE in files else None)
         sig_gate = stored_gate(self.store, model_id, version)
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
-        doc["weights"] = stored_weights(self.store, model_id, version)
+        weights = files.get(WEIGHTS)
+        if weights is None:
+            doc["weights"] = []
+        else:
+            if weights not in self._weights:
+                if len(self._weights) >= 4096:
+                    self._weights.clear()
+                self._weights[weights] = stored_weights(self.store, model_id, version)
+            doc["weights"] = copy.deepcopy(self._weights[weights])
         return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:

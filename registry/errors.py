@@ -331,4 +331,13 @@ class NoValidCheckpointError(CheckpointError, FileNotFoundError):
         return str(self.args[0]) if self.args else ""
 
 
+# -- LoongSage data sources, rollout data, reference and teacher paths (issue 18) --
+
+
+class TorchUnavailableError(UsageError):
+    """A LoongSage ``.pt`` file (data source state, pipeline buffer, rollout
+    data) is to be written or read, but torch (the ``[torch]`` extra) is not
+    installed."""
+
+
 __all__ = [name for name in dir() if name.endswith("Error")]

@@ -13,7 +13,10 @@ by one (``--trusted-key``) and/or a folder (``$REGISTRY_TRUSTED_KEYS``)::
     <folder>/*.pem, *.pub     trusted public keys (current and retired ones)
     <folder>/revoked.json     {"<fingerprint>": {"reason": ..., "revoked_at": ...}}
 
-A revoked key is refused even when its PEM is still trusted.
+and CA certificates (``--trusted-ca``, ``$REGISTRY_TRUSTED_CAS``: ``*.pem``,
+``*.crt`` and ``revoked.json``) for releases signed with a certificate
+(:mod:`registry.certs`). A revoked key or certificate is refused even when
+its PEM is still trusted; revoking a key revokes every certificate of it.
 
 Needs the ``[signing]`` extra (``cryptography`` comes with ``model-signing``);
 importing this module does not.
@@ -28,10 +31,13 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.errors import DocumentError, SigningUnavailableError, UsageError
 from registry.manifest import utc_now
+
+if TYPE_CHECKING:
+    from registry.certs import Certificate
 
 REVOKED = "revoked.json"
 CURVES = ("secp256r1", "secp384r1", "secp521r1")
@@ -200,46 +206,74 @@ def _create(path: Path, data: bytes, mode: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """What a serving host trusts: public keys, minus revoked fingerprints.
+    """What a serving host trusts: public keys and CA certificates, minus
+    revoked fingerprints.
 
     Attributes:
         keys: trusted public keys (current and retired), unique by fingerprint.
-        revoked: fingerprint -> reason, for keys this host refuses.
+        revoked: fingerprint -> reason, for keys and certificates this host refuses.
+        cas: trusted CA certificates, for releases signed with a certificate.
     """
 
     keys: tuple[PublicKey, ...]
     revoked: Mapping[str, str] = field(default_factory=dict)
+    cas: tuple[Certificate, ...] = ()
+
+    @classmethod
+    def of(cls, anchors: Iterable[PublicKey | Certificate]) -> Trust:
+        """The trust of a policy's list of keys and CA certificates."""
+        items = list(anchors)
+        return cls(tuple(a for a in items if isinstance(a, PublicKey)),
+                   cas=tuple(a for a in items if not isinstance(a, PublicKey)))
 
     def describe(self) -> str:
-        return ", ".join(f"{k.name} ({k.fingerprint[:16]})" for k in self.keys) or "no key"
+        keys = [f"key {k.name} ({k.fingerprint[:16]})" for k in self.keys]
+        cas = [f"CA {c.subject!r} ({c.fingerprint[:16]})" for c in self.cas]
+        return ", ".join(keys + cas) or "no key"
+
+
+def _folder(folder: str | os.PathLike[str] | None, suffixes: tuple[str, ...],
+            what: str) -> tuple[list[Path], dict[str, str]]:
+    if folder is None or not str(folder):
+        return [], {}
+    root = Path(folder)
+    if not root.is_dir():
+        raise UsageError(f"{root}: {what} is not a directory")
+    files = sorted(p for p in root.iterdir() if p.suffix in suffixes and p.is_file())
+    return files, read_revoked(root)
 
 
 def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
-               folder: str | os.PathLike[str] | None = None) -> Trust:
-    """The host's trust from ``--trusted-key`` files and a keys folder.
+               folder: str | os.PathLike[str] | None = None, *,
+               ca_files: Iterable[str | os.PathLike[str]] = (),
+               ca_folder: str | os.PathLike[str] | None = None) -> Trust:
+    """The host's trust from ``--trusted-key`` files, a keys folder,
+    ``--trusted-ca`` files and a CA folder (``revoked.json`` of both folders).
 
     Raises:
-        UsageError: no key at all, or ``folder`` is not a directory.
-        DocumentError: a key file or ``revoked.json`` is malformed.
+        UsageError: no key and no CA at all, or a folder is not a directory.
+        DocumentError: a key or certificate file, or ``revoked.json``, is malformed.
     """
     keys: dict[str, PublicKey] = {}
-    revoked: dict[str, str] = {}
-    paths = [Path(p) for p in key_files]
-    if folder is not None and str(folder):
-        root = Path(folder)
-        if not root.is_dir():
-            raise UsageError(f"{root}: trusted keys folder (REGISTRY_TRUSTED_KEYS) is not a "
-                             "directory")
-        paths += sorted(p for p in root.iterdir()
-                        if p.suffix in (".pem", ".pub") and p.is_file())
-        revoked = read_revoked(root)
-    for p in paths:
+    paths, revoked = _folder(folder, (".pem", ".pub"),
+                             "trusted keys folder (REGISTRY_TRUSTED_KEYS)")
+    ca_paths, ca_revoked = _folder(ca_folder, (".pem", ".crt"),
+                                   "trusted CAs folder (REGISTRY_TRUSTED_CAS)")
+    for p in [Path(p) for p in key_files] + paths:
         k = load_public_key(p)
         keys.setdefault(k.fingerprint, k)
-    if not keys:
-        raise UsageError("no trusted key: give --trusted-key PUB.pem or a folder of public "
-                         "keys (REGISTRY_TRUSTED_KEYS)")
-    return Trust(tuple(keys.values()), revoked)
+    cas: dict[str, Certificate] = {}
+    ca_paths = [Path(p) for p in ca_files] + ca_paths
+    if ca_paths:
+        from registry.certs import load_certificates
+
+        for p in ca_paths:
+            for c in load_certificates(p, what="CA certificate"):
+                cas.setdefault(c.fingerprint, c)
+    if not keys and not cas:
+        raise UsageError("no trusted key: give --trusted-key PUB.pem, --trusted-ca CA.pem, or a "
+                         "folder of them (REGISTRY_TRUSTED_KEYS, REGISTRY_TRUSTED_CAS)")
+    return Trust(tuple(keys.values()), {**ca_revoked, **revoked}, tuple(cas.values()))
 
 
 def read_revoked(folder: str | os.PathLike[str]) -> dict[str, str]:
@@ -262,8 +296,10 @@ def read_revoked(folder: str | os.PathLike[str]) -> dict[str, str]:
         raise DocumentError(str(path), 'expected {"<fingerprint>": {"reason": "..."}}') from None
 
 
-def revoke(folder: str | os.PathLike[str], key: PublicKey, reason: str) -> dict[str, Any]:
-    """List ``key`` as revoked in ``<folder>/revoked.json`` (temp file + rename).
+def revoke(folder: str | os.PathLike[str], key: PublicKey | Certificate,
+           reason: str) -> dict[str, Any]:
+    """List ``key`` (a public key or a certificate) as revoked in
+    ``<folder>/revoked.json`` (temp file + rename).
 
     Raises:
         UsageError: an empty reason or a missing folder.

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import stat
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -171,14 +173,41 @@ def _validate(doc: Any, *, source: str) -> None:
         raise ManifestError(source, e.rule) from None
 
 
+#: manifests parsed lately, by their bytes (a Manifest is frozen, and the same
+#: bytes always parse to the same one): `registry serve` reads a release's
+#: manifest on every request, and the schema check is most of that page's time
+_PARSED: OrderedDict[bytes, Manifest] = OrderedDict()
+_PARSED_MAX = 256
+#: larger manifests (checkpoints of thousands of shards) are not kept
+_PARSED_MAX_BYTES = 256 << 10
+_PARSED_LOCK = threading.Lock()
+
+
 def parse_manifest(data: bytes, *, source: str) -> Manifest:
-    """Parse and validate ``MANIFEST.json`` bytes read from ``source``.
+    """Parse and validate ``MANIFEST.json`` bytes read from ``source``
+    (bytes parsed lately are answered from memory: the result is immutable).
 
     Raises:
         ManifestError: not UTF-8 JSON, breaks ``manifest.schema.json``, or the
             files are not sorted.
         UnsafePathError: a path is unsafe or listed twice.
     """
+    with _PARSED_LOCK:
+        hit = _PARSED.get(data)
+        if hit is not None:
+            _PARSED.move_to_end(data)
+            return hit
+    m = _parse_manifest(data, source=source)
+    if len(data) > _PARSED_MAX_BYTES:
+        return m
+    with _PARSED_LOCK:
+        _PARSED[data] = m
+        if len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    return m
+
+
+def _parse_manifest(data: bytes, *, source: str) -> Manifest:
     try:
         doc = schemas.load_json(data, path=source)
     except DocumentError as e:

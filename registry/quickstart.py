@@ -10,7 +10,9 @@
 5. list the passing versions, point ``prod`` at the newest;
 6. pull both models into a serving directory as a serving host does: only
    releases signed by the trusted public key, every byte verified;
-7. print the ``registry serve`` line that shows it all in a browser.
+7. print the ``registry serve`` line that shows it all in a browser;
+8. end with ``registry cache ls`` of the serving host's pull cache: the
+   command, then its output.
 
 Without the ``[signing]`` extra the releases are unsigned and the pull trusts
 the manifest alone; the quickstart says so.
@@ -35,6 +37,8 @@ from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
 from registry.errors import ObjectExistsError, RegistryError
 from registry.examples.tinytrainer import eval_loss, make_spec
 from registry.pull import pull
+from registry.pull.cache_admin import PullCache
+from registry.pull.cache_table import table
 
 RUN_ID = "quickstart-run"
 MODEL = "tiny-lm"
@@ -155,6 +159,11 @@ def serve_line(store: str | None = None, db: str | None = None) -> str:
     return " ".join(parts)
 
 
+def cache_ls_line(cache: Path) -> str:
+    """The ``registry cache ls`` command for the quickstart's pull cache."""
+    return f"registry cache ls --cache {shlex.quote(str(cache))}"
+
+
 def run(store: str | None = None, db: str | None = None, workdir: str | Path = "quickstart",
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the quickstart; returns a summary of what it did.
@@ -250,5 +259,11 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     serve = serve_line(store_url if store else None, db_url if db else None)
     say(f"see it all in a browser (read-only): {serve}   # needs the web extra: "
         "pip install 'model-registry[web]'; then open http://127.0.0.1:8080/")
+    listing = cache_ls_line(cache)
+    say("what the serving host's pull cache holds (`registry cache prune` gives disk back, "
+        "`registry cache verify` re-hashes it):")
+    say(f"$ {listing}")
+    for line in table(PullCache(cache).ls()):
+        say(line)
     return {"trained": trained, "steps": steps, "passing_before": before,
-            "passing_after": after, "pulled": pulled, "serve": serve}
+            "passing_after": after, "pulled": pulled, "serve": serve, "cache_ls": listing}

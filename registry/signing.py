@@ -15,6 +15,14 @@ with the library's own CLI binds the same way when it is named
 ``<model_id>@<version>`` (the library takes the subject name from the
 directory's name).
 
+**Certificates.** Signed with a key and its X.509 certificate from a local CA
+(``--sign-key`` + ``--sign-cert``, the library's certificate signer), the
+bundle carries the certificate chain instead of a key hint; a host that
+trusts the CA (``--trusted-ca``) validates the chain at its current time
+(:mod:`registry.certs`) and the library verifies the signature with it. A
+bundle is checked against keys or CAs by its kind, never across: a bare-key
+signature does not pass for a host that trusts only CAs.
+
 **No second hash pass.** Signing builds the library's manifest from the
 digests the commit computed while writing; verifying compares the signed
 digests with ``MANIFEST.json``'s, and the pull then refuses any byte that
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from registry import certs
 from registry.errors import IntegrityError, SignatureError
 from registry.keys import PublicKey, Trust, check_private_key, require_signing, unavailable
 from registry.manifest import MANIFEST, FileEntry, Manifest
@@ -56,14 +65,34 @@ def subject(model_id: str, version: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SignatureCheck:
-    """A verified signature: which trusted key made it, for which release."""
+    """A verified signature: which trusted key made it, for which release.
+
+    Attributes:
+        fingerprint: the key's fingerprint, or the signing certificate's
+            (sha256 of its DER) for ``kind == "certificate"``.
+        key: the trusted key's file name, or the trusted CA's.
+        subject: the statement's subject, ``<model_id>@<version>``.
+        identity: the signing certificate's subject (RFC 4514); ``ca``: the
+            subject of the trusted CA it chains to (certificates only).
+    """
 
     fingerprint: str
     key: str
     subject: str
+    kind: str = "key"
+    identity: str | None = None
+    ca: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "key": self.key, "subject": self.subject}
+        return {"fingerprint": self.fingerprint, "key": self.key, "subject": self.subject,
+                "kind": self.kind, "identity": self.identity, "ca": self.ca}
+
+    def describe(self) -> str:
+        """``key <fp> (<file>)`` or ``certificate '<subject>' (<fp>) from CA '<subject>'``."""
+        if self.kind == "certificate":
+            return (f"certificate {self.identity!r} ({self.fingerprint}) from CA {self.ca!r} "
+                    f"({self.key})")
+        return f"key {self.fingerprint} ({self.key})"
 
 
 def _lib() -> Any:
@@ -77,6 +106,15 @@ def _lib() -> Any:
         raise unavailable(e) from None
 
     return ms_manifest, ms_hashing, ms_signing, sign_ec_key, sign_sigstore_pb
+
+
+def _cert_lib() -> Any:
+    _lib()
+    try:
+        from model_signing._signing import sign_certificate
+    except ImportError as e:
+        raise unavailable(e) from None
+    return sign_certificate
 
 
 def warm_up() -> None:
@@ -95,19 +133,29 @@ def _signed_entries(entries: Iterable[FileEntry]) -> list[FileEntry]:
 
 
 def sign_entries(entries: Iterable[FileEntry], key_path: str, *, model_id: str,
-                 version: str) -> bytes:
+                 version: str, cert: str | None = None,
+                 chain: Iterable[str] = ()) -> bytes:
     """The bundle (bytes of ``model.sig``) signing ``entries`` as ``model_id@version``.
 
     Args:
         entries: the release's files with the sha256 computed while writing
             them (``model.sig`` and ``MANIFEST.json`` are skipped).
-        key_path: PEM EC private key (``registry keys generate``).
+        key_path: PEM EC private key (``registry keys generate`` / ``issue``).
+        cert: the key's PEM signing certificate: the bundle then carries
+            ``cert`` and ``chain`` (the library's certificate signer).
+        chain: PEM files of the CA certificates above ``cert``.
 
     Raises:
-        DocumentError: the key file is unreadable or not a supported EC key.
+        DocumentError: the key file is unreadable or not a supported EC key;
+            the certificate does not match it, is expired or cannot sign
+            (:func:`registry.certs.check_signing_certificate`).
         SigningUnavailableError: the ``[signing]`` extra is not installed.
     """
-    check_private_key(key_path)
+    chain = list(chain)
+    if cert is None:
+        check_private_key(key_path)
+    else:
+        certs.check_signing_certificate(key_path, cert, chain)
     ms_manifest, ms_hashing, ms_signing, sign_ec_key, _ = _lib()
     serialization = ms_manifest.SerializationType.from_args(
         {"method": "files", "hash_type": "sha256", "allow_symlinks": False,
@@ -116,7 +164,11 @@ def sign_entries(entries: Iterable[FileEntry], key_path: str, *, model_id: str,
         path=Path(e.path), digest=ms_hashing.Digest("sha256", bytes.fromhex(e.sha256)))
         for e in _signed_entries(entries)]
     lib_manifest = ms_manifest.Manifest(subject(model_id, version), items, serialization)
-    signature = sign_ec_key.Signer(Path(key_path)).sign(ms_signing.Payload(lib_manifest))
+    if cert is None:
+        signer = sign_ec_key.Signer(Path(key_path))
+    else:
+        signer = _cert_lib().Signer(Path(key_path), Path(cert), [Path(c) for c in chain])
+    signature = signer.sign(ms_signing.Payload(lib_manifest))
     return str(signature.bundle.to_json()).encode()
 
 
@@ -135,12 +187,99 @@ def _read_bundle(data: bytes, where: str) -> Any:
 
 def claimed_fingerprint(data: bytes) -> str | None:
     """The key fingerprint a bundle names (``verificationMaterial.publicKey.hint``),
-    unverified; None when the bytes are not such a bundle."""
+    or its signing certificate's fingerprint, unverified; None when the bytes
+    are not such a bundle."""
+    claimed = claimed_certificate(data)
+    if claimed is not None:
+        return claimed.fingerprint
     try:
         hint = json.loads(data)["verificationMaterial"]["publicKey"]["hint"]
     except (ValueError, TypeError, KeyError):
         return None
     return hint if isinstance(hint, str) and hint else None
+
+
+def claimed_certificate(data: bytes) -> certs.Certificate | None:
+    """The signing certificate a bundle carries, unverified; None for a key
+    bundle or bytes that are not a bundle."""
+    try:
+        ders = certs.bundle_chain(json.loads(data))
+        return certs.parse_der(ders[:1])[0] if ders else None
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+        return None
+
+
+def _certificate_claims(data: bytes, trust: Trust, where: str
+                        ) -> tuple[certs.Certificate, certs.Certificate] | None:
+    """For a certificate bundle: its signing certificate and the trusted CA its
+    chain ends in, validated now (revocations first); None for a key bundle.
+
+    Raises:
+        SignatureError: a malformed chain; a revoked key, certificate or CA; no
+            trusted CA; a chain that does not verify now (another CA, expired,
+            not yet valid).
+    """
+    try:
+        ders = certs.bundle_chain(json.loads(data))
+        if ders is None:
+            return None
+        chain = certs.parse_der(ders)
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error) as e:
+        raise SignatureError(where, f"malformed certificate chain in the signature bundle "
+                                    f"({type(e).__name__}: {e})") from None
+    leaf = chain[0]
+    what = f"certificate {leaf.subject!r} ({leaf.fingerprint})"
+    named = [(leaf.fingerprint, what), (certs.key_fingerprint(leaf.pem), f"the key of {what}")]
+    named += [(c.fingerprint, f"CA {c.subject!r}") for c in chain[1:]]
+    for fp, name in named:
+        if fp in trust.revoked:
+            raise SignatureError(where, f"signed by revoked {name}: {trust.revoked[fp]}",
+                                 fingerprint=leaf.fingerprint)
+    if not trust.cas:
+        raise SignatureError(where, f"signed with {what}, but this host trusts no CA (give "
+                                    f"--trusted-ca; it trusts {trust.describe()})",
+                             fingerprint=leaf.fingerprint)
+    try:
+        anchor = certs.verify_chain(ders, trust.cas)
+    except ValueError as e:
+        raise SignatureError(where, f"{what} does not chain to a CA this host trusts, now: "
+                                    f"{e} (this host trusts {trust.describe()})",
+                             fingerprint=leaf.fingerprint) from None
+    if anchor.fingerprint in trust.revoked:
+        raise SignatureError(where, f"signed under revoked CA {anchor.subject!r}: "
+                                    f"{trust.revoked[anchor.fingerprint]}",
+                             fingerprint=leaf.fingerprint)
+    return leaf, anchor
+
+
+def _verify_certificate(signature: Any, leaf: certs.Certificate, anchor: certs.Certificate,
+                        trust: Trust, where: str) -> tuple[SignatureCheck, Any]:
+    """The library's certificate verifier over the host's CAs."""
+    sign_certificate = _cert_lib()
+    with tempfile.TemporaryDirectory(prefix="registry-ca-") as d:
+        p = Path(d) / "cas.pem"
+        p.write_bytes(b"".join(c.pem for c in trust.cas))
+        try:
+            signed = sign_certificate.Verifier([p]).verify(signature)
+        except Exception as e:  # noqa: BLE001 - any failure is "does not verify"
+            raise SignatureError(where, f"the signature of certificate {leaf.subject!r} does "
+                                        f"not verify ({type(e).__name__}: {e})",
+                                 fingerprint=leaf.fingerprint) from None
+    return SignatureCheck(leaf.fingerprint, anchor.name or anchor.subject, signed.model_name,
+                          "certificate", leaf.subject, anchor.subject), signed
+
+
+def _untrusted_key(hint: str | None, trust: Trust, where: str) -> SignatureError:
+    if hint is not None and hint in trust.revoked:
+        return SignatureError(where, f"signed by revoked key {hint}: {trust.revoked[hint]}",
+                              fingerprint=hint)
+    if not trust.keys:
+        return SignatureError(where, f"signed by a bare key ({hint or 'none'}), not with a "
+                                     "certificate from a CA this host trusts (it trusts "
+                                     f"{trust.describe()})", fingerprint=hint)
+    return SignatureError(where, f"not signed by a trusted key (the signature names key "
+                                 f"{hint or 'none'}; this host trusts {trust.describe()})",
+                          fingerprint=hint)
 
 
 def verify_bytes(data: bytes, entries: Iterable[FileEntry], *, model_id: str, version: str,
@@ -158,10 +297,17 @@ def verify_bytes(data: bytes, entries: Iterable[FileEntry], *, model_id: str, ve
 
     Raises:
         SignatureError: malformed; made by a revoked key (with its reason) or
-            by a key not trusted; bound to another model id or version; or
-            signing files or digests other than exactly the listed ones.
+            by a key not trusted; for a certificate bundle, one that does not
+            chain to a trusted CA now, or is revoked; bound to another model
+            id or version; or signing files or digests other than exactly the
+            listed ones.
     """
     signature = _read_bundle(data, where)
+    claims = _certificate_claims(data, trust, where)
+    if claims is not None:
+        check, signed = _verify_certificate(signature, *claims, trust, where)
+        check_coverage(signed, entries, model_id=model_id, version=version, where=where)
+        return check
     _, _, _, sign_ec_key, _ = _lib()
     hint = claimed_fingerprint(data)
     signed = None
@@ -179,15 +325,11 @@ def verify_bytes(data: bytes, entries: Iterable[FileEntry], *, model_id: str, ve
         used = key
         break
     if used is None or signed is None:
-        if hint is not None and hint in trust.revoked:
-            raise SignatureError(where, f"signed by revoked key {hint}: "
-                                        f"{trust.revoked[hint]}", fingerprint=hint)
-        raise SignatureError(where, f"not signed by a trusted key (the signature names key "
-                                    f"{hint or 'none'}; this host trusts "
-                                    f"{trust.describe()})", fingerprint=hint)
+        raise _untrusted_key(hint, trust, where)
     check = SignatureCheck(used.fingerprint, used.name, signed.model_name)
     check_coverage(signed, entries, model_id=model_id, version=version, where=where)
     return check
+
 
 
 def check_coverage(signed: Any, entries: Iterable[FileEntry], *, model_id: str,
@@ -270,9 +412,11 @@ def read_signature(store: Store, prefix: str, manifest: Manifest) -> bytes | Non
 
 def precheck(data: bytes, entries: Iterable[FileEntry], *, model_id: str, version: str,
              trust: Trust, where: str) -> str:
-    """The checks that need no cryptography, from the bundle's JSON alone: it
-    names a trusted, unrevoked key, ``model_id@version``, and exactly the
-    release's files and digests. Returns the named fingerprint.
+    """The checks that need no signature verification, from the bundle alone: it
+    names a trusted, unrevoked key (or carries a certificate chain that is
+    valid now up to a trusted CA, with nothing in it revoked),
+    ``model_id@version``, and exactly the release's files and digests.
+    Returns the named fingerprint (the key's, or the signing certificate's).
 
     This refuses every forged release whose bundle tells the truth about its
     key before a weight is downloaded, without loading the library (about a
@@ -294,17 +438,17 @@ def precheck(data: bytes, entries: Iterable[FileEntry], *, model_id: str, versio
     except (ValueError, TypeError, KeyError, IndexError, binascii.Error) as e:
         raise SignatureError(where, f"malformed signature bundle ({type(e).__name__}: "
                                     f"{e})") from None
+    claims = _certificate_claims(data, trust, where)
+    if claims is not None:
+        _compare(name, params, resources, entries, model_id=model_id, version=version,
+                 where=where)
+        return claims[0].fingerprint
     hint = claimed_fingerprint(data)
-    if hint is not None and hint in trust.revoked:
-        raise SignatureError(where, f"signed by revoked key {hint}: {trust.revoked[hint]}",
-                             fingerprint=hint)
-    if hint not in {k.fingerprint for k in trust.keys}:
-        raise SignatureError(where, f"not signed by a trusted key (the signature names key "
-                                    f"{hint or 'none'}; this host trusts "
-                                    f"{trust.describe()})", fingerprint=hint)
+    if hint is None or hint in trust.revoked or hint not in {k.fingerprint
+                                                             for k in trust.keys}:
+        raise _untrusted_key(hint, trust, where)
     _compare(name, params, resources, entries, model_id=model_id, version=version,
              where=where)
-    assert hint is not None
     return hint
 
 

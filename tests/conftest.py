@@ -73,8 +73,11 @@ def _scratch_cwd(tmp_path_factory: pytest.TempPathFactory,
                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs in a scratch working folder of its own, so a command that
     falls back to its defaults (``./registry.db``, ``./artifacts``) never writes
-    into the checkout or shares state with another test."""
+    into the checkout or shares state with another test. Likewise a pull without
+    ``--cache`` fills a cache of the test's own, never the user's
+    ``~/.cache/model-registry``."""
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    monkeypatch.setenv("REGISTRY_CACHE", str(tmp_path_factory.mktemp("pull-cache")))
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None,

@@ -67,6 +67,10 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("ckpt-gc-unknown-run", ["ckpt", "gc", "nosuchrun", "--keep", "1"], 3, ["nosuchrun"]),
     ("ckpt-ls-unknown-tree", ["ckpt", "ls", "{w}/no-such-tree"], 3, ["no-such-tree"]),
     ("ckpt-adopt-unknown-tree", ["ckpt", "adopt", "{w}/no-such-tree"], 3, ["no-such-tree"]),
+    ("ckpt-rollout-unknown-path", ["ckpt", "rollout", "{w}/no-such-rollout"], 3,
+     ["no-such-rollout", "no such rollout_data_path"]),
+    ("ckpt-refs-two-refs", ["ckpt", "refs", "--ref-dist-ckpt-path", "{w}/t/train_step_1/dist_ckpt",
+                            "--ref-hf-model-path", "{w}/hf"], 2, ["pick exactly one"]),
     ("ckpt-verify-unknown-step", ["ckpt", "verify", "r1", "--step", "7"], 3,
      ["step-000007", "no such step"]),
     ("ckpt-gc-keep-0", ["ckpt", "gc", "r1", "--keep", "0"], 2, ["--keep"]),
@@ -188,6 +192,22 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
                              "--trusted-keys", "{w}"], 5, ["ledger.json"]),
     ("pull-trusted-key-missing", ["pull", "tiny@1", "--trusted-key", "{w}/nokey.pub",
                                   "--to", "{w}/p2"], 5, ["nokey.pub"]),
+    # -- the pull cache (issue 19)
+    ("cache-ls-cache-is-a-file", ["cache", "ls", "--cache", "{w}/afile"], 6, ["afile"]),
+    ("cache-verify-cache-is-a-file", ["cache", "verify", "--cache", "{w}/afile"], 6, ["afile"]),
+    ("cache-verify-zero-workers", ["cache", "verify", "--workers", "0"], 2, ["--workers"]),
+    ("cache-prune-bad-size", ["cache", "prune", "--max-size", "50Q"], 2, ["50Q"]),
+    ("cache-prune-bad-duration", ["cache", "prune", "--older-than", "soon"], 2, ["soon"]),
+    ("cache-prune-negative-keep", ["cache", "prune", "--keep-last", "-1"], 2, ["--keep-last"]),
+    # -- certificates from a local CA (issue 17)
+    ("keys-ca-over-a-file", ["keys", "ca", "{w}/ledger.json", "--subject", "CN=x"], 2,
+     ["ledger.json", "refusing to overwrite"]),
+    ("keys-issue-ca-missing", ["keys", "issue", "{w}/k2.pem", "--ca", "{w}/noca.pem",
+                               "--subject", "CN=x"], 5, ["noca.pem"]),
+    ("pull-trusted-ca-not-pem", ["pull", "tiny@1", "--trusted-ca", "{w}/ledger.json",
+                                 "--to", "{w}/p3"], 5, ["ledger.json", "PEM"]),
+    ("publish-sign-cert-without-key", ["publish", "{w}/hf", *PUB, "--version", "7",
+                                       "--sign-cert", "{w}/ledger.json"], 2, ["--sign-key"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a
@@ -362,6 +382,9 @@ SUCCESS: list[list[str]] = [
     [*REL, "--version", "1", "--step", "10", "--ledger", "{w}/ledger.json"],
     ["gate", "check", "tiny@1"], ["alias", "set", "tiny", "stable", "1"], ["alias", "ls", "tiny"],
     ["policy", "set", "tiny", "--require", "accuracy>=0.5"], ["policy", "show", "tiny"],
+    ["pull", "tiny@1", "--to", "{w}/ok3", "--cache", "{w}/cache"],
+    ["cache", "ls", "--cache", "{w}/cache"], ["cache", "verify", "--cache", "{w}/cache"],
+    ["cache", "prune", "--keep-last", "0", "--cache", "{w}/cache"],
 ]
 
 #: Empty answers, in text mode: exit 0 and a sentence on stderr, stdout clean.
@@ -374,6 +397,8 @@ EMPTY: list[tuple[list[str], str]] = [
     (["alias", "ls", "pub"], "pub has no aliases"),
     (["ledger", "ls", "--store", "{w}/empty-store"], "no data source is revoked"),
     (["ls", "--db", "sqlite:///{w}/new.db"], "no model in the index"),
+    (["cache", "ls", "--cache", "{w}/no-cache"], "no release in the cache"),
+    (["cache", "prune", "--cache", "{w}/no-cache"], "nothing to prune in"),
 ]
 
 
@@ -398,6 +423,14 @@ def test_every_command_prints_one_json_document_on_success(tmp_path: Path) -> No
     revoke = json.loads(runs[SUCCESS.index(["ledger", "revoke", "news", "--reason", "r"])][1])
     assert revoke["failing_aliases"] == [{"model_id": "tiny", "alias": "prod", "version": "2",
                                           "reason": revoke["failing_aliases"][0]["reason"]}]
+    # the cache commands' documents follow their schemas (schemas/cache-*.schema.json)
+    cache_docs = {argv[1]: json.loads(out) for argv, (_, out, _) in zip(SUCCESS, runs, strict=True)
+                  if argv[0] == "cache"}
+    for name, doc in cache_docs.items():
+        schema = schemas.load_schema(f"cache-{name}")
+        assert list(Draft202012Validator(schema).iter_errors(doc)) == []
+    assert [v["version"] for v in cache_docs["ls"]["versions"]] == ["1"]
+    assert [p["version"] for p in cache_docs["prune"]["pruned"]] == ["1"]
     assert "books" in revoke["failing_aliases"][0]["reason"]
 
 
@@ -410,7 +443,7 @@ def test_empty_answers_are_said_in_words(tmp_path: Path) -> None:
         assert code == 0, (argv, err)
         assert words in err, (argv, err)
         assert "Traceback" not in err
-        if argv[0] in ("query", "ls", "alias", "ledger"):
+        if argv[0] in ("query", "ls", "alias", "ledger", "cache"):
             assert out == "", (argv, out)
 
 

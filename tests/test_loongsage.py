@@ -3,6 +3,7 @@ the ckpt CLI and releases of the HF export, on memory, local disk and S3."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import safetensors.numpy
+import torch
 
 from registry.checkpoint import CheckpointTree
 from registry.checkpoint.layout import LOONGSAGE
@@ -94,6 +96,11 @@ def gate_files(tmp_path: Path) -> tuple[Path, Path]:
     return ledger, evals
 
 
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n])["__metadata__"]
+
+
 def mem() -> Store:
     """A fresh memory store (memory:// stores are process-global by name)."""
     return open_store(f"memory://ls-{uuid.uuid4().hex[:12]}")
@@ -115,9 +122,9 @@ def test_save_every_freq_and_final_step(store: Store) -> None:
     assert store.read_bytes(TRACKER) == b"10\n"
     prefix = f"{ROOT}/train_step_9"
     assert sorted(store.walk_files(prefix)) == [
-        MANIFEST, "data_source/global_dataset_state_dict_ds0.json",
-        "data_source/global_dataset_state_dict_ds1.json",
-        "data_source/global_dataset_state_dict_ds2.json",
+        MANIFEST, "data_source/global_dataset_state_dict_ds0.pt",
+        "data_source/global_dataset_state_dict_ds1.pt",
+        "data_source/global_dataset_state_dict_ds2.pt",
         "dist_ckpt/model.safetensors", "dist_ckpt/optimizer.safetensors", "dist_ckpt/rng.json",
         "dist_ckpt/scheduler.json", "hf_model/config.json", "hf_model/model.safetensors",
         "hf_model/tokenizer.json"]
@@ -134,8 +141,14 @@ def test_save_every_freq_and_final_step(store: Store) -> None:
     rng = json.loads(store.read_bytes(f"{prefix}/dist_ckpt/rng.json"))
     assert rng["topology"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 4}
     assert rng["rng_state"] == {"seed": 1234, "step": 9}
-    ds1 = json.loads(store.read_bytes(f"{prefix}/data_source/global_dataset_state_dict_ds1.json"))
+    ds1 = torch.load(io.BytesIO(store.read_bytes(
+        f"{prefix}/data_source/global_dataset_state_dict_ds1.pt")), weights_only=True)
     assert ds1["prompt_data_path"] == "data/b.jsonl" and ds1["state"] == {"cursor": 91}
+    # Weights carry the tag engines read (DESIGN 4); optimizer state the seed's own.
+    meta = safetensors_metadata(store.read_bytes(f"{prefix}/dist_ckpt/model.safetensors"))
+    assert meta["format"] == "pt" and meta["tinyllm.step"] == "9"
+    meta = safetensors_metadata(store.read_bytes(f"{prefix}/dist_ckpt/optimizer.safetensors"))
+    assert meta["format"] == "tinyllm"
 
 
 @pytest.mark.parametrize("freq", [0, -1])
@@ -573,10 +586,11 @@ def test_adopt_refusals() -> None:
     store.write_bytes(TRACKER, b"5\n")
     assert adopt(store, ROOT).step == 5 and adopt(store, ROOT).already
     # The adopted step's HF export can be released.
-    rel = ModelRelease(store).create("foreign", 5, "m", "1", ledger=[ledger_row()],
+    rel = ModelRelease(store).create(None, 5, "m", "1", ledger=[ledger_row()],
                                      eval_summary=summary(), layout=LOONGSAGE,
                                      checkpoint_root=ROOT, subdir="hf_model")
     assert rel.manifest.meta["source"]["step"] == 5
+    assert rel.manifest.meta["source"]["run_id"] == "exp-loong"  # adopt's derived run_id
     assert store.read_bytes("models/m/1/config.json") == b'{"hidden_size": 64, "step": 5}'
     store.write_bytes(f"{ROOT}/train_step_5/dist_ckpt/common.pt", b"changed")
     with pytest.raises(NoValidCheckpointError, match="does not verify"):
@@ -589,13 +603,19 @@ def test_release_and_publish_of_hf_export(durable_store_url: str, tmp_path: Path
     ledger, evals = gate_files(tmp_path)
     common = ["--ledger", str(ledger), "--evals", str(evals), "--store", durable_store_url,
               "--db", f"sqlite:///{tmp_path / 'index.db'}", "--json"]
-    r = run_cli("release", "create", "--run", "loong", "--layout", "loongsage",
-                "--checkpoint-path", ROOT, "--step", "4", "--model-id", "m", "--version", "1",
-                *common)
+    args = ["release", "create", "--layout", "loongsage", "--checkpoint-path", ROOT,
+            "--step", "4", "--model-id", "m", "--version", "1", *common]
+    # The release names the run the step's manifest records (exp-loong), no other.
+    r = run_cli(*args, "--run", "loong")
+    assert r.returncode == 2 and "records run_id 'exp-loong', not 'loong'" in r.stderr, r.stderr
+    assert not store.exists("models/m/1/MANIFEST.json")
+    r = run_cli(*args, "--run", "exp-loong")
     assert r.returncode == 0, r.stderr
     step4 = f"{ROOT}/train_step_4"
     assert json.loads(r.stdout)["source"] == {
-        "run_id": "loong", "step": 4, "manifest_sha256": read_manifest(store, step4).digest}
+        "run_id": "exp-loong", "step": 4, "manifest_sha256": read_manifest(store, step4).digest}
+    assert read_manifest(store, "models/m/1").meta["source"]["run_id"] == \
+        read_manifest(store, step4).meta["run_id"]
     assert verify_directory(store, "models/m/1", full=True).ok
     for name in ("config.json", "tokenizer.json"):
         assert store.read_bytes(f"models/m/1/{name}") == \
@@ -613,7 +633,7 @@ def test_release_and_publish_of_hf_export(durable_store_url: str, tmp_path: Path
     # A step saved without the HF export has nothing to release.
     run(ckpt(store, save_freq=6, total_steps=6), range(6, 7))
     with pytest.raises(DocumentError, match="hf_model/model.safetensors: missing"):
-        ModelRelease(store).create("loong", 6, "m", "3", ledger=[ledger_row()],
+        ModelRelease(store).create(None, 6, "m", "3", ledger=[ledger_row()],
                                    eval_summary=summary(), layout=LOONGSAGE,
                                    checkpoint_root=ROOT, subdir="hf_model")
     assert not store.exists("models/m/3/MANIFEST.json")
@@ -666,7 +686,11 @@ def test_release_create_loongsage_run_defaults_to_the_tree_name(durable_store_ur
     r = run_cli("release", "create", "--layout", "loongsage", "--checkpoint-path", ROOT,
                 *common)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["source"]["run_id"] == "loong"  # ROOT is exp/loong
+    # The run_id of the step's manifest (derived from ROOT exp/loong), as the
+    # checkpoint's index row says: not "loong" (issue 18).
+    assert json.loads(r.stdout)["source"]["run_id"] == "exp-loong"
+    assert read_manifest(store, "models/m/1").meta["source"]["run_id"] == \
+        read_manifest(store, f"{ROOT}/train_step_4").meta["run_id"]
     assert verify_directory(store, "models/m/1", full=True).ok
 
 

@@ -36,8 +36,16 @@ def check_outcome(store_url: str, work: Path, stdout: str) -> None:
         for model in ("tiny-lm", "all-minilm-l6-v2"):
             assert (work / "serving" / model / "model.sig").exists()
         assert stdout.count(f"signed by {fingerprint[:16]}") == 2, stdout
-    assert stdout.rstrip().splitlines()[-1].startswith(
-        "see it all in a browser (read-only): registry serve")
+    # it ends with `registry cache ls` of the serving host's cache: the command, its output
+    lines = stdout.rstrip().splitlines()
+    cache = work.resolve() / "cache"
+    at = lines.index(f"$ registry cache ls --cache {cache}")
+    assert lines[at - 2].startswith("see it all in a browser (read-only): registry serve")
+    r = run_cli("cache", "ls", "--cache", str(cache))
+    assert r.returncode == 0 and lines[at + 1:] == r.stdout.rstrip().splitlines()
+    assert [ln.split()[:2] for ln in lines[at + 2:-1]] == [["all-minilm-l6-v2", "1"],
+                                                          ["tiny-lm", "1.1"]]
+    assert lines[-1].startswith("total: 2 models, 2 versions, ")
 
 
 def test_quickstart_embedded_default(tmp_path: Path) -> None:

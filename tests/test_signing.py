@@ -402,7 +402,8 @@ def test_policy_requires_a_signature_gate_show_and_query(
     assert r.returncode == 0, r.stdout
     r = run_cli("show", f"{MODEL}@3", "--json", *s)
     doc = json.loads(r.stdout)
-    assert doc["signature"] == {"path": "model.sig", "fingerprint": fp, "verified": True}
+    assert doc["signature"] == {"path": "model.sig", "kind": "key", "fingerprint": fp,
+                                "verified": True}
     assert {"gate": "signature", "passed": True,
             "reason": f"signed by key {fp} (release.pub)"} in doc["gates"] and doc["passed"]
     doc = reg.show(MODEL, "2")

@@ -224,6 +224,26 @@ def test_signer_row_names_the_key_that_signed(tmp_path: Path) -> None:
         assert 'id="signer"' not in c.get("/models/tiny/2").text
 
 
+def test_signer_row_names_the_certificate_that_signed(tmp_path: Path) -> None:
+    """A release signed with a certificate from a local CA shows the
+    certificate's subject, fingerprint and issuer."""
+    pytest.importorskip("model_signing")
+    from registry.certs import issue, make_ca
+
+    store, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
+    build(store, db)
+    make_ca(tmp_path / "ca.pem", subject="CN=Web CA")
+    key, cert, c = issue(tmp_path / "bot.pem", ca_key=tmp_path / "ca.pem", subject="CN=bot")
+    with Registry(store, db) as reg:
+        reg.create_release("r1", 30, "tiny", "4", ledger=[ledger_row("wiki")],
+                           eval_summary=summary2(0.97, 1.2), sign_key=key, sign_cert=cert,
+                           cert_chain=[tmp_path / "ca.crt"])
+    with Registry(store, db) as reg, TestClient(create_app(reg)) as client:
+        t = text_of(client.get("/models/tiny/4").text)
+        assert (f"signer certificate CN=bot ({c.fingerprint}, issued by CN=Web CA; not "
+                "verified here) (model.sig)") in t
+
+
 def test_source_page(client: TestClient) -> None:
     t = text_of(client.get("/sources/books").text)
     assert "Data source books REVOKED" in t
@@ -255,8 +275,10 @@ def test_run_page(client: TestClient) -> None:
     ("/models/tiny/refs", 400, "refs"),
     ("/runs/r1.lock", 400, "r1.lock"),
     ("/sources/-wiki", 400, "-wiki"),
-    ("/models/tiny?page=0", 400, "page"),
-    ("/models/tiny?page=x", 400, "page"),
+    ("/models/tiny?before=9.9", 404, "9.9"),
+    ("/models/tiny?after=..", 400, ".."),
+    ("/sources/wiki?before=tiny@9.9", 404, "tiny@9.9"),
+    ("/sources/wiki?after=tiny", 400, "tiny"),
     ("/no/such/page", 404, "/no/such/page"),
 ])
 def test_pages_name_what_was_asked(client: TestClient, path: str, status: int,

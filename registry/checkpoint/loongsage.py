@@ -22,6 +22,7 @@ and the names in :mod:`~registry.checkpoint.loongsage_format`::
 from __future__ import annotations
 
 from registry.checkpoint.loongsage_adopt import AdoptResult, adopt
+from registry.checkpoint.loongsage_data import PIPELINE, DataSourceState, data_file
 from registry.checkpoint.loongsage_format import (
     DataSourceFreshWarning,
     NoTrackerWarning,
@@ -29,14 +30,29 @@ from registry.checkpoint.loongsage_format import (
     derive_run_id,
 )
 from registry.checkpoint.loongsage_load import (
-    DataSourceState,
     DistCheckpoint,
     TrainingState,
     load_dist_ckpt,
     load_training_state,
 )
+from registry.checkpoint.loongsage_refs import (
+    Teacher,
+    WeightSource,
+    WeightSources,
+    check_dist_ckpt_path,
+    check_hf_path,
+    check_reference,
+    check_teachers,
+    check_weight_sources,
+)
+from registry.checkpoint.loongsage_rollout import RolloutData, RolloutStep
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult
 
-__all__ = ["AdoptResult", "DataSourceFreshWarning", "DataSourceState", "DistCheckpoint",
-           "LoongSageCheckpointer", "LoongSaveResult", "NoTrackerWarning", "RngSkippedWarning",
-           "TrainingState", "adopt", "derive_run_id", "load_dist_ckpt", "load_training_state"]
+__all__ = ["PIPELINE", "AdoptResult", "DataSourceFreshWarning", "DataSourceState",
+           "DistCheckpoint", "LoongSageCheckpointer", "LoongSaveResult", "NoTrackerWarning",
+           "RngSkippedWarning", "TrainingState", "adopt", "data_file", "derive_run_id",
+           "load_dist_ckpt", "load_training_state",
+           # issue 18 (data sources, rollout data, reference and teacher paths)
+           "RolloutData", "RolloutStep", "Teacher", "WeightSource", "WeightSources",
+           "check_dist_ckpt_path", "check_hf_path", "check_reference", "check_teachers",
+           "check_weight_sources"]

@@ -10,14 +10,16 @@
         dist_ckpt/rng.json                 {"topology": {"tp","pp","ep","dp"}, "rng_state": ...}
         hf_model/model.safetensors         HF export: weights (F32, metadata format "pt")
         hf_model/config.json               + tokenizer.json when given
-        data_source/global_dataset_state_dict_ds<i>.json
-                                           {"prompt_data_path": ..., "state": ...}
+        data_source/global_dataset_state_dict_ds<i>.pt
+                                           torch.save: prompt_data_path, state, prompt_buffer
+        data_source/pipeline_buf.pt        fully_async: snapshot_pipeline_buf()'s items
         MANIFEST.json                      kind checkpoint, layout "loongsage": every file above
 
-Real LoongSage writes ``dist_ckpt/`` as Megatron torch_dist shards and the data
-source states as ``.pt`` pickles; trees it wrote can be verified and released
-(after ``registry ckpt adopt``) but only trees written by this module can be
-loaded with :func:`registry.checkpoint.loongsage.load_training_state`.
+The ``data_source/`` files are :mod:`registry.checkpoint.loongsage_data`'s.
+Real LoongSage writes ``dist_ckpt/`` as Megatron torch_dist shards; trees it
+wrote can be verified and released (after ``registry ckpt adopt``) but only
+trees written by this module can be loaded with
+:func:`registry.checkpoint.loongsage.load_training_state`.
 """
 
 from __future__ import annotations
@@ -58,11 +60,6 @@ class RngSkippedWarning(UserWarning):
 
 class NoTrackerWarning(UserWarning):
     """Step directories exist but no tracker file vouches for any: none is resumable."""
-
-
-def data_file(index: int) -> str:
-    """Relative path of data source ``index``'s state in a step directory."""
-    return f"{DATA}/global_dataset_state_dict_ds{index}.json"
 
 
 def check_topology(topology: Mapping[str, Any] | None, *, what: str) -> dict[str, int]:

@@ -27,9 +27,9 @@ import numpy as np
 
 from registry import schemas
 from registry.checkpoint.layout import LOONGSAGE
+from registry.checkpoint.loongsage_data import DataSourceState, read_data_state
 from registry.checkpoint.loongsage_format import (
     CONFIG,
-    DATA_RE,
     DIST,
     DIST_FILES,
     MODEL,
@@ -37,7 +37,6 @@ from registry.checkpoint.loongsage_format import (
     RNG,
     RNG_TOPOLOGY_KEYS,
     SCHEDULER,
-    DataSourceFreshWarning,
     NoTrackerWarning,
     RngSkippedWarning,
     check_topology,
@@ -58,24 +57,6 @@ from registry.manifest import Manifest, check_path
 from registry.safetensors_io import check_optimizer_state, read_safetensors
 from registry.store import Store, join, open_store
 from registry.verify import read_manifest, verify_directory
-
-
-@dataclass(frozen=True, slots=True)
-class DataSourceState:
-    """The state one data source resumes from (matched by ``prompt_data_path``).
-
-    Attributes:
-        state: the saved state, or None when the source starts fresh.
-        saved_index: the ``ds<i>`` it was saved as (None when fresh).
-    """
-
-    prompt_data_path: str
-    state: Any
-    saved_index: int | None
-
-    @property
-    def fresh(self) -> bool:
-        return self.saved_index is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +91,8 @@ class TrainingState:
         saved_topology: the sizes recorded at save time (None from HF).
         data_sources: one per requested ``prompt_data_path``, in the order asked.
         manifest: the step's manifest (None from HF).
+        pipeline_buf: the in-flight items a fully_async save captured with
+            ``snapshot_pipeline_buf()``, to be fed back first (None: none saved).
     """
 
     source: str
@@ -125,6 +108,7 @@ class TrainingState:
     saved_topology: dict[str, int] | None
     data_sources: tuple[DataSourceState, ...]
     manifest: Manifest | None
+    pipeline_buf: tuple[Any, ...] | None = None
 
     def data_state(self, prompt_data_path: str) -> Any:
         """The state of the data source ``prompt_data_path`` (None: fresh)."""
@@ -160,6 +144,8 @@ def load_training_state(store: str | Store, checkpoint_path: str = "", *,
         PointerError: the tracker is empty or not a step number.
         NoValidCheckpointError: the tracked step is missing or does not verify.
         CheckpointError: the tracked step has no loadable dist_ckpt.
+        TorchUnavailableError: the step holds ``.pt`` data source files and
+            torch (the ``[torch]`` extra) is not installed.
 
     Warns:
         NoTrackerWarning: step directories exist but there is no tracker.
@@ -199,11 +185,11 @@ def load_training_state(store: str | Store, checkpoint_path: str = "", *,
         warnings.warn(f"{store.url_of(prefix)}: parallel topology changed since the save "
                       f"({what}): RNG state is not restored; model, optimizer, scheduler "
                       "and data source state are", RngSkippedWarning, stacklevel=2)
-    data = _data_sources(store, prefix, manifest, paths)
+    data, pipeline = read_data_state(store, prefix, manifest, paths)
     return TrainingState("checkpoint", step, store.url_of(prefix), hf_config, dist.model,
                          dist.optimizer_state, dist.optimizer, dist.scheduler_state,
                          None if changed else dist.rng_state, not changed, dist.topology,
-                         data, manifest)
+                         data, manifest, pipeline)
 
 
 def load_dist_ckpt(store: str | Store, path: str = "", *,
@@ -354,31 +340,9 @@ def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
 
 def _data_sources(store: Store, prefix: str, manifest: Manifest,
                   paths: list[str]) -> tuple[DataSourceState, ...]:
-    saved: dict[str, tuple[int, Any]] = {}
-    for e in manifest.files:
-        m = DATA_RE.fullmatch(e.path)
-        if m is None or m.group(2) != "json":
-            continue
-        doc = _json_file(store, prefix, e.path)
-        where = store.url_of(join(prefix, e.path))
-        if not isinstance(doc, dict) or not isinstance(doc.get("prompt_data_path"), str):
-            raise DocumentError(where, "must be a JSON object with a prompt_data_path string")
-        if doc["prompt_data_path"] in saved:
-            raise DocumentError(where, f"prompt_data_path {doc['prompt_data_path']!r} is "
-                                       "saved twice")
-        saved[doc["prompt_data_path"]] = (int(m.group(1)), doc.get("state"))
-    out = []
-    for p in paths:
-        if p in saved:
-            idx, state = saved[p]
-            out.append(DataSourceState(p, state, idx))
-            continue
-        warnings.warn(f"data source {p!r}: no saved state in "
-                      f"{store.url_of(join(prefix, 'data_source'))} (saved: "
-                      f"{sorted(saved) or 'none'}); it starts fresh",
-                      DataSourceFreshWarning, stacklevel=3)
-        out.append(DataSourceState(p, None, None))
-    return tuple(out)
+    """The data source states of a verified step, in the order of ``paths``
+    (the multi-rank resume reads these; the pipeline buffer: read_data_state)."""
+    return read_data_state(store, prefix, manifest, paths)[0]
 
 
 def _hf_config(hf: Store) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
+from registry.checkpoint.loongsage_data import data_documents
 from registry.checkpoint.loongsage_format import (
     CONFIG,
     DIST,
@@ -30,7 +31,6 @@ from registry.checkpoint.loongsage_format import (
     SCHEDULER,
     TOKENIZER,
     check_topology,
-    data_file,
     derive_run_id,
 )
 from registry.checkpoint.manager import write_safetensors_file
@@ -102,8 +102,10 @@ class LoongSageCheckpointer:
 
     Args:
         store: store URL or an open Store.
-        checkpoint_path: key of the tree in the store (``""``: the store root).
-        save_freq: ``trainer.save_freq``; a save every that many steps, ``<= 0``: none.
+        checkpoint_path: key of the tree in the store (``""``: the store root);
+            required, as the seed's table says (None is a UsageError).
+        save_freq: ``trainer.save_freq``; a save every that many steps, ``<= 0``
+            (default ``-1``): none but the final step's.
         total_steps: the final step; it is always saved (when a switch is on).
         save_checkpoint: ``trainer.save_checkpoint``: write ``dist_ckpt/`` (and
             ``data_source/``); only such saves move the tracker.
@@ -118,6 +120,11 @@ class LoongSageCheckpointer:
         run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
         lease_seconds: duration of the tree's writer lease
             (:mod:`registry.checkpoint.lease`).
+        snapshot_pipeline_buf: fully_async mode (seed 003 4.3): called at each
+            save, when :meth:`maybe_save` is called, for the items still in
+            flight in the pipeline (a list of tensors and plain values);
+            saved as ``data_source/pipeline_buf.pt`` and returned on resume
+            as ``TrainingState.pipeline_buf``.
 
     Raises:
         UsageError: bad switches or sizes, or ``save_hf`` without ``hf_config``.
@@ -139,12 +146,18 @@ class LoongSageCheckpointer:
         files all exist with their sizes, checked just before the move.
     """
 
-    def __init__(self, store: str | Store, checkpoint_path: str = "", *, save_freq: int,
-                 total_steps: int, save_checkpoint: bool = True, save_hf: bool = False,
-                 async_save: bool = True, hf_config: Mapping[str, Any] | str | bytes | None = None,
+    def __init__(self, store: str | Store, checkpoint_path: str | None, *,
+                 save_freq: int = -1, total_steps: int, save_checkpoint: bool = True,
+                 save_hf: bool = False, async_save: bool = True,
+                 hf_config: Mapping[str, Any] | str | bytes | None = None,
                  tokenizer: Any = None, topology: Mapping[str, int] | None = None,
                  keep: int = 0, run_id: str | None = None,
-                 lease_seconds: float = DEFAULT_SECONDS) -> None:
+                 lease_seconds: float = DEFAULT_SECONDS,
+                 snapshot_pipeline_buf: Callable[[], Iterable[Any]] | None = None) -> None:
+        if checkpoint_path is None:
+            raise UsageError("checkpoint_path is required (seed 003: the training model's "
+                             "checkpoint base directory)")
+        self.snapshot_pipeline_buf = snapshot_pipeline_buf
         self.store = store if isinstance(store, Store) else open_store(store)
         self.store.ensure_root()  # a new run may be the first writer of a new store
         self.tree = CheckpointTree(self.store, checkpoint_path, LOONGSAGE)
@@ -226,8 +239,9 @@ class LoongSageCheckpointer:
                 ``<param>.momentum_buffer`` (sgd, muon); needed with save_checkpoint.
             optimizer: ``"adamw"``, ``"sgd"`` or ``"muon"``.
             scheduler_state, rng_state: JSON-serializable (numpy values become lists).
-            data_sources: ``{"prompt_data_path": str, "state": <JSON>}`` per data
-                source, in the run's order (``..._ds<i>.json``).
+            data_sources: ``{"prompt_data_path": str, "state": ..., "prompt_buffer":
+                [...]}`` per data source, in the run's order (``..._ds<i>.pt``,
+                see :mod:`registry.checkpoint.loongsage_data`; needs torch).
 
         Returns:
             False when no save is due. True once the save is scheduled (async:
@@ -236,6 +250,8 @@ class LoongSageCheckpointer:
 
         Raises:
             CheckpointError, SafetensorsError, UsageError: bad input; nothing written.
+            TorchUnavailableError: data sources or a pipeline buffer to save
+                and no torch (the ``[torch]`` extra); nothing written.
             RunLeasedError: another process is the tree's writer (or took it over
                 from this one); nothing written.
             Any error of the previous async save.
@@ -310,19 +326,8 @@ class LoongSageCheckpointer:
             docs[f"{DIST}/{RNG}"] = _dumps({"step": step, "topology": self.topology,
                                             "rng_state": rng_state},
                                            what=f"{where}/{DIST}/{RNG}")
-            seen: set[str] = set()
-            for i, ds in enumerate(data_sources):
-                path = ds.get("prompt_data_path") if isinstance(ds, Mapping) else None
-                if not isinstance(path, str) or not path:
-                    raise CheckpointError(f"{where}: data source {i} needs a non-empty "
-                                          "prompt_data_path")
-                if path in seen:
-                    raise CheckpointError(f"{where}: data source {i}: prompt_data_path "
-                                          f"{path!r} given twice")
-                seen.add(path)
-                docs[data_file(i)] = _dumps({"ds_idx": i, "prompt_data_path": path,
-                                             "state": ds.get("state")},
-                                            what=f"{where}/{data_file(i)}")
+            pipeline = self.snapshot_pipeline_buf() if self.snapshot_pipeline_buf else None
+            docs.update(data_documents(data_sources, pipeline, where=where))
         return docs
 
     def _snapshot(self, tag: str, tensors: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
@@ -352,8 +357,9 @@ class LoongSageCheckpointer:
                              staging=staging, sole_writer=True) as w:
             if self.save_checkpoint:
                 assert job.model is not None and job.optimizer is not None
+                # "pt": the weights tag engines expect (DESIGN section 4).
                 write_safetensors_file(w, f"{DIST}/{MODEL}", job.model,
-                                       {"format": "tinyllm", "step": str(job.step)})
+                                       {"format": "pt", "tinyllm.step": str(job.step)})
                 write_safetensors_file(w, f"{DIST}/{OPTIMIZER}", job.optimizer,
                                        {"format": "tinyllm", "optimizer": job.optimizer_name,
                                         "step": str(job.step)})

@@ -9,7 +9,18 @@ from __future__ import annotations
 import json
 import sys
 
-from registry.cli import ckpt, index, keys, pull, quickstart, release, serve, verify  # noqa: F401  (registers commands)
+from registry.cli import (  # noqa: F401  (registers commands)
+    cache,
+    ckpt,
+    index,
+    keys,
+    loongsage,
+    pull,
+    quickstart,
+    release,
+    serve,
+    verify,
+)
 from registry.cli.app import app
 from registry.cli.errors import error_document
 

@@ -177,7 +177,10 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
     if sig is not None:
         state = {True: "verified against the policy's keys",
                  False: "NOT verified by the policy's keys", None: "unverified"}[sig["verified"]]
-        typer.echo(f"  signed: {sig['path']} by key {sig['fingerprint']} ({state})")
+        who = (f"certificate {sig['subject']!r} ({sig['fingerprint']}, issued by "
+               f"{sig['issuer']!r})" if sig.get("kind") == "certificate"
+               else f"key {sig['fingerprint']}")
+        typer.echo(f"  signed: {sig['path']} by {who} ({state})")
     for g in doc["gates"]:
         typer.echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
     for r in doc["evals"]["results"]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -59,6 +59,14 @@ def pull(
         "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
         help="Folder of trusted public keys (*.pem, *.pub) and revoked.json; when set, "
              "every pull must be signed by one of them.")] = None,
+    trusted_ca: Annotated[list[str] | None, typer.Option(
+        "--trusted-ca", metavar="PATH",
+        help="CA certificate (PEM) this host trusts (repeatable): a release signed with a "
+             "certificate must chain to one of them, valid now.")] = None,
+    trusted_cas: Annotated[str | None, typer.Option(
+        "--trusted-cas", envvar="REGISTRY_TRUSTED_CAS", metavar="PATH",
+        help="Folder of trusted CA certificates (*.pem, *.crt) and revoked.json; when "
+             "set, every pull must be signed.")] = None,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index).
@@ -77,10 +85,11 @@ def pull(
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")
         trust = None
-        if trusted_key or trusted_keys:
+        if trusted_key or trusted_keys or trusted_ca or trusted_cas:
             from registry.keys import load_trust
 
-            trust = load_trust(trusted_key or [], trusted_keys)
+            trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
+                               ca_folder=trusted_cas)
         s = open_store(store)
         version = resolve(s, model_id, name)
         failed = failing_gates(s, model_id, version)
@@ -110,6 +119,13 @@ def pull(
                    f"({result.downloaded} downloaded), {result.bytes} bytes "
                    f"({result.transferred} transferred), {result.seconds:.2f} s, "
                    f"{mbps:.1f} MB/s" + (", verified" if result.verified else "")
-                   + (f", signed by key {result.signer}" if result.signer else ""))
+                   + (f", signed by {_signer(result.signed_by)}" if result.signed_by else ""))
     else:
         typer.echo(result.path)
+
+
+def _signer(check: dict[str, Any]) -> str:
+    if check["kind"] == "certificate":
+        return (f"certificate {check['identity']!r} ({check['fingerprint']}) from CA "
+                f"{check['ca']!r}")
+    return f"key {check['fingerprint']}"

@@ -32,6 +32,8 @@ from registry.cli.errors import (
 from registry.errors import GateFailedError, ObjectNotFoundError, UsageError
 from registry.gates import GateResult
 from registry.gc import collect, parse_duration
+from registry.certs import Certificate
+from registry.keys import PublicKey
 from registry.release import ReleaseResult
 from registry.release.policy import signed_by, thresholds
 from registry.names import check_name
@@ -51,6 +53,13 @@ SignKeyOpt = Annotated[str | None, typer.Option(
     "--sign-key", metavar="PATH",
     help="EC private key (PEM, `registry keys generate`): sign the release "
          "(model.sig, OpenSSF model signing).")]
+SignCertOpt = Annotated[str | None, typer.Option(
+    "--sign-cert", metavar="PATH",
+    help="The --sign-key's X.509 certificate (PEM, issued by a CA, e.g. `registry keys "
+         "issue`): sign with the certificate (verified on pull with --trusted-ca).")]
+CertChainOpt = Annotated[list[str] | None, typer.Option(
+    "--cert-chain", metavar="PATH",
+    help="CA certificates (PEM) above --sign-cert, carried in model.sig (repeatable).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", metavar="METRIC>=VALUE",
     help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
@@ -119,7 +128,8 @@ def publish(
         "is: the source's dtypes, F16 included, are kept; the card and `registry show` "
         "list the stored dtype of every tensor group)."))] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
-    require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
+    require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
+    cert_chain: CertChainOpt = None, store: StoreOpt = None,
     db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
@@ -129,7 +139,8 @@ def publish(
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
-            require=require or [], sign_key=sign_key)
+            require=require or [], sign_key=sign_key, sign_cert=sign_cert,
+            cert_chain=cert_chain or [])
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -151,13 +162,13 @@ def release_create(
              "limitations).")] = None,
     run: Annotated[str | None, typer.Option(
         "--run", help="Run id of the checkpoint (required for tinyllm; for loongsage, "
-                      "default: the last part of --checkpoint-path).")] = None,
+                      "default: the run_id the step's MANIFEST.json records).")] = None,
     layout: Annotated[str, typer.Option("--layout", help="tinyllm or loongsage.")] = "tinyllm",
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", metavar="PATH",
         help="LoongSage checkpoint_path, relative to the store.")] = None,
-    require: RequireOpt = None, sign_key: SignKeyOpt = None, store: StoreOpt = None,
-    db: DbOpt = None,
+    require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
+    cert_chain: CertChainOpt = None, store: StoreOpt = None, db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
@@ -172,18 +183,16 @@ def release_create(
             fields[key] = value
         lay = get_layout(layout)
         loong = lay.name == "loongsage"
-        if run is None:
-            run = (checkpoint_path or "").rstrip("/").rpartition("/")[2] if loong else None
-            if not run:
-                raise UsageError("--run is required" + (
-                    "" if loong else " with --layout tinyllm (runs/<run>/ckpt)"))
+        if run is None and not loong:
+            raise UsageError("--run is required with --layout tinyllm (runs/<run>/ckpt)")
         reg = _registry(store, db)
         result = reg.create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
             checkpoint_root=(checkpoint_path or "") if loong else None,
-            subdir="hf_model" if loong else "", sign_key=sign_key)
+            subdir="hf_model" if loong else "", sign_key=sign_key, sign_cert=sign_cert,
+            cert_chain=cert_chain or [])
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -265,8 +274,9 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
                require: RequireOpt = None,
                require_signed_by: Annotated[list[str] | None, typer.Option(
                    "--require-signed-by", metavar="PATH",
-                   help="Public key (PEM): every release must be signed by one of the keys "
-                        "given (repeatable).")] = None,
+                   help="Public key or CA certificate (PEM): every release must be signed "
+                        "by one of the keys, or with a certificate of one of the CAs, given "
+                        "(repeatable).")] = None,
                store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Replace MODEL_ID's policy: thresholds and signing keys (none given: clear them)."""
     with error_boundary(as_json), index_writes():
@@ -274,17 +284,16 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
         _require_model(reg.store, model_id)
         keys = []
         if require_signed_by:
-            from registry.keys import load_public_key
+            from registry.certs import load_anchor
 
-            keys = [load_public_key(p) for p in require_signed_by]
+            keys = [k for p in require_signed_by for k in load_anchor(p)]
         parsed = reg.set_policy(model_id, require or [], signed_by=keys)
     if as_json:
         print_json({"model_id": model_id, "require": [str(t) for t in parsed],
-                    "signed_by": [{"name": k.name, "fingerprint": k.fingerprint}
-                                  for k in keys]})
+                    "signed_by": [_anchor(k) for k in keys]})
     else:
         typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
-                   + "".join(f"; signed by {k.name} ({k.fingerprint})" for k in keys))
+                   + "".join(f"; signed by {_anchor_text(k)}" for k in keys))
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
@@ -302,7 +311,20 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
     else:
         typer.echo("\n".join(map(str, parsed)) or "no thresholds")
         for k in keys:
-            typer.echo(f"signed by {k.name} ({k.fingerprint})")
+            typer.echo(f"signed by {_anchor_text(k)}")
+
+
+def _anchor(k: PublicKey | Certificate) -> dict[str, str]:
+    doc = {"name": k.name, "fingerprint": k.fingerprint}
+    if not isinstance(k, PublicKey):
+        doc |= {"kind": "ca", "subject": k.subject}
+    return doc
+
+
+def _anchor_text(k: PublicKey | Certificate) -> str:
+    if isinstance(k, PublicKey):
+        return f"{k.name} ({k.fingerprint})"
+    return f"a certificate of CA {k.subject!r} ({k.name}, {k.fingerprint})"
 
 
 @app.command()

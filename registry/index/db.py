@@ -38,7 +38,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from filelock import FileLock
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DatabaseError,
+    DBAPIError,
+    IntegrityError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry.errors import (
@@ -140,7 +146,10 @@ class Index:
                 self.engine: Engine = create_engine("sqlite://", future=True,
                                                     creator=self._ro_connect)
             else:
-                self.engine = create_engine(self.url, future=True, pool_pre_ping=True)
+                # no pool_pre_ping: it is one more round trip per checkout (a page
+                # of `registry serve` would pay it on every request); a pooled
+                # connection the server dropped is retried once instead (run, read)
+                self.engine = create_engine(self.url, future=True)
         except (SQLAlchemyError, ImportError, ValueError) as e:
             raise IndexDatabaseError(f"{self.url}: cannot open the index: {e}") from None
         self.is_sqlite = self.engine.dialect.name == "sqlite"
@@ -148,6 +157,13 @@ class Index:
             event.listen(self.engine, "connect",
                          _sqlite_ro_pragmas if self.read_only else _sqlite_pragmas)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # Reads need no transaction: on Postgres (READ COMMITTED) every statement
+        # takes its own snapshot anyway, and BEGIN and COMMIT would be two more
+        # round trips. SQLite's driver begins no transaction for a SELECT either.
+        self._readers = sessionmaker(
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.engine.dialect.name == "postgresql" else self.engine,
+            expire_on_commit=False)
         self._pid = os.getpid()
         if check:
             try:
@@ -284,14 +300,16 @@ class Index:
         return head_revision()
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A session in one transaction: commit on success, rollback on error."""
+    def session(self, *, read_only: bool = False) -> Iterator[Session]:
+        """A session in one transaction: commit on success, rollback on error.
+        ``read_only``: no transaction on Postgres (each statement autocommits;
+        see :meth:`read`)."""
         if self._pid != os.getpid():
             # A forked child must not use the parent's pooled connections
             # (SQLAlchemy's advice): it drops them without closing them.
             self.engine.dispose(close=False)
             self._pid = os.getpid()
-        with self._sessions() as s:
+        with (self._readers if read_only else self._sessions)() as s:
             try:
                 yield s
                 s.commit()
@@ -299,35 +317,56 @@ class Index:
                 s.rollback()
                 raise
 
-    def run(self, fn: Callable[[Session], T]) -> T:
-        """Run ``fn`` in a transaction, retried while SQLite reports a lock.
+    def run(self, fn: Callable[[Session], T], *, read_only: bool = False) -> T:
+        """Run ``fn`` in a transaction, retried while SQLite reports a lock,
+        and once when a pooled connection turns out to have been closed by the
+        server (a Postgres restart; every write of the index is idempotent, so
+        the replay is safe).
 
         Raises:
             IndexReadOnlyError: ``fn`` wrote to a read-only SQLite index.
             IndexDatabaseError: the database failed (after retries for locks).
         """
+        reconnected = False
         for attempt in range(_RETRIES):
             try:
-                with self.session() as s:
+                with self.session(read_only=read_only) as s:
                     return fn(s)
-            except IntegrityError:
-                # Two writers inserted the same model or source row at once:
-                # the transaction is replayed and now finds the other's row.
-                if attempt < _RETRIES - 1:
-                    time.sleep(0.01 * random.uniform(0.5, 1.5))
+            except DBAPIError as e:
+                if e.connection_invalidated and not reconnected:
+                    reconnected = True  # the pool has dropped its stale connections
                     continue
-                raise
-            except OperationalError as e:
-                self._refuse_read_only(e)
-                if "locked" in str(e.orig).lower() and attempt < _RETRIES - 1:
-                    time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.5))
-                    continue
-                raise IndexDatabaseError(f"{self}: {str(e.orig).strip()}") from None
-            except DatabaseError as e:
-                raise self._damaged(e) from None
+                if isinstance(e, IntegrityError):
+                    # Two writers inserted the same model or source row at once:
+                    # the transaction is replayed and now finds the other's row.
+                    if attempt < _RETRIES - 1:
+                        time.sleep(0.01 * random.uniform(0.5, 1.5))
+                        continue
+                    raise
+                if isinstance(e, OperationalError):
+                    self._refuse_read_only(e)
+                    if "locked" in str(e.orig).lower() and attempt < _RETRIES - 1:
+                        time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.5))
+                        continue
+                    raise IndexDatabaseError(f"{self}: {str(e.orig).strip()}") from None
+                if isinstance(e, DatabaseError):
+                    raise self._damaged(e) from None
+                raise IndexDatabaseError(f"{self}: {e}") from None
             except SQLAlchemyError as e:
                 raise IndexDatabaseError(f"{self}: {e}") from None
         raise AssertionError("unreachable")
+
+    def read(self, fn: Callable[[Session], T]) -> T:
+        """:meth:`run` for an ``fn`` that only reads: on Postgres without a
+        transaction (no BEGIN and COMMIT round trips; under READ COMMITTED
+        each statement sees what was committed when it starts, as it would
+        inside one). :class:`registry.api.Registry` and ``registry serve`` run
+        every query of :mod:`registry.index.queries` this way.
+
+        Raises:
+            IndexDatabaseError: the database failed.
+        """
+        return self.run(fn, read_only=True)
 
     def _refuse_read_only(self, e: OperationalError) -> None:
         """A write refused by SQLite because the index is read-only becomes

@@ -9,10 +9,11 @@ makes a version stop passing at once. A test checks these queries agree with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, func, or_, select
+from sqlalchemy import ColumnElement, Select, case, exists, or_, select
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
@@ -31,9 +32,19 @@ from registry.index.schema import (
 )
 
 
-def _policy(s: Session, model_id: str, require: Iterable[Threshold]) -> list[Threshold]:
-    rows = s.execute(select(Policy.metric, Policy.op, Policy.value).join(Model)
-                     .where(Model.model_id == model_id).order_by(Policy.position)).all()
+def model_pk(model_id: str) -> Any:
+    """``models.id`` of ``model_id`` as a scalar subquery: a constant to the
+    planner, so a model's releases are read in the order of the release-order
+    index (a join on ``models`` makes Postgres sort all 50k releases of a big
+    model, as it plans for the average model)."""
+    return select(Model.id).where(Model.model_id == model_id).scalar_subquery()
+
+
+def _policy(s: Session, model: str | int, require: Iterable[Threshold]) -> list[Threshold]:
+    """The model's thresholds (``model``: its id, or its primary key), then ``require``."""
+    pk = model if isinstance(model, int) else model_pk(model)
+    rows = s.execute(select(Policy.metric, Policy.op, Policy.value)
+                     .where(Policy.model_pk == pk).order_by(Policy.position)).all()
     return [Threshold(m, op, v) for m, op, v in rows] + list(require)
 
 
@@ -41,6 +52,20 @@ def _revoked() -> ColumnElement[bool]:
     return (exists().where(ReleaseSource.release_pk == Release.id,
                            ReleaseSource.source_pk == LedgerSource.id,
                            LedgerSource.source_id == Revocation.source_id))
+
+
+def _meets_policy() -> ColumnElement[bool]:
+    """The release meets every threshold its model's policy stores (one
+    correlated condition for any number of models: no query per model)."""
+    match = or_(EvalResult.metric == Policy.metric, EvalResult.task_metric == Policy.metric)
+    ok = case((Policy.op == ">=", EvalResult.value >= Policy.value),
+              else_=EvalResult.value <= Policy.value)
+    def evals(*where: ColumnElement[bool]) -> ColumnElement[bool]:
+        return (select(EvalResult.id).where(EvalResult.release_pk == Release.id, match, *where)
+                .correlate(Release, Policy).exists())
+    return ~(select(Policy.position).where(Policy.model_pk == Release.model_pk,
+                                           or_(~evals(), evals(~ok)))
+             .correlate(Release).exists())
 
 
 def _meets(t: Threshold) -> list[ColumnElement[bool]]:
@@ -60,8 +85,12 @@ def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
     """
     q = (select(Release.version, Release.created_at, Release.manifest_sha256, Release.dtype,
                 Release.bytes, Release.uri)
-         .join(Model).where(Model.model_id == model_id, Release.card_ok, Release.ledger_ok,
-                            Release.evals_passed, ~_revoked()))
+         .where(Release.card_ok, Release.ledger_ok, Release.evals_passed, ~_revoked()))
+    # the newest: read backwards along the release-order index, stopping at the
+    # first that passes; all of them: from the models row (Postgres would scan
+    # the whole table for a model primary key it cannot see at planning time)
+    q = (q.where(Release.model_pk == model_pk(model_id)) if latest
+         else q.join(Model).where(Model.model_id == model_id))
     for t in _policy(s, model_id, require):
         q = q.where(*_meets(t))
     q = q.order_by(Release.created_at.desc(), Release.version.desc())
@@ -83,9 +112,12 @@ def releases_for_source(s: Session, source_id: str) -> list[dict[str, Any]]:
              else [], "live_revoked": revoked is not None} for r in s.execute(q)]
 
 
-def _release(s: Session, model_id: str, version: str) -> Release:
-    rel = s.scalar(select(Release).join(Model).where(Model.model_id == model_id,
-                                                     Release.version == version))
+def _release(s: Session, model_id: str, version: str) -> Any:
+    """The ``releases`` row (its columns as attributes; a plain row, not an
+    ORM object: loading one costs more than the query on a page)."""
+    rel = s.connection().execute(
+        select(Release.__table__).join(Model).where(Model.model_id == model_id,
+                                                    Release.version == version)).first()
     if rel is None:
         raise NotCommittedError(f"{model_id}@{version}: not in the index (a release that "
                                 "exists in the store is added by `registry index rebuild`)",
@@ -100,19 +132,37 @@ def gate_results(s: Session, model_id: str, version: str, *,
     Raises:
         NotCommittedError: the release is not in the index.
     """
-    _release(s, model_id, version)
-    return gate_results_many(s, model_id, [version], require=require)[version]
+    rel = _release(s, model_id, version)
+    return release_gates(s, [rel], rel.model_pk, require=require)[rel.id]
 
 
 def gate_results_many(s: Session, model_id: str, versions: Iterable[str], *,
                       require: Iterable[Threshold] = ()) -> dict[str, list[GateResult]]:
-    """:func:`gate_results` of several releases of one model in four queries
-    (one page of a model's versions on the web page); versions the index does
-    not hold are left out."""
-    rels = s.execute(select(Release.id, Release.version, Release.card_ok, Release.ledger_ok,
-                            Release.ledger_reason, Release.evals_passed, Release.evals_reason)
-                     .join(Model).where(Model.model_id == model_id,
-                                        Release.version.in_(list(versions)))).all()
+    """:func:`gate_results` of several releases of one model in four queries;
+    versions the index does not hold are left out."""
+    rels = s.execute(select(*GATE_COLUMNS, Release.model_pk)
+                     .where(Release.model_pk == model_pk(model_id),
+                            Release.version.in_(list(versions)))).all()
+    if not rels:
+        return {}
+    gates = release_gates(s, rels, rels[0].model_pk, require=require)
+    return {r.version: gates[r.id] for r in rels}
+
+
+#: the columns of ``releases`` that :func:`release_gates` reads
+GATE_COLUMNS = (Release.id, Release.version, Release.card_ok, Release.ledger_ok,
+                Release.ledger_reason, Release.evals_passed, Release.evals_reason)
+
+
+def release_gates(s: Session, rels: Sequence[Any], model: int, *,
+                  require: Iterable[Threshold] = (), evals: Sequence[Any] | None = None,
+                  policy: list[Threshold] | None = None) -> dict[int, list[GateResult]]:
+    """The gates of releases ``rels`` of one model (rows with
+    :data:`GATE_COLUMNS`; ``model`` its primary key), by release primary key:
+    three queries (live revocations, eval results, policy) for any number of
+    releases; one when the caller already read the page's eval results
+    (``evals``: rows of release_pk, task, metric, value, in ``eval_results.id``
+    order) and the model's ``policy`` (``require`` is then ignored)."""
     pks = [r.id for r in rels]
     revoked: dict[int, list[tuple[str, str]]] = {}
     for pk, sid, why in s.execute(select(ReleaseSource.release_pk, LedgerSource.source_id,
@@ -122,17 +172,18 @@ def gate_results_many(s: Session, model_id: str, versions: Iterable[str], *,
                                   .where(ReleaseSource.release_pk.in_(pks))
                                   .order_by(LedgerSource.source_id)):
         revoked.setdefault(pk, []).append((sid, why))
-    evals: dict[int, list[tuple[str, str, float]]] = {}
-    for pk, task, metric, value in s.execute(select(EvalResult.release_pk, EvalResult.task,
-                                                    EvalResult.metric, EvalResult.value)
-                                             .where(EvalResult.release_pk.in_(pks))
-                                             .order_by(EvalResult.id)):
-        evals.setdefault(pk, []).append((task, metric, value))
-    policy = _policy(s, model_id, require)
-    out = {}
-    for rel in rels:
-        out[rel.version] = _gates(rel, revoked.get(rel.id, []), evals.get(rel.id, []), policy)
-    return out
+    if evals is None:
+        evals = s.execute(select(EvalResult.release_pk, EvalResult.task, EvalResult.metric,
+                                 EvalResult.value)
+                          .where(EvalResult.release_pk.in_(pks))
+                          .order_by(EvalResult.id)).all()
+    by_release: dict[int, list[tuple[str, str, float]]] = {}
+    for e in evals:
+        by_release.setdefault(e.release_pk, []).append((e.task, e.metric, e.value))
+    if policy is None:
+        policy = _policy(s, model, require)
+    return {r.id: _gates(r, revoked.get(r.id, []), by_release.get(r.id, []), policy)
+            for r in rels}
 
 
 def _gates(rel: Any, revoked: list[tuple[str, str]], evals: list[tuple[str, str, float]],
@@ -159,7 +210,8 @@ def _gates(rel: Any, revoked: list[tuple[str, str]], evals: list[tuple[str, str,
 
 
 def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
-    """Manifest summary, gates with reasons, evals and sources of one release."""
+    """Manifest summary, gates with reasons, evals and sources of one release
+    (six queries: the gates are computed from the rows read for the rest)."""
     rel = _release(s, model_id, version)
     files = s.execute(select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
                       .where(ReleaseFile.release_pk == rel.id).order_by(ReleaseFile.path)).all()
@@ -173,11 +225,13 @@ def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
                              EvalResult.threshold, EvalResult.higher_is_better,
                              EvalResult.passed)
                       .where(EvalResult.release_pk == rel.id)
-                      .order_by(EvalResult.task, EvalResult.metric)).all()
+                      .order_by(EvalResult.id)).all()
     aliases = s.scalars(select(Alias.alias).where(Alias.model_pk == rel.model_pk,
                                                   Alias.version == version)
                         .order_by(Alias.alias)).all()
-    gates = gate_results(s, model_id, version)
+    gates = _gates(rel, [(r.source_id, r.reason) for r in sources if r.reason is not None],
+                   [(e.task, e.metric, e.value) for e in evals],
+                   _policy(s, rel.model_pk, ()))
     return {
         "model_id": model_id, "version": version, "uri": rel.uri,
         "manifest_sha256": rel.manifest_sha256, "bytes": rel.bytes, "files": len(files),
@@ -186,7 +240,8 @@ def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
                    "manifest_sha256": rel.source_manifest_sha256},
         "passed": all(g.passed for g in gates), "gates": [g.to_dict() for g in gates],
         "evals": {"suite": rel.suite, "suite_version": rel.suite_version,
-                  "results": [dict(r._mapping) for r in evals]},
+                  "results": [dict(r._mapping) for r in
+                              sorted(evals, key=lambda e: (e.task, e.metric))]},
         "sources": [{"source_id": r.source_id, "name": r.name, "license": r.license,
                      "uri": r.uri, "allowed_uses": r.allowed_uses.split(",")
                      if r.allowed_uses else [], "revoked": r.reason is not None,
@@ -200,33 +255,32 @@ def model_ids(s: Session) -> list[str]:
     return list(s.execute(select(Model.model_id).order_by(Model.model_id)).scalars().all())
 
 
+@cache
+def _models_summary() -> Select[Any]:
+    """One statement for every model, each answer read from the release-order
+    index (a model may have 100k releases), policy thresholds included; the
+    count is kept in the models row (counting was most of the cost). Built
+    once: it has no parameter, and building it costs more than running it."""
+    def newest(*where: Any) -> Any:
+        return (select(Release.version).where(Release.model_pk == Model.id, *where)
+                .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
+                .correlate(Model).scalar_subquery())
+    return select(Model.model_id, Model.release_count, newest(),
+                  newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
+                         ~_revoked(), _meets_policy())).order_by(Model.model_id)
+
+
 def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     """Models (with release counts, newest and newest passing version, aliases),
     or the releases of one model newest first."""
     if model_id is None:
-        def newest(*where: Any) -> Any:
-            return (select(Release.version).where(Release.model_pk == Model.id, *where)
-                    .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
-                    .correlate(Model).scalar_subquery())
-        # one statement for every model, each answer read from the release-order
-        # index (a model may have 100k releases); a model with policy thresholds
-        # gets its newest passing version from passing() itself
-        summary = s.execute(select(
-            Model.model_id,
-            select(func.count()).where(Release.model_pk == Model.id)
-            .correlate(Model).scalar_subquery(),
-            newest(), newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
-                             ~_revoked()),
-            exists().where(Policy.model_pk == Model.id)).order_by(Model.model_id)).all()
+        summary = s.execute(_models_summary()).all()
         by_model: dict[str, list[str]] = {}
         for m, alias in s.execute(select(Model.model_id, Alias.alias).join(Alias)
                                   .order_by(Alias.alias)):
             by_model.setdefault(m, []).append(alias)
         out = []
-        for m, count, newest_version, newest_ok, has_policy in summary:
-            if has_policy:
-                first = passing(s, m, latest=True)
-                newest_ok = first[0]["version"] if first else None
+        for m, count, newest_version, newest_ok in summary:
             out.append({"model_id": m, "releases": count, "newest": newest_version,
                         "newest_passing": newest_ok, "aliases": by_model.get(m, [])})
         return out
@@ -247,12 +301,12 @@ def diff(s: Session, model_id: str, a: str, b: str) -> dict[str, Any]:
     """Files added, removed and changed (by sha256) from ``a`` to ``b``; eval deltas."""
     ra, rb = _release(s, model_id, a), _release(s, model_id, b)
 
-    def files(rel: Release) -> dict[str, tuple[int, str]]:
+    def files(rel: Any) -> dict[str, tuple[int, str]]:
         return {p: (n, h) for p, n, h in s.execute(
             select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
             .where(ReleaseFile.release_pk == rel.id))}
 
-    def evals(rel: Release) -> dict[str, float]:
+    def evals(rel: Any) -> dict[str, float]:
         return {f"{t}/{m}": v for t, m, v in s.execute(
             select(EvalResult.task, EvalResult.metric, EvalResult.value)
             .where(EvalResult.release_pk == rel.id))}

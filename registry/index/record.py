@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from registry import gates
@@ -66,7 +66,13 @@ def record_release(s: Session, store: Store, model_id: str, version: str) -> int
     ledger = gates.gate_ledger(facts.ledger, facts.ledger_error, revoked={})
     evals = gates.gate_evals(facts.evals, facts.evals_error)
     mpk = model_pk(s, model_id)
-    s.execute(delete(Release).where(Release.model_pk == mpk, Release.version == version))
+    replaced = s.execute(delete(Release).where(Release.model_pk == mpk,
+                                               Release.version == version)).rowcount
+    if not replaced:
+        # an increment under the row's lock: concurrent writers of one model
+        # each add theirs (a count(*) here would miss the other's uncommitted row)
+        s.execute(update(Model).where(Model.id == mpk)
+                  .values(release_count=Model.release_count + 1))
     source = manifest.meta.get("source", {})
     summary = facts.evals or {}
     row = Release(model_pk=mpk, version=version, uri=store.url_of(prefix),

@@ -28,6 +28,9 @@ class Model(Base):
     __tablename__ = "models"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[str] = mapped_column(String(128), unique=True)
+    #: rows in ``releases`` of this model, kept by ``record_release`` in the
+    #: same transaction (the models list reads it instead of counting)
+    release_count: Mapped[int] = mapped_column(Integer, server_default="0", default=0)
     releases: Mapped[list[Release]] = relationship(back_populates="model")
 
 

@@ -19,6 +19,7 @@ from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import BlobChangedError, check_target, materialize
+from registry.pull.records import gives_up_leases, record_pull, take_lease
 from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import read_manifest
@@ -43,8 +44,10 @@ class PullResult:
         bytes: total bytes of the release; ``transferred``: bytes downloaded.
         seconds: wall time of the pull.
         placed: False when the target already held this release.
-        signer: fingerprint of the trusted key that signed the release, when
-            the pull was given trusted keys (else None).
+        signer: fingerprint of the trusted key that signed the release (or
+            of the signing certificate), when the pull was given trusted keys
+            or CAs (else None); ``signed_by``: the whole check
+            (``registry.signing.SignatureCheck.to_dict``: kind, identity, CA).
     """
 
     model_id: str
@@ -59,6 +62,7 @@ class PullResult:
     placed: bool
     verified: bool
     signer: str | None = None
+    signed_by: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
@@ -164,6 +168,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
     return transferred
 
 
+@gives_up_leases
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -189,10 +194,12 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             pulled directory survives a power loss. False is for disks that
             do not outlive the host (a pod's emptyDir): a killed process
             still leaves nothing partial, but a power loss may.
-        trust: the public keys this host trusts (``registry.keys.load_trust``):
-            the release must carry a ``model.sig`` made by one of them (not
-            revoked), naming ``model_id@version`` and covering exactly the
-            manifest's files and digests. What the bundle claims is checked
+        trust: the public keys and CA certificates this host trusts
+            (``registry.keys.load_trust``): the release must carry a
+            ``model.sig`` made by one of the keys, or with a certificate whose
+            chain is valid now up to one of the CAs (none of them revoked),
+            naming ``model_id@version`` and covering exactly the manifest's
+            files and digests. What the bundle claims is checked
             before any weight is downloaded; its cryptographic verification
             (the library's) runs during the download and must pass before
             anything is placed. The download refuses any byte that does not
@@ -214,7 +221,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             release, or files the release does not list), or this release
             with a file changed since it was pulled, and not ``force``.
         SignatureError: ``trust`` given and the signature is missing,
-            malformed, made by an untrusted or revoked key, bound to another
+            malformed, made by an untrusted or revoked key (or a certificate
+            of another CA, expired, not yet valid, revoked), bound to another
             release, or not covering exactly the files; nothing is placed.
         UsageError: an empty ``to``, ``workers`` < 1, a negative
             ``range_threshold``, or a target that is, holds or lies inside the
@@ -229,6 +237,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         Concurrent pulls of one release into one cache and target all succeed:
         blobs and the directory are placed by atomic renames of unique temp
         names. A killed pull leaves only temp names, removed by the next pull.
+        From before it looks at the cache until its record is written, a pull
+        holds a lease there (registry.pull.records): ``registry cache prune``
+        and ``cache verify`` leave its release and blobs alone.
     """
     t0 = time.perf_counter()
     if to is not None and not str(to).strip():
@@ -246,6 +257,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
     _refuse_overlap(target, c, store)
+    take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
     on_progress = progress or (lambda n: None)
     holds, changed = check_target(target, manifest, c)
@@ -259,7 +271,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     transferred = _fetch_all(store, prefix, missing, c, workers=workers, progress=on_progress,
                              range_threshold=range_threshold, fsync=fsync)
     downloaded = len(missing)
-    signer = signature.result().fingerprint if signature is not None else None
+    check = signature.result() if signature is not None else None
+    signer = check.fingerprint if check is not None else None
     for attempt in (1, 2):
         try:
             placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync)
@@ -282,9 +295,11 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                 if e.path == err.path:
                     c.drop(e.sha256)
             raise
+    record_pull(c, manifest, target)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
-                      time.perf_counter() - t0, placed, verify, signer)
+                      time.perf_counter() - t0, placed, verify, signer,
+                      check.to_dict() if check is not None else None)
 
 
 __all__ = ["PullResult", "pull"]

@@ -97,5 +97,24 @@ class Stamps:
     def forget_dir(self, target: Path) -> None:
         self._dir_record(target).unlink(missing_ok=True)
 
+    def placed_digests(self) -> dict[str, str]:
+        """Every directory record: target path -> the manifest sha256 placed
+        there last (unreadable records are skipped)."""
+        out: dict[str, str] = {}
+        try:
+            entries = list(os.scandir(self.dirs))
+        except FileNotFoundError:
+            return out
+        for entry in entries:
+            if not entry.name.endswith(".json") or entry.name.startswith("."):
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    doc = json.loads(f.read())
+                out[str(doc["target"])] = str(doc["manifest_sha256"])
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+        return out
+
 
 __all__ = ["Stamp", "Stamps", "stamp"]

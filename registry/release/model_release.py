@@ -30,6 +30,7 @@ from registry.errors import (
     IntegrityError,
     ObjectNotFoundError,
     RegistryError,
+    UsageError,
     VersionExistsError,
 )
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
@@ -155,17 +156,21 @@ class ModelRelease:
 
     # -- creating ----------------------------------------------------------------
 
-    def create(self, run_id: str, step: int, model_id: str, version: str, *,
+    def create(self, run_id: str | None, step: int, model_id: str, version: str, *,
                dtype: str = "f32", group_size: int = 128, ledger: Any, eval_summary: Any,
                heads: Sequence[Any] = (), card_fields: Mapping[str, Any] | None = None,
                generation_config: Any = None, tokenizer_config: Any = None,
                require: Iterable[Threshold | str] = (), layout: Layout = TINYLLM,
                checkpoint_root: str | None = None, subdir: str = "",
-               sign_key: str | os.PathLike[str] | None = None) -> ReleaseResult:
+               sign_key: str | os.PathLike[str] | None = None,
+               sign_cert: str | os.PathLike[str] | None = None,
+               cert_chain: Iterable[str | os.PathLike[str]] = ()) -> ReleaseResult:
         """Release ``step`` of run ``run_id`` as ``model_id`` ``version``.
 
         Args:
-            run_id, step: the source checkpoint (verified by sha256 first).
+            run_id, step: the source checkpoint (verified by sha256 first). In a
+                tree given by ``checkpoint_root`` (LoongSage) ``run_id`` may be
+                None: ``source.run_id`` is always the step manifest's ``run_id``.
             dtype: ``"f32"``, ``"bf16"`` (round to nearest even) or ``"int4"``
                 (``<name>.qweight`` + ``<name>.scales``, ``group_size`` columns
                 per scale); converted streaming, tensor by tensor.
@@ -181,6 +186,10 @@ class ModelRelease:
             sign_key: PEM EC private key: the release gets ``model.sig``
                 (OpenSSF model signing, see :mod:`registry.signing`), listed in
                 MANIFEST.json, made from the digests computed while writing.
+            sign_cert: the PEM certificate of ``sign_key`` (issued by a CA,
+                e.g. ``registry keys issue``): the bundle carries it and
+                ``cert_chain`` (PEM files of the CAs above it), and verifies
+                against a host's trusted CA (:mod:`registry.certs`).
 
         Returns:
             The ReleaseResult (``manifest.meta["source"]`` names the checkpoint's
@@ -188,22 +197,30 @@ class ModelRelease:
 
         Raises:
             InvalidNameError: a bad model_id or version (``../x``, ``refs``...).
+            UsageError: ``run_id`` differs from the run_id of the step's manifest
+                (LoongSage trees), or is None for a tinyllm run.
             NameTakenError: an alias of the model has the version's name.
             VersionExistsError: the version exists (or another publisher won).
             NoValidCheckpointError, IntegrityError: the checkpoint does not verify.
             GateFailedError: a gate fails; nothing is written.
             SchemaValidationError, DocumentError: the ledger, eval summary, a head
                 or config is missing, unreadable or invalid (checked before any gate),
-                or ``sign_key`` is not a readable EC private key (checked first).
+                or ``sign_key`` is not a readable EC private key, or ``sign_cert``
+                is not its certificate, is expired or not yet valid, or lacks the
+                signing usage (all checked first).
+            UsageError: ``sign_cert``/``cert_chain`` without ``sign_key``.
             SigningUnavailableError: ``sign_key`` without the ``[signing]`` extra.
         """
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = _inputs(ledger, eval_summary)
         self._refuse_existing(prefix)
+        if checkpoint_root is None and run_id is None:
+            raise UsageError("run_id is required for a run's checkpoints (runs/<run>/ckpt)")
         tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
                               else run_root(check_name(run_id, "run_id")), layout)
         src = join(tree.prefix(step), subdir)
         src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
         names = {e.path[len(subdir) + 1:] if subdir else e.path for e in src_manifest.files
                  if not subdir or e.path.startswith(subdir + "/")}
@@ -215,14 +232,16 @@ class ModelRelease:
                              evals=eval_summary, heads=heads, card=None,
                              card_fields=card_fields, generation_config=generation_config,
                              tokenizer_config=tokenizer_config, require=require, copy_all=False,
-                             sign_key=sign_key)
+                             sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
 
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str, *,
                 ledger: Any, eval_summary: Any, heads: Sequence[Any] = (),
                 card: str | os.PathLike[str] | None = None,
                 card_fields: Mapping[str, Any] | None = None, dtype: str | None = None,
                 group_size: int = 128, require: Iterable[Threshold | str] = (),
-                sign_key: str | os.PathLike[str] | None = None) -> ReleaseResult:
+                sign_key: str | os.PathLike[str] | None = None,
+                sign_cert: str | os.PathLike[str] | None = None,
+                cert_chain: Iterable[str | os.PathLike[str]] = ()) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
         Every file of ``model_dir`` is carried (``model.safetensors`` byte for
@@ -236,7 +255,7 @@ class ModelRelease:
         NotCommittedError when the step is not committed, IntegrityError when
         a file is unlisted or differs (see ``release.step_source``).
 
-        ``sign_key`` signs the release as in :meth:`create`. Without it, a
+        ``sign_key`` (and ``sign_cert``) signs the release as in :meth:`create`. Without it, a
         ``model.sig`` the directory already holds (signed with the library's
         own CLI, say) is carried only if it names ``model_id@version`` and
         covers exactly the release's files and digests (SignatureError
@@ -274,7 +293,7 @@ class ModelRelease:
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
-                             sign_key=sign_key)
+                             sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
 
     def _refuse_existing(self, prefix: str) -> None:
         self.store.ensure_root()  # the first release may create a new local store
@@ -291,9 +310,11 @@ class ModelRelease:
                  generation_config: Any, tokenizer_config: Any,
                  require: Iterable[Threshold | str], copy_all: bool,
                  sign_key: str | os.PathLike[str] | None = None,
+                 sign_cert: str | os.PathLike[str] | None = None,
+                 cert_chain: Iterable[str | os.PathLike[str]] = (),
                  digests: Mapping[str, str] | None = None) -> ReleaseResult:
         where = src_store.url_of(src)
-        signer = release_signing.signer(sign_key)
+        signer = release_signing.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
         config = schemas.load_json(src_store.read_bytes(join(src, "config.json")),
                                    path=f"{where}/config.json") if "config.json" in names else {}
         if not isinstance(config, dict):
@@ -474,3 +495,15 @@ def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
 def _pump(f: IO[bytes], out: Any) -> None:
     while block := f.read(8 * 1024 * 1024):
         out.write(block)
+
+
+def _source_run(run_id: str | None, manifest: Manifest, where: str) -> str:
+    """The release's ``source.run_id``: the one the step's manifest records, so
+    that a release and the checkpoint it came from name the same run."""
+    recorded = manifest.meta.get("run_id")
+    if not isinstance(recorded, str):
+        return run_id or ""
+    if run_id is not None and run_id != recorded:
+        raise UsageError(f"{where}/MANIFEST.json: records run_id {recorded!r}, not "
+                         f"{run_id!r}; name that run (or none)")
+    return recorded

@@ -4,16 +4,20 @@ Stored in the store (the source of truth) as ``models/<model_id>/policy.json``::
 
     {"require": ["accuracy>=0.8", "toxicity/rate<=0.01"],
      "signed_by": [{"name": "release.pub", "fingerprint": "<sha256 hex>",
-                    "public_key": "-----BEGIN PUBLIC KEY-----..."}]}
+                    "public_key": "-----BEGIN PUBLIC KEY-----..."},
+                   {"name": "ca.crt", "fingerprint": "<sha256 hex of DER>",
+                    "subject": "CN=Release CA", "certificate": "-----BEGIN CERTIFICATE-----..."}]}
 
-``signed_by`` (optional) lists the keys one of which must have signed every
-release (the ``signature`` gate, :mod:`registry.release.signing`).
+``signed_by`` (optional) lists the keys and CA certificates one of which must
+have signed every release (a key directly, a CA through a signing
+certificate it issued): the ``signature`` gate, :mod:`registry.release.signing`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from registry import schemas
 from registry.errors import DocumentError
@@ -21,6 +25,9 @@ from registry.gates import Threshold
 from registry.keys import PublicKey, fingerprint_of
 from registry.names import check_name
 from registry.store import Store, join
+
+if TYPE_CHECKING:
+    from registry.certs import Certificate
 
 
 def policy_key(model_id: str) -> str:
@@ -61,12 +68,13 @@ def _parse(item: Threshold | object, where: str) -> Threshold:
         raise DocumentError(where, str(e)) from None
 
 
-def signed_by(store: Store, model_id: str) -> list[PublicKey]:
-    """The public keys the model's policy requires a signature by ([] for none).
+def signed_by(store: Store, model_id: str) -> list[PublicKey | Certificate]:
+    """The public keys and CA certificates the model's policy requires a
+    signature by ([] for none).
 
     Raises:
         DocumentError: ``signed_by`` is malformed or a fingerprint does not
-            match its key.
+            match its key or certificate.
     """
     key = policy_key(model_id)
     where = store.url_of(key)
@@ -77,8 +85,11 @@ def signed_by(store: Store, model_id: str) -> list[PublicKey]:
     items = doc.get("signed_by", []) if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise DocumentError(where, "signed_by: expected a list of keys")
-    keys = []
+    keys: list[PublicKey | Certificate] = []
     for item in items:
+        if isinstance(item, dict) and "certificate" in item:
+            keys.append(_ca(item, where))
+            continue
         try:
             pem = str(item["public_key"]).encode()
             k = PublicKey(str(item.get("name") or "policy key"), pem, fingerprint_of(pem))
@@ -91,18 +102,40 @@ def signed_by(store: Store, model_id: str) -> list[PublicKey]:
     return keys
 
 
+def _ca(item: dict[str, Any], where: str) -> Certificate:
+    from cryptography import x509
+
+    from registry.certs import describe
+
+    try:
+        cert = describe(x509.load_pem_x509_certificate(str(item["certificate"]).encode()),
+                        str(item.get("name") or "policy CA"))
+    except ValueError as e:
+        raise DocumentError(where, f"signed_by: a certificate does not parse ({e})") from None
+    if item.get("fingerprint") not in (None, cert.fingerprint):
+        raise DocumentError(where, f"signed_by: fingerprint {item.get('fingerprint')} does "
+                                   f"not match its certificate ({cert.fingerprint})")
+    return cert
+
+
+def _entry(k: PublicKey | Certificate) -> dict[str, str]:
+    if isinstance(k, PublicKey):
+        return {"name": k.name, "fingerprint": k.fingerprint, "public_key": k.pem.decode()}
+    return {"name": k.name, "fingerprint": k.fingerprint, "subject": k.subject,
+            "certificate": k.pem.decode()}
+
+
 def set_policy(store: Store, model_id: str, require: Iterable[str],
-               signed_by: Iterable[PublicKey] = ()) -> list[Threshold]:
-    """Replace the model's policy (thresholds and signing keys); returns the
-    thresholds parsed.
+               signed_by: Iterable[PublicKey | Certificate] = ()) -> list[Threshold]:
+    """Replace the model's policy (thresholds, signing keys and CA
+    certificates); returns the thresholds parsed.
 
     Raises:
         UsageError: a threshold does not parse (it is an argument, not a document).
     """
     parsed = [r if isinstance(r, Threshold) else Threshold.parse(str(r)) for r in require]
     doc: dict[str, object] = {"require": [str(t) for t in parsed]}
-    keys = [{"name": k.name, "fingerprint": k.fingerprint, "public_key": k.pem.decode()}
-            for k in signed_by]
+    keys = [_entry(k) for k in signed_by]
     if keys:
         doc["signed_by"] = keys
     store.write_bytes(policy_key(model_id), (json.dumps(doc, indent=2) + "\n").encode())

@@ -1,26 +1,32 @@
 """Signing a release as it is committed, and the ``signature`` gate (issue 17).
 
-A model's policy may list public keys (``registry policy set MODEL
---require-signed-by PUB.pem``); then every release of it must carry a
-``model.sig`` made by one of them, covering exactly its files (see
-:mod:`registry.signing`). The gate is named ``signature`` and its reason names
-the signing key's fingerprint. Models without listed keys have no signature
-gate, and the ``[signing]`` extra is then never imported.
+A model's policy may list public keys and CA certificates (``registry policy
+set MODEL --require-signed-by PUB.pem --require-signed-by CA.crt``); then every
+release of it must carry a ``model.sig`` made by one of the keys, or with a
+signing certificate that chains to one of the CAs (valid now), covering
+exactly its files (see :mod:`registry.signing`). The gate is named
+``signature`` and its reason names the signer: the key's fingerprint, or the
+certificate's subject and fingerprint and its CA. Models without listed keys
+have no signature gate, and the ``[signing]`` extra is then never imported.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from registry import certs
 from registry.commit import DirectoryWriter
-from registry.errors import GateFailedError, IntegrityError, SignatureError
+from registry.errors import GateFailedError, IntegrityError, SignatureError, UsageError
 from registry.gates import GateResult
 from registry.keys import PublicKey, Trust, check_private_key
 from registry.release import policy
 from registry.signing import (
     SIGNATURE,
+    SignatureCheck,
+    claimed_certificate,
     claimed_fingerprint,
     inspect_bytes,
     read_signature,
@@ -37,28 +43,47 @@ GATE = "signature"
 
 @dataclass(frozen=True, slots=True)
 class Signer:
-    """A checked signing key: its file and its public half."""
+    """A checked signing key: its file and its public half, and its
+    certificate (with the chain above it) when it signs with one."""
 
     key_path: str
     public: PublicKey
+    cert: certs.CertSigner | None = None
 
 
-def signer(sign_key: str | os.PathLike[str] | None) -> Signer | None:
-    """Check ``--sign-key`` before anything is written (None: no signing).
+def signer(sign_key: str | os.PathLike[str] | None, *,
+           sign_cert: str | os.PathLike[str] | None = None,
+           cert_chain: Iterable[str | os.PathLike[str]] = ()) -> Signer | None:
+    """Check ``--sign-key`` (and ``--sign-cert``, ``--cert-chain``) before
+    anything is written (None: no signing).
 
     Raises:
-        DocumentError, SigningUnavailableError: see :func:`registry.keys.check_private_key`.
+        UsageError: ``sign_cert`` or ``cert_chain`` without ``sign_key``, or
+            ``cert_chain`` without ``sign_cert``.
+        DocumentError, SigningUnavailableError: see
+            :func:`registry.keys.check_private_key` and
+            :func:`registry.certs.check_signing_certificate` (a certificate
+            not of the key, expired or not yet valid, without the signing usage).
     """
+    chain = list(cert_chain)
     if sign_key is None:
+        if sign_cert is not None or chain:
+            raise UsageError("--sign-cert/--cert-chain: give the certificate's key with "
+                             "--sign-key")
         return None
+    if chain and sign_cert is None:
+        raise UsageError("--cert-chain: give the signing certificate with --sign-cert")
     public = check_private_key(sign_key)
+    cert = certs.check_signing_certificate(sign_key, sign_cert, chain) \
+        if sign_cert is not None else None
     warm_up()
-    return Signer(os.fspath(sign_key), public)
+    return Signer(os.fspath(sign_key), public, cert)
 
 
-def _passed(key: PublicKey | str, name: str = "") -> GateResult:
-    fp, label = (key.fingerprint, key.name) if isinstance(key, PublicKey) else (key, name)
-    return GateResult(GATE, True, f"signed by key {fp}" + (f" ({label})" if label else ""))
+def _passed(key: PublicKey | SignatureCheck) -> GateResult:
+    if isinstance(key, PublicKey):
+        return GateResult(GATE, True, f"signed by key {key.fingerprint} ({key.name})")
+    return GateResult(GATE, True, f"signed by {key.describe()}")
 
 
 def publish_gate(store: Store, model_id: str, signer: Signer | None, *,
@@ -69,17 +94,37 @@ def publish_gate(store: Store, model_id: str, signer: Signer | None, *,
     keys = policy.signed_by(store, model_id)
     if not keys or (signer is None and carries_signature):
         return []
-    listed = {k.fingerprint: k for k in keys}
+    listed = {k.fingerprint: k for k in keys if isinstance(k, PublicKey)}
     if signer is None:
         return [GateResult(GATE, False, "unsigned: the policy requires a signature by "
                                         f"{_names(keys)} (give --sign-key)")]
+    if signer.cert is not None:
+        return [_certificate_gate(signer.cert, keys)]
     if signer.public.fingerprint not in listed:
         return [GateResult(GATE, False, f"signing key {signer.public.fingerprint} is not one "
                                         f"the policy lists ({_names(keys)})")]
     return [_passed(listed[signer.public.fingerprint])]
 
 
-def _names(keys: list[PublicKey]) -> str:
+def _certificate_gate(cert: certs.CertSigner, keys: list[PublicKey | certs.Certificate]
+                      ) -> GateResult:
+    """A signing certificate passes when its chain (the bundled ``--cert-chain``)
+    verifies now up to a CA the policy lists."""
+    trust = Trust.of(keys)
+    leaf = cert.certificate
+    if not trust.cas:
+        return GateResult(GATE, False, f"signing certificate {leaf.subject!r} cannot satisfy a "
+                                       f"policy that lists keys only ({_names(keys)})")
+    try:
+        anchor = certs.verify_chain(certs.der_of(leaf.pem, *cert.chain_pems), trust.cas)
+    except ValueError as e:
+        return GateResult(GATE, False, f"signing certificate {leaf.subject!r} does not chain "
+                                       f"to a CA the policy lists ({_names(keys)}): {e}")
+    return _passed(SignatureCheck(leaf.fingerprint, anchor.name, "", "certificate",
+                                  leaf.subject, anchor.subject))
+
+
+def _names(keys: list[PublicKey | certs.Certificate]) -> str:
     return ", ".join(f"{k.name} ({k.fingerprint[:16]})" for k in keys)
 
 
@@ -95,8 +140,10 @@ def seal(w: DirectoryWriter, signer: Signer | None, store: Store, model_id: str,
             made by one of them.
     """
     if signer is not None:
+        cert = signer.cert
         data = sign_entries(w.entries.values(), signer.key_path, model_id=model_id,
-                            version=version)
+                            version=version, cert=cert.cert_path if cert else None,
+                            chain=cert.chain_paths if cert else ())
         w.write_bytes(SIGNATURE, data)
         return results
     if SIGNATURE not in w.entries:
@@ -109,11 +156,11 @@ def seal(w: DirectoryWriter, signer: Signer | None, store: Store, model_id: str,
         return results
     try:
         check = verify_bytes(data, w.entries.values(), model_id=model_id, version=version,
-                             trust=Trust(tuple(keys)), where=where)
+                             trust=Trust.of(keys), where=where)
     except SignatureError as e:
         raise GateFailedError(store.url_of(w.prefix),
                               [*results, GateResult(GATE, False, e.reason)]) from None
-    return (*results, _passed(check.fingerprint, check.key))
+    return (*results, _passed(check))
 
 
 def stored_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
@@ -126,26 +173,34 @@ def stored_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
     manifest = read_manifest(store, prefix)
     try:
         check = verify_release(store, prefix, manifest, model_id=model_id, version=version,
-                               trust=Trust(tuple(keys)))
+                               trust=Trust.of(keys))
     except (SignatureError, IntegrityError) as e:
         return [GateResult(GATE, False, e.reason)]
-    return [_passed(check.fingerprint, check.key)]
+    return [_passed(check)]
 
 
 def signature_info(store: Store, model_id: str, version: str) -> dict[str, Any] | None:
-    """What ``registry show`` reports: ``{"path", "fingerprint", "verified"}``,
-    or None for an unsigned release. ``fingerprint`` is the key the bundle names
-    (``verificationMaterial.publicKey.hint``); ``verified`` is True/False when
-    the model's policy lists keys (checked against them), else None."""
+    """What ``registry show`` reports: ``{"path", "kind", "fingerprint",
+    "verified"}``, plus ``"subject"`` and ``"issuer"`` for ``kind ==
+    "certificate"``; None for an unsigned release. ``fingerprint`` is the key
+    the bundle names (``verificationMaterial.publicKey.hint``) or the sha256
+    of its signing certificate's DER; ``subject``/``issuer`` are that
+    certificate's (RFC 4514). ``verified`` is True/False when the model's
+    policy lists keys or CAs (checked against them), else None."""
     prefix = join("models", model_id, version)
     manifest = read_manifest(store, prefix)
     try:
         data = read_signature(store, prefix, manifest)
     except (SignatureError, IntegrityError):
-        return {"path": SIGNATURE, "fingerprint": None, "verified": False}
+        return {"path": SIGNATURE, "kind": None, "fingerprint": None, "verified": False}
     if data is None:
         return None
     verified = None
     if policy.signed_by(store, model_id):
         verified = all(g.passed for g in stored_gate(store, model_id, version))
-    return {"path": SIGNATURE, "fingerprint": claimed_fingerprint(data), "verified": verified}
+    cert = claimed_certificate(data)
+    if cert is not None:
+        return {"path": SIGNATURE, "kind": "certificate", "fingerprint": cert.fingerprint,
+                "subject": cert.subject, "issuer": cert.issuer, "verified": verified}
+    return {"path": SIGNATURE, "kind": "key", "fingerprint": claimed_fingerprint(data),
+            "verified": verified}

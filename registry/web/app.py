@@ -28,6 +28,7 @@ from registry.api import Registry
 from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
 from registry.web import api, pages
+from registry.web.cache import ReleaseFiles
 from registry.web.render import render
 
 #: exit code of the CLI -> HTTP status of the same error
@@ -99,6 +100,7 @@ def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
                               "CLI's `--json` output.",
                   docs_url="/api/v1/docs", redoc_url=None, openapi_url="/api/v1/openapi.json")
     app.state.registry = registry
+    app.state.release_files = ReleaseFiles(registry.store)
 
     @app.middleware("http")
     async def guard(request: Request,

@@ -12,7 +12,7 @@ from registry.web import views
 from registry.web.render import render
 
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
-PageQ = Annotated[int, Query(ge=1, le=10**9)]
+CursorQ = Annotated[str | None, Query(max_length=300, description="page cursor")]
 
 
 def _reg(request: Request) -> Registry:
@@ -28,21 +28,23 @@ def index(request: Request) -> HTMLResponse:
 
 
 @router.get("/models/{model_id}")
-def model(request: Request, model_id: str, page: PageQ = 1) -> HTMLResponse:
-    v = views.model_view(_reg(request), model_id, page)
+def model(request: Request, model_id: str, before: CursorQ = None,
+          after: CursorQ = None) -> HTMLResponse:
+    v = views.model_view(_reg(request), model_id, before=before, after=after)
     return HTMLResponse(render("model.html", title=model_id, **v))
 
 
 @router.get("/models/{model_id}/{ref}")
 def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
-    v = views.version_view(_reg(request), model_id, ref)
+    v = views.version_view(_reg(request), model_id, ref, request.app.state.release_files)
     d = v["doc"]
     return HTMLResponse(render("version.html", title=f"{d['model_id']}@{d['version']}", **v))
 
 
 @router.get("/sources/{source_id}")
-def source(request: Request, source_id: str, page: PageQ = 1) -> HTMLResponse:
-    v = views.source_view(_reg(request), source_id, page)
+def source(request: Request, source_id: str, before: CursorQ = None,
+           after: CursorQ = None) -> HTMLResponse:
+    v = views.source_view(_reg(request), source_id, before=before, after=after)
     return HTMLResponse(render("source.html", title=f"source {source_id}", **v))
 
 

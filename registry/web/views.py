@@ -1,45 +1,35 @@
 """What each page shows: lists from the index, documents from the store.
 
-Every function here only reads. Lists that can grow with the registry (a
-model's versions, the releases trained on a source) are paged
-(:data:`PAGE_SIZE` rows), so a page costs the same with 100 releases or
-100,000 (``bench/web_bench.py``). Gate status and reasons come from
-:func:`registry.index.queries.gate_results`, the same evaluation ``registry
-show`` prints.
+Every function here only reads, and asks the index through
+:mod:`registry.index.browse` and :mod:`registry.index.queries` (the SQL lives
+there, once). Lists that can grow with the registry (a model's versions, the
+releases trained on a source) are keyset paged (:data:`PAGE_SIZE` rows after
+a cursor), so a page costs the same with 100 releases or 100,000
+(``bench/web_bench.py``; a test counts each page's SQL statements). Gate
+status and reasons are the evaluation ``registry show`` prints. A release's
+small files (card, ledger.json, heads) are read once per sha256
+(:class:`registry.web.cache.ReleaseFiles`); what can change (aliases,
+revocations, policies, LATEST) is read on every request.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
-
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree, run_root
-from registry.errors import NotCommittedError, PointerError, RegistryError
-from registry.index import queries
-from registry.index.schema import (
-    Alias,
-    Checkpoint,
-    EvalResult,
-    LedgerSource,
-    Model,
-    Policy,
-    Release,
-    ReleaseSource,
-    Revocation,
-)
+from registry.errors import InvalidNameError, NotCommittedError, PointerError, RegistryError
+from registry.index import browse
 from registry.ledger import PREFIX as REVOCATIONS
 from registry.names import check_name
 from registry.store import join
+from registry.web.cache import ReleaseFiles
 from registry.web.charts import Chart, Series
+from registry.web.render import markdown
 
 PAGE_SIZE = 50
 #: the newest checkpoints of a run whose trainer state is read for the loss chart
@@ -48,102 +38,47 @@ RUN_CHART_STEPS = 100
 MAX_DOCUMENT = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Paging:
-    """Page ``number`` (1-based) of ``total`` rows, ``size`` per page."""
-
-    number: int
-    size: int
-    total: int
-
-    @property
-    def pages(self) -> int:
-        return max(1, math.ceil(self.total / self.size))
-
-    @property
-    def offset(self) -> int:
-        return (self.number - 1) * self.size
-
-
-def _paging(page: int, total: int) -> Paging:
-    p = Paging(max(1, page), PAGE_SIZE, total)
-    return p if p.number <= p.pages else Paging(p.pages, PAGE_SIZE, total)
-
-
 def index_view(reg: Registry) -> dict[str, Any]:
     """Models (the ``registry ls`` document), runs, and the revoked data sources."""
-    def q(s: Session) -> dict[str, Any]:
-        runs = s.execute(select(Checkpoint.run_id, func.count(Checkpoint.id),
-                                func.max(Checkpoint.step))
-                         .group_by(Checkpoint.run_id).order_by(Checkpoint.run_id)).all()
-        # only the revoked sources: there may be thousands of live ones, each
-        # reachable from the ledger of the versions trained on it
-        sources = s.execute(select(Revocation.source_id, LedgerSource.name,
-                                   LedgerSource.license, Revocation.reason)
-                            .outerjoin(LedgerSource,
-                                       Revocation.source_id == LedgerSource.source_id)
-                            .order_by(Revocation.source_id)).all()
-        source_count = s.scalar(select(func.count(LedgerSource.id)))
-        return {"models": queries.ls(s),
-                "runs": [{"run_id": r, "checkpoints": n, "newest_step": m}
-                         for r, n, m in runs],
-                "sources": [{"source_id": sid, "name": name, "license": lic,
-                             "revoked": True, "revocation_reason": reason}
-                            for sid, name, lic, reason in sources],
-                "source_count": source_count}
-    return reg.index.run(q)
+    return reg.index.read(browse.home)
 
 
-def model_view(reg: Registry, model_id: str, page: int = 1) -> dict[str, Any]:
+def model_view(reg: Registry, model_id: str, *, before: str | None = None,
+               after: str | None = None) -> dict[str, Any]:
     """One page of a model's versions, newest first, each with its gates; a
     chart per eval metric across those versions with their thresholds.
 
+    Args:
+        before, after: a version: show the page older (newer) than it.
+
     Raises:
-        InvalidNameError: ``model_id`` breaks the naming rule.
-        NotCommittedError: the index knows no such model.
+        InvalidNameError: ``model_id`` or a cursor breaks the naming rule.
+        NotCommittedError: the index knows no such model, or no such cursor version.
     """
     check_name(model_id, "model_id")
-
-    def q(s: Session) -> dict[str, Any]:
-        mpk = s.scalar(select(Model.id).where(Model.model_id == model_id))
-        if mpk is None:
-            raise NotCommittedError(f"model {model_id!r}: no such model in the index",
-                                    path=join("models", model_id))
-        total = s.scalar(select(func.count()).select_from(Release)
-                          .where(Release.model_pk == mpk)) or 0
-        paging = _paging(page, total)
-        rows = s.execute(select(Release.id, Release.version, Release.created_at, Release.dtype,
-                                Release.bytes, Release.manifest_sha256)
-                         .where(Release.model_pk == mpk)
-                         .order_by(Release.created_at.desc(), Release.version.desc())
-                         .limit(paging.size).offset(paging.offset)).all()
-        by_version: dict[str, list[str]] = {}
-        aliases = s.execute(select(Alias.alias, Alias.version).where(Alias.model_pk == mpk)
-                            .order_by(Alias.alias)).all()
-        for alias, version in aliases:
-            by_version.setdefault(version, []).append(alias)
-        versions = []
-        page_gates = queries.gate_results_many(s, model_id, [r.version for r in rows])
-        for r in rows:
-            gates = page_gates[r.version]
-            versions.append({"version": r.version, "created_at": r.created_at,
-                             "dtype": r.dtype, "bytes": r.bytes,
-                             "manifest_sha256": r.manifest_sha256,
-                             "passed": all(g.passed for g in gates),
-                             "failing": [g.to_dict() for g in gates if not g.passed],
-                             "aliases": by_version.get(r.version, [])})
-        evals = s.execute(select(EvalResult.release_pk, EvalResult.task, EvalResult.metric,
-                                 EvalResult.value, EvalResult.threshold)
-                          .where(EvalResult.release_pk.in_([r.id for r in rows]))).all()
-        policy = s.execute(select(Policy.metric, Policy.op, Policy.value)
-                           .where(Policy.model_pk == mpk).order_by(Policy.position)).all()
-        oldest_first = [r.version for r in reversed(rows)]
-        pk_to_x = {r.id: oldest_first.index(r.version) for r in rows}
-        return {"model_id": model_id, "paging": paging, "versions": versions,
-                "aliases": [{"alias": a, "version": v} for a, v in aliases],
-                "policy": [f"{m}{op}{v:g}" for m, op, v in policy],
-                "charts": _eval_charts(oldest_first, pk_to_x, evals, policy)}
-    return reg.index.run(q)
+    for cursor in (before, after):
+        if cursor is not None:
+            check_name(cursor, "version")
+    got = reg.index.read(lambda s: browse.model_page(s, model_id, size=PAGE_SIZE,
+                                                     before=before, after=after))
+    page: browse.Page = got["page"]
+    by_version: dict[str, list[str]] = {}
+    for alias, version in got["aliases"]:
+        by_version.setdefault(version, []).append(alias)
+    versions = [{**{k: v for k, v in r.items() if k != "gates"},
+                 "passed": all(g.passed for g in r["gates"]),
+                 "failing": [g.to_dict() for g in r["gates"] if not g.passed],
+                 "aliases": by_version.get(r["version"], [])} for r in page.rows]
+    oldest_first = [r["version"] for r in reversed(page.rows)]
+    x_of = {v: i for i, v in enumerate(oldest_first)}
+    pk_to_x = {pk: x_of[v] for v, pk in got["release_pks"].items()}
+    policy = got["policy"]
+    return {"model_id": model_id, "page": page, "versions": versions,
+            "aliases": [{"alias": a, "version": v} for a, v in got["aliases"]],
+            "policy": [f"{m}{op}{v:g}" for m, op, v in policy],
+            "charts": _eval_charts(oldest_first, pk_to_x,
+                                   [(e.release_pk, e.task, e.metric, e.value, e.threshold)
+                                    for e in got["evals"]], policy)}
 
 
 def _eval_charts(labels: list[str], pk_to_x: dict[int, int], evals: Sequence[Any],
@@ -171,15 +106,14 @@ def _eval_charts(labels: list[str], pk_to_x: dict[int, int], evals: Sequence[Any
     return charts
 
 
-def _read_text(reg: Registry, key: str, size: int) -> str | None:
-    if size > MAX_DOCUMENT:
-        return None
-    return reg.store.read_bytes(key).decode("utf-8", "replace")
-
-
-def version_view(reg: Registry, model_id: str, ref: str) -> dict[str, Any]:
+def version_view(reg: Registry, model_id: str, ref: str,
+                 files: ReleaseFiles | None = None) -> dict[str, Any]:
     """One release: the ``registry show`` document plus, from the store, its
     model card, ledger rows, heads and signature.
+
+    Args:
+        files: where the release's small files are cached (by sha256); None
+            reads them from the store.
 
     Raises:
         InvalidNameError: a name breaks the naming rule.
@@ -189,26 +123,39 @@ def version_view(reg: Registry, model_id: str, ref: str) -> dict[str, Any]:
                                     f"{check_name(ref, 'version or alias')}")
     doc = reg.show(model_id, version)
     prefix = join("models", model_id, version)
-    sizes = {f["path"]: f["bytes"] for f in doc["manifest"]}
-    card = (_read_text(reg, join(prefix, "MODEL_CARD.md"), sizes["MODEL_CARD.md"])
-            if "MODEL_CARD.md" in sizes else None)
+    entries = {f["path"]: f for f in doc["manifest"]}
+    files = files or ReleaseFiles(reg.store, max_bytes=0)
+
+    def read(path: str) -> tuple[str, bool] | None:
+        f = entries.get(path)
+        if f is None or f["bytes"] > MAX_DOCUMENT:
+            return None
+        return files.text(join(prefix, path), f["sha256"])
+
+    card = None
+    got = read("MODEL_CARD.md")
+    if got is not None:
+        text, verified = got
+        card = (files.derived("markdown", entries["MODEL_CARD.md"]["sha256"],
+                              lambda: markdown(text), 2 * len(text))
+                if verified else markdown(text))
     live = {s["source_id"]: s for s in doc["sources"]}
     ledger: list[dict[str, Any]] = []
     ledger_error = None
-    if "ledger.json" in sizes:
+    got = read("ledger.json")
+    if got is not None:
         try:
-            rows = json.loads(_read_text(reg, join(prefix, "ledger.json"),
-                                         sizes["ledger.json"]) or "[]")
-            for row in rows:
+            for row in json.loads(got[0] or "[]"):
                 src = live.get(row.get("source_id"), {})
                 ledger.append({**row, "live_revoked": bool(src.get("revoked")),
                                "live_reason": src.get("revocation_reason")})
         except (ValueError, TypeError, AttributeError) as e:
             ledger_error = f"ledger.json: {e}"
     heads = []
-    for path in sorted(p for p in sizes if p.startswith("heads/") and p.endswith(".json")):
+    for path in sorted(p for p in entries if p.startswith("heads/") and p.endswith(".json")):
         try:
-            head = json.loads(_read_text(reg, join(prefix, path), sizes[path]) or "{}")
+            got = read(path)
+            head = json.loads(got[0] if got else "{}")
             heads.append({"path": path, "name": head.get("name"),
                           "input_dim": head.get("input_dim"), "labels": head.get("labels"),
                           "pooling": head.get("pooling")})
@@ -230,52 +177,51 @@ def _signature(sig: dict[str, Any]) -> dict[str, Any]:
     state = {True: "verified against the policy's keys",
              False: "NOT verified by the policy's keys",
              None: "not verified here"}[sig.get("verified")]
+    if sig.get("kind") == "certificate":
+        return {"file": sig["path"], "signer": f"certificate {sig['subject']} "
+                                               f"({sig['fingerprint']}, issued by "
+                                               f"{sig['issuer']}; {state})"}
     return {"file": sig["path"], "signer": f"key {sig['fingerprint']} ({state})"}
 
 
-def source_view(reg: Registry, source_id: str, page: int = 1) -> dict[str, Any]:
+def source_view(reg: Registry, source_id: str, *, before: str | None = None,
+                after: str | None = None) -> dict[str, Any]:
     """A data source: what the index knows of it, its revocation (read from the
     store's live ledger), and one page of the releases trained on it.
 
+    Args:
+        before, after: a release ``MODEL_ID@VERSION`` on the list: show the
+            page indexed before (after) it.
+
     Raises:
         InvalidNameError: ``source_id`` breaks the naming rule.
-        NotCommittedError: no release lists the source and it is not revoked.
+        NotCommittedError: no release lists the source and it is not revoked;
+            or the cursor names no release trained on it.
     """
     check_name(source_id, "source_id")
+    for cursor in (before, after):
+        if cursor is not None:
+            m, at, v = cursor.partition("@")
+            if not at:
+                raise InvalidNameError(f"{cursor!r}: expected MODEL_ID@VERSION (the page "
+                                       "cursor)", name=cursor)
+            check_name(m, "model_id")
+            check_name(v, "version")
     revocation = None
     try:
         revocation = json.loads(reg.store.read_bytes(join(REVOCATIONS, f"{source_id}.json")))
     except FileNotFoundError:
         pass
-
-    def q(s: Session) -> dict[str, Any]:
-        src = s.execute(select(LedgerSource.id, LedgerSource.name, LedgerSource.uri,
-                               LedgerSource.license)
-                        .where(LedgerSource.source_id == source_id)).first()
-        if src is None and revocation is None:
-            raise NotCommittedError(f"data source {source_id!r}: no release lists it and it "
-                                    "is not revoked", path=join(REVOCATIONS, source_id))
-        total = (s.scalar(select(func.count()).select_from(ReleaseSource)
-                          .where(ReleaseSource.source_pk == src.id)) or 0) if src else 0
-        paging = _paging(page, total)
-        # newest indexed first: the page is read from the (source_pk, release_pk)
-        # index; ordering 20k releases by model and age would cost a join each
-        pks = s.scalars(select(ReleaseSource.release_pk)
-                        .where(ReleaseSource.source_pk == src.id)
-                        .order_by(ReleaseSource.release_pk.desc())
-                        .limit(paging.size).offset(paging.offset)).all() if src else []
-        rows = s.execute(select(Model.model_id, Release.version, Release.uri,
-                                Release.created_at, ReleaseSource.allowed_uses)
-                         .select_from(Release).join(Model).join(ReleaseSource)
-                         .where(ReleaseSource.release_pk.in_(pks),
-                                ReleaseSource.source_pk == (src.id if src else -1))
-                         .order_by(Release.id.desc())).all()
-        releases = [{**dict(r._mapping), "allowed_uses": r.allowed_uses.split(",")
-                     if r.allowed_uses else []} for r in rows]
-        return {"source_id": source_id, "paging": paging, "releases": releases,
-                "name": src.name if src else None, "uri": src.uri if src else None,
-                "license": src.license if src else None}
-    return {**reg.index.run(q), "revocation": revocation}
+    got = reg.index.read(lambda s: browse.source_page(s, source_id, size=PAGE_SIZE,
+                                                      before=before, after=after))
+    if got is None and revocation is None:
+        raise NotCommittedError(f"data source {source_id!r}: no release lists it and it "
+                                "is not revoked", path=join(REVOCATIONS, source_id))
+    got = got or {"name": None, "uri": None, "license": None,
+                  "page": browse.Page([], 0, None, None)}
+    return {"source_id": source_id, "page": got["page"], "releases": got["page"].rows,
+            "name": got["name"], "uri": got["uri"], "license": got["license"],
+            "revocation": revocation}
 
 
 def run_view(reg: Registry, run_id: str) -> dict[str, Any]:

@@ -1,0 +1,452 @@
+"""Certificates from a local CA for signed releases (issue 17).
+
+The OpenSSF ``model_signing`` library signs offline with a private key plus
+its X.509 signing certificate and chain (``model_signing sign certificate``)
+and verifies against trusted root certificates. The bundle then carries
+``verificationMaterial.x509CertificateChain`` (signing certificate first)
+instead of a key hint. This module checks and makes such certificates::
+
+    registry keys ca ca.pem --subject "CN=Release CA,O=Acme"      # ca.pem (0600) + ca.crt
+    registry keys issue release.pem --ca ca.pem --subject "CN=release-bot,O=Acme"
+                                                  # release.pem (0600) + release.crt
+
+A certificate's **fingerprint** is the sha256 hex of its DER encoding (what
+``openssl x509 -fingerprint -sha256`` prints, without colons); its
+**identity** is its subject as an RFC 4514 string.
+
+Chains are validated with the library's own validator (OpenSSL through
+pyOpenSSL, ``X509StoreContext``), at *this host's current time*: the library
+alone validates at the signing certificate's ``notBefore`` (it has no
+timestamp of the signing), which would accept a certificate long expired, so
+an expired or not-yet-valid certificate anywhere in the chain is refused here
+(see docs/decisions.md). Signing certificates need the usage the library
+requires: KeyUsage ``digitalSignature`` or ExtendedKeyUsage ``codeSigning``.
+
+Needs the ``[signing]`` extra (``cryptography``, ``pyOpenSSL``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.errors import DocumentError, UsageError
+from registry.keys import PublicKey, check_private_key, fingerprint_of, public_pem
+from registry.keys import _create as create_exclusive
+from registry.keys import require_signing, unavailable
+
+#: default lifetimes, days.
+CA_DAYS = 3650
+LEAF_DAYS = 365
+
+
+def _x509() -> Any:
+    require_signing()
+    try:
+        from cryptography import x509
+    except ImportError as e:
+        raise unavailable(e) from None
+    return x509
+
+
+@dataclass(frozen=True, slots=True)
+class Certificate:
+    """One X.509 certificate read from a file (a trusted CA, or a signing certificate).
+
+    Attributes:
+        path: the file it came from (or ``model.sig`` for a bundled one).
+        pem: its PEM encoding; ``fingerprint``: sha256 hex of its DER;
+        subject, issuer: RFC 4514 strings.
+    """
+
+    path: str
+    pem: bytes
+    fingerprint: str
+    subject: str
+    issuer: str
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+def describe(cert: Any, path: str) -> Certificate:
+    """The Certificate of a ``cryptography`` certificate object."""
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    der = cert.public_bytes(Encoding.DER)
+    return Certificate(path, cert.public_bytes(Encoding.PEM), hashlib.sha256(der).hexdigest(),
+                       cert.subject.rfc4514_string(), cert.issuer.rfc4514_string())
+
+
+def _read_certs(path: str | os.PathLike[str], what: str) -> list[Any]:
+    x509 = _x509()
+    where = os.fspath(path)
+    try:
+        data = Path(where).read_bytes()
+    except OSError as e:
+        raise DocumentError(where, f"cannot read the {what}: {e.strerror}") from None
+    if b"PRIVATE KEY" in data:
+        raise DocumentError(where, f"holds a private key: give the {what} (PEM) instead")
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as e:
+        raise DocumentError(where, f"not a PEM certificate ({e})") from None
+    return list(certs)
+
+
+def load_certificates(path: str | os.PathLike[str], *, what: str = "certificate"
+                      ) -> list[Certificate]:
+    """Every certificate of a PEM file (a CA file may hold a root and its
+    intermediates).
+
+    Raises:
+        DocumentError: unreadable, a private key, or no PEM certificate in it.
+        SigningUnavailableError: the ``[signing]`` extra is not installed.
+    """
+    return [describe(c, os.fspath(path)) for c in _read_certs(path, what)]
+
+
+def is_certificate_file(path: str | os.PathLike[str]) -> bool:
+    """True when the file holds a PEM certificate (a CA for ``--require-signed-by``)."""
+    try:
+        return b"-----BEGIN CERTIFICATE-----" in Path(path).read_bytes()
+    except OSError:
+        return False
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def check_current(cert: Any, where: str, *, now: dt.datetime | None = None) -> None:
+    """Refuse a certificate outside its validity period at ``now`` (default: now).
+
+    Raises:
+        DocumentError: expired, or not valid yet, naming the date.
+    """
+    now = now or _now()
+    subject = cert.subject.rfc4514_string()
+    if cert.not_valid_after_utc < now:
+        raise DocumentError(where, f"certificate {subject!r} expired on "
+                                   f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}")
+    if cert.not_valid_before_utc > now:
+        raise DocumentError(where, f"certificate {subject!r} is not valid before "
+                                   f"{cert.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ}")
+
+
+def can_sign(cert: Any) -> bool:
+    """The library's rule: KeyUsage digitalSignature, or ExtendedKeyUsage codeSigning."""
+    x509 = _x509()
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    try:
+        if cert.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature:
+            return True
+    except x509.ExtensionNotFound:
+        pass
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        return ExtendedKeyUsageOID.CODE_SIGNING in eku
+    except x509.ExtensionNotFound:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class CertSigner:
+    """A checked signing certificate: the files the library's signer reads,
+    and what a gate reports."""
+
+    key_path: str
+    cert_path: str
+    chain_paths: tuple[str, ...]
+    certificate: Certificate
+    chain_pems: tuple[bytes, ...]
+
+
+def check_signing_certificate(key_path: str | os.PathLike[str],
+                              cert_path: str | os.PathLike[str],
+                              chain_paths: Iterable[str | os.PathLike[str]] = ()) -> CertSigner:
+    """Check ``--sign-key`` + ``--sign-cert`` (+ ``--cert-chain``) before anything
+    is written.
+
+    Raises:
+        UsageError: no chain (the library cannot sign without one).
+        DocumentError: the key is not an EC private key; the certificate file
+            is not one PEM certificate, is not the key's, is expired or not
+            valid yet, or lacks the signing usage; a chain file is not PEM
+            certificates or holds an expired or not-yet-valid certificate.
+        SigningUnavailableError: the ``[signing]`` extra is not installed.
+    """
+    chain_paths = list(chain_paths)
+    if not chain_paths:
+        raise UsageError(f"--sign-cert {os.fspath(cert_path)}: give --cert-chain too (at least "
+                         "the issuing CA's certificate; model_signing signs with a chain)")
+    key = check_private_key(key_path)
+    where = os.fspath(cert_path)
+    certs = _read_certs(where, "signing certificate")
+    if len(certs) != 1:
+        raise DocumentError(where, f"holds {len(certs)} certificates: give the signing "
+                                   "certificate alone and its CAs with --cert-chain")
+    leaf = certs[0]
+    if fingerprint_of(public_pem(leaf.public_key())) != key.fingerprint:
+        raise DocumentError(where, f"is not the certificate of {os.fspath(key_path)} (its "
+                                   "public key differs from the signing key's)")
+    check_current(leaf, where)
+    if not can_sign(leaf):
+        raise DocumentError(where, "cannot sign: needs KeyUsage digitalSignature or "
+                                   "ExtendedKeyUsage codeSigning (what model_signing requires)")
+    chain: list[bytes] = []
+    for p in chain_paths:
+        for c in _read_certs(p, "certificate chain"):
+            check_current(c, os.fspath(p))
+            chain.append(describe(c, os.fspath(p)).pem)
+    return CertSigner(os.fspath(key_path), where, tuple(os.fspath(p) for p in chain_paths),
+                      describe(leaf, where), tuple(chain))
+
+
+def bundle_chain(bundle: dict[str, Any]) -> list[bytes] | None:
+    """The DER certificates of a bundle's ``x509CertificateChain`` (signing
+    certificate first), or None for a bundle without one (a key bundle).
+
+    Raises:
+        ValueError, KeyError, TypeError: a malformed chain.
+    """
+    material = bundle["verificationMaterial"]
+    chain = material.get("x509CertificateChain")
+    if chain is None:
+        return None
+    ders = [base64.b64decode(c["rawBytes"], validate=True) for c in chain["certificates"]]
+    if not ders:
+        raise ValueError("empty x509CertificateChain")
+    return ders
+
+
+def der_of(*pems: bytes) -> list[bytes]:
+    """The DER encodings of PEM certificates (one each)."""
+    x509 = _x509()
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return [x509.load_pem_x509_certificate(p).public_bytes(Encoding.DER) for p in pems]
+
+
+def parse_der(ders: Sequence[bytes]) -> list[Certificate]:
+    """Certificates of DER bytes (from a bundle).
+
+    Raises:
+        ValueError: not a DER certificate.
+    """
+    x509 = _x509()
+    return [describe(x509.load_der_x509_certificate(d), "model.sig") for d in ders]
+
+
+def verify_chain(ders: Sequence[bytes], cas: Sequence[Certificate], *,
+                 now: dt.datetime | None = None) -> Certificate:
+    """Validate a signing chain (DER, signing certificate first) against trusted
+    CAs at ``now`` (default: now), as the library does but at this host's time.
+
+    Returns:
+        The trusted CA certificate the chain ends in.
+
+    Raises:
+        ValueError: the chain does not verify, with OpenSSL's reason and the
+            subject of the certificate it failed on (another CA, expired,
+            not yet valid, bad signature).
+    """
+    x509 = _x509()
+    try:
+        from OpenSSL import crypto
+    except ImportError as e:
+        raise unavailable(e) from None
+    store = crypto.X509Store()
+    anchors: dict[str, Certificate] = {}
+    for ca in cas:
+        store.add_cert(crypto.X509.from_cryptography(x509.load_pem_x509_certificate(ca.pem)))
+        anchors[ca.fingerprint] = ca
+    store.set_time(now or _now())
+    certs = [crypto.X509.from_cryptography(x509.load_der_x509_certificate(d)) for d in ders]
+    ctx = crypto.X509StoreContext(store, certs[0], certs[1:])
+    try:
+        verified = ctx.get_verified_chain()
+    except crypto.X509StoreContextError as e:
+        failed = e.certificate.to_cryptography().subject.rfc4514_string() \
+            if e.certificate is not None else "?"
+        raise ValueError(f"{e} (certificate {failed!r})") from None
+    root = describe(verified[-1].to_cryptography(), "")
+    return anchors.get(root.fingerprint, root)
+
+
+def key_fingerprint(cert_pem: bytes) -> str:
+    """The key fingerprint (as ``registry keys fingerprint``) of a certificate's
+    public key: revoking a key revokes every certificate of it."""
+    x509 = _x509()
+    return fingerprint_of(public_pem(x509.load_pem_x509_certificate(cert_pem).public_key()))
+
+
+def load_anchor(path: str | os.PathLike[str]) -> list[PublicKey | Certificate]:
+    """A ``--require-signed-by`` file: a public key, or the CA certificate(s)
+    of a PEM file.
+
+    Raises:
+        DocumentError: neither a public key nor PEM certificates.
+    """
+    from registry.keys import load_public_key
+
+    if is_certificate_file(path):
+        return list(load_certificates(path, what="CA certificate"))
+    return [load_public_key(path)]
+
+
+# -- a local CA (registry keys ca / issue) --------------------------------------------
+
+
+def _name(subject: str) -> Any:
+    x509 = _x509()
+    try:
+        name = x509.Name.from_rfc4514_string(subject)
+    except ValueError as e:
+        why = f" ({e})" if str(e) else ""
+        raise UsageError(f"--subject {subject!r}: not an RFC 4514 name such as "
+                         f"'CN=Release CA,O=Acme'{why}") from None
+    if not list(name):
+        raise UsageError(f"--subject {subject!r}: must not be empty")
+    return name
+
+
+def _cert_path(key_path: Path, cert_path: str | os.PathLike[str] | None) -> Path:
+    return Path(cert_path) if cert_path is not None else key_path.with_suffix(".crt")
+
+
+def _refuse_existing(*paths: Path) -> None:
+    for p in paths:
+        if p.exists() or p.is_symlink():
+            raise UsageError(f"{p}: exists; refusing to overwrite a key or certificate")
+
+
+def _write_pair(key_path: Path, cert_path: Path, key: Any, cert: Any) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    create_exclusive(key_path, private, 0o600)
+    try:
+        create_exclusive(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    except BaseException:
+        key_path.unlink(missing_ok=True)
+        raise
+
+
+def _days(days: int) -> dt.timedelta:
+    if days < 1:
+        raise UsageError(f"--days {days}: must be at least 1")
+    return dt.timedelta(days=days)
+
+
+def make_ca(key_path: str | os.PathLike[str], *, subject: str,
+            cert_path: str | os.PathLike[str] | None = None, days: int = CA_DAYS,
+            ) -> tuple[Path, Path, Certificate]:
+    """Create a self-signed CA: a P-256 private key (mode 0600) and its
+    certificate (CA:TRUE, keyCertSign), valid from now for ``days``.
+
+    Args:
+        cert_path: default ``<key_path without .pem>.crt``.
+
+    Returns:
+        ``(key_path, cert_path, certificate)``.
+
+    Raises:
+        UsageError: a file exists (never overwritten), a bad subject, days < 1.
+        DocumentError: a file cannot be created.
+    """
+    x509 = _x509()
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key_p = Path(key_path)
+    cert_p = _cert_path(key_p, cert_path)
+    name, lifetime = _name(subject), _days(days)
+    _refuse_existing(key_p, cert_p)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + lifetime)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    _write_pair(key_p, cert_p, key, cert)
+    return key_p, cert_p, describe(cert, str(cert_p))
+
+
+def issue(key_path: str | os.PathLike[str], *, ca_key: str | os.PathLike[str],
+          subject: str, ca_cert: str | os.PathLike[str] | None = None,
+          cert_path: str | os.PathLike[str] | None = None, days: int = LEAF_DAYS,
+          ) -> tuple[Path, Path, Certificate]:
+    """Create a signing key (P-256, mode 0600) and its certificate issued by a
+    local CA: CA:FALSE, KeyUsage digitalSignature, ExtendedKeyUsage codeSigning,
+    valid from now for ``days`` (never past the CA's own expiry).
+
+    Args:
+        ca_key: the CA's private key; ``ca_cert`` default ``<ca_key>.crt``.
+        cert_path: default ``<key_path without .pem>.crt``.
+
+    Returns:
+        ``(key_path, cert_path, certificate)``.
+
+    Raises:
+        UsageError: a file exists, a bad subject, days < 1.
+        DocumentError: the CA key or certificate is unreadable, they do not
+            match, the CA certificate is not a CA (BasicConstraints CA:TRUE)
+            or not valid now.
+    """
+    x509 = _x509()
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key_p = Path(key_path)
+    cert_p = _cert_path(key_p, cert_path)
+    name, lifetime = _name(subject), _days(days)
+    ca_pub = check_private_key(ca_key)
+    ca_cert_p = _cert_path(Path(ca_key), ca_cert)
+    cas = _read_certs(ca_cert_p, "CA certificate")
+    authority = cas[0]
+    if fingerprint_of(public_pem(authority.public_key())) != ca_pub.fingerprint:
+        raise DocumentError(str(ca_cert_p), f"is not the certificate of {os.fspath(ca_key)}")
+    try:
+        is_ca = authority.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise DocumentError(str(ca_cert_p), "is not a CA certificate (BasicConstraints CA:TRUE)")
+    check_current(authority, str(ca_cert_p))
+    _refuse_existing(key_p, cert_p)
+    signing = serialization.load_pem_private_key(Path(ca_key).read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(authority.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(min(now + lifetime, authority.not_valid_after_utc))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CODE_SIGNING]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                authority.public_key()), critical=False)
+            .sign(signing, hashes.SHA256()))
+    _write_pair(key_p, cert_p, key, cert)
+    return key_p, cert_p, describe(cert, str(cert_p))

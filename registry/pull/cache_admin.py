@@ -1,0 +1,75 @@
+"""The pull cache as one object: list, prune, verify (``registry cache ...``).
+
+Example::
+
+    from registry.pull.cache_admin import PullCache
+
+    cache = PullCache("/var/cache/models")      # or Registry(...).cache(...)
+    for v in cache.ls().versions:
+        print(v.model_id, v.version, v.size_on_disk, v.last_pulled)
+    cache.prune(keep_last=2, max_size="50G")    # see registry.pull.cache_prune
+    cache.verify()                              # see registry.pull.cache_verify
+"""
+
+from __future__ import annotations
+
+import os
+
+from registry.pull.cache import cache_dir
+from registry.pull.cache_prune import PruneReport, parse_size, prune
+from registry.pull.cache_scan import CacheReport, empty_report, open_existing, scan
+from registry.pull.cache_verify import VerifyReport, verify_cache
+
+
+class PullCache:
+    """A serving host's pull cache (``$REGISTRY_CACHE`` by default).
+
+    Works the same whatever store the releases were pulled from (local, S3):
+    the cache keeps only blobs and records. A cache directory that does not
+    exist yet lists as empty and is not created by ``ls``, ``prune`` or
+    ``verify``.
+
+    Raises:
+        StorageError: (from every method) the path exists but is not a
+            usable directory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = cache_dir(path)
+
+    def ls(self) -> CacheReport:
+        """Per model and version: sizes, shared blobs, last pulled, materialized
+        directories; totals (registry.pull.cache_scan)."""
+        cache = open_existing(self.path)
+        return empty_report(self.path) if cache is None else scan(cache)
+
+    def prune(self, *, keep_last: int | None = None, older_than: float | str | None = None,
+              max_size: int | str | None = None, dry_run: bool = False,
+              now: float | None = None) -> PruneReport:
+        """Prune (registry.pull.cache_prune.prune). ``older_than`` may be
+        seconds or a duration (``"30d"``), ``max_size`` bytes or a size
+        (``"50G"``).
+
+        Raises:
+            UsageError: a malformed or negative option.
+        """
+        from registry.gc import parse_duration
+
+        seconds = parse_duration(older_than) if isinstance(older_than, str) else older_than
+        limit = parse_size(max_size) if isinstance(max_size, str) else max_size
+        cache = open_existing(self.path)
+        if cache is None:
+            return PruneReport(str(self.path), dry_run, (), (), 0, 0, 0, 0,
+                               None if limit is None else True)
+        return prune(cache, keep_last=keep_last, older_than=seconds, max_size=limit,
+                     dry_run=dry_run, now=now)
+
+    def verify(self, *, workers: int | None = None) -> VerifyReport:
+        """Re-hash every blob, remove the bad ones (registry.pull.cache_verify)."""
+        cache = open_existing(self.path)
+        if cache is None:
+            return VerifyReport(str(self.path), 0, 0, (), 0.0)
+        return verify_cache(cache, workers=workers)
+
+
+__all__ = ["PullCache"]

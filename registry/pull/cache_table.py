@@ -1,0 +1,51 @@
+"""The text form of ``registry cache ls`` (also printed by the quickstart)."""
+
+from __future__ import annotations
+
+from registry.pull.cache_scan import CacheReport, Materialized
+
+
+def human(n: int) -> str:
+    """Bytes as ``du -h`` says them (powers of 1024): ``512B``, ``1.5K``, ``2.0G``."""
+    size = float(n)
+    for unit in ("B", "K", "M", "G"):
+        if size < 1024:
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+        size /= 1024
+    return f"{size:.1f}T"
+
+
+def _dirs(materialized: tuple[Materialized, ...]) -> str:
+    out = []
+    for m in materialized:
+        where = "cache" if m.inside_cache else m.path
+        out.append(where if m.state == "placed" else f"{where} ({m.state})")
+    return ", ".join(out) or "-"
+
+
+def table(report: CacheReport) -> list[str]:
+    """One line per cached version (newest pull first) under a header, then a total line.
+
+    A directory inside the cache is shown as ``cache``; a ``--to`` directory
+    by its path, with ``(replaced)`` or ``(missing)`` when it no longer holds
+    the release."""
+    rows = [("MODEL", "VERSION", "SIZE", "SHARED", "LAST PULLED", "MATERIALIZED")]
+    for v in report.versions:
+        shared = f"{v.shared_blobs} blobs ({human(v.shared_bytes)})" if v.shared_blobs else "-"
+        missing = f", {v.missing_blobs} blobs missing" if v.missing_blobs else ""
+        rows.append((v.model_id, v.version, human(v.size_on_disk), shared + missing,
+                     v.last_pulled[:19].replace("T", " ") + "Z",
+                     _dirs(v.materialized) + (" [pull in progress]" if v.in_use else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+             for r in rows]
+    t = report.to_dict()["totals"]
+    lines.append(f"total: {t['models']} models, {t['versions']} versions, {t['blobs']} blobs, "
+                 f"{human(t['size_on_disk'])} on disk ({human(t['blob_bytes'])} of blobs, "
+                 f"{human(t['materialized_bytes'])} of directories in the cache); "
+                 f"{t['unreferenced_blobs']} unreferenced blobs "
+                 f"({human(t['unreferenced_bytes'])}, removed by `registry cache prune`)")
+    return lines
+
+
+__all__ = ["human", "table"]
