@@ -223,7 +223,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         Only rank 0 holds the writer lease and moves the tracker.
     """
 
-    def __init__(self, store: str | Store, checkpoint_path: str = "", *,
+    def __init__(self, store: str | Store, checkpoint_path: str | None, *,
                  optimizer_sharding_type: str = "dp_reshardable",
                  process_group: Any = None, thread_count: int = 1, **kwargs: Any) -> None:
         if kwargs.get("save_hf"):
@@ -425,6 +425,8 @@ class DistTrainingState:
         rng_state: this rank's saved RNG state, or None (from HF, or skipped
             because the topology changed: ``rng_restored``).
         saved_topology, saved_world_size, optimizer_sharding_type: as saved.
+        pipeline_buf: rank 0's fully_async pipeline snapshot, when one was saved
+            (the checkpointer's ``snapshot_pipeline_buf``), else None.
     """
 
     source: str
@@ -440,6 +442,7 @@ class DistTrainingState:
     saved_world_size: int | None
     data_sources: tuple[Any, ...]
     manifest: Manifest | None
+    pipeline_buf: tuple[Any, ...] | None = None
 
     def data_state(self, prompt_data_path: str) -> Any:
         """The state of the data source ``prompt_data_path`` (None: fresh)."""
@@ -533,8 +536,8 @@ def resume_dist(store: str | Store, checkpoint_path: str = "", *,
     Warns:
         RngSkippedWarning: the topology changed: RNG state is not restored.
     """
+    from registry.checkpoint.loongsage_data import read_data_state
     from registry.checkpoint.loongsage_load import (
-        _data_sources,
         _hf_config,
         _hf_weights,
         _source_paths,
@@ -612,10 +615,11 @@ def resume_dist(store: str | Store, checkpoint_path: str = "", *,
         sd[rng_key] = b""
     load_dcp(store, key, sd, process_group=group, verify=False)
     rng = json.loads(sd[rng_key]) if restore_rng else None
-    data = _data_sources(store, prefix, manifest, paths)
+    data, pipeline = read_data_state(store, prefix, manifest, paths)
     return DistTrainingState("checkpoint", step, store.url_of(prefix), hf_config,
                              common.get("optimizer"), sharding, common.get("scheduler_state"),
-                             rng, restore_rng, saved_topo, saved_world, data, manifest)
+                             rng, restore_rng, saved_topo, saved_world, data, manifest,
+                             pipeline)
 
 
 def _data_sources_fresh(paths: list[str]) -> list[Any]:
