@@ -288,6 +288,14 @@ def _json_file(store: Store, prefix: str, rel: str) -> Any:
 def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
                optimizer: bool) -> DistCheckpoint:
     url = store.url_of(join(prefix, DIST))
+    if manifest.entry(f"{DIST}/.metadata") is not None:  # torch_dist: DCP shards
+        try:
+            from registry.checkpoint.loongsage_dcp import read_dist
+        except ImportError:
+            raise CheckpointError(f"{url}: torch_dist shards (torch.distributed.checkpoint); "
+                                  "reading them needs PyTorch: pip install "
+                                  "'model-registry[torch]'") from None
+        return read_dist(store, prefix, manifest, step, optimizer=optimizer)
     for name in DIST_FILES:
         if manifest.entry(f"{DIST}/{name}") is None:
             raise CheckpointError(

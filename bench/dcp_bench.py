@@ -1,0 +1,296 @@
+"""Benchmark: LoongSage dist_ckpt through torch.distributed.checkpoint, 2 ranks.
+
+Run from the repository root::
+
+    python bench/dcp_bench.py                    # 1 GiB model + 2 GiB AdamW, a few minutes
+    python bench/dcp_bench.py --model-mib 128    # a quick run
+
+Two targets (issue 18, item 7), measured side by side in this one run, on a
+local-disk store:
+
+ours / plain DCP
+    a sync save by :class:`~registry.checkpoint.loongsage_dcp.DistLoongSageCheckpointer`
+    (DCP shards hashed while written, entries gathered, MANIFEST.json, staging
+    rename, tracker) against ``torch.distributed.checkpoint.save`` of the same
+    state dict into a fresh folder (DCP's FileSystemWriter, files fsynced as
+    DCP does by default): ratio of medians <= 1.15;
+async blocked / sync
+    the time the training loop spends in ``maybe_save`` with ``async_save``
+    (copying the shards into a snapshot, scheduling) plus ``on_step_start`` is
+    at most 10% of a sync save.
+
+The model: ``--model-mib`` of F32 parameters in 16 MiB tensors, each a DTensor
+sharded along dim 0 over the 2 ranks (a tensor-parallel-like split), plus AdamW
+``exp_avg``/``exp_avg_sq`` of the same shapes and shardings (fully_reshardable):
+3x the model in bytes per save. The ranks are forked after one torch import
+(gloo on localhost). Each timing is barrier-to-barrier (the slowest rank).
+Each round runs plain and ours-sync (in alternating order: neither always
+follows the other) then ours-async; old step folders are removed outside the
+timed region. ``--s3-mib`` adds the S3 probe behind
+docs/decisions.md: DCP's fsspec writer straight into the store against
+staging on local disk then uploading each rank's files (moto server). The
+result is a JSON document (``--out``) and a table on stdout; exit 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import DTensor, Shard  # noqa: E402
+
+TENSOR_MIB = 16
+
+
+def loadavg() -> list[float]:
+    with open("/proc/loadavg") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
+def state(model_mib: int, rank: int, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    mesh = init_device_mesh("cpu", (world,))
+    rows = TENSOR_MIB * 1024 * 1024 // 4 // 1024  # [rows, 1024] F32 = 16 MiB
+    g = torch.Generator().manual_seed(rank)
+    model, opt = {}, {}
+    for i in range(max(1, model_mib // TENSOR_MIB)):
+        def shard() -> DTensor:
+            local = torch.rand(rows // world, 1024, generator=g)
+            return DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                      shape=torch.Size((rows, 1024)),
+                                      stride=(1024, 1))
+        model[f"layers.{i}.weight"] = shard()
+        opt[f"layers.{i}.weight.exp_avg"] = shard()
+        opt[f"layers.{i}.weight.exp_avg_sq"] = shard()
+    return model, opt
+
+
+def timed(fn: Any) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def prune(root: Path, keep: str | None) -> None:
+    """Remove step folders but ``keep`` (outside the timings; rank 0)."""
+    if not root.exists():
+        return
+    for p in root.iterdir():
+        if p.is_dir() and p.name != keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def rank_main(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, opt = state(a.model_mib, rank, world)
+    plain_sd = {**{f"model.{k}": v for k, v in model.items()},
+                **{f"optimizer.state.{k}": v for k, v in opt.items()}}
+    store = str(work / "store")
+    sync = DistLoongSageCheckpointer(store, "exp", save_freq=1, total_steps=10**6,
+                                     async_save=False, optimizer_sharding_type="fully_reshardable")
+    asyn = DistLoongSageCheckpointer(store, "exp", save_freq=1, total_steps=10**6,
+                                     async_save=True, optimizer_sharding_type="fully_reshardable")
+    res: dict[str, list[float]] = {"plain": [], "ours_sync": [], "async_blocked": [],
+                                   "async_write": []}
+    step = 0
+    tree = work / "store" / "exp"
+    for rnd in range(a.warmup + a.repeat):
+        plain_dir = work / "plain" / f"r{rnd}"
+
+        def run_plain() -> float:
+            t = timed(lambda: dcp.save(plain_sd, checkpoint_id=str(plain_dir)))
+            if rank == 0:
+                prune(work / "plain", None)
+            return t
+
+        def run_sync() -> float:
+            t = timed(lambda: sync.maybe_save(step, model=model, optimizer_state=opt))
+            if rank == 0:
+                sync.lease.release()
+                prune(tree, f"train_step_{step}")
+            return t
+
+        step += 1
+        if rnd % 2 == 0:  # the order alternates: neither always follows the other
+            t_plain, t_sync = run_plain(), run_sync()
+        else:
+            t_sync, t_plain = run_sync(), run_plain()
+        step += 1
+        dist.barrier()
+        t0 = time.perf_counter()
+        asyn.on_step_start()
+        asyn.maybe_save(step, model=model, optimizer_state=opt)
+        blocked = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        asyn.wait()
+        write = time.perf_counter() - t1 + blocked
+        asyn.lease.release() if rank == 0 else None
+        dist.barrier()
+        if rank == 0:
+            prune(tree, f"train_step_{step}")
+        if rnd >= a.warmup:
+            res["plain"].append(t_plain)
+            res["ours_sync"].append(t_sync)
+            res["async_blocked"].append(blocked)
+            res["async_write"].append(write)
+    sync.finish()
+    asyn.finish()
+    return res
+
+
+def s3_probe(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """DCP's fsspec writer into S3 vs local staging + upload (both hashed)."""
+    from registry.checkpoint.dist import storage_writer
+    from registry.store import open_store
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, opt = state(a.s3_mib, rank, world)
+    sd = {**{f"model.{k}": v for k, v in model.items()},
+          **{f"optimizer.state.{k}": v for k, v in opt.items()}}
+    store = open_store(os.environ["BENCH_S3_URL"])
+    out: dict[str, list[float]] = {"fsspec_direct": [], "stage_then_upload": []}
+    for i in range(a.repeat):
+        def direct() -> None:
+            w = storage_writer(store, f"direct{i}/dist_ckpt")
+            dcp.save(sd, storage_writer=w)
+
+        def staged() -> None:
+            local = work / f"stage{i}"
+            w = storage_writer(open_store(str(local)), "dist_ckpt")
+            dcp.save(sd, storage_writer=w)
+            names = [n for n in w.fs.records if n.endswith(".distcp")]
+            if rank == 0:
+                names.append(".metadata")
+            for n in names:
+                with open(local / "dist_ckpt" / n, "rb") as f, \
+                        store.open_write(f"staged{i}/dist_ckpt/{n}") as g:
+                    shutil.copyfileobj(f, g, 8 << 20)
+        out["fsspec_direct"].append(timed(direct))
+        out["stage_then_upload"].append(timed(staged))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-mib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--s3-mib", type=int, default=0)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results-dcp.json"))
+    a = ap.parse_args()
+    server = None
+    if a.s3_mib:
+        import logging
+
+        import boto3
+
+        from tests.support.s3server import S3Server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+        server = S3Server(serialize=False).start()
+        os.environ.update(server.env())
+        boto3.client("s3").create_bucket(Bucket="dcpbench")
+        os.environ["BENCH_S3_URL"] = "s3://dcpbench/root"
+    work = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=os.environ.get("BENCH_DIR")))
+    port = free_port()
+    before = loadavg()
+    world = a.ranks
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                dist.init_process_group("gloo")
+                res: dict[str, Any] = {"local": rank_main(a, work)}
+                if a.s3_mib:
+                    res["s3"] = s3_probe(a, work)
+                if rank == 0:
+                    (work / "result.json").write_text(json.dumps(res))
+                dist.barrier()
+                dist.destroy_process_group()
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+    after = loadavg()
+    if server is not None:
+        server.stop()
+    if any(codes):
+        print(f"ranks failed: {codes}", file=sys.stderr)
+        return 1
+    raw = json.loads((work / "result.json").read_text())
+    shutil.rmtree(work, ignore_errors=True)
+    loc = raw["local"]
+    med = {k: statistics.median(v) for k, v in loc.items()}
+    ratio = med["ours_sync"] / med["plain"]
+    blocked = med["async_blocked"] / med["ours_sync"]
+    doc: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "cpus": os.cpu_count(),
+                    "loadavg_before": before, "loadavg_after": after},
+        "ranks": world, "model_mib": a.model_mib,
+        "bytes_per_save": a.model_mib * 3 * 1024 * 1024, "repeat": a.repeat,
+        "seconds": loc, "median_seconds": med,
+        "targets": {
+            f"{world}-rank sync save ({a.model_mib} MiB + {2 * a.model_mib} MiB AdamW), s": {
+                "ours": med["ours_sync"], "peer": "torch.distributed.checkpoint.save",
+                "ratio": ratio, "target": "<= 1.15", "pass": ratio <= 1.15},
+            "async save: loop blocked per save, s": {
+                "ours": med["async_blocked"], "peer": "sync save", "ratio": blocked,
+                "target": "<= 0.1", "pass": blocked <= 0.10},
+        },
+    }
+    if "s3" in raw:
+        s3 = {k: statistics.median(v) for k, v in raw["s3"].items()}
+        doc["s3_probe"] = {"mib": a.s3_mib, "seconds": raw["s3"], "median_seconds": s3}
+        doc["targets"]["s3 DCP write: fsspec direct, s"] = {
+            "ours": s3["fsspec_direct"], "peer": "stage locally + upload",
+            "ratio": s3["fsspec_direct"] / s3["stage_then_upload"], "target": "(decision)"}
+    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    for key, t in doc["targets"].items():
+        print(f"{key:50} {t['ours']:.3f}  vs {t['peer']}: ratio {t['ratio']:.3f} "
+              f"({t['target']})")
+    print(f"loadavg before {before} after {after}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
