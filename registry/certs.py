@@ -320,7 +320,16 @@ def _name(subject: str) -> Any:
 
 
 def _cert_path(key_path: Path, cert_path: str | os.PathLike[str] | None) -> Path:
-    return Path(cert_path) if cert_path is not None else key_path.with_suffix(".crt")
+    if not key_path.name:
+        raise UsageError(f"private key path {str(key_path)!r}: must name a file")
+    if cert_path is not None:
+        if not str(cert_path).strip():
+            raise UsageError("--cert: must name a file")
+        return Path(cert_path)
+    if key_path.suffix == ".crt":
+        raise UsageError(f"{key_path}: the certificate would be written over the key "
+                         "(the default --cert is the key's path with .crt); give --cert")
+    return key_path.with_suffix(".crt")
 
 
 def _refuse_existing(*paths: Path) -> None:
@@ -342,9 +351,13 @@ def _write_pair(key_path: Path, cert_path: Path, key: Any, cert: Any) -> None:
         raise
 
 
+#: the longest validity accepted, days (100 years; X.509 dates end in 9999).
+MAX_DAYS = 36525
+
+
 def _days(days: int) -> dt.timedelta:
-    if days < 1:
-        raise UsageError(f"--days {days}: must be at least 1")
+    if not 1 <= days <= MAX_DAYS:
+        raise UsageError(f"--days {days}: must be from 1 to {MAX_DAYS}")
     return dt.timedelta(days=days)
 
 
@@ -361,7 +374,8 @@ def make_ca(key_path: str | os.PathLike[str], *, subject: str,
         ``(key_path, cert_path, certificate)``.
 
     Raises:
-        UsageError: a file exists (never overwritten), a bad subject, days < 1.
+        UsageError: a file exists (never overwritten), a bad subject, days outside
+            1..MAX_DAYS, an empty key path.
         DocumentError: a file cannot be created.
     """
     x509 = _x509()
@@ -405,7 +419,8 @@ def issue(key_path: str | os.PathLike[str], *, ca_key: str | os.PathLike[str],
         ``(key_path, cert_path, certificate)``.
 
     Raises:
-        UsageError: a file exists, a bad subject, days < 1.
+        UsageError: a file exists, a bad subject, days outside 1..MAX_DAYS, an
+            empty key path.
         DocumentError: the CA key or certificate is unreadable, they do not
             match, the CA certificate is not a CA (BasicConstraints CA:TRUE)
             or not valid now.

@@ -13,6 +13,8 @@ touched: it is re-checked right before deletion.
 
 from __future__ import annotations
 
+import math
+
 import time
 
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
@@ -166,6 +168,8 @@ def parse_duration(text: str) -> float:
             value = float(t)
     except ValueError:
         raise UsageError(f"duration {text!r}: expected e.g. 90s, 15m, 2h, 7d") from None
+    if not math.isfinite(value):
+        raise UsageError(f"duration {text!r}: expected a finite number, e.g. 90s, 15m, 2h, 7d")
     if value < 0:
         raise UsageError(f"duration {text!r}: negative")
     return value

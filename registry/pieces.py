@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from registry.errors import UsageError
+
 #: bytes per piece of new manifests (override: ``REGISTRY_PIECE_SIZE``, bytes,
 #: a positive multiple of 4096; tests use small pieces).
 PIECE_SIZE = 64 * 1024 * 1024
@@ -58,14 +60,17 @@ def piece_size() -> int:
     """The piece size new manifests use: ``$REGISTRY_PIECE_SIZE`` or PIECE_SIZE.
 
     Raises:
-        ValueError: the variable is not a positive multiple of 4096.
+        UsageError: the variable is not a positive multiple of 4096.
     """
     raw = os.environ.get("REGISTRY_PIECE_SIZE")
     if not raw:
         return PIECE_SIZE
-    n = int(raw)
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
     if n <= 0 or n % 4096:
-        raise ValueError(f"REGISTRY_PIECE_SIZE={raw}: must be a positive multiple of 4096")
+        raise UsageError(f"REGISTRY_PIECE_SIZE={raw!r}: must be a positive multiple of 4096 (bytes)")
     return n
 
 

@@ -199,6 +199,18 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("cache-prune-bad-size", ["cache", "prune", "--max-size", "50Q"], 2, ["50Q"]),
     ("cache-prune-bad-duration", ["cache", "prune", "--older-than", "soon"], 2, ["soon"]),
     ("cache-prune-negative-keep", ["cache", "prune", "--keep-last", "-1"], 2, ["--keep-last"]),
+    # NaN compares false with every bound: it once selected the whole cache.
+    ("cache-prune-nan-age", ["cache", "prune", "--older-than", "nan"], 2, ["'nan'", "finite"]),
+    ("cache-prune-inf-age", ["cache", "prune", "--older-than", "infd"], 2, ["'infd'", "finite"]),
+    ("cache-prune-nan-size", ["cache", "prune", "--max-size", "nanG"], 2, ["'nanG'", "finite"]),
+    ("cache-prune-inf-size", ["cache", "prune", "--max-size", "1e400"], 2, ["'1e400'"]),
+    ("gc-nan-age", ["gc", "--older-than", "nan"], 2, ["'nan'", "finite"]),
+    ("cache-ls-empty-path", ["cache", "ls", "--cache", ""], 2, ["non-empty path"]),
+    ("keys-ca-days-too-many", ["keys", "ca", "{w}/big.pem", "--subject", "CN=x",
+                               "--days", "3000000"], 2, ["--days 3000000"]),
+    ("keys-ca-empty-path", ["keys", "ca", "", "--subject", "CN=x"], 2, ["must name a file"]),
+    ("keys-ca-crt-key-path", ["keys", "ca", "{w}/same.crt", "--subject", "CN=x"], 2,
+     ["same.crt", "give --cert"]),
     # -- certificates from a local CA (issue 17)
     ("keys-ca-over-a-file", ["keys", "ca", "{w}/ledger.json", "--subject", "CN=x"], 2,
      ["ledger.json", "refusing to overwrite"]),

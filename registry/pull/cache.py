@@ -23,7 +23,7 @@ import os
 import uuid
 from pathlib import Path
 
-from registry.errors import StorageError
+from registry.errors import StorageError, UsageError
 from registry.pull.stamps import Stamps
 
 DEFAULT_CACHE = Path("~/.cache/model-registry")
@@ -31,8 +31,15 @@ INCOMPLETE = ".incomplete"
 
 
 def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """``path``, else ``$REGISTRY_CACHE``, else ``$XDG_CACHE_HOME/model-registry``."""
+    """``path``, else ``$REGISTRY_CACHE``, else ``$XDG_CACHE_HOME/model-registry``.
+
+    Raises:
+        UsageError: ``path`` is an empty string (it would make the current
+            directory the cache and scatter ``blobs/``, ``records/``... there).
+    """
     if path is not None:
+        if not str(path).strip():
+            raise UsageError("--cache / REGISTRY_CACHE: must be a non-empty path")
         return Path(path).expanduser().resolve()
     env = os.environ.get("REGISTRY_CACHE")
     if env:

@@ -13,8 +13,10 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 
+from registry.errors import UsageError
 from registry.pull.cache import cache_dir
 from registry.pull.cache_prune import PruneReport, parse_size, prune
 from registry.pull.cache_scan import CacheReport, empty_report, open_existing, scan
@@ -51,12 +53,16 @@ class PullCache:
         (``"50G"``).
 
         Raises:
-            UsageError: a malformed or negative option.
+            UsageError: a malformed, negative, NaN or infinite option, or one of
+                the wrong type (``keep_last`` a whole number, ``max_size`` bytes).
         """
         from registry.gc import parse_duration
 
         seconds = parse_duration(older_than) if isinstance(older_than, str) else older_than
         limit = parse_size(max_size) if isinstance(max_size, str) else max_size
+        _check_option("keep_last", keep_last, int)
+        _check_option("older_than", seconds, (int, float))
+        _check_option("max_size", limit, int)
         cache = open_existing(self.path)
         if cache is None:
             return PruneReport(str(self.path), dry_run, (), (), 0, 0, 0, 0,
@@ -70,6 +76,18 @@ class PullCache:
         if cache is None:
             return VerifyReport(str(self.path), 0, 0, (), 0.0)
         return verify_cache(cache, workers=workers)
+
+
+def _check_option(name: str, value: object, kinds: type | tuple[type, ...]) -> None:
+    """A prune option is None or a finite, non-negative number of the right type
+    (never a bool, NaN or infinity: NaN compares false and would select
+    everything)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise UsageError(f"{name}={value!r}: expected a non-negative number")
+    if not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+        raise UsageError(f"{name}={value!r}: must be a finite, non-negative number")
 
 
 __all__ = ["PullCache"]

@@ -22,6 +22,8 @@ under the cache lock).
 
 from __future__ import annotations
 
+import math
+
 import os
 import shutil
 import time
@@ -58,6 +60,8 @@ def parse_size(text: str) -> int:
         value = float(t[:-1] if unit else t) * _UNITS[unit]
     except ValueError:
         raise UsageError(f"size {text!r}: expected e.g. 50G, 512M, 1.5T or bytes") from None
+    if not math.isfinite(value):
+        raise UsageError(f"size {text!r}: expected a finite size, e.g. 50G, 512M, 1.5T or bytes")
     if value < 0:
         raise UsageError(f"size {text!r}: negative")
     return int(value)

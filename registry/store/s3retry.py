@@ -42,6 +42,9 @@ T = TypeVar("T")
 ATTEMPTS_ENV, DELAY_ENV = "REGISTRY_S3_ATTEMPTS", "REGISTRY_S3_RETRY_DELAY"
 READ_TIMEOUT_ENV, CONNECT_TIMEOUT_ENV = "REGISTRY_S3_READ_TIMEOUT", "REGISTRY_S3_CONNECT_TIMEOUT"
 MAX_DELAY = 20.0
+#: bounds of the settings: a request is never tried more than 100 times,
+#: and no timeout is longer than an hour (seconds).
+MAX_ATTEMPTS, MAX_TIMEOUT = 100, 3600.0
 DEFAULT_ATTEMPTS, DEFAULT_DELAY = 5, 0.5
 
 #: S3 error codes of a request worth sending again.
@@ -56,13 +59,13 @@ _CUT_SHORT = ("ResponseParserError", "IncompleteReadError", "IncompleteRead",
               "ClientPayloadError")
 
 
-def _number(name: str, value: object, *, least: float) -> float:
+def _number(name: str, value: object, *, least: float, most: float) -> float:
     try:
         out = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         out = float("nan")
-    if not out >= least:
-        raise UsageError(f"{name}={value!r}: must be a number of at least {least:g}")
+    if not least <= out <= most:  # NaN and infinities fail too
+        raise UsageError(f"{name}={value!r}: must be a number from {least:g} to {most:g}")
     return out
 
 
@@ -112,7 +115,8 @@ class RetryPolicy:
         else the defaults.
 
         Raises:
-            UsageError: a value that is not a number, attempts < 1, delay < 0.
+            UsageError: a value that is not a number, attempts outside 1..100,
+                delay outside 0..20 s.
         """
         attempts = options.pop("retry_attempts", None)
         if attempts is None:
@@ -120,11 +124,13 @@ class RetryPolicy:
         delay = options.pop("retry_delay", None)
         if delay is None:
             delay = os.environ.get(DELAY_ENV) or None
-        tries = DEFAULT_ATTEMPTS if attempts is None else _number(ATTEMPTS_ENV, attempts, least=1)
+        tries = (DEFAULT_ATTEMPTS if attempts is None
+                 else _number(ATTEMPTS_ENV, attempts, least=1, most=MAX_ATTEMPTS))
         if tries != int(tries):
             raise UsageError(f"{ATTEMPTS_ENV}={attempts!r}: must be a whole number of tries")
         return cls(attempts=int(tries),
-                   delay=DEFAULT_DELAY if delay is None else _number(DELAY_ENV, delay, least=0))
+                   delay=(DEFAULT_DELAY if delay is None
+                          else _number(DELAY_ENV, delay, least=0, most=MAX_DELAY)))
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (from 1)."""
@@ -164,4 +170,4 @@ def timeouts(config: dict[str, Any]) -> None:
     for env, key in ((READ_TIMEOUT_ENV, "read_timeout"), (CONNECT_TIMEOUT_ENV, "connect_timeout")):
         value = os.environ.get(env)
         if value and key not in config:
-            config[key] = _number(env, value, least=0.001)
+            config[key] = _number(env, value, least=0.001, most=MAX_TIMEOUT)
