@@ -279,6 +279,8 @@ def test_run_page(client: TestClient) -> None:
     ("/models/tiny?after=..", 400, ".."),
     ("/sources/wiki?before=tiny@9.9", 404, "tiny@9.9"),
     ("/sources/wiki?after=tiny", 400, "tiny"),
+    ("/models/tiny?before=3&after=1", 400, "not both"),
+    ("/sources/wiki?before=tiny@3&after=tiny@1", 400, "not both"),
     ("/no/such/page", 404, "/no/such/page"),
 ])
 def test_pages_name_what_was_asked(client: TestClient, path: str, status: int,
@@ -393,6 +395,18 @@ def test_serve_refuses_bad_options(built: tuple[str, str], tmp_path: Path, args:
     r = CliRunner().invoke(cli_app, ["serve", "--store", built[0], "--db", built[1], *args])
     assert r.exit_code == 2, r.output
     assert message in r.stderr
+    assert isinstance(r.exception, SystemExit)  # a clean exit, no traceback
+
+
+def test_serve_on_a_port_in_use_is_one_line(built: tuple[str, str]) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(cli_app, ["serve", "--store", built[0], "--db", built[1],
+                                         "--port", str(port)])
+    assert r.exit_code == 2, r.output
+    assert f"--port {port}: cannot listen there" in r.stderr
     assert isinstance(r.exception, SystemExit)  # a clean exit, no traceback
 
 

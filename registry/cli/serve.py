@@ -79,8 +79,15 @@ def serve(
         config = uvicorn.Config(web, host=host, port=port, log_level="warning",
                                 access_log=False, server_header=False)
         server = uvicorn.Server(config)
-    # the bound port is known only once the socket is open (--port 0)
-    sock = config.bind_socket()
+        # the bound port is known only once the socket is open (--port 0); a
+        # port in use is one line, not uvicorn's log and exit
+        try:
+            sock = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as e:
+            reg.close()
+            raise UsageError(f"--host {host} --port {port}: cannot listen there "
+                             f"({e.strerror or e})") from None
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/"

@@ -43,6 +43,12 @@ def index_view(reg: Registry) -> dict[str, Any]:
     return reg.index.read(browse.home)
 
 
+def _one_cursor(before: str | None, after: str | None) -> None:
+    """A page is older than one cursor or newer than one, never both."""
+    if before is not None and after is not None:
+        raise InvalidNameError("give ?before= or ?after=, not both")
+
+
 def model_view(reg: Registry, model_id: str, *, before: str | None = None,
                after: str | None = None) -> dict[str, Any]:
     """One page of a model's versions, newest first, each with its gates; a
@@ -52,10 +58,12 @@ def model_view(reg: Registry, model_id: str, *, before: str | None = None,
         before, after: a version: show the page older (newer) than it.
 
     Raises:
-        InvalidNameError: ``model_id`` or a cursor breaks the naming rule.
+        InvalidNameError: ``model_id`` or a cursor breaks the naming rule, or
+            both cursors are given.
         NotCommittedError: the index knows no such model, or no such cursor version.
     """
     check_name(model_id, "model_id")
+    _one_cursor(before, after)
     for cursor in (before, after):
         if cursor is not None:
             check_name(cursor, "version")
@@ -199,6 +207,7 @@ def source_view(reg: Registry, source_id: str, *, before: str | None = None,
             or the cursor names no release trained on it.
     """
     check_name(source_id, "source_id")
+    _one_cursor(before, after)
     for cursor in (before, after):
         if cursor is not None:
             m, at, v = cursor.partition("@")
