@@ -443,3 +443,23 @@ def test_verify_leaves_a_bad_blob_a_pull_in_progress_uses(tmp_path: Path) -> Non
     r = PullCache(cache).verify()
     assert [(b.sha256, b.removed) for b in r.bad] == [(own.sha256, True)]
     assert not blob.exists() and PullCache(cache).verify().ok
+
+
+def test_a_killed_pulls_partial_download_is_counted_and_freed(world: dict[str, Any]) -> None:
+    """A pull SIGKILLed mid-file leaves ``tmp/<sha>.pid<dead>.<rand>.incomplete``:
+    ``ls`` counts it in the size on disk, and ``prune`` removes it and counts it
+    in the bytes freed (found by a break-test: ls said 11.8K beside 71M)."""
+    cache = world["cache"]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    partial = cache / "tmp" / f"{'ab' * 32}.pid{dead}.0123456789ab.incomplete"
+    partial.write_bytes(b"\0" * 100_000)
+    before = PullCache(cache).ls()
+    assert before.partial_bytes == 100_000
+    assert before.size_on_disk == before.blob_bytes + before.materialized_bytes + 100_000
+    assert before.to_dict()["totals"]["partial_bytes"] == 100_000
+    r = PullCache(cache).prune()
+    assert not partial.exists()
+    assert r.bytes_freed >= 100_000 and r.size_before - r.bytes_freed == r.size_after
+    after = PullCache(cache).ls()
+    assert after.partial_bytes == 0 and after.size_on_disk == r.size_after

@@ -111,12 +111,17 @@ class Cache:
     def new_temp(self, sha256: str) -> Path:
         return self.tmp / f"{sha256}.{temp_tag()}{INCOMPLETE}"
 
-    def clean_stale(self) -> list[Path]:
-        """Delete temp files whose writer process is gone; returns them."""
+    def clean_stale(self) -> list[tuple[Path, int]]:
+        """Delete temp files whose writer process is gone; returns each with
+        its size in bytes (0 if it vanished meanwhile)."""
         removed = []
         for p in self.tmp.iterdir():
             pid = owner_pid(p.name)
             if pid is not None and not pid_alive(pid):
+                try:
+                    size = p.lstat().st_size
+                except FileNotFoundError:
+                    size = 0
                 p.unlink(missing_ok=True)
-                removed.append(p)
+                removed.append((p, size))
         return removed

@@ -234,6 +234,7 @@ def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | Non
     now = time.time() if now is None else now
     trash = cache.root / "trash"
     doomed: list[Path] = []
+    stale = 0  # bytes of killed pulls' partial downloads removed
     with cache_lock(cache):
         report = scan(cache, leases=live_leases(cache, remove_dead=not dry_run))
         chosen, skipped, size_after = plan(report, keep_last=keep_last, older_than=older_than,
@@ -271,11 +272,11 @@ def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | Non
         if not dry_run:
             for sha in gone_blobs:
                 cache.drop(sha)
-            cache.clean_stale()
+            stale = sum(size for _, size in cache.clean_stale())
     if not dry_run:
         _clean_trash(trash, doomed)
     freed = sum(report.blob_sizes[s] for s in gone_blobs) + sum(
-        v.cache_dir_bytes for v in report.versions if v.manifest_sha256 in chosen)
+        v.cache_dir_bytes for v in report.versions if v.manifest_sha256 in chosen) + stale
     return PruneReport(str(cache.root), dry_run, tuple(pruned), tuple(skipped), len(gone_blobs),
                        freed, report.size_on_disk, report.size_on_disk - freed,
                        None if max_size is None else size_after <= max_size)

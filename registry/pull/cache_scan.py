@@ -103,7 +103,9 @@ class CacheReport:
         materialized_bytes: placed directories inside the cache.
         unreferenced_blobs, unreferenced_bytes: blobs no cached release and no
             pull in progress uses (the next prune removes them).
-        size_on_disk: ``blob_bytes + materialized_bytes``.
+        partial_bytes: partial downloads in ``tmp/`` (of pulls in progress,
+            or of killed ones, which the next prune removes).
+        size_on_disk: ``blob_bytes + materialized_bytes + partial_bytes``.
     """
 
     cache: str
@@ -116,10 +118,11 @@ class CacheReport:
     pulls_in_progress: int
     blob_sizes: dict[str, int] = field(repr=False, compare=False)
     leases: tuple[Lease, ...] = field(repr=False, compare=False)
+    partial_bytes: int = 0
 
     @property
     def size_on_disk(self) -> int:
-        return self.blob_bytes + self.materialized_bytes
+        return self.blob_bytes + self.materialized_bytes + self.partial_bytes
 
     def to_dict(self) -> dict[str, Any]:
         models = {v.model_id for v in self.versions}
@@ -130,6 +133,7 @@ class CacheReport:
                            "unreferenced_blobs": self.unreferenced_blobs,
                            "unreferenced_bytes": self.unreferenced_bytes,
                            "pulls_in_progress": self.pulls_in_progress,
+                           "partial_bytes": self.partial_bytes,
                            "size_on_disk": self.size_on_disk}}
 
 
@@ -233,7 +237,23 @@ def scan(cache: Cache, *, leases: list[Lease] | None = None) -> CacheReport:
     unref = {sha: n for sha, n in sizes.items() if sha not in users and sha not in leased}
     return CacheReport(str(cache.root), tuple(versions), len(sizes), sum(sizes.values()),
                        materialized_bytes, len(unref), sum(unref.values()), len(leases),
-                       sizes, tuple(leases))
+                       sizes, tuple(leases), _partial_bytes(cache))
+
+
+def _partial_bytes(cache: Cache) -> int:
+    """Bytes of the partial downloads in ``tmp/`` (a file may vanish meanwhile)."""
+    total = 0
+    try:
+        with os.scandir(cache.tmp) as it:
+            for entry in it:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:
+        return 0
+    return total
 
 
 def empty_report(path: str | os.PathLike[str] | None) -> CacheReport:

@@ -45,6 +45,9 @@ def table(report: CacheReport) -> list[str]:
                  f"{human(t['materialized_bytes'])} of directories in the cache); "
                  f"{t['unreferenced_blobs']} unreferenced blobs "
                  f"({human(t['unreferenced_bytes'])}, removed by `registry cache prune`)")
+    if t["partial_bytes"]:
+        lines.append(f"partial downloads: {human(t['partial_bytes'])} in tmp/ (a killed pull's "
+                     "are removed by `registry cache prune`)")
     return lines
 
 
