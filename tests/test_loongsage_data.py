@@ -208,9 +208,9 @@ def test_every_sub_folder_is_fsynced_before_the_commit_marker(
             events.append(("fsync-dir", os.path.realpath(path)))
         real_fsync(path)
 
-    def durable_init(self: object, path: str, mode: str) -> None:
+    def durable_init(self: object, path: str, mode: str, **kwargs: object) -> None:
         events.append(("open", os.path.realpath(path)))
-        real_init(self, path, mode)  # type: ignore[arg-type]
+        real_init(self, path, mode, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(local_mod, "fsync_path", fsync)
     monkeypatch.setattr(local_mod._DurableFile, "__init__", durable_init)
