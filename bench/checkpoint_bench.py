@@ -78,7 +78,8 @@ def sha256_file(path: Path) -> str:
 
 def ours_sync(root: Path, step: int, params: dict[str, np.ndarray],
               opt: dict[str, np.ndarray]) -> float:
-    with CheckpointManager(str(root), "bench", keep_ckpts=1, async_save=False,
+    # a run of its own: the async manager below holds run "bench"'s writer lease
+    with CheckpointManager(str(root), "bench-sync", keep_ckpts=1, async_save=False,
                            background_delete=True) as m:
         t = time.perf_counter()
         m.save(step, params, opt, optimizer="adamw", config={"bench": True},
