@@ -293,6 +293,9 @@ def _run(w: Path, cases: list[list[str]]) -> list[tuple[int, str, str]]:
     env.pop("REGISTRY_STORE", None)
     env.pop("REGISTRY_DB", None)
     env.pop("REGISTRY_DEBUG", None)
+    # a module-scoped caller runs before the per-test REGISTRY_CACHE is set:
+    # never let a pull fill the user's ~/.cache/model-registry
+    env.setdefault("REGISTRY_CACHE", str(w.parent / f"{w.name}-pull-cache"))
     p = subprocess.run([sys.executable, "-c", BATCH], input=json.dumps(cases), cwd=w, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
