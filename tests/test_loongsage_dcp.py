@@ -292,3 +292,37 @@ def test_retention_keeps_the_newest_steps(tmp_path: Path) -> None:
     steps = sorted(p.name for p in (tmp_path / "s" / "exp").iterdir() if "train_step" in p.name)
     assert steps == ["train_step_2", "train_step_3"], steps  # pruned before each save
     assert tracker(store) == 3
+
+
+def test_resume_dist_data_state_matches_sources_by_path(tmp_path: Path) -> None:
+    """DistTrainingState.data_state (the helper shared with TrainingState): a
+    saved source by its prompt_data_path, None for a new one, KeyError for one
+    this run did not ask for."""
+    import json
+
+    from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, resume_dist
+    from registry.checkpoint.loongsage_format import DataSourceFreshWarning
+    from registry.safetensors_io import write_safetensors
+
+    store = open_store(str(tmp_path / "s"))
+    model, opt = _model()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "toy"}))
+    with (hf / "model.safetensors").open("wb") as f:
+        write_safetensors(f, {k: v.numpy() for k, v in model.items()}, metadata={"format": "pt"})
+    with DistLoongSageCheckpointer(store, "exp", save_freq=1, total_steps=1,
+                                   async_save=False) as ckpt:
+        ckpt.maybe_save(1, model=model, optimizer_state=opt, data_sources=[
+            {"prompt_data_path": "data/a.jsonl", "state": {"cursor": 3}},
+            {"prompt_data_path": "data/b.jsonl", "state": {"cursor": 5}}])
+    into = {k: torch.zeros_like(v) for k, v in model.items()}
+    with pytest.warns(DataSourceFreshWarning, match="data/new.jsonl"):
+        st = resume_dist(store, "exp", model=into, hf_model_path=hf,
+                         data_sources=["data/new.jsonl", "data/b.jsonl", "data/a.jsonl"])
+    assert (st.source, st.step) == ("checkpoint", 1)
+    assert st.data_state("data/a.jsonl") == {"cursor": 3}
+    assert st.data_state("data/b.jsonl") == {"cursor": 5}
+    assert st.data_state("data/new.jsonl") is None
+    with pytest.raises(KeyError):
+        st.data_state("data/other.jsonl")

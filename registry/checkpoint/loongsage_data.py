@@ -120,6 +120,26 @@ class DataSourceState:
         return self.saved_index is None
 
 
+class DataStateLookup:
+    """Mixin for the resumed-state records (``loongsage_load.TrainingState``,
+    ``loongsage_dcp.DistTrainingState``): looks a data source up by
+    ``prompt_data_path`` in their ``data_sources``."""
+
+    __slots__ = ()
+    data_sources: tuple[DataSourceState, ...]
+
+    def data_state(self, prompt_data_path: str) -> Any:
+        """The state of the data source ``prompt_data_path`` (None: fresh).
+
+        Raises:
+            KeyError: ``prompt_data_path`` was not among the run's data sources.
+        """
+        for ds in self.data_sources:
+            if ds.prompt_data_path == prompt_data_path:
+                return ds.state
+        raise KeyError(prompt_data_path)
+
+
 def data_documents(data_sources: Iterable[Mapping[str, Any]], pipeline_buf: Any, *,
                    where: str) -> dict[str, bytes]:
     """The ``data_source/`` files of a save, serialized now (so an async save

@@ -73,6 +73,7 @@ from registry.checkpoint.dist import (
     written_entries,
 )
 from registry.checkpoint.layout import LOONGSAGE
+from registry.checkpoint.loongsage_data import DataStateLookup, read_data_state
 from registry.checkpoint.loongsage_format import (
     DIST,
     RNG_TOPOLOGY_KEYS,
@@ -415,7 +416,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
 
 
 @dataclass(frozen=True, slots=True)
-class DistTrainingState:
+class DistTrainingState(DataStateLookup):
     """What a multi-rank run resumed from (the tensors were loaded in place
     into the templates given to :func:`resume_dist`).
 
@@ -443,13 +444,6 @@ class DistTrainingState:
     data_sources: tuple[Any, ...]
     manifest: Manifest | None
     pipeline_buf: tuple[Any, ...] | None = None
-
-    def data_state(self, prompt_data_path: str) -> Any:
-        """The state of the data source ``prompt_data_path`` (None: fresh)."""
-        for ds in self.data_sources:
-            if ds.prompt_data_path == prompt_data_path:
-                return ds.state
-        raise KeyError(prompt_data_path)
 
 
 def _open(store: Any) -> Store:
@@ -536,7 +530,6 @@ def resume_dist(store: str | Store, checkpoint_path: str = "", *,
     Warns:
         RngSkippedWarning: the topology changed: RNG state is not restored.
     """
-    from registry.checkpoint.loongsage_data import read_data_state
     from registry.checkpoint.loongsage_load import (
         _hf_config,
         _hf_weights,

@@ -25,7 +25,7 @@ import numpy as np
 
 from registry import schemas
 from registry.checkpoint.layout import LOONGSAGE
-from registry.checkpoint.loongsage_data import DataSourceState, read_data_state
+from registry.checkpoint.loongsage_data import DataSourceState, DataStateLookup, read_data_state
 from registry.checkpoint.loongsage_format import (
     CONFIG,
     DIST,
@@ -72,7 +72,7 @@ class DistCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class TrainingState:
+class TrainingState(DataStateLookup):
     """What a training run starts from.
 
     Attributes:
@@ -106,13 +106,6 @@ class TrainingState:
     data_sources: tuple[DataSourceState, ...]
     manifest: Manifest | None
     pipeline_buf: tuple[Any, ...] | None = None
-
-    def data_state(self, prompt_data_path: str) -> Any:
-        """The state of the data source ``prompt_data_path`` (None: fresh)."""
-        for ds in self.data_sources:
-            if ds.prompt_data_path == prompt_data_path:
-                return ds.state
-        raise KeyError(prompt_data_path)
 
 
 def _open(store: str | os.PathLike[str] | Store) -> Store:
