@@ -42,7 +42,7 @@ import pytest
 from registry.api import Registry
 from registry.errors import GateFailedError, SignatureError, VersionExistsError
 from registry.keys import generate, load_public_key, load_trust
-from registry.manifest import MANIFEST, FileEntry, Manifest
+from registry.manifest import MANIFEST
 from registry.pull import pull
 from registry.release import ModelRelease
 from registry.release.policy import set_policy
@@ -50,6 +50,7 @@ from registry.store import Store, open_store
 from registry.verify import read_manifest
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
+from tests.support.pull_attacks import assert_never_downloaded, assert_pulls_refused, rewrite
 from tests.test_release import checkpoint
 
 pytest.importorskip("model_signing")
@@ -242,23 +243,6 @@ def test_directory_signed_by_the_library_cli_then_published_verifies_on_pull(
 # -- attacks ------------------------------------------------------------------------------
 
 
-def _rewrite(store: Store, version: str, files: dict[str, bytes | None]) -> None:
-    """The attacker: replace/add (bytes) or delete (None) files of a committed
-    release and rewrite MANIFEST.json to match, as anyone with bucket write access can."""
-    prefix = f"models/{MODEL}/{version}"
-    m = read_manifest(store, prefix)
-    entries = {e.path: e for e in m.files}
-    for path, data in files.items():
-        if data is None:
-            store.delete(f"{prefix}/{path}")
-            entries.pop(path, None)
-        else:
-            store.write_bytes(f"{prefix}/{path}", data)
-            entries[path] = FileEntry(path, len(data), hashlib.sha256(data).hexdigest())
-    forged = Manifest.build("release", entries.values(), **dict(m.meta))
-    store.write_bytes(f"{prefix}/{MANIFEST}", forged.to_bytes())
-
-
 def _attacker_signature(store: Store, version: str, key: Path) -> bytes:
     from registry.signing import sign_entries
     m = read_manifest(store, f"models/{MODEL}/{version}")
@@ -281,13 +265,13 @@ ATTACKS = {
 
 def _attack(store: Store, attack: str, version: str, evil: bytes, attacker_key: Path) -> None:
     if attack == "rewrite-weights":
-        _rewrite(store, version, {"model.safetensors": evil})
+        rewrite(store, MODEL, version, {"model.safetensors": evil})
     elif attack == "re-sign":
-        _rewrite(store, version, {"model.safetensors": evil})
-        _rewrite(store, version, {"model.sig": _attacker_signature(store, version,
-                                                                   attacker_key)})
+        rewrite(store, MODEL, version, {"model.safetensors": evil})
+        rewrite(store, MODEL, version,
+                {"model.sig": _attacker_signature(store, version, attacker_key)})
     elif attack == "delete-signature":
-        _rewrite(store, version, {"model.safetensors": evil, "model.sig": None})
+        rewrite(store, MODEL, version, {"model.safetensors": evil, "model.sig": None})
     elif attack == "swap-older-release":  # v1's files, manifest and signature under v5
         prefix, old = f"models/{MODEL}/{version}", f"models/{MODEL}/1"
         for e in read_manifest(store, prefix).files:
@@ -296,15 +280,15 @@ def _attack(store: Store, attack: str, version: str, evil: bytes, attacker_key: 
             store.write_bytes(f"{prefix}/{e.path}", store.read_bytes(f"{old}/{e.path}"))
         store.write_bytes(f"{prefix}/{MANIFEST}", store.read_bytes(f"{old}/{MANIFEST}"))
     elif attack == "add-unsigned-file":
-        _rewrite(store, version, {"tokenizer.json": b'{"evil": true}'})
+        rewrite(store, MODEL, version, {"tokenizer.json": b'{"evil": true}'})
     elif attack == "forged-key-hint":
-        _rewrite(store, version, {"model.safetensors": _safetensors(98)})
+        rewrite(store, MODEL, version, {"model.safetensors": _safetensors(98)})
         bundle = json.loads(_attacker_signature(store, version, attacker_key))
         trusted = hashlib.sha256(attacker_key.with_name("release.pub").read_bytes()).hexdigest()
         bundle["verificationMaterial"]["publicKey"]["hint"] = trusted
-        _rewrite(store, version, {"model.sig": json.dumps(bundle).encode()})
+        rewrite(store, MODEL, version, {"model.sig": json.dumps(bundle).encode()})
     else:
-        _rewrite(store, version, {"model.sig": b'{"mediaType": "nonsense"}'})
+        rewrite(store, MODEL, version, {"model.sig": b'{"mediaType": "nonsense"}'})
 
 
 def test_attacks_are_refused_by_a_real_pull(durable_store_url: str, tmp_path: Path,
@@ -321,14 +305,8 @@ def test_attacks_are_refused_by_a_real_pull(durable_store_url: str, tmp_path: Pa
     common = ["--trusted-key", str(pub), "--cache", str(tmp_path / "cache"), "--store",
               durable_store_url]
     serving = tmp_path / "serving"
-    for attack, (version, why) in ATTACKS.items():
-        target = serving / f"tiny-{version}"
-        r = run_cli("pull", f"{MODEL}@{version}", "--to", str(target), *common)
-        assert r.returncode == 1, (attack, r.stdout, r.stderr)
-        assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, (attack, r.stderr)
-        assert not serving.exists() or not any(serving.iterdir()), attack
-    blobs = tmp_path / "cache" / "blobs" / "sha256"
-    assert not (blobs / hashlib.sha256(evil).hexdigest()).exists()  # never downloaded
+    assert_pulls_refused(MODEL, ATTACKS, serving, *common)
+    assert_never_downloaded(tmp_path / "cache", evil)
     # the untouched release still pulls, and an unsigned pull still "verifies" a
     # forged release: only the trusted key stops it
     assert run_cli("pull", f"{MODEL}@1", "--to", str(serving / "tiny-1"), *common
