@@ -153,6 +153,10 @@ def test_cli_refs(tree: Store, tmp_path: Path, durable_store_url: str) -> None:
         (["--ref-dist-ckpt-path", DIST, "--ref-hf-model-path", hf], 2, "pick exactly one"),
         (["--teacher", f"dist_ckpt_path={DIST}"], 2, "hf_path is required"),
         (["--teacher", "nonsense"], 2, "expected hf_path=PATH"),
+        (["--teacher", f"hf_path={HF},hf_path={hf}"], 2, "key 'hf_path' given twice"),
+        (["--teacher", f"hf_path={hf},dist_ckpt_path={DIST},dist_ckpt_path={DIST}"], 2,
+         "key 'dist_ckpt_path' given twice"),
+        (["--teacher", f"hf_path={hf},weight=0.5"], 2, "unknown key 'weight'"),
         ([], 2, "name --ref-dist-ckpt-path"),
         (["--ref-dist-ckpt-path", ROOT], 2, "holds the tracker file"),
     ]

@@ -16,6 +16,8 @@ from registry.cli.errors import at_least, error_boundary
 from registry.errors import ObjectNotFoundError, UsageError
 from registry.store import open_store
 
+TEACHER_FORM = "hf_path=PATH[,dist_ckpt_path=PATH]"
+
 
 def _url(path: str, store: str | None) -> str:
     """PATH itself when it is a URL or path (or no --store is given), else the
@@ -68,7 +70,7 @@ def ckpt_refs(ref_dist_ckpt_path: Annotated[str | None, typer.Option(
                   "--ref-hf-model-path", metavar="PATH",
                   help="Reference model: an HF model folder (pick one of the two).")] = None,
               teacher: Annotated[list[str] | None, typer.Option(
-                  "--teacher", metavar="hf_path=PATH[,dist_ckpt_path=PATH]",
+                  "--teacher", metavar=TEACHER_FORM,
                   help="An OPD teacher (repeatable); hf_path is required.")] = None,
               store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Verify a run's reference model and OPD teachers before use: each dist_ckpt
@@ -84,9 +86,14 @@ def ckpt_refs(ref_dist_ckpt_path: Annotated[str | None, typer.Option(
             fields = {}
             for part in spec.split(","):
                 key, sep, value = part.partition("=")
-                if not sep or key not in ("hf_path", "dist_ckpt_path") or not value:
-                    raise UsageError(f"--teacher {spec!r}: expected hf_path=PATH"
-                                     "[,dist_ckpt_path=PATH]")
+                if not sep or not value:
+                    raise UsageError(f"--teacher {spec!r}: expected {TEACHER_FORM}")
+                if key not in ("hf_path", "dist_ckpt_path"):
+                    raise UsageError(f"--teacher {spec!r}: unknown key {key!r} "
+                                     f"(expected {TEACHER_FORM})")
+                if key in fields:
+                    raise UsageError(f"--teacher {spec!r}: key {key!r} given twice "
+                                     "(one teacher per --teacher; repeat the option)")
                 fields[key] = _url(value, store)
             teachers.append(fields)
             if "hf_path" not in fields:
