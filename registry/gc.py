@@ -24,6 +24,9 @@ from registry.errors import ObjectExistsError, UsageError
 from registry.store import Store, join
 from registry.verify import verify_directory
 
+#: duration units -> seconds (``--older-than``)
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
 
 def _age(store: Store, key: str, now: float) -> float:
     files = store.walk_files(key)
@@ -153,23 +156,26 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     return removed
 
 
-def parse_duration(text: str) -> float:
-    """``"90s"``, ``"15m"``, ``"2h"``, ``"7d"`` or plain seconds -> seconds.
+def parse_duration(text: str, *, what: str = "duration") -> float:
+    """``"90s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"2w"`` -> seconds. The unit is
+    required (docs/decisions.md, "Durations need a unit"): a bare ``"5"`` could
+    mean seconds or ``find -mtime``'s days. ``what`` names the option in errors.
 
     Raises:
-        UsageError: not a duration.
+        UsageError: not a duration; a number without a unit; not finite; negative.
     """
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     t = text.strip().lower()
     try:
-        if t and t[-1] in units:
-            value = float(t[:-1]) * units[t[-1]]
+        if t and t[-1] in DURATION_UNITS:
+            value = float(t[:-1]) * DURATION_UNITS[t[-1]]
         else:
             value = float(t)
     except ValueError:
-        raise UsageError(f"duration {text!r}: expected e.g. 90s, 15m, 2h, 7d") from None
+        raise UsageError(f"{what} {text!r}: expected e.g. 90s, 15m, 2h, 7d, 2w") from None
     if not math.isfinite(value):
-        raise UsageError(f"duration {text!r}: expected a finite number, e.g. 90s, 15m, 2h, 7d")
+        raise UsageError(f"{what} {text!r}: expected a finite number, e.g. 90s, 15m, 2h, 7d")
     if value < 0:
-        raise UsageError(f"duration {text!r}: negative")
+        raise UsageError(f"{what} {text!r}: negative")
+    if t[-1] not in DURATION_UNITS:
+        raise UsageError(f"{what} {text!r}: give a unit (s, m, h, d, w), e.g. {t}s or {t}d")
     return value

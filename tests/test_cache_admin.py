@@ -38,6 +38,8 @@ from jsonschema import Draft202012Validator
 from registry import schemas
 from registry.api import Registry
 from registry.commit import commit_local_directory
+from registry.errors import UsageError
+from registry.gc import parse_duration
 from registry.manifest import Manifest
 from registry.pull import pull
 from registry.pull.cache import Cache
@@ -304,6 +306,36 @@ def test_cli_prune(tmp_path: Path) -> None:
     assert [(v.version) for v in PullCache(cache).ls().versions] == ["3"]
     r = run_cli("cache", "prune", "--older-than", "30d", "--cache", str(cache))
     assert r.returncode == 0 and r.stdout == "" and "nothing to prune" in r.stderr
+
+
+def test_a_duration_needs_a_unit_on_the_command_line(tmp_path: Path) -> None:
+    """``--older-than 5`` is refused (exit 2, one line: give a unit), nothing
+    pruned: a bare number reads as seconds to some and as days (``find -mtime``)
+    to others (docs/decisions.md). The Python API keeps numbers as seconds."""
+    store = open_store(str(tmp_path / "store"))
+    cache = tmp_path / "cache"
+    publish(store, tmp_path, "tiny", "1", files_of("1"))
+    pull(store, "tiny", "1", cache=cache)
+    age(cache, "tiny", "1", 10 * 86400)
+    blobs = blob_names(cache)
+    for cmd in (["cache", "prune", "--cache", str(cache)], ["gc", "--store", str(tmp_path / "store")]):
+        r = run_cli(*cmd, "--older-than", "5")
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert r.stderr.strip() == "error: --older-than '5': give a unit (s, m, h, d, w), " \
+                                   "e.g. 5s or 5d", r.stderr
+    assert [v.version for v in PullCache(cache).ls().versions] == ["1"]
+    assert blob_names(cache) == blobs
+    with pytest.raises(UsageError, match="older_than '5': give a unit"):
+        PullCache(cache).prune(older_than="5")
+    assert parse_duration("2w") == 14 * 86400
+    r = run_cli("cache", "prune", "--older-than", "2w", "--cache", str(cache))
+    assert r.returncode == 0 and "nothing to prune" in r.stderr, r.stderr  # 10 days < 2 weeks
+    r = PullCache(cache).prune(older_than=9 * 86400, dry_run=True)  # a number: seconds
+    assert [p.version for p in r.pruned] == ["1"]
+    r = run_cli("cache", "prune", "--older-than", "5d", "--cache", str(cache), "--json")
+    assert r.returncode == 0, r.stderr
+    assert [p["version"] for p in json.loads(r.stdout)["pruned"]] == ["1"]
+    assert not PullCache(cache).ls().versions
 
 
 @pytest.mark.parametrize(("text", "value"), [("50G", 50 * 1024 ** 3), ("512M", 512 * 1024 ** 2),

@@ -8,6 +8,7 @@ import typer
 
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
+from registry.gc import parse_duration
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_table import human, table
 
@@ -46,7 +47,8 @@ def prune(
                                          "prune the others.")] = None,
     older_than: Annotated[str | None, typer.Option(
         "--older-than", metavar="DURATION",
-        help="Prune versions last pulled longer ago than this (90s, 15m, 2h, 30d).")] = None,
+        help="Prune versions last pulled longer ago than this; the unit is required "
+             "(90s, 15m, 2h, 30d, 2w).")] = None,
     max_size: Annotated[str | None, typer.Option(
         "--max-size", metavar="SIZE",
         help="Then prune least recently pulled versions until the cache fits "
@@ -62,7 +64,9 @@ def prune(
     and forgotten. Releases being pulled right now are never pruned."""
     with error_boundary(as_json):
         at_least("--keep-last", keep_last, 0)
-        report = PullCache(cache).prune(keep_last=keep_last, older_than=older_than,
+        seconds = None if older_than is None else parse_duration(older_than,
+                                                                 what="--older-than")
+        report = PullCache(cache).prune(keep_last=keep_last, older_than=seconds,
                                         max_size=max_size, dry_run=dry_run)
     if as_json:
         print_json(report.to_dict())

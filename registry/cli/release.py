@@ -329,8 +329,9 @@ def _anchor_text(k: PublicKey | Certificate) -> str:
 
 @app.command()
 def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION",
-                                               help="Only leftovers older "
-                                                    "than this (90s, 15m, 2h, 7d).")] = "1h",
+                                               help="Only leftovers older than "
+                                                    "this; the unit is required "
+                                                    "(90s, 15m, 2h, 7d).")] = "1h",
        dry_run: Annotated[bool, typer.Option("--dry-run", help="List, delete nothing.")] = False,
        checkpoint_path: Annotated[list[str] | None, typer.Option(
            "--checkpoint-path", metavar="PATH",
@@ -343,7 +344,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
     """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
     with error_boundary(as_json):
         s = open_store(store)
-        seconds = parse_duration(older_than)
+        seconds = parse_duration(older_than, what="--older-than")
         for tree in checkpoint_path or []:
             if nothing_stored(s, tree.strip("/")):
                 raise ObjectNotFoundError(f"{s.url_of(tree.strip('/'))}: no such checkpoint "

@@ -49,16 +49,18 @@ class PullCache:
               max_size: int | str | None = None, dry_run: bool = False,
               now: float | None = None) -> PruneReport:
         """Prune (registry.pull.cache_prune.prune). ``older_than`` may be
-        seconds or a duration (``"30d"``), ``max_size`` bytes or a size
-        (``"50G"``).
+        seconds (a number) or a duration with its unit (``"30d"``; a bare
+        ``"5"`` is refused), ``max_size`` bytes or a size (``"50G"``).
 
         Raises:
-            UsageError: a malformed, negative, NaN or infinite option, or one of
-                the wrong type (``keep_last`` a whole number, ``max_size`` bytes).
+            UsageError: a malformed, negative, NaN or infinite option, a duration
+                string without a unit, or an option of the wrong type
+                (``keep_last`` a whole number, ``max_size`` bytes).
         """
         from registry.gc import parse_duration
 
-        seconds = parse_duration(older_than) if isinstance(older_than, str) else older_than
+        seconds = parse_duration(older_than, what="older_than") \
+            if isinstance(older_than, str) else older_than
         limit = parse_size(max_size) if isinstance(max_size, str) else max_size
         _check_option("keep_last", keep_last, int)
         _check_option("older_than", seconds, (int, float))
