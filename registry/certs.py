@@ -181,7 +181,8 @@ def check_signing_certificate(key_path: str | os.PathLike[str],
         DocumentError: the key is not an EC private key; the certificate file
             is not one PEM certificate, is not the key's, is expired or not
             valid yet, or lacks the signing usage; a chain file is not PEM
-            certificates or holds an expired or not-yet-valid certificate.
+            certificates or holds an expired or not-yet-valid certificate; the
+            chain does not link the certificate to its CA (:func:`check_links`).
         SigningUnavailableError: the ``[signing]`` extra is not installed.
     """
     chain_paths = list(chain_paths)
@@ -202,13 +203,56 @@ def check_signing_certificate(key_path: str | os.PathLike[str],
     if not can_sign(leaf):
         raise DocumentError(where, "cannot sign: needs KeyUsage digitalSignature or "
                                    "ExtendedKeyUsage codeSigning (what model_signing requires)")
-    chain: list[bytes] = []
+    chain: list[tuple[Any, str]] = []
     for p in chain_paths:
         for c in _read_certs(p, "certificate chain"):
             check_current(c, os.fspath(p))
-            chain.append(describe(c, os.fspath(p)).pem)
+            chain.append((c, os.fspath(p)))
+    check_links(leaf, where, chain)
     return CertSigner(os.fspath(key_path), where, tuple(os.fspath(p) for p in chain_paths),
-                      describe(leaf, where), tuple(chain))
+                      describe(leaf, where), tuple(describe(c, p).pem for c, p in chain))
+
+
+def _issued_by(cert: Any, ca: Any) -> bool:
+    """``ca`` directly issued ``cert``: its subject is ``cert``'s issuer and its
+    public key verifies ``cert``'s signature."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def check_links(leaf: Any, where: str, chain: Sequence[tuple[Any, str]]) -> None:
+    """Refuse a chain (certificate, file) that does not link the signing
+    certificate (file ``where``) to its CA: a chain certificate must have issued
+    it (issuer name and signature), another that one, and so on, in any order;
+    every chain certificate must be on that path.
+
+    Raises:
+        DocumentError: names the chain file(s) and ``where``.
+    """
+    left, current = list(chain), leaf
+    while up := next((c for c in left if _issued_by(current, c[0])), None):
+        left.remove(up)
+        current = up[0]
+    if len(left) == len(chain):
+        files = ", ".join(dict.fromkeys(p for _, p in chain))
+        issuer = leaf.issuer.rfc4514_string()
+        named = [p for c, p in chain if c.subject == leaf.issuer]
+        why = (f"{issuer!r} in {named[0]} did not sign it (the signature does not verify "
+               "with that certificate's public key)") if named else (
+            f"its issuer {issuer!r} is not there (the chain holds "
+            f"{', '.join(repr(c.subject.rfc4514_string()) for c, _ in chain)})")
+        raise DocumentError(files, f"--cert-chain does not link --sign-cert {where} to "
+                                   f"its CA: {why}")
+    if left:
+        cert, path = left[0]
+        raise DocumentError(path, f"--cert-chain certificate "
+                                  f"{cert.subject.rfc4514_string()!r} is not on the path "
+                                  f"from --sign-cert {where} to its CA")
 
 
 def bundle_chain(bundle: dict[str, Any]) -> list[bytes] | None:

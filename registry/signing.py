@@ -147,7 +147,8 @@ def sign_entries(entries: Iterable[FileEntry], key_path: str, *, model_id: str,
 
     Raises:
         DocumentError: the key file is unreadable or not a supported EC key;
-            the certificate does not match it, is expired or cannot sign
+            the certificate does not match it, is expired or cannot sign, or
+            ``chain`` does not link it to its CA
             (:func:`registry.certs.check_signing_certificate`).
         SigningUnavailableError: the ``[signing]`` extra is not installed.
     """

@@ -8,8 +8,10 @@ What is checked, and how:
 * Signing (``--sign-key`` + ``--sign-cert`` [+ ``--cert-chain``], CLI and
   API, ``publish`` and ``release create``): ``model.sig`` is the library's
   certificate bundle, listed in MANIFEST.json. A certificate that is not the
-  key's, expired, not yet valid, without the signing usage, or a chain with
-  an expired CA: one line, exit 5, nothing committed.
+  key's, expired, not yet valid, without the signing usage, a chain with
+  an expired CA, or a chain that does not link the certificate to its CA
+  (another CA, one with the issuer's name but not its key, an unrelated CA
+  beside the issuer): one line naming both files, exit 5, nothing committed.
 * Pull with trusted CAs (API, ``--trusted-ca``, ``REGISTRY_TRUSTED_CAS``):
   names the certificate's subject and fingerprint. Refused (exit 1, one line,
   nothing placed), by real processes on local disk and S3: another CA's
@@ -90,6 +92,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     now = dt.datetime.now(dt.timezone.utc)
     make_ca(root / "ca.pem", subject="CN=Release CA,O=Acme")
     make_ca(root / "other-ca.pem", subject="CN=Attacker CA")
+    make_ca(root / "twin-ca.pem", subject="CN=Release CA,O=Acme")  # ca's name, another key
     issue(root / "release.pem", ca_key=root / "ca.pem", subject="CN=release-bot,O=Acme")
     issue(root / "attacker.pem", ca_key=root / "other-ca.pem", subject="CN=release-bot,O=Acme")
     # valid once while the CA was (the library checks the chain at notBefore)
@@ -213,14 +216,28 @@ def test_publish_refuses_bad_certificates_before_anything_is_committed(
         "certificate without key": (["--sign-cert", str(pki / "release.crt")], 2,
                                     "--sign-key"),
         "certificate without chain": (sign_args(pki, chain=None), 2, "give --cert-chain"),
+        # a chain that does not link --sign-cert to its CA: one line naming both files
+        "chain of another CA": (sign_args(pki, chain="other-ca"), 5,
+                                f"{pki / 'other-ca.crt'}: --cert-chain does not link "
+                                f"--sign-cert {pki / 'release.crt'} to its CA: its issuer "
+                                "'CN=Release CA,O=Acme' is not there"),
+        "chain of a CA with the issuer's name": (
+            sign_args(pki, chain="twin-ca"), 5,
+            f"{pki / 'twin-ca.crt'}: --cert-chain does not link --sign-cert "
+            f"{pki / 'release.crt'} to its CA: 'CN=Release CA,O=Acme' in "
+            f"{pki / 'twin-ca.crt'} did not sign it"),
+        "an unrelated CA beside the issuer": (
+            [*sign_args(pki), "--cert-chain", str(pki / "other-ca.crt")], 5,
+            f"{pki / 'other-ca.crt'}: --cert-chain certificate 'CN=Attacker CA' is not on "
+            f"the path from --sign-cert {pki / 'release.crt'}"),
     }
     create = ["release", "create", "--run", "r1", "--step", "10"]
     cases = [(what, [*cmd, "--model-id", MODEL, "--version", str(i + 1), *args,
                      *gate_files(tmp_path), *s], code, why)
              for i, (what, (args, code, why)) in enumerate(bad.items())
              for cmd in (["publish", str(model_dir(tmp_path, f"s{i}", seed=i + 1))],
-                         *([create] if what in ("expired", "certificate without chain")
-                           else []))]
+                         *([create] if what in ("expired", "certificate without chain",
+                                                "chain of another CA") else []))]
     # one real process runs every case (registry.cli.main per case), as the CLI
     # contract test does
     for (what, argv, code, why), (got, _, err) in zip(
@@ -230,6 +247,10 @@ def test_publish_refuses_bad_certificates_before_anything_is_committed(
     assert not store.exists(f"models/{MODEL}")  # not even a staging directory left
     with pytest.raises(DocumentError, match="expired on"):
         cert_publish(store, model_dir(tmp_path, "api"), "1", pki, "expired")
+    with pytest.raises(DocumentError, match="does not link --sign-cert"):
+        publish(store, model_dir(tmp_path, "api1"), "1", pki / "release.pem",
+                sign_cert=pki / "release.crt", cert_chain=[pki / "other-ca.crt"])
+    assert not store.exists(f"models/{MODEL}")
     with pytest.raises(UsageError):
         publish(store, model_dir(tmp_path, "api2"), "1", None, sign_cert=pki / "release.crt")
 

@@ -63,7 +63,8 @@ def signer(sign_key: str | os.PathLike[str] | None, *,
         DocumentError, SigningUnavailableError: see
             :func:`registry.keys.check_private_key` and
             :func:`registry.certs.check_signing_certificate` (a certificate
-            not of the key, expired or not yet valid, without the signing usage).
+            not of the key, expired or not yet valid, without the signing usage,
+            or a chain that does not link it to its CA).
     """
     chain = list(cert_chain)
     if sign_key is None:
