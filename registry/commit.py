@@ -152,13 +152,13 @@ class DirectoryWriter:
             # A conditional create: a writer that lost its claim can never
             # replace a file of the directory another writer now owns.
             with self.store.open_write(key, exclusive=True, size=size) as raw:
-                w = HashingWriter(raw)
+                w = HashingWriter(raw, blake3=self.kind == "release")
                 yield w
         except RegistryError:
             raise
         except OSError as e:  # disk full, I/O error: one clear error naming the file
             raise translate(e, self.store.url_of(key)) from e
-        self.entries[relpath] = FileEntry(relpath, w.size, w.sha256, w.pieces)
+        self.entries[relpath] = FileEntry(relpath, w.size, w.sha256, w.pieces, w.blake3)
 
     def write_bytes(self, relpath: str, data: bytes) -> FileEntry:
         """Write a small file whole; returns its manifest entry."""

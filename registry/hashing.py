@@ -56,10 +56,10 @@ class HashingWriter:
     Used to hash files while they are written (one pass over the bytes).
     """
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], *, blake3: bool = False) -> None:
         self.raw = raw
         self.size = 0
-        self._h = ChainHasher()
+        self._h = ChainHasher(blake3=blake3)
 
     def write(self, data: bytes | memoryview) -> int:
         """Hash and write ``data``. A write over PIPELINE_CHUNK bytes (a whole
@@ -251,6 +251,12 @@ class HashingWriter:
     @property
     def sha256(self) -> str:
         return self._h.hexdigest()
+
+    @property
+    def blake3(self) -> str | None:
+        """The BLAKE3 digest of what was written (registry.fastdigest), or
+        None for a file under its minimum size. Call after the last write."""
+        return self._h.blake3
 
     @property
     def pieces(self) -> Pieces | None:

@@ -80,17 +80,24 @@ def check_path(path: object, *, source: str) -> str:
 class FileEntry:
     """One file of a manifest: relative POSIX path, size in bytes, sha256 hex,
     and for a file of more than one piece its piece states (registry.pieces),
-    None otherwise or in manifests written before them."""
+    None otherwise or in manifests written before them; ``blake3``: the
+    file's BLAKE3 digest (64 hex digits) for files of at least
+    ``registry.fastdigest.MIN_SIZE`` bytes committed since issue 19, which
+    a pull from a local store checks instead of the sha256
+    (registry.fastdigest), else None."""
 
     path: str
     size: int
     sha256: str
     pieces: Pieces | None = None
+    blake3: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
         if self.pieces is not None:
             doc["pieces"] = self.pieces.to_dict()
+        if self.blake3 is not None:
+            doc["blake3"] = self.blake3
         return doc
 
 
@@ -228,7 +235,8 @@ def _parse_manifest(data: bytes, *, source: str) -> Manifest:
             if k not in ("format", "format_version", "kind", "created_at", "files")}
     m = Manifest(doc["kind"],
                  tuple(FileEntry(f["path"], f["size"], f["sha256"],
-                                 Pieces.from_dict(f["pieces"]) if "pieces" in f else None)
+                                 Pieces.from_dict(f["pieces"]) if "pieces" in f else None,
+                                 f.get("blake3"))
                        for f in doc["files"]),
                  doc["created_at"], meta)
     m._check(source=source)
@@ -264,16 +272,17 @@ def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
         return hash_stream(f)  # type: ignore[arg-type]
 
 
-def hash_entry(path: str | os.PathLike[str], rel: str) -> FileEntry:
+def hash_entry(path: str | os.PathLike[str], rel: str, *, blake3: bool = False) -> FileEntry:
     """The manifest entry of the local file ``path`` listed as ``rel``: size,
-    sha256 and piece states, from one read with a reused buffer."""
-    h = ChainHasher()
+    sha256 and piece states (and with ``blake3`` its BLAKE3,
+    registry.fastdigest), from one read with a reused buffer."""
+    h = ChainHasher(blake3=blake3)
     buf = bytearray(HASH_CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(view):
             h.update(view[:n])
-    return FileEntry(rel, h.size, h.hexdigest(), h.pieces)
+    return FileEntry(rel, h.size, h.hexdigest(), h.pieces, h.blake3)
 
 
 def list_local_files(root: str | os.PathLike[str]) -> list[str]:
@@ -338,5 +347,6 @@ def build_manifest(root: str | os.PathLike[str], kind: str, **meta: Any) -> Mani
     entries = []
     for rel in list_local_files(root):
         check_path(rel, source=str(root))
-        entries.append(hash_entry(os.path.join(root, *rel.split("/")), rel))
+        entries.append(hash_entry(os.path.join(root, *rel.split("/")), rel,
+                                  blake3=kind == "release"))
     return Manifest.build(kind, entries, **meta)

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from registry.errors import UsageError
+from registry.fastdigest import Blake3Side
 
 #: bytes per piece of new manifests (override: ``REGISTRY_PIECE_SIZE``, bytes,
 #: a positive multiple of 4096; tests use small pieces).
@@ -152,9 +153,12 @@ class ChainHasher:
 
     Args:
         size: piece size in bytes (default :func:`piece_size`).
+        blake3: also compute the stream's BLAKE3 (registry.fastdigest), on a
+            helper thread while the sha256 runs (releases; checkpoints do
+            not need it: nothing pulls them).
     """
 
-    def __init__(self, size: int | None = None) -> None:
+    def __init__(self, size: int | None = None, *, blake3: bool = False) -> None:
         self.piece = piece_size() if size is None else size
         self.size = 0
         self.states: list[str] = []
@@ -163,9 +167,27 @@ class ChainHasher:
         if _LIB is not None:
             _LIB.SHA256_Init(ctypes.byref(self._ctx))
         self._digest: str | None = None
+        self._b3 = Blake3Side() if blake3 else None
 
     def update(self, data: Any) -> None:
-        """Hash the bytes-like ``data`` (contiguous), next in the stream."""
+        """Hash the bytes-like ``data`` (contiguous), next in the stream; its
+        BLAKE3 (registry.fastdigest) runs on a helper thread meanwhile."""
+        if self._b3 is None:
+            self._update(data)
+            return
+        self._b3.begin(data)
+        try:
+            self._update(data)
+        finally:
+            self._b3.end()
+
+    @property
+    def blake3(self) -> str | None:
+        """The stream's BLAKE3 digest, or None (under fastdigest.MIN_SIZE
+        bytes, or without the blake3 package). Call after the last update."""
+        return self._b3.hexdigest() if self._b3 is not None else None
+
+    def _update(self, data: Any) -> None:
         if self._fallback is not None:
             self._fallback.update(data)
             self.size += memoryview(data).nbytes

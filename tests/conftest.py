@@ -78,6 +78,9 @@ def _scratch_cwd(tmp_path_factory: pytest.TempPathFactory,
     ``~/.cache/model-registry``."""
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     monkeypatch.setenv("REGISTRY_CACHE", str(tmp_path_factory.mktemp("pull-cache")))
+    # The pull tests exercise the blob cache on local stores too (the path every
+    # object-store pull takes); tests of the default (auto) unset this.
+    monkeypatch.setenv("REGISTRY_PULL_BLOBS", "always")
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None,

@@ -309,7 +309,9 @@ def durable(durable_store_url: str) -> Iterator[Store]:
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files over 1 MiB are split at once (after their first 1 KiB block) into
-    ranges of at least 256 KiB; streams in 1 KiB blocks."""
+    ranges of at least 256 KiB; streams in 1 KiB blocks. Local stores stream
+    too (their BLAKE3 copy path, registry.fastdigest, is tested elsewhere)."""
+    monkeypatch.setenv("REGISTRY_PULL_DIGEST", "sha256")
     monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
     monkeypatch.setattr(download, "MIN_SEGMENT", 256 * KIB)
     monkeypatch.setattr(download, "STREAM_CHUNK", KIB)
@@ -648,6 +650,7 @@ def test_slow_stream_is_split_fast_one_is_not(durable: Store, tmp_path: Path, sl
     ~0.5 MB/s (as one S3 stream is slow against its parallel ranges) is cut
     into ranges; the same file streaming at full speed is not."""
     store = durable
+    monkeypatch.setenv("REGISTRY_PULL_DIGEST", "sha256")  # local stores stream too
     m = publish(store, tmp_path, "1", release_files(big=True))
     key = join(release_prefix(MODEL, "1"), "big.bin")
     monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
@@ -979,7 +982,8 @@ def test_killed_pull_leaves_no_partial_and_next_pull_cleans_up(
     cache, target = tmp_path / "cache", tmp_path / "serve" / "model"
     proc = subprocess.Popen([sys.executable, str(CHILD), "stall", durable_store_url, MODEL, "1",
                              str(cache), str(target), phase],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "REGISTRY_PULL_DIGEST": "sha256"})
     try:
         line = read_line(proc, 60)
         assert line == "STALL", (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -1197,7 +1201,7 @@ def test_disk_full_while_downloading(store: Store, tmp_path: Path, small_ranges:
     assert not target.exists() and entry.sha256 not in blobs(cache)
     assert_clean(cache, target)
     monkeypatch.undo()
-    pull(store, MODEL, "1", to=target, cache=cache)
+    pull(store, MODEL, "1", to=target, cache=cache, blobs=True)
     assert_pulled(target, store, "1", cache)
 
 
@@ -1291,6 +1295,57 @@ def test_cli_no_blobs(durable_store_url: str, durable: Store, tmp_path: Path) ->
     assert p.returncode == 0, p.stderr
     assert_pulled(target, durable, "1", None)
     assert blobs(cache) == {}
+
+
+def test_default_blob_mode_follows_the_store(durable_store_url: str, durable: Store,
+                                             tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not told (``$REGISTRY_PULL_BLOBS`` unset: auto), a pull from a local
+    store writes every byte once, straight into the target, and keeps no blob
+    (the store is already a verified copy on this host); a pull from an object
+    store keeps blobs for later pulls to share. The API and the CLI agree, and
+    --blobs / --no-blobs / the variable override the store's kind."""
+    monkeypatch.delenv("REGISTRY_PULL_BLOBS")
+    m = publish(durable, tmp_path, "1", release_files())
+    local = durable.local_path("") is not None
+    every = {e.sha256: e.size for e in m.files}
+    cache = tmp_path / "cache"
+    r = pull(durable, MODEL, "1", to=tmp_path / "api", cache=cache)
+    assert_pulled(tmp_path / "api", durable, "1", None)
+    assert set(blobs(cache)) == (set() if local else set(every))
+    assert r.transferred == sum(every.values())
+    c2 = tmp_path / "cache2"
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "cli"), "--cache", str(c2),
+                "--store", durable_store_url, "--json")
+    assert p.returncode == 0, p.stderr
+    assert_pulled(tmp_path / "cli", durable, "1", None)
+    assert set(blobs(c2)) == (set() if local else set(every))
+    # the cache still lists the version and the directory it placed
+    ls = run_cli("cache", "ls", "--cache", str(c2), "--json")
+    assert ls.returncode == 0, ls.stderr
+    assert str(tmp_path / "cli") in ls.stdout
+    # overrides: the flag, then the variable
+    c3 = tmp_path / "cache3"
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "flag"), "--cache", str(c3),
+                "--store", durable_store_url, "--blobs" if local else "--no-blobs")
+    assert p.returncode == 0, p.stderr
+    assert set(blobs(c3)) == (set(every) if local else set())
+    monkeypatch.setenv("REGISTRY_PULL_BLOBS", "always" if not local else "never")
+    c4 = tmp_path / "cache4"
+    pull(durable, MODEL, "1", to=tmp_path / "var", cache=c4)
+    assert set(blobs(c4)) == (set(every) if not local else set())
+    assert_pulled(tmp_path / "var", durable, "1", None)
+
+
+def test_bad_blob_mode_variable_is_refused(durable_store_url: str, durable: Store,
+                                           tmp_path: Path) -> None:
+    publish(durable, tmp_path, "1", release_files())
+    for bad in ("sometimes", "1", "yes"):
+        p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "t"), "--cache",
+                    str(tmp_path / "c"), "--store", durable_store_url,
+                    env={"REGISTRY_PULL_BLOBS": bad})
+        assert_cli_error(p, 2, "REGISTRY_PULL_BLOBS", repr(bad), "auto, always or never")
+        assert not (tmp_path / "t").exists()
 
 
 def test_a_verified_blob_is_copied_unread(tmp_path: Path,

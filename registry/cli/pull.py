@@ -48,10 +48,14 @@ def pull(
         "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
                            "the host, e.g. a pod's emptyDir): faster, but a power loss "
                            "can leave damaged files.")] = False,
-    no_blobs: Annotated[bool, typer.Option(
-        "--no-blobs", help="Download files the cache lacks straight into the target, keeping "
-                           "no blob in the cache: one write per byte instead of two, but a "
-                           "later pull of another version cannot share them.")] = False,
+    blobs: Annotated[bool | None, typer.Option(
+        "--blobs/--no-blobs", show_default="--blobs from object stores, --no-blobs from a "
+                                            "local store",
+        help="--blobs keeps a verified blob of every downloaded file in the cache (later "
+             "pulls of other versions share it) and copies it into the target: two writes "
+             "per byte. --no-blobs downloads files the cache lacks straight into the "
+             "target: one write per byte. A local store is already a verified copy on "
+             "this host, so its pulls default to --no-blobs.")] = None,
     require_passing: Annotated[bool, typer.Option(
         "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
                                   "its gates now (revoked source, policy).")] = False,
@@ -107,7 +111,7 @@ def pull(
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
-                             blobs=not no_blobs,
+                             blobs=blobs,
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))

@@ -94,6 +94,51 @@ def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> Non
                 "margin kept free)", key=str(probe), needed=total + FREE_MARGIN, available=free_t)
 
 
+#: ``$REGISTRY_PULL_BLOBS``: ``auto`` (the default), ``always`` or ``never``.
+BLOBS_ENV = "REGISTRY_PULL_BLOBS"
+
+
+def blob_mode(store: Store) -> bool:
+    """Whether a pull from ``store`` keeps cache blobs when not told: by
+    ``$REGISTRY_PULL_BLOBS`` (``always``, ``never``), else (``auto``) only for
+    a store that is not on this host's filesystem. A local store already holds
+    verified, immutable copies of every file: a blob beside it would be a
+    second write of every byte and twice the disk for nothing a later pull
+    could not get from the store itself (the Hugging Face cache made the same
+    call for ``local_dir``; docs/decisions.md).
+
+    Raises:
+        UsageError: ``$REGISTRY_PULL_BLOBS`` holds another value.
+    """
+    mode = os.environ.get(BLOBS_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "always", "never"):
+        raise UsageError(f"{BLOBS_ENV}={os.environ[BLOBS_ENV]!r}: expected auto, always "
+                         "or never")
+    if mode == "auto":
+        return store.local_path("") is None
+    return mode == "always"
+
+
+#: ``$REGISTRY_PULL_DIGEST``: ``auto`` (the default) or ``sha256``.
+DIGEST_ENV = "REGISTRY_PULL_DIGEST"
+
+
+def digest_mode() -> str:
+    """``$REGISTRY_PULL_DIGEST``: ``auto`` (the default) lets a pull from a
+    local store check a file's BLAKE3 where its manifest entry has one
+    (registry.fastdigest); ``sha256`` makes every pull check the sha256
+    (by pieces on every core where the entry has them). Signed pulls
+    always check the sha256, which is what the signature covers.
+
+    Raises:
+        UsageError: the variable holds another value.
+    """
+    mode = os.environ.get(DIGEST_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "sha256"):
+        raise UsageError(f"{DIGEST_ENV}={os.environ[DIGEST_ENV]!r}: expected auto or sha256")
+    return mode
+
+
 def _refuse_overlap(target: Path, cache: Cache, store: Store) -> None:
     """A target that is, holds or lies inside the cache (outside its
     ``models/``) or a local store would be destroyed by ``force``, or corrupt
@@ -148,9 +193,11 @@ def _missing(cache: Cache, entries: Iterable[FileEntry]) -> dict[str, FileEntry]
 
 def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: Cache, *,
                workers: int, progress: Callable[[int], None], range_threshold: int | None,
-               fsync: bool, dests: dict[str, Path] | None = None) -> int:
+               fsync: bool, dests: dict[str, Path] | None = None,
+               fast_digest: bool = False) -> int:
     """Download ``missing`` into the cache (or, by digest, to ``dests``),
-    largest first; returns bytes received."""
+    largest first; returns bytes received. ``fast_digest``: see
+    registry.pull.download.fetch."""
     if not missing:
         return 0
     transferred = 0
@@ -161,7 +208,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
         futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,
-                                verify_pool=checks,
+                                verify_pool=checks, fast_digest=fast_digest,
                                 dest=dests.get(e.sha256) if dests is not None else None)
                    for e in sorted(missing.values(), key=lambda e: -e.size)]
         errors = []
@@ -181,7 +228,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
          range_threshold: int | None = None, fsync: bool = True,
-         trust: Trust | None = None, blobs: bool = True) -> PullResult:
+         trust: Trust | None = None, blobs: bool | None = None) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -212,8 +259,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             anything is placed. The download refuses any byte that does not
             hash to the manifest's digests, so nothing is hashed twice.
         blobs: keep a verified blob of every downloaded file in the cache
-            (the default: later pulls of other versions share it) and copy it
-            into the target. False (``--no-blobs``, the Hugging Face
+            (later pulls of other versions share it) and copy it into the
+            target. None (the default): :func:`blob_mode` decides (True for
+            object stores, False for a local store). False (``--no-blobs``, the Hugging Face
             ``local_dir`` way) downloads files the cache lacks straight into
             the staging directory: one write per byte instead of two, and no
             blob for a later pull to share. Files already cached are copied
@@ -244,6 +292,10 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         StorageError: the cache or the target's parent cannot be created.
 
     Notes:
+        Which digest is checked: a file's ``blake3`` (registry.fastdigest)
+        where its entry has one, the store is local, no ``trust`` is given
+        and ``$REGISTRY_PULL_DIGEST`` is not ``sha256``; else its sha256 (by
+        pieces where the entry has them).
         The model directory holds reflinks or copies of the cache's blobs,
         never hardlinks: writing to it changes neither the cache nor another
         pulled directory, and a re-pull re-hashes every file whose stat stamp
@@ -263,6 +315,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     if range_threshold is not None and range_threshold < 0:
         raise UsageError(f"--range-threshold-mib: {range_threshold} bytes: must not be "
                          "negative (0: any file may be split)")
+    blobs = blob_mode(store) if blobs is None else blobs
     version = resolve(store, model_id, name)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
@@ -274,6 +327,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
     on_progress = progress or (lambda n: None)
+    fast = trust is None and digest_mode() == "auto"
     holds, changed = check_target(target, manifest, c)
     wanted = [] if holds and not changed else list(manifest.files)
     missing = _missing(c, wanted)
@@ -287,7 +341,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     if blobs:
         transferred = _fetch_all(store, prefix, missing, c, workers=workers,
                                  progress=on_progress, range_threshold=range_threshold,
-                                 fsync=fsync)
+                                 fsync=fsync, fast_digest=fast)
     downloaded = len(missing)
     check = signature.result() if signature is not None else None
     signer = check.fingerprint if check is not None else None
@@ -297,7 +351,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         transferred += _fetch_all(store, prefix, {e.sha256: e for e, _ in pairs}, c,
                                   workers=workers, progress=on_progress,
                                   range_threshold=range_threshold, fsync=fsync,
-                                  dests={e.sha256: p for e, p in pairs})
+                                  dests={e.sha256: p for e, p in pairs}, fast_digest=fast)
 
     direct = frozenset() if blobs else frozenset(missing)
     for attempt in (1, 2):
@@ -314,7 +368,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             again = _missing(c, [e for e in manifest.files if e.sha256 not in direct])
             transferred += _fetch_all(store, prefix, again, c, workers=workers,
                                       progress=on_progress, range_threshold=range_threshold,
-                                      fsync=fsync)
+                                      fsync=fsync, fast_digest=fast)
             downloaded += len(again)
         except IntegrityError as err:
             # --verify found a bad file: drop its blob, so the next pull
@@ -330,4 +384,4 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                       check.to_dict() if check is not None else None)
 
 
-__all__ = ["PullResult", "pull"]
+__all__ = ["BLOBS_ENV", "DIGEST_ENV", "PullResult", "blob_mode", "digest_mode", "pull"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import mmap
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from registry import fastdigest
 from registry import pieces as pc
 from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
@@ -346,10 +348,79 @@ def _copy_local(src: str, fd: int, entry: FileEntry, checks: _PieceChecks,
     return pos
 
 
+#: :func:`_copy_local_b3`: bytes per copy_file_range call, and chunks a
+#: file's BLAKE3 may lag behind its copy.
+B3_CHUNK = 16 * 1024 * 1024
+B3_DEPTH = 4
+
+
+def _copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
+                   fsync: bool, chunk: int = B3_CHUNK) -> tuple[int, str | None]:
+    """A local store's file into the empty file ``fd`` by ``copy_file_range``
+    on this thread, while a helper thread computes the BLAKE3
+    (registry.fastdigest) of each chunk as it lands, from a read-only
+    mapping of ``fd`` (the page cache the kernel just filled: no second
+    copy, no read). The two run on two cores.
+
+    Returns:
+        ``(bytes copied, blake3 hex)``: one byte more than ``entry.size``
+        when the file is longer; the digest is None unless exactly
+        ``entry.size`` bytes landed.
+
+    Raises:
+        OSError: as ``copy_file_range``; EXDEV/EINVAL/ENOSYS/EOPNOTSUPP
+            before any byte (the caller streams instead; ``fd`` is left
+            empty).
+    """
+    size = entry.size
+    os.ftruncate(fd, size)  # mapped whole now; pages fill as the copy lands
+    mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    view = memoryview(mm)
+    h = fastdigest.hasher()
+    pending: deque[Future[None]] = deque()
+    pos = 0
+    try:
+        with open(src, "rb", buffering=0) as f, \
+                ThreadPoolExecutor(1, thread_name_prefix="pull-blake3") as hashing:
+            try:
+                want = size + 1  # one byte more: is the file longer?
+                while pos < want:
+                    try:
+                        n = os.copy_file_range(f.fileno(), fd, min(chunk, want - pos), pos, pos)
+                    except OSError:
+                        if pos == 0:
+                            os.ftruncate(fd, 0)
+                        raise
+                    if not n:
+                        break
+                    a, b = pos, min(pos + n, size)
+                    pos += n
+                    if b > a:
+                        pending.append(hashing.submit(h.update, view[a:b]))
+                        progress(b - a)
+                    if fsync and _sync_file_range is not None:
+                        _sync_file_range(fd, a, n, _SYNC_FILE_RANGE_WRITE)
+                    while len(pending) > B3_DEPTH:
+                        pending.popleft().result()
+            finally:
+                wait(list(pending))  # nothing reads the mapping after this
+            for done in pending:
+                done.result()
+    finally:
+        pending.clear()
+        view.release()
+        try:
+            mm.close()
+        except BufferError:  # pragma: no cover - a slice still alive: the GC unmaps it
+            pass
+    return pos, (str(h.hexdigest()) if pos == size else None)
+
+
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None,
-          verify_pool: ThreadPoolExecutor | None = None, dest: Path | None = None) -> int:
+          verify_pool: ThreadPoolExecutor | None = None, dest: Path | None = None,
+          fast_digest: bool = False) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
 
     With ``dest`` (``pull(blobs=False)``), the file is downloaded straight
@@ -360,7 +431,10 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     An entry with piece states (registry.pieces) is verified piece by piece
     on ``verify_pool`` (one thread per core) as its pieces land; all pieces
     verified is its sha256 verified. Other entries hash in file order on a
-    helper thread while they download.
+    helper thread while they download. With ``fast_digest``, an entry with a
+    ``blake3`` digest in a local store is copied by the kernel and checked
+    by its BLAKE3 on another core instead (registry.fastdigest: only where
+    the manifest itself is trusted, not a signature over the sha256).
 
     Args:
         ranged_pool: threads that fetch byte ranges of large files.
@@ -372,9 +446,11 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         range_threshold: files larger than this (bytes) may be split
             (default ``RANGE_THRESHOLD``).
         dest: download here (a path that must not exist) and keep no blob.
+        fast_digest: check the entry's ``blake3`` where it has one and the
+            store is local.
 
     Raises:
-        IntegrityError: size or sha256 differs from the manifest (nothing is
+        IntegrityError: size, sha256 (or blake3) differs from the manifest (nothing is
             placed; the error names the file and both values).
         ObjectNotFoundError: the file is missing from the store.
         InsufficientSpaceError: the disk filled up (the temp file is removed).
@@ -395,10 +471,25 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         created = True
         checks = (_PieceChecks(entry, fd, verify_pool)  # type: ignore[arg-type]
                   if by_pieces else None)
+        b3_local = (store.local_path(key) if fast_digest and entry.blake3 is not None
+                    and fastdigest.AVAILABLE and entry.size > 0 else None)
         local = store.local_path(key) if checks is not None else None
+        b3_actual: str | None = None
         try:
             got = -1
-            if local is not None and checks is not None:
+            if b3_local is not None:
+                try:
+                    got, b3_actual = _copy_local_b3(b3_local, fd, entry, progress, fsync=fsync)
+                except FileNotFoundError:
+                    got = -1
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+                                       errno.EOPNOTSUPP) or os.fstat(fd).st_size:
+                        raise
+                    got = -1
+                if got < 0:
+                    b3_local = None  # streamed below, checked by sha256
+            elif local is not None and checks is not None:
                 try:
                     got = _copy_local(local, fd, entry, checks, progress, fsync=fsync)
                 except FileNotFoundError:
@@ -411,8 +502,18 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                 got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
                                 workers=inflight, threshold=threshold, progress=progress,
                                 checks=checks)
-            bad = checks.first_error() if checks is not None and got == entry.size else None
-            actual = entry.sha256 if checks is not None else hasher.hexdigest()
+            bad = None
+            if b3_local is not None:
+                actual = entry.sha256
+                if got == entry.size and b3_actual != entry.blake3:
+                    bad = IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
+                                         reason=f"blake3 {b3_actual}, expected "
+                                                f"{entry.blake3} (MANIFEST.json)")
+            elif checks is not None:
+                bad = checks.first_error() if got == entry.size else None
+                actual = entry.sha256
+            else:
+                actual = hasher.hexdigest()
             if got == entry.size and fsync and bad is None:
                 os.fsync(fd)
         finally:
