@@ -1346,6 +1346,10 @@ def test_bad_blob_mode_variable_is_refused(durable_store_url: str, durable: Stor
                     env={"REGISTRY_PULL_BLOBS": bad})
         assert_cli_error(p, 2, "REGISTRY_PULL_BLOBS", repr(bad), "auto, always or never")
         assert not (tmp_path / "t").exists()
+    p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "t"), "--cache",
+                str(tmp_path / "c"), "--store", durable_store_url, "--blobs", "--no-blobs")
+    assert_cli_error(p, 2, "--blobs and --no-blobs")
+    assert not (tmp_path / "t").exists()
 
 
 def test_a_verified_blob_is_copied_unread(tmp_path: Path,

@@ -48,14 +48,15 @@ def pull(
         "--no-fsync", help="Do not fsync downloaded blobs (for disks that do not outlive "
                            "the host, e.g. a pod's emptyDir): faster, but a power loss "
                            "can leave damaged files.")] = False,
-    blobs: Annotated[bool | None, typer.Option(
-        "--blobs/--no-blobs", show_default="--blobs from object stores, --no-blobs from a "
-                                            "local store",
-        help="--blobs keeps a verified blob of every downloaded file in the cache (later "
-             "pulls of other versions share it) and copies it into the target: two writes "
-             "per byte. --no-blobs downloads files the cache lacks straight into the "
-             "target: one write per byte. A local store is already a verified copy on "
-             "this host, so its pulls default to --no-blobs.")] = None,
+    blobs: Annotated[bool, typer.Option(
+        "--blobs", help="Keep a verified blob of every downloaded file in the cache (later "
+                        "pulls of other versions share it) and copy it into the target: two "
+                        "writes per byte. The default for object stores.")] = False,
+    no_blobs: Annotated[bool, typer.Option(
+        "--no-blobs", help="Download files the cache lacks straight into the target, keeping "
+                           "no blob: one write per byte. The default for a local store "
+                           "(already a verified copy on this host); see REGISTRY_PULL_BLOBS.")
+    ] = False,
     require_passing: Annotated[bool, typer.Option(
         "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
                                   "its gates now (revoked source, policy).")] = False,
@@ -89,6 +90,8 @@ def pull(
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
         at_least("--workers", workers, 1)
+        if blobs and no_blobs:
+            raise UsageError("--blobs and --no-blobs: give at most one")
         if range_threshold_mib < 0:
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")
@@ -111,7 +114,7 @@ def pull(
             task = bar.add_task(f"pull {ref}", total=None)
             result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
-                             blobs=blobs,
+                             blobs=True if blobs else (False if no_blobs else None),
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
