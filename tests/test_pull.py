@@ -1324,6 +1324,9 @@ def test_default_blob_mode_follows_the_store(durable_store_url: str, durable: St
     ls = run_cli("cache", "ls", "--cache", str(c2), "--json")
     assert ls.returncode == 0, ls.stderr
     assert str(tmp_path / "cli") in ls.stdout
+    text = run_cli("cache", "ls", "--cache", str(c2))
+    assert text.returncode == 0 and str(tmp_path / "cli") in text.stdout, text.stderr
+    assert ("no blobs kept" in text.stdout) == local, text.stdout
     # overrides: the flag, then the variable
     c3 = tmp_path / "cache3"
     p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "flag"), "--cache", str(c3),

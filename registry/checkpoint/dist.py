@@ -103,12 +103,49 @@ class _HashingStream:
         return bool(self.inner.closed)
 
 
+class _Counted:
+    """A registry durable file (``LocalStore.open_write``: direct I/O where the
+    store's measured write path chose it, fsynced at close) with the
+    ``tell``/``fileno`` DCP asks of its streams."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.pos = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.raw.write(data)
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def fileno(self) -> int:
+        return int(self.raw._f.fileno())
+
+    def flush(self) -> None:
+        pass  # the durable file flushes (and fsyncs) at close
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.raw._f.closed)
+
+
 class _HashingFS:
     """Wraps a DCP FileSystem: every stream opened for writing is hashed, and
-    ``records`` maps each written file's name to its (size, sha256)."""
+    ``records`` maps each written file's name to its (size, sha256). With
+    ``durable`` (a local store), a file opened for writing is the store's
+    own durable file instead of DCP's buffered one: written by the store's
+    measured write path (direct I/O on disks where that is faster: no page
+    cache to fill, allocate and write back) and fsynced when closed."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, durable: Any = None) -> None:
         self.inner = inner
+        self.durable = durable
         self.records: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
 
@@ -121,10 +158,19 @@ class _HashingFS:
             with self.inner.create_stream(path, mode) as stream:
                 yield stream
             return
-        with self.inner.create_stream(path, mode) as stream:
-            hashing = _HashingStream(stream)
-            yield hashing
-            digest = hashing.digest()
+        if self.durable is not None:
+            stream = _Counted(self.durable(os.fspath(path)))
+            try:
+                hashing = _HashingStream(stream)
+                yield hashing
+                digest = hashing.digest()
+            finally:
+                stream.close()  # flushes the direct buffers and fsyncs
+        else:
+            with self.inner.create_stream(path, mode) as stream:
+                hashing = _HashingStream(stream)
+                yield hashing
+                digest = hashing.digest()
         with self._lock:
             self.records[os.path.basename(os.fspath(path))] = (hashing.size, digest)
 
@@ -134,16 +180,34 @@ def storage_writer(store: Store, key: str, *, thread_count: int = 1) -> Any:
     the (size, sha256) of every file it wrote (see the module notes)."""
     local = store.local_path(key)
     writer: Any
+    durable = None
     if local is not None:
-        writer = FileSystemWriter(local, sync_files=True, thread_count=thread_count,
+        # The store's durable files fsync at close: DCP's own fsync (sync_files)
+        # would come before the last direct buffer is written.
+        writer = FileSystemWriter(local, sync_files=False, thread_count=thread_count,
                                   overwrite=False)
+        durable = _durable_opener(store)
     else:
         writer = FsspecWriter(store.url_of(key), sync_files=False, thread_count=thread_count,
                               overwrite=False)
         writer.fs.fs = store.fs  # the Store's endpoint and credentials
         writer.path = store.path(key)
-    writer.fs = _HashingFS(writer.fs)
+    writer.fs = _HashingFS(writer.fs, durable)
     return writer
+
+
+def _durable_opener(store: Store) -> Any:
+    """``path -> durable file`` of the local store ``store`` (its measured
+    write path, fsync at close)."""
+    from registry.store.local import _DurableFile
+    from registry.store.writepath import write_path
+
+    root = store.local_path("")
+    assert root is not None
+
+    def open_durable(path: str) -> Any:
+        return _DurableFile(path, "wb", write_path=lambda: write_path(str(root)))
+    return open_durable
 
 
 def storage_reader(store: Store, key: str) -> Any:

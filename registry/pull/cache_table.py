@@ -28,11 +28,15 @@ def table(report: CacheReport) -> list[str]:
 
     A directory inside the cache is shown as ``cache``; a ``--to`` directory
     by its path, with ``(replaced)`` or ``(missing)`` when it no longer holds
-    the release."""
+    the release. A version none of whose blobs is in the cache (pulled with
+    one write per byte: from a local store, or ``--no-blobs``) says
+    ``no blobs kept``."""
     rows = [("MODEL", "VERSION", "SIZE", "SHARED", "LAST PULLED", "MATERIALIZED")]
     for v in report.versions:
         shared = f"{v.shared_blobs} blobs ({human(v.shared_bytes)})" if v.shared_blobs else "-"
         missing = f", {v.missing_blobs} blobs missing" if v.missing_blobs else ""
+        if v.missing_blobs and not v.blobs:  # a one-write pull (a local store, --no-blobs)
+            shared, missing = "no blobs kept", ""
         rows.append((v.model_id, v.version, human(v.size_on_disk), shared + missing,
                      v.last_pulled[:19].replace("T", " ") + "Z",
                      _dirs(v.materialized) + (" [pull in progress]" if v.in_use else "")))
