@@ -46,6 +46,20 @@ def _rows_pull(r: dict[str, Any]) -> Iterator[Row]:
         yield ("pull", "local, every byte verified and fsynced", local["ours_seconds"],
                "raw write + fsync of the same bytes (disk floor)",
                local["ratio_vs_disk_floor"], "(floor)")
+    if "ratio_paired" in local:
+        yield ("pull", "local, verified and fsynced: median of per-round ratios",
+               local["ours_seconds"], durable_peer, local["ratio_paired"], "<= 1.15")
+        yield ("pull", "local, verified, --no-fsync: median of per-round ratios",
+               local["no_fsync_seconds"], "cp -r", local["no_fsync_ratio_paired"], "<= 1.15")
+    if "blobs_seconds" in local:
+        yield ("pull", "local --blobs (two writes), verified and fsynced",
+               local["blobs_seconds"], durable_peer, local["blobs_ratio"], "(reported)")
+        yield ("pull", "local --blobs (two writes), verified, --no-fsync",
+               local["blobs_no_fsync_seconds"], "cp -r", local["blobs_no_fsync_ratio"],
+               "(reported)")
+        yield ("pull", "local, REGISTRY_PULL_DIGEST=sha256, --no-fsync",
+               local["sha256_no_fsync_seconds"], "cp -r", local["sha256_no_fsync_ratio"],
+               "(reported)")
     if "no_blobs_seconds" in local:
         yield ("pull", "local --no-blobs (one write), verified and fsynced",
                local["no_blobs_seconds"], durable_peer, local["no_blobs_ratio"], "<= 1.15")
@@ -66,6 +80,9 @@ def _rows_pull(r: dict[str, Any]) -> Iterator[Row]:
     if "sha256_largest_seconds" in r:
         yield ("pull", "sha256 of the largest file on one core", r["sha256_largest_seconds"],
                "cp -r", r["sha256_largest_seconds"] / local["peer_seconds"], "(reported)")
+    if "blake3_largest_seconds" in r:
+        yield ("pull", "BLAKE3 of the largest file on one core", r["blake3_largest_seconds"],
+               "cp -r", r["blake3_largest_seconds"] / local["peer_seconds"], "(reported)")
     for backend in ("local", "s3"):
         if backend in r:
             yield ("pull", f"warm re-pull ({backend}), s/GiB", r[backend]["warm_seconds_per_gib"],
@@ -79,6 +96,12 @@ def _rows_pieces(r: dict[str, Any]) -> Iterator[Row]:
            "commit without (today's)", r["commit_ratio_pieces_vs_today"], "<= 1.03")
     yield ("pieces", "commit CPU seconds with piece states", m["commit_pieces_cpu"],
            "today's", r["commit_cpu_ratio_pieces_vs_today"], "(reported)")
+    if "commit_release" in m:
+        yield ("pieces", "release commit, piece states + BLAKE3 (3 GiB)", m["commit_release"],
+               "commit without (today's)", r["commit_ratio_release_vs_today"], "<= 1.03")
+        yield ("pieces", "release commit CPU seconds, piece states + BLAKE3",
+               m["commit_release_cpu"], "today's", r["commit_cpu_ratio_release_vs_today"],
+               "(reported)")
     yield ("pieces", "resume verification (3 GiB checkpoint)", m["verify"], "sha256sum",
            r["resume_verify_ratio_vs_sha256sum"], "<= 0.6")
     yield ("pieces", f"piece checks on {r['cpus']} threads", m["verify_n"], "1 thread",

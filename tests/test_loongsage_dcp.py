@@ -326,3 +326,46 @@ def test_resume_dist_data_state_matches_sources_by_path(tmp_path: Path) -> None:
     assert st.data_state("data/new.jsonl") is None
     with pytest.raises(KeyError):
         st.data_state("data/other.jsonl")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_local_shards_go_through_the_store_durable_files(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a local store every file DCP creates is the store's durable file (its
+    measured write path, fsynced when closed) in place of DCP's own buffered
+    file + sync_files; the recorded (size, sha256) are those of the bytes on
+    disk, and DCP loads them back."""
+    import torch.distributed.checkpoint as dcp
+
+    import registry.store.local as local_mod
+    from registry.checkpoint.dist import storage_reader, storage_writer
+
+    opened: list[str] = []
+    closed: list[str] = []
+    real = local_mod._DurableFile
+
+    class Spy(real):  # type: ignore[misc, valid-type]
+        def __init__(self, path: str, mode: str, **kw: object) -> None:
+            super().__init__(path, mode, **kw)  # type: ignore[arg-type]
+            opened.append(os.path.basename(path))
+
+        def close(self) -> None:
+            super().close()
+            closed.append(os.path.basename(self.name))
+
+    monkeypatch.setattr(local_mod, "_DurableFile", Spy)
+    store = open_store(str(tmp_path / "store"))
+    sd = {"w": torch.arange(3 * 1024 * 1024, dtype=torch.float32).reshape(3, -1),
+          "b": torch.ones(7)}
+    w = storage_writer(store, "step/dist_ckpt")
+    assert w.sync_files is False  # the durable files fsync at close instead
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    shards = sorted(n for n in w.fs.records if n.endswith(".distcp"))
+    assert shards and set(shards) <= set(opened) and set(shards) <= set(closed)
+    folder = tmp_path / "store" / "step" / "dist_ckpt"
+    for name in shards:
+        data = (folder / name).read_bytes()
+        assert w.fs.records[name] == (len(data), hashlib.sha256(data).hexdigest())
+    back = {"w": torch.zeros(3, 1024 * 1024), "b": torch.zeros(7)}
+    dcp.load(back, storage_reader=storage_reader(store, "step/dist_ckpt"), no_dist=True)
+    assert torch.equal(back["w"], sd["w"]) and torch.equal(back["b"], sd["b"])

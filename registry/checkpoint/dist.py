@@ -7,8 +7,11 @@ the registry core imports this module (``import registry`` never loads torch).
 Where DCP writes (docs/decisions.md, "dist_ckpt through DCP"):
 
 * local disk: :class:`~torch.distributed.checkpoint.FileSystemWriter` into the
-  step's staging directory (``train_step_<N>.tmp-<owner>/dist_ckpt``), every
-  file fsynced (DCP's ``sync_files``), renamed with the whole step on commit;
+  step's staging directory (``train_step_<N>.tmp-<owner>/dist_ckpt``), each
+  file written through the store's durable file (its measured write path:
+  direct I/O where that is faster, so no page cache is filled, allocated and
+  written back; fsynced at close, in place of DCP's ``sync_files``), renamed
+  with the whole step on commit;
 * object stores (S3, memory): each rank's DCP writes go to a private folder
   on local disk (:func:`local_staging`), then the rank uploads the files it
   wrote into the claimed step prefix through the Store, each a conditional
