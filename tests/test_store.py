@@ -181,3 +181,51 @@ def test_s3_part_bodies_are_unsigned_but_crc32_checked(s3_bucket: str, explicit:
         signed = {k.lower(): v for k, v in headers.items()}["x-amz-content-sha256"]
         signed = signed.decode() if isinstance(signed, bytes) else signed
         assert (signed == "UNSIGNED-PAYLOAD") == (explicit is None), signed
+
+
+_KILLED_SWAP = """
+import os, sys, time
+import registry.store.local as local
+from registry.store import open_store
+real = os.replace
+def stall(src, dst):
+    print("WRITTEN", flush=True)
+    time.sleep(600)  # SIGKILLed here: the temp file is written, not renamed
+local.os.replace = stall
+store = open_store(sys.argv[1])
+_, token = store.read_versioned("run/LATEST")
+store.swap("run/LATEST", b"step-000002\\n", token)
+"""
+
+
+def test_a_swap_killed_before_its_rename_leaves_a_temp_the_next_swap_removes(
+        tmp_path: Path) -> None:
+    """Local disk: a pointer swap SIGKILLed between writing ``LATEST.tmp-<random>``
+    and renaming it leaves the old pointer intact and that temp file; the next
+    swap (under the same lock) removes it, so a resumed run ends with a clean
+    tree (tests/test_trainer_kill.py saw this leftover once)."""
+    import signal
+    import subprocess
+    import sys
+
+    from registry.store import open_store
+    from tests.conftest import REPO
+
+    root = tmp_path / "store"
+    store = open_store(str(root))
+    store.swap("run/LATEST", b"step-000001\n", None)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_SWAP, str(root)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "WRITTEN"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+    left = [n for n in os.listdir(root / "run") if ".tmp-" in n]
+    assert len(left) == 1 and left[0].startswith("LATEST.tmp-"), left
+    assert store.read_bytes("run/LATEST") == b"step-000001\n"  # untouched
+    # the dead swap's lock lapses with its process; the next swap cleans up
+    _, token = store.read_versioned("run/LATEST")
+    store.swap("run/LATEST", b"step-000003\n", token)
+    assert store.read_bytes("run/LATEST") == b"step-000003\n"
+    assert not [n for n in os.listdir(root / "run") if ".tmp-" in n]

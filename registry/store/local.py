@@ -373,6 +373,18 @@ def _rmtree(path: str) -> None:
         shutil.rmtree(path, onerror=lambda f, p, info: vanished_ok(f, p, info[1]))
 
 
+def _remove_dead_temps(path: str) -> None:
+    """Remove ``<path>.tmp-*`` left by a pointer swap killed between writing its
+    temp file and renaming it (call with the pointer's lock held)."""
+    folder, name = os.path.split(path)
+    stem = name + ".tmp-"
+    with os.scandir(folder) as entries:
+        dead = [e.path for e in entries if e.name.startswith(stem) and e.is_file()]
+    for p in dead:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
 class LocalStore(Store):
     """A store in a local folder. Writes are fsynced; ``rename_dir`` is atomic."""
 
@@ -448,11 +460,14 @@ class LocalStore(Store):
         """Compare-and-swap under a :class:`LeaseLock` (``<name>.lock``,
         exclusive creation: correct where ``flock`` locks nothing), then the
         seed's step 4 with a temp name of its own (``<name>.tmp-<random>``):
-        write, fsync, rename over ``<name>``, fsync the folder."""
+        write, fsync, rename over ``<name>``, fsync the folder. Temp files of
+        swaps killed between their write and their rename are removed first:
+        under the lock no other swap of ``<name>`` is between the two."""
         path = self.path(key)
         with translated(key):
             self._make_parents(path)
             with LeaseLock(path + ".lock"):
+                _remove_dead_temps(path)
                 try:
                     current: str | None = content_token(self.read_bytes(key))
                 except ObjectNotFoundError:
