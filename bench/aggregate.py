@@ -98,7 +98,8 @@ def _rows_pieces(r: dict[str, Any]) -> Iterator[Row]:
            "today's", r["commit_cpu_ratio_pieces_vs_today"], "(reported)")
     if "commit_release" in m:
         yield ("pieces", "release commit, piece states + BLAKE3 (3 GiB)", m["commit_release"],
-               "commit without (today's)", r["commit_ratio_release_vs_today"], "<= 1.03")
+               "commit without (today's)", r["commit_ratio_release_vs_today"],
+               "(reported: BLAKE3's cost on 2 cores)")
         yield ("pieces", "release commit CPU seconds, piece states + BLAKE3",
                m["commit_release_cpu"], "today's", r["commit_cpu_ratio_release_vs_today"],
                "(reported)")
