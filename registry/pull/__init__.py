@@ -328,7 +328,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     c.clean_stale()
     on_progress = progress or (lambda n: None)
     fast = trust is None and digest_mode() == "auto"
-    holds, changed = check_target(target, manifest, c)
+    holds, changed = check_target(target, manifest, c, need_sha256=not fast)
     wanted = [] if holds and not changed else list(manifest.files)
     missing = _missing(c, wanted)
     need = sum(e.size for e in missing.values())
@@ -354,10 +354,14 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                                   dests={e.sha256: p for e, p in pairs}, fast_digest=fast)
 
     direct = frozenset() if blobs else frozenset(missing)
+    # files a one-write pull checks by BLAKE3 (registry.fastdigest; conservative:
+    # one that falls back to streaming is checked by sha256 but still listed)
+    b3_only = tuple(e.path for e in manifest.files if fast and e.sha256 in direct
+                    and e.blake3 is not None and store.local_path("") is not None)
     for attempt in (1, 2):
         try:
             placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync,
-                                 download=download, direct=direct)
+                                 download=download, direct=direct, blake3_only=b3_only)
             break
         except BlobChangedError as err:
             # A blob changed after it was verified (someone wrote to the cache):

@@ -431,10 +431,11 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     An entry with piece states (registry.pieces) is verified piece by piece
     on ``verify_pool`` (one thread per core) as its pieces land; all pieces
     verified is its sha256 verified. Other entries hash in file order on a
-    helper thread while they download. With ``fast_digest``, an entry with a
-    ``blake3`` digest in a local store is copied by the kernel and checked
-    by its BLAKE3 on another core instead (registry.fastdigest: only where
-    the manifest itself is trusted, not a signature over the sha256).
+    helper thread while they download. With ``fast_digest`` and ``dest``, an
+    entry with a ``blake3`` digest in a local store is copied by the kernel
+    and checked by its BLAKE3 on another core instead (registry.fastdigest:
+    only where the manifest itself is trusted, not a signature over the
+    sha256; never for a blob, which is named by its sha256).
 
     Args:
         ranged_pool: threads that fetch byte ranges of large files.
@@ -471,8 +472,12 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         created = True
         checks = (_PieceChecks(entry, fd, verify_pool)  # type: ignore[arg-type]
                   if by_pieces else None)
-        b3_local = (store.local_path(key) if fast_digest and entry.blake3 is not None
-                    and fastdigest.AVAILABLE and entry.size > 0 else None)
+        # BLAKE3 only for a file placed straight into a target: a blob is named
+        # by its sha256, so a blob is only ever kept after its sha256 was checked
+        # (else a forged manifest could plant bytes under another release's digest).
+        b3_local = (store.local_path(key) if fast_digest and dest is not None
+                    and entry.blake3 is not None and fastdigest.AVAILABLE and entry.size > 0
+                    else None)
         local = store.local_path(key) if checks is not None else None
         b3_actual: str | None = None
         try:

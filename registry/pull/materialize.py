@@ -217,7 +217,8 @@ def current_digest(target: Path) -> str | None:
     return m.digest
 
 
-def check_target(target: Path, manifest: Manifest, cache: Cache) -> tuple[bool, list[str]]:
+def check_target(target: Path, manifest: Manifest, cache: Cache, *,
+                 need_sha256: bool = False) -> tuple[bool, list[str]]:
     """Whether ``target`` holds this release, and which of its files changed.
 
     Returns:
@@ -226,11 +227,16 @@ def check_target(target: Path, manifest: Manifest, cache: Cache) -> tuple[bool, 
         ``changed`` lists the files (MANIFEST.json included) whose bytes
         differ from the release. A file whose stat stamp equals the one
         recorded when it was placed is not read; any other is re-hashed
-        (and, when its bytes are right, its new stamp recorded).
+        (and, when its bytes are right, its new stamp recorded). With
+        ``need_sha256`` (a signed pull), files placed after a BLAKE3 check
+        only are re-hashed with sha256 too, once.
     """
     if current_digest(target) != manifest.digest:
         return False, []
     recorded = cache.stamps.dir_stamps(target, manifest.digest)
+    if need_sha256:
+        for path in cache.stamps.blake3_only(target, manifest.digest):
+            recorded.pop(path, None)
     expected = {e.path: (e.size, e.sha256) for e in manifest.files}
     changed, rehashed = [], False
     for path, want in expected.items():
@@ -243,8 +249,10 @@ def check_target(target: Path, manifest: Manifest, cache: Cache) -> tuple[bool, 
         except OSError:
             changed.append(path)
     if not changed and rehashed:
+        left = () if need_sha256 else tuple(cache.stamps.blake3_only(target, manifest.digest))
         try:
-            cache.stamps.record_dir(target, manifest.digest, [*expected, MANIFEST])
+            cache.stamps.record_dir(target, manifest.digest, [*expected, MANIFEST],
+                                    blake3_only=left)
         except OSError:
             pass  # a read-only cache: the next re-pull re-hashes again
     return True, changed
@@ -289,8 +297,11 @@ def _remove(path: Path) -> None:
 def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
                 verify: bool = False, fsync: bool = True,
                 download: Callable[[list[tuple[FileEntry, Path]]], None] | None = None,
-                direct: frozenset[str] = frozenset()) -> bool:
+                direct: frozenset[str] = frozenset(),
+                blake3_only: tuple[str, ...] = ()) -> bool:
     """Place the release at ``target``; returns False when it was already there.
+    ``blake3_only``: paths whose download is checked by BLAKE3 only (recorded,
+    so a later signed pull re-hashes them with sha256: check_target).
 
     Args:
         download: with ``direct``, called once with ``(entry, path)`` pairs
@@ -372,7 +383,8 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
         if placed:
             try:
                 cache.stamps.record_dir(target, manifest.digest,
-                                        [*(e.path for e in manifest.files), MANIFEST])
+                                        [*(e.path for e in manifest.files), MANIFEST],
+                                        blake3_only=blake3_only)
             except OSError:
                 pass  # no record: the next re-pull re-hashes the target
         return placed

@@ -76,12 +76,26 @@ class Stamps:
         key = hashlib.sha256(os.fsencode(str(target))).hexdigest()
         return self.dirs / f"{key}.json"
 
-    def record_dir(self, target: Path, manifest_sha256: str, paths: list[str]) -> None:
+    def record_dir(self, target: Path, manifest_sha256: str, paths: list[str], *,
+                   blake3_only: list[str] | tuple[str, ...] = ()) -> None:
         """Record the stamps of ``paths`` (relative, POSIX) under ``target``,
-        whose bytes were just placed or verified."""
+        whose bytes were just placed or verified; ``blake3_only``: those of
+        them checked by their BLAKE3 and not their sha256
+        (registry.fastdigest), which a pull that must check sha256 re-hashes."""
         files = {p: list(stamp(target / p)) for p in paths}
-        doc = {"target": str(target), "manifest_sha256": manifest_sha256, "files": files}
+        doc = {"target": str(target), "manifest_sha256": manifest_sha256, "files": files,
+               "blake3_only": sorted(blake3_only)}
         _write_atomic(self._dir_record(target), json.dumps(doc).encode())
+
+    def blake3_only(self, target: Path, manifest_sha256: str) -> set[str]:
+        """The files of ``target``'s record checked by BLAKE3 only."""
+        try:
+            doc = json.loads(self._dir_record(target).read_bytes())
+            if doc.get("manifest_sha256") != manifest_sha256:
+                return set()
+            return set(doc.get("blake3_only", []))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return set()
 
     def dir_stamps(self, target: Path, manifest_sha256: str) -> dict[str, Stamp]:
         """The recorded stamps of ``target`` for this manifest ({} when none)."""
