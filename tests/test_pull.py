@@ -1507,7 +1507,11 @@ def test_target_overlapping_the_cache_or_the_store_is_refused(tmp_path: Path) ->
     before = {p: p.read_bytes() for p in sorted(store_dir.rglob("*")) if p.is_file()}
     blobs_before = sorted(os.listdir(cache / "blobs" / "sha256"))
     for target in (cache, cache / "blobs", tmp_path, store_dir,
-                   store_dir / "models" / MODEL / "1", cache / "elsewhere"):
+                   store_dir / "models" / MODEL / "1", cache / "elsewhere",
+                   # inside models/ only this release's own path: cache prune
+                   # removes what it finds there (break-test: a user's --to)
+                   cache / "models" / MODEL / "mine", cache / "models" / MODEL / "2",
+                   cache / "models" / MODEL / "1" / "sub"):
         with pytest.raises(UsageError, match="lies inside"):
             pull(store, MODEL, "1", to=target, cache=cache, force=True)
     p = run_cli("pull", f"{MODEL}@1", "--to", str(store_dir), "--cache", str(cache),

@@ -139,17 +139,20 @@ def digest_mode() -> str:
     return mode
 
 
-def _refuse_overlap(target: Path, cache: Cache, store: Store) -> None:
-    """A target that is, holds or lies inside the cache (outside its
-    ``models/``) or a local store would be destroyed by ``force``, or corrupt
-    them: refused."""
-    roots = [(cache.root.resolve(), "the cache", cache.models.resolve())]
+def _refuse_overlap(target: Path, cache: Cache, store: Store, own: Path) -> None:
+    """A target that is, holds or lies inside the cache or a local store would
+    be destroyed by ``force``, or corrupt them: refused. Inside the cache only
+    ``own`` is allowed (``<cache>/models/<model_id>/<version>`` of this
+    release): ``cache prune`` removes what it finds under ``models/`` as its
+    own, so a user's directory there (or another version's path) would be
+    lost with it."""
+    roots = [(cache.root.resolve(), "the cache", own.resolve())]
     local = store.local_path("")
     if local is not None:
         roots.append((Path(local).resolve(), "the store", None))
     for root, what, allowed in roots:
         inside = root == target or root in target.parents
-        if allowed is not None and allowed in target.parents:
+        if allowed is not None and target == allowed:
             inside = False  # the cache's own models/<model_id>/<version>
         if inside or target in root.parents:
             raise UsageError(f"{target}: is, holds or lies inside {what} ({root}); "
@@ -323,7 +326,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     c = Cache(cache)
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
-    _refuse_overlap(target, c, store)
+    _refuse_overlap(target, c, store, c.models / model_id / version)
     take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
     on_progress = progress or (lambda n: None)
