@@ -269,17 +269,7 @@ def test_signed_pull_checks_the_sha256_the_signature_covers(local: Store, tmp_pa
     (src / "model.safetensors").write_bytes(_safetensors())
     ModelRelease(local).publish(src, MODEL, "1", ledger=[ledger_row()],
                                 eval_summary=summary(), sign_key=priv)
-    key = f"models/{MODEL}/1/data/big.bin"
-    evil = bytearray(local.read_bytes(key))
-    evil[BIG // 2] ^= 0x01
-    local.write_bytes(key, bytes(evil))
-    mkey = f"models/{MODEL}/1/{MANIFEST}"
-    doc = json.loads(local.read_bytes(mkey))
-    for f in doc["files"]:
-        if f["path"] == "data/big.bin":
-            assert f.get("blake3")
-            f["blake3"] = blake3.blake3(bytes(evil)).hexdigest()
-    local.write_bytes(mkey, json.dumps(doc).encode())
+    rewrite_weights_and_blake3(local, "1")
     assert read_manifest(local, f"models/{MODEL}/1").entry("data/big.bin") is not None
     target = tmp_path / "t"
     with pytest.raises(IntegrityError, match="data/big.bin"):
@@ -289,6 +279,22 @@ def test_signed_pull_checks_the_sha256_the_signature_covers(local: Store, tmp_pa
                 "--store", local.url_of(""), "--trusted-key", str(pub))
     assert r.returncode == 1 and "data/big.bin" in r.stderr, (r.stdout, r.stderr)
     assert not target.exists()
+
+
+def rewrite_weights_and_blake3(store: Store, version: str) -> None:
+    """The attacker: flip a byte in the middle of ``data/big.bin`` and rewrite
+    its ``blake3`` field to match, keeping its sha256 (which a signature covers)."""
+    key = f"models/{MODEL}/{version}/data/big.bin"
+    evil = bytearray(store.read_bytes(key))
+    evil[BIG // 2] ^= 0x01
+    store.write_bytes(key, bytes(evil))
+    mkey = f"models/{MODEL}/{version}/{MANIFEST}"
+    doc = json.loads(store.read_bytes(mkey))
+    for f in doc["files"]:
+        if f["path"] == "data/big.bin":
+            assert f.get("blake3")
+            f["blake3"] = blake3.blake3(bytes(evil)).hexdigest()
+    store.write_bytes(mkey, json.dumps(doc).encode())
 
 
 def _safetensors() -> bytes:
@@ -342,16 +348,7 @@ def test_a_signed_repull_rehashes_what_a_blake3_pull_placed(local: Store, tmp_pa
     assert not pull(local, MODEL, "1", to=ok, cache=cache, trust=trust).placed
     assert hashed == []  # checked once, recorded
     # the attack: version 2's weights and blake3 rewritten, its sha256 (signed) kept
-    key = f"models/{MODEL}/2/data/big.bin"
-    evil = bytearray(local.read_bytes(key))
-    evil[BIG // 2] ^= 0x01
-    local.write_bytes(key, bytes(evil))
-    mkey = f"models/{MODEL}/2/{MANIFEST}"
-    doc = json.loads(local.read_bytes(mkey))
-    for f in doc["files"]:
-        if f["path"] == "data/big.bin":
-            f["blake3"] = blake3.blake3(bytes(evil)).hexdigest()
-    local.write_bytes(mkey, json.dumps(doc).encode())
+    rewrite_weights_and_blake3(local, "2")
     bad = tmp_path / "bad"
     pull(local, MODEL, "2", to=bad, cache=cache, blobs=False)  # unsigned: the manifest rules
     with pytest.raises((CommitConflictError, IntegrityError), match="data/big.bin"):
