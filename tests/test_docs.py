@@ -1,4 +1,5 @@
-"""The README cannot drift from the CLI; every command has help; every error maps to a code."""
+"""docs/ cannot drift from the CLI (docs/cli.md is generated, docs/errors.md lists every
+exit code); every command has help; every error maps to a code."""
 
 from __future__ import annotations
 
@@ -11,17 +12,15 @@ import typer
 import registry.errors as E
 from registry.cli import app
 from registry.cli.errors import EXIT_CODES, error_boundary, exit_code_for
-from registry.cli.reference import _walk, render
+from registry.cli.reference import _walk, page
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+CLI_MD = DOCS / "cli.md"
 
 
-def test_readme_cli_reference_matches_the_commands() -> None:
-    text = README.read_text()
-    m = re.search(r"<!-- cli-reference:start -->\n(.*)<!-- cli-reference:end -->", text, re.S)
-    assert m, "README lacks the cli-reference markers"
-    assert m.group(1) == render(), "README CLI reference is stale: regenerate it with " \
-                                   "python -m registry.cli.reference"
+def test_docs_cli_reference_matches_the_commands() -> None:
+    assert CLI_MD.read_text() == page(), "docs/cli.md is stale: regenerate it with " \
+                                         "python -m registry.cli.reference > docs/cli.md"
 
 
 def test_every_command_has_help() -> None:
@@ -58,11 +57,11 @@ def test_every_registry_error_maps_to_a_one_line_message_and_exit_code(
     assert exit_code_for(E.IndexOutOfDateError("x")) == 9
 
 
-def _readme_sections() -> dict[str, tuple[str, list[str]]]:
-    """README reference: command -> (usage line, bullet names such as ``--ledger PATH``)."""
-    text = README.read_text()
+def _reference_sections() -> dict[str, tuple[str, list[str]]]:
+    """docs/cli.md: command -> (usage line, bullet names such as ``--ledger PATH``)."""
+    text = CLI_MD.read_text()
     out = {}
-    for m in re.finditer(r"#### `registry ([^`]+)`\n.*?```\n(.*?)\n```\n\n(.*?)(?=\n####|\n<!--)",
+    for m in re.finditer(r"#### `registry ([^`]+)`\n.*?```\n(.*?)\n```\n\n(.*?)(?=\n####|\Z)",
                          text, re.S):
         names = re.findall(r"^- `([^`]+)`", m.group(3), re.M)
         out[m.group(1)] = (m.group(2), names)
@@ -82,9 +81,9 @@ def _help(path: list[str]) -> str:
                                                            ["registry"])
                                   if not hasattr(c, "list_commands")] + [[]],
                          ids=lambda p: " ".join(p) or "registry")
-def test_real_help_matches_the_readme_and_shows_the_fields_metavars(path: list[str]) -> None:
-    """The real ``--help`` (whatever typer/click render it): usage line as in the
-    README, each option followed by its metavar (flags by their help text, never
+def test_real_help_matches_docs_cli_and_shows_the_fields_metavars(path: list[str]) -> None:
+    """The real ``--help`` (whatever typer/click render it): usage line as in
+    docs/cli.md, each option followed by its metavar (flags by their help text, never
     by a value placeholder), no ``{model_dir}``, ``<str>`` or ``<bool>``."""
     out = _help(path)
     for bad in ("<str>", "<bool>", "<int>", "<list", "<path>", "TEXT", "BOOLEAN", "INTEGER"):
@@ -95,7 +94,7 @@ def test_real_help_matches_the_readme_and_shows_the_fields_metavars(path: list[s
             assert not m.group(1).isupper(), (flag, m.group(0))  # a help word, no metavar
     if not path:
         return
-    usage, names = _readme_sections()[" ".join(path)]
+    usage, names = _reference_sections()[" ".join(path)]
     flat = " ".join(out.replace("│", " ").split())
     assert f"Usage: {usage}" in flat, (usage, flat[:300])
     for name in names:
@@ -110,12 +109,44 @@ def test_real_help_matches_the_readme_and_shows_the_fields_metavars(path: list[s
             assert re.search(r"\b" + re.escape(name) + r"\b", out.split("Usage:", 1)[1]), name
 
 
-def test_readme_error_table_lists_every_exit_code_the_cli_uses() -> None:
+def test_docs_error_table_lists_every_exit_code_the_cli_uses() -> None:
     from registry.cli.errors import EXIT_NOT_INDEXED, EXIT_USAGE
 
-    text = README.read_text()
-    section = text.split("## Errors and exit codes", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "errors.md").read_text()
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
     used = set(EXIT_CODES.values()) | {0, EXIT_USAGE, EXIT_NOT_INDEXED, 130}
     assert listed == used
     assert "schemas/cli-error.schema.json" in section
+
+
+def _links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    heads = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", path.read_text(), flags=re.S),
+                       re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_readme_is_a_front_door_linking_every_docs_page() -> None:
+    readme = DOCS.parent / "README.md"
+    lines = readme.read_text().splitlines()
+    assert len(lines) < 200, "the README is the front door: reference text goes to docs/"
+    linked = {t.split("#")[0] for t in _links(readme)}
+    for page in sorted(DOCS.glob("*.md")):
+        assert f"docs/{page.name}" in linked, f"README does not link docs/{page.name}"
+    assert any(ln.startswith("The suite (about") for ln in lines), "the suite time line"
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))])
+def test_every_relative_link_resolves(doc: str) -> None:
+    src = DOCS.parent / doc
+    for target in _links(src):
+        file, _, anchor = target.partition("#")
+        dest = (src.parent / file).resolve() if file else src
+        assert dest.exists(), f"{doc}: link {target} names no file"
+        if anchor and dest.suffix == ".md":
+            assert anchor in _anchors(dest), f"{doc}: link {target}: no such heading"

@@ -1,8 +1,8 @@
-"""The README's CLI reference, generated from the commands themselves.
+"""The CLI reference (``docs/cli.md``), generated from the commands themselves.
 
-``python -m registry.cli.reference`` prints it; tests check that the README holds
-exactly this text between its ``cli-reference`` markers, and that every usage
-line and metavar in it is what the real ``--help`` of each command prints.
+``python -m registry.cli.reference > docs/cli.md`` writes it; tests check that
+``docs/cli.md`` is exactly this text, and that every usage line and metavar in
+it is what the real ``--help`` of each command prints.
 """
 
 from __future__ import annotations
@@ -58,5 +58,20 @@ def render() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+HEADER = """# CLI reference
+
+Every command and option of `registry`, generated from the commands themselves
+(`python -m registry.cli.reference > docs/cli.md`); a test keeps this page
+identical to what `--help` prints. Exit codes: [errors.md](errors.md).
+Environment variables: [configuration.md](configuration.md).
+
+"""
+
+
+def page() -> str:
+    """The whole of ``docs/cli.md``: a header, then :func:`render`."""
+    return HEADER + render()
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    print(page(), end="")

@@ -33,7 +33,7 @@ from registry.web.render import render
 
 #: exit code of the CLI -> HTTP status of the same error
 HTTP_STATUS = {1: 500, 2: 400, 3: 404, 4: 409, 5: 500, 6: 502, 7: 500, 8: 503, 9: 503}
-#: what each exit code means (README, "Errors and exit codes")
+#: what each exit code means (docs/errors.md)
 EXIT_MEANING = {1: "a check said no", 2: "bad arguments or names", 3: "not found",
                 4: "conflict", 5: "invalid document", 6: "storage", 7: "checkpoint",
                 8: "index", 9: "index schema behind"}

@@ -181,7 +181,7 @@ def version_view(reg: Registry, model_id: str, ref: str,
 def _signature(sig: dict[str, Any]) -> dict[str, Any]:
     """The signer row of a signed release (``model.sig``, OpenSSF model signing):
     the signing key's fingerprint, and whether the model's policy keys verified
-    it (only a pull with ``--trusted-key`` is a security check; see the README)."""
+    it (only a pull with ``--trusted-key`` is a security check; see docs/guarantees.md)."""
     state = {True: "verified against the policy's keys",
              False: "NOT verified by the policy's keys",
              None: "not verified here"}[sig.get("verified")]
