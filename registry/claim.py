@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from registry import numbers
 from registry.errors import ObjectExistsError, ObjectNotFoundError, PointerConflictError
 from registry.manifest import utc_now
 from registry.store import Store
@@ -125,7 +126,7 @@ class Claim:
         self._lock = threading.Lock()
 
     def _body(self) -> bytes:
-        return json.dumps({"owner": self.owner, "host": socket.gethostname(),
+        return numbers.dumps({"owner": self.owner, "host": socket.gethostname(),
                            "pid": os.getpid(), "started_at": self.started_at,
                            "lease_seconds": self.lease, "renewals": self._renewals}).encode()
 

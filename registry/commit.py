@@ -21,7 +21,6 @@ Pointers (step 4) live in :mod:`registry.pointer`; deletion in :func:`delete_dir
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from registry import numbers
 from registry.claim import Claim, ClaimLost
 from registry.errors import (
     CommitConflictError,
@@ -168,7 +168,7 @@ class DirectoryWriter:
 
     def write_json(self, relpath: str, doc: Any) -> FileEntry:
         """Write a JSON document (UTF-8, 2-space indent, trailing newline)."""
-        return self.write_bytes(relpath, (json.dumps(doc, indent=2, ensure_ascii=False)
+        return self.write_bytes(relpath, (numbers.dumps(doc, indent=2, ensure_ascii=False)
                                           + "\n").encode())
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str]) -> FileEntry:

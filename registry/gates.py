@@ -51,8 +51,8 @@ class Threshold:
         if not m:
             raise UsageError(f"threshold {text!r}: expected METRIC>=VALUE or METRIC<=VALUE")
         value = float(m.group(3))
-        if math.isnan(value):
-            raise UsageError(f"threshold {text!r}: value is not a number")
+        if not math.isfinite(value):  # 1e999 is infinity: no index column holds it
+            raise UsageError(f"threshold {text!r}: value is not a finite number")
         return cls(m.group(1), m.group(2), value)
 
     def __str__(self) -> str:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from registry import numbers
 from registry.errors import DocumentError, SigningUnavailableError, UsageError
 from registry.manifest import utc_now
 
@@ -319,6 +320,6 @@ def revoke(folder: str | os.PathLike[str], key: PublicKey | Certificate,
     entry = {"reason": reason, "revoked_at": utc_now(), "key": key.name}
     doc[key.fingerprint] = entry
     tmp = root / f".{REVOKED}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(numbers.dumps(doc, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     return {"fingerprint": key.fingerprint, **entry}

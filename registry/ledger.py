@@ -9,10 +9,10 @@ loses nothing::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from registry import numbers
 from registry import schemas
 from registry.errors import ObjectExistsError, UsageError
 from registry.manifest import utc_now
@@ -49,7 +49,7 @@ def revoke(store: Store, source_id: str, reason: str) -> tuple[Revocation, bool]
     rev = Revocation(source_id, utc_now(), reason.strip())
     key = join(PREFIX, f"{source_id}.json")
     try:
-        store.create(key, (json.dumps(rev.to_dict(), sort_keys=True) + "\n").encode())
+        store.create(key, (numbers.dumps(rev.to_dict(), sort_keys=True) + "\n").encode())
     except ObjectExistsError:
         return _read(store, key), False
     return rev, True

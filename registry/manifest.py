@@ -9,7 +9,6 @@ directory's content and is what a release records as its source.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 import threading
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from registry import numbers
 from registry import schemas
 from registry.pieces import ChainHasher, Pieces
 from registry.errors import (
@@ -140,7 +140,7 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         """Canonical JSON: sorted keys, compact separators, UTF-8, trailing newline."""
-        return (json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+        return (numbers.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False) + "\n").encode()
 
     @property

@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 
+from registry import numbers
 from registry.errors import DocumentError, SchemaValidationError
 from registry.resources import resource_dir
 
@@ -161,20 +162,25 @@ def load_json(data: bytes, *, path: str) -> Any:
         DocumentError: ``"not valid UTF-8"``; or ``"not valid JSON: <msg> at line L
             column C"`` for a syntax error (a UTF-8 byte order mark included); or
             ``"not valid JSON: <rule>"`` for a duplicate key, a ``NaN``/``Infinity``
-            constant, an integer too long to convert, or nesting too deep.
+            constant, or nesting too deep; or ``"<field>: <number> is not a finite
+            64-bit number"`` for a float that overflows binary64 (``1e400``) or an
+            integer outside the index's 64-bit range (:mod:`registry.numbers`).
     """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise DocumentError(path, "not valid UTF-8") from None
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant,
+                         parse_float=numbers.parse_float, parse_int=numbers.parse_int)
     except json.JSONDecodeError as exc:
         raise DocumentError(
             path, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
     except (ValueError, RecursionError) as exc:
         raise DocumentError(path, f"not valid JSON: {exc}") from None
+    numbers.check_numbers(doc, path=path)
+    return doc
 
 
 def validate_ledger(rows: Any, *, path: str) -> None:

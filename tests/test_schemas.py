@@ -480,6 +480,8 @@ def test_load_json_rejects(data: bytes, rule: str) -> None:
 
 
 def test_load_json_rejects_hostile_input_as_document_error() -> None:
-    for data in (b"[" * 100_000 + b"]" * 100_000, b"1" * 5000):
-        with pytest.raises(DocumentError, match=r"^runs/r1/.*: not valid JSON: "):
-            schemas.load_json(data, path=PATH)
+    with pytest.raises(DocumentError, match=r"^runs/r1/.*: not valid JSON: "):
+        schemas.load_json(b"[" * 100_000 + b"]" * 100_000, path=PATH)
+    # refused by its length, never converted (registry.numbers)
+    with pytest.raises(DocumentError, match=r"^runs/r1/.*: \(root\): an integer of 5000 digits"):
+        schemas.load_json(b"1" * 5000, path=PATH)

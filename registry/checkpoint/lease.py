@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from registry import numbers
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -136,7 +137,7 @@ class WriterLease:
     def _doc(self, *, released: bool = False) -> bytes:
         now = time.time()
         expires = now if released else now + self.seconds
-        return (json.dumps({"kind": KIND, "owner": self.owner, "host": socket.gethostname(),
+        return (numbers.dumps({"kind": KIND, "owner": self.owner, "host": socket.gethostname(),
                             "pid": os.getpid(), "started_at": self.started_at or utc_now(),
                             "renewed_at": _rfc3339(now), "expires_at": _rfc3339(expires),
                             "expires": expires, "released": released}, indent=2)

@@ -12,7 +12,6 @@ the manifest as commit marker)::
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import warnings
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from registry import numbers
 from registry import schemas
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
@@ -223,8 +223,9 @@ class CheckpointManager:
                            copy=self.async_save, reuse=self._spare.get("optimizer"))
         if self.async_save:
             self._spare = {"model": model, "optimizer": opt}
-        state = json.loads(json.dumps(trainer_state))
-        gen = json.loads(json.dumps(generation_config)) if generation_config else None
+        state = numbers.plain_copy(trainer_state, path=f"{where}/trainer_state.json")
+        gen = (numbers.plain_copy(generation_config, path=f"{where}/generation_config.json")
+               if generation_config else None)
         validate_save_inputs(step, model, opt, optimizer=optimizer, config=config_doc,
                              trainer_state=state, has_tokenizer=tok is not None,
                              generation_config=gen, where=where)
@@ -309,7 +310,7 @@ class CheckpointManager:
                  "path": r.path, "manifest_sha256": r.manifest_sha256, "bytes": r.bytes,
                  "seconds": round(r.seconds, 6)}
         with open(self.progress_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
+            f.write(numbers.dumps(event) + "\n")
             f.flush()
 
     def poll(self) -> bool:

@@ -6,9 +6,9 @@ at the boundary (:mod:`registry.cli.errors`).
 
 from __future__ import annotations
 
-import json
 import sys
 
+from registry import numbers
 from registry.cli import (  # noqa: F401  (registers commands)
     cache,
     ckpt,
@@ -44,7 +44,7 @@ def main() -> None:
         if not (hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
             raise
         doc = error_document("UsageError", exc.exit_code, exc.format_message(), None)
-        print(json.dumps(doc, sort_keys=True), file=sys.stderr)
+        print(numbers.dumps(doc, sort_keys=True), file=sys.stderr)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

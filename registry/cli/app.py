@@ -9,7 +9,6 @@ so ``--help`` reads the same whatever typer/click versions render it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -17,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from registry import numbers
 from registry.store import Store
 
 
@@ -141,4 +141,4 @@ def nothing_stored(store: Store, key: str) -> bool:
 
 
 def print_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    typer.echo(numbers.dumps(doc, indent=2, sort_keys=True, default=str))

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from registry.numbers import INT_MAX
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
 from registry.gc import parse_duration
@@ -43,7 +44,7 @@ def ls(cache: CacheOpt = None, as_json: JsonOpt = False) -> None:
 @cache_app.command("prune")
 def prune(
     keep_last: Annotated[int | None, typer.Option(
-        "--keep-last", metavar="N", help="Keep each model's N most recently pulled versions; "
+        "--keep-last", metavar="N", max=INT_MAX, help="Keep each model's N most recently pulled versions; "
                                          "prune the others.")] = None,
     older_than: Annotated[str | None, typer.Option(
         "--older-than", metavar="DURATION",
@@ -94,7 +95,7 @@ def prune(
 @cache_app.command("verify")
 def verify(
     workers: Annotated[int | None, typer.Option(
-        "--workers", help="Blobs hashed at once [default: the CPU count].")] = None,
+        "--workers", max=INT_MAX, help="Blobs hashed at once [default: the CPU count].")] = None,
     cache: CacheOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Re-hash every blob of the cache; remove the bad ones (the next pull fetches them again).

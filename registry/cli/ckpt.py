@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from registry.numbers import INT_MAX
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
 from registry.checkpoint.loongsage import adopt
 from registry.checkpoint.lease import describe as describe_holder
@@ -158,7 +159,7 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 
 @ckpt_app.command("verify")
 def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
-                step: Annotated[int | None, typer.Option("--step",
+                step: Annotated[int | None, typer.Option("--step", max=INT_MAX,
                                                          help="Only this step.")] = None,
                 as_json: JsonOpt = False) -> None:
     """Verify every step (or --step N) fully, sha256 included. Exits 1 on any failure.

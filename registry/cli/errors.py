@@ -12,7 +12,6 @@ too and get exit 6 and 8. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -23,6 +22,7 @@ from typing import Any, NoReturn
 
 import typer
 
+from registry import numbers
 from registry import errors as E
 
 EXIT_OK = 0
@@ -91,7 +91,7 @@ def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
     """Report an outcome that is not a success and exit with ``code``: one
     ``error:`` line on stderr, or with ``--json`` one error document there."""
     if as_json:
-        typer.echo(json.dumps(error_document(cls, code, message, path, **extra),
+        typer.echo(numbers.dumps(error_document(cls, code, message, path, **extra),
                               sort_keys=True, default=str), err=True)
     else:
         typer.echo(f"error: {message}", err=True)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from registry.numbers import INT_MAX
 from registry.checkpoint.loongsage_refs import check_weight_sources
 from registry.checkpoint.loongsage_rollout import RolloutData
 from registry.cli.app import JsonOpt, StoreOpt, print_json
@@ -31,7 +32,7 @@ def _url(path: str, store: str | None) -> str:
 def ckpt_rollout(rollout_data_path: Annotated[str, typer.Argument(
                      help="rollout_data_path: folder or URL, or a key in --store.")],
                  step: Annotated[int | None, typer.Option(
-                     "--step", help="Verify this step only (default: every committed one).")
+                     "--step", max=INT_MAX, help="Verify this step only (default: every committed one).")
                  ] = None,
                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Verify rollout data: each committed step_<step>.pt against its manifest

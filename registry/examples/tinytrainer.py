@@ -61,6 +61,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from registry import numbers
 from registry.checkpoint import CheckpointManager, CheckpointSkippedWarning  # noqa: E402
 from registry.commit import delete_directory  # noqa: E402
 from registry.errors import (  # noqa: E402
@@ -172,7 +173,7 @@ def make_spec(steps: int, *, seed: int = 0, batch_size: int = 64,
 
 def spec_sha256(spec: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of the spec (sorted keys, no spaces)."""
-    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    text = numbers.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -519,7 +520,7 @@ def train(store_url: str, run_id: str, steps: int, *, ckpt_every: int, keep_ckpt
     if out is not None:
         tmp = f"{os.fspath(out)}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+            f.write(numbers.dumps(result, indent=2))
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -41,6 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from filelock import FileLock
 
+from registry import numbers
 from registry.manifest import Manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 
@@ -69,7 +70,7 @@ def cache_lock(cache: Cache) -> FileLock:
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{temp_tag()}.tmp")
-    tmp.write_bytes(json.dumps(doc, sort_keys=True).encode())
+    tmp.write_bytes(numbers.dumps(doc, sort_keys=True).encode())
     os.replace(tmp, path)
 
 

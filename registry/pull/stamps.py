@@ -23,6 +23,8 @@ treated as absent (the files are re-hashed).
 
 from __future__ import annotations
 
+from registry import numbers
+
 import hashlib
 import json
 import os
@@ -57,7 +59,7 @@ class Stamps:
 
     def record_blob(self, blob: Path) -> None:
         """Record the stamp of a blob whose bytes were just verified."""
-        _write_atomic(self.blobs / blob.name, json.dumps(stamp(blob)).encode())
+        _write_atomic(self.blobs / blob.name, numbers.dumps(stamp(blob)).encode())
 
     def blob_unchanged(self, blob: Path) -> bool:
         """The blob's stamp equals the one recorded when it was verified."""
@@ -85,7 +87,7 @@ class Stamps:
         files = {p: list(stamp(target / p)) for p in paths}
         doc = {"target": str(target), "manifest_sha256": manifest_sha256, "files": files,
                "blake3_only": sorted(blake3_only)}
-        _write_atomic(self._dir_record(target), json.dumps(doc).encode())
+        _write_atomic(self._dir_record(target), numbers.dumps(doc).encode())
 
     def blake3_only(self, target: Path, manifest_sha256: str) -> set[str]:
         """The files of ``target``'s record checked by BLAKE3 only."""

@@ -14,12 +14,12 @@ staging + rename locally), so a version is published exactly once.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from registry import numbers
 from registry import gates, schemas
 from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout, run_root
@@ -97,11 +97,11 @@ def load_doc(value: Any, *, what: str) -> tuple[Any, str]:
         except OSError as e:
             raise DocumentError(str(value), f"cannot read {what}: {e.strerror}") from None
         return schemas.load_json(data, path=str(value)), str(value)
-    return json.loads(json.dumps(value)), what
+    return numbers.plain_copy(value, path=what), what
 
 
 def _dump(doc: Any) -> bytes:
-    return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
+    return (numbers.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 class ModelRelease:

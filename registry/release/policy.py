@@ -15,10 +15,10 @@ certificate it issued): the ``signature`` gate, :mod:`registry.release.signing`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from registry import numbers
 from registry import schemas
 from registry.errors import DocumentError
 from registry.gates import Threshold
@@ -138,5 +138,5 @@ def set_policy(store: Store, model_id: str, require: Iterable[str],
     keys = [_entry(k) for k in signed_by]
     if keys:
         doc["signed_by"] = keys
-    store.write_bytes(policy_key(model_id), (json.dumps(doc, indent=2) + "\n").encode())
+    store.write_bytes(policy_key(model_id), (numbers.dumps(doc, indent=2) + "\n").encode())
     return parsed

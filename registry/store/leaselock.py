@@ -19,6 +19,7 @@ import socket
 import time
 import uuid
 
+from registry import numbers
 from registry.errors import PointerConflictError
 
 #: seconds after which a lock file is taken to be abandoned (the section it
@@ -52,7 +53,7 @@ class LeaseLock:
         self.lease = lease
         self.timeout = timeout
         self.token = uuid.uuid4().hex
-        self._body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+        self._body = numbers.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                  "token": self.token}).encode()
 
     def _try_create(self, path: str, body: bytes) -> bool:

@@ -21,6 +21,8 @@ this only decides how the bytes get there.
 
 from __future__ import annotations
 
+from registry import numbers
+
 import json
 import mmap
 import os
@@ -134,7 +136,7 @@ def measure(root: str | os.PathLike[str]) -> WritePath:
                        {k: v for k, v in seconds.items() if v != float("inf")},
                        os.stat(root).st_dev, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     tmp = folder / f".write-path.{uuid.uuid4().hex[:6]}.tmp"
-    tmp.write_text(json.dumps(choice.to_dict(), indent=2) + "\n")
+    tmp.write_text(numbers.dumps(choice.to_dict(), indent=2) + "\n")
     os.replace(tmp, Path(root) / RECORD)
     with _lock:
         _memo[os.fspath(root)] = choice

@@ -14,12 +14,12 @@ revocations, policies, LATEST) is read on every request.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from registry import schemas
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree, run_root
 from registry.errors import InvalidNameError, NotCommittedError, PointerError, RegistryError
@@ -153,7 +153,7 @@ def version_view(reg: Registry, model_id: str, ref: str,
     got = read("ledger.json")
     if got is not None:
         try:
-            for row in json.loads(got[0] or "[]"):
+            for row in schemas.load_json((got[0] or "[]").encode(), path="ledger.json"):
                 src = live.get(row.get("source_id"), {})
                 ledger.append({**row, "live_revoked": bool(src.get("revoked")),
                                "live_reason": src.get("revocation_reason")})
@@ -163,7 +163,7 @@ def version_view(reg: Registry, model_id: str, ref: str,
     for path in sorted(p for p in entries if p.startswith("heads/") and p.endswith(".json")):
         try:
             got = read(path)
-            head = json.loads(got[0] if got else "{}")
+            head = schemas.load_json((got[0] if got else "{}").encode(), path=path)
             heads.append({"path": path, "name": head.get("name"),
                           "input_dim": head.get("input_dim"), "labels": head.get("labels"),
                           "pooling": head.get("pooling")})
@@ -218,7 +218,8 @@ def source_view(reg: Registry, source_id: str, *, before: str | None = None,
             check_name(v, "version")
     revocation = None
     try:
-        revocation = json.loads(reg.store.read_bytes(join(REVOCATIONS, f"{source_id}.json")))
+        key = join(REVOCATIONS, f"{source_id}.json")
+        revocation = schemas.load_json(reg.store.read_bytes(key), path=key)
     except FileNotFoundError:
         pass
     got = reg.index.read(lambda s: browse.source_page(s, source_id, size=PAGE_SIZE,
@@ -267,8 +268,8 @@ def run_view(reg: Registry, run_id: str) -> dict[str, Any]:
 
     def loss(step: int) -> float | None:
         try:
-            state = json.loads(reg.store.read_bytes(join(tree.prefix(step),
-                                                         "trainer_state.json")))
+            key = join(tree.prefix(step), "trainer_state.json")
+            state = schemas.load_json(reg.store.read_bytes(key), path=key)
         except (FileNotFoundError, ValueError, RegistryError):
             return None
         value = state.get("loss") if isinstance(state, dict) else None
