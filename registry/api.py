@@ -333,6 +333,11 @@ class Registry:
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:
         """Models (``model_id`` None), or the releases of ``model_id``.
 
+        "Passing" (``passing``, ``newest_passing``) means what :meth:`passing`
+        says: the index's gates, and the signature gate read from the store
+        when a model's policy lists keys (one small read of each model's
+        ``policy.json``).
+
         Raises:
             UnknownModelError: the index has no such model.
         """
@@ -340,7 +345,18 @@ class Registry:
             if model_id is not None:
                 self._known_model(s, model_id)
             return queries.ls(s, model_id)
-        return self._query(work)
+        rows = self._query(work)
+        if model_id is None:
+            for r in rows:
+                if r["newest_passing"] is not None and signed_by(self.store, r["model_id"]):
+                    ok = self.passing(r["model_id"], latest=True)
+                    r["newest_passing"] = ok[0]["version"] if ok else None
+        elif signed_by(self.store, model_id):
+            for r in rows:
+                if r["passing"]:
+                    r["passing"] = all(g.passed for g in stored_gate(self.store, model_id,
+                                                                     r["version"]))
+        return rows
 
     def diff(self, model_id: str, a: str, b: str) -> dict[str, Any]:
         return self._query(lambda s: queries.diff(s, model_id, a, b))

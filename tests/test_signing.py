@@ -376,6 +376,13 @@ def test_policy_requires_a_signature_gate_show_and_query(
     assert r.returncode == 0 and fp in r.stdout, r.stderr
     r = run_cli("query", MODEL, "--passing", "--json", *s)
     assert [row["version"] for row in json.loads(r.stdout)] == ["3"], r.stdout
+    # ls says "passing" as query does: the signature gate is read from --store
+    r = run_cli("ls", MODEL, "--json", *s)
+    assert {row["version"]: row["passing"] for row in json.loads(r.stdout)} == \
+        {"1": False, "2": False, "3": True}, r.stdout
+    r = run_cli("ls", "--json", *s)
+    assert [(m["model_id"], m["newest_passing"]) for m in json.loads(r.stdout)] == \
+        [(MODEL, "3")], r.stdout
     r = run_cli("gate", "check", f"{MODEL}@3", "--json", *s[:2])
     assert r.returncode == 0, r.stdout
     r = run_cli("show", f"{MODEL}@3", "--json", *s)

@@ -36,7 +36,20 @@ def _fix_metavar(param: Any) -> None:
         param.metavar = (param.name or "").upper()
 
 
-class RegistryCommand(TyperCommand):
+class _NamesItsCommand:
+    """Parsing errors name their command: the parser raises some (an option
+    missing its value) without a context, which would name only ``registry``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)  # type: ignore[misc]
+        except Exception as exc:
+            if hasattr(exc, "format_message") and getattr(exc, "ctx", ctx) is None:
+                exc.ctx = ctx  # type: ignore[attr-defined]
+            raise
+
+
+class RegistryCommand(_NamesItsCommand, TyperCommand):
     """A typer command whose help shows the metavars we chose (see module doc)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
@@ -54,7 +67,7 @@ class RegistryCommand(TyperCommand):
         return pieces
 
 
-class RegistryGroup(TyperGroup):
+class RegistryGroup(_NamesItsCommand, TyperGroup):
     """A typer group whose options (``--debug``, ``--help``) show no value."""
 
     def get_params(self, ctx: Any) -> list[Any]:

@@ -194,7 +194,10 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
 @app.command("ls")
 def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = None,
            store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """List models, or the releases of MODEL_ID (newest first, passing or not)."""
+    """List models, or the releases of MODEL_ID (newest first, passing or not).
+
+    From the index; the store gives the signature gate of a model whose policy
+    requires a signature (as for query --passing)."""
     with error_boundary(as_json):
         reg = _registry(store, db)
         rows = reg.ls(model_id)
