@@ -19,6 +19,7 @@ import hashlib
 import io
 import threading
 import time
+import uuid
 import zlib
 from collections import deque
 from concurrent.futures import Future
@@ -74,6 +75,15 @@ def part_size_of(number: int) -> int:
     """The size of part ``number`` (from 1) of an upload of unknown size."""
     return min(MAX_PART, PART_SIZE * 2 ** ((number - 1) // PARTS_PER_DOUBLING))
 _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
+#: user metadata (``x-amz-meta-registry-write``) every conditional write
+#: carries: a token unique to the write, by which a retried request whose
+#: first answer was lost recognizes its own object, whatever the server's
+#: ETags are (SSE-KMS and many S3-compatible servers: not an MD5).
+WRITE_TOKEN = "registry-write"
+
+
+def write_token() -> str:
+    return uuid.uuid4().hex
 
 
 class S3Store(Store):
@@ -202,18 +212,22 @@ class S3Store(Store):
         return {}
 
     def _conditional_put(self, key: str, data: bytes, **condition: str) -> None:
-        """PUT with a precondition; retry S3's 409 ConditionalRequestConflict.
+        """PUT with a precondition and a write token (``WRITE_TOKEN``); retry
+        S3's 409 ConditionalRequestConflict.
 
         Raises:
             ObjectExistsError: the precondition failed. Its ``retried`` attribute
                 is True when the request had been sent more than once (here or by
                 botocore), so the 412 may answer our own first attempt that
-                landed: only then may a caller read back and compare.
+                landed: only then may a caller ask :meth:`own_write` with the
+                error's ``token``.
         """
         require_conditional_writes(self)
+        token = write_token()
         for attempt in range(5):
             try:
-                self.call("put_object", Key=self._key(key), Body=data, **condition)
+                self.call("put_object", Key=self._key(key), Body=data,
+                          Metadata={WRITE_TOKEN: token}, **condition)
                 return
             except Exception as exc:
                 code = s3_error_code(exc)
@@ -223,6 +237,7 @@ class S3Store(Store):
                 if code in ("PreconditionFailed", "412") or isinstance(exc, FileExistsError):
                     err = ObjectExistsError(f"{key}: precondition failed", key=key)
                     err.retried = attempt > 0 or _retries(exc) > 0  # type: ignore[attr-defined]
+                    err.token = token  # type: ignore[attr-defined]
                     raise err from exc
                 with self._translated(key):
                     raise
@@ -360,11 +375,37 @@ class S3Store(Store):
             args["KeyMarker"] = page.get("NextKeyMarker")
             args["UploadIdMarker"] = page.get("NextUploadIdMarker")
 
+    def own_write(self, key: str, token: str, *, data: bytes | None = None,
+                  etag: str | None = None) -> bool:
+        """Whether the object at ``key`` is the one a write with ``token``
+        made (a retried conditional request answered 412 or NoSuchUpload
+        because its own first attempt landed). The write token decides; a
+        server that keeps no user metadata falls back to ``etag`` (what an
+        MD5 server would answer) or the content ``data``."""
+        try:
+            head = self.call("head_object", Key=self._key(key))
+        except Exception:  # noqa: BLE001 - not there, or unreadable: not ours
+            return False
+        meta = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+        if WRITE_TOKEN in meta:
+            return bool(meta[WRITE_TOKEN] == token)
+        if etag is not None and head.get("ETag") == etag:
+            return True
+        return data is not None and self._content(key) == data
+
+    def _own_after(self, e: ObjectExistsError, key: str, data: bytes) -> bool:
+        # Asked after every 412, not only after a retry we counted: the HTTP
+        # client re-sends a request whose pooled connection dropped before
+        # the answer (aiohttp does, under the same invocation), unseen here.
+        # Without a token on the server, equal bytes count only after a retry.
+        retried = bool(getattr(e, "retried", False))
+        return self.own_write(key, getattr(e, "token", ""), data=data if retried else None)
+
     def create(self, key: str, data: bytes) -> None:
         try:
             self._conditional_put(key, data, IfNoneMatch="*")
         except ObjectExistsError as e:
-            if not getattr(e, "retried", False) or self._content(key) != data:
+            if not self._own_after(e, key, data):
                 raise ObjectExistsError(f"{key}: already exists", key=key) from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
@@ -380,12 +421,13 @@ class S3Store(Store):
     def swap(self, key: str, data: bytes, expected: str | None) -> None:
         # A 412 is a lost race -- unless the request was retried and our own
         # first attempt is what made the precondition fail; only then is
-        # finding our bytes in place proof of success.
+        # finding our write token in place proof of success (equal bytes are
+        # not: two writers moving a counter write the same next value).
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
         try:
             self._conditional_put(key, data, **condition)
         except ObjectExistsError as e:
-            if not getattr(e, "retried", False) or self._content(key) != data:
+            if not self._own_after(e, key, data):
                 raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def info(self, key: str) -> ObjectInfo:
@@ -527,6 +569,7 @@ class _MultipartWriter:
         self.key = key
         self._fixed = part_size_for(size) if size is not None else None
         self._condition = {"IfNoneMatch": "*"} if exclusive else {}
+        self._token = write_token()
         self._part = io.BytesIO()
         self._upload_id: str | None = None
         self._checksum: dict[str, str] = {}
@@ -566,7 +609,7 @@ class _MultipartWriter:
             self._checksum = self.store._multipart_checksum()
             with self.store._translated(self.key):
                 resp = self.store.call("create_multipart_upload", Key=self.store._key(self.key),
-                                       **self._checksum)
+                                       Metadata={WRITE_TOKEN: self._token}, **self._checksum)
             self._upload_id = resp["UploadId"]
         number = len(self._done) + len(self._parts) + 1
         part.seek(0)
@@ -605,7 +648,8 @@ class _MultipartWriter:
         try:
             if self._upload_id is None:
                 self._part.seek(0)
-                self._finish("put_object", Key=key, Body=self._part, **self._condition)
+                self._finish("put_object", Key=key, Body=self._part,
+                             Metadata={WRITE_TOKEN: self._token}, **self._condition)
                 return
             if self._part.tell():
                 self._send(self._part)
@@ -632,8 +676,10 @@ class _MultipartWriter:
         """The request that makes the object visible. A conditional one that
         fails (412, or NoSuchUpload for a completion) after it was sent more
         than once may be answering our own first attempt, which landed
-        (a server that completed, then reported an error): the object's ETag
-        then is exactly ours, and that is success."""
+        (a server that completed, then reported an error): the object then
+        carries this writer's token (or, on a server that keeps no user
+        metadata, exactly the ETag an MD5 server gives ours), and that is
+        success, whatever form the server's ETags take."""
         try:
             with self.store._translated(self.key):
                 self.store.call(method, **kwargs)
@@ -642,14 +688,11 @@ class _MultipartWriter:
             code = s3_error_code(e)
             if code not in ("PreconditionFailed", "412", "NoSuchUpload"):
                 raise
-            if _retries(e) > 0 or code == "NoSuchUpload":
-                try:
-                    head = self.store.call("head_object", Key=self.store._key(self.key))
-                except Exception:  # noqa: BLE001 - fall through to the error
-                    head = {}
-                if head.get("ETag") == self._expected_etag():
-                    self._upload_id = None  # completed: nothing to abort
-                    return
+            retried = _retries(e) > 0 or code == "NoSuchUpload"
+            if self.store.own_write(self.key, self._token,
+                                    etag=self._expected_etag() if retried else None):
+                self._upload_id = None  # completed: nothing to abort
+                return
             if code == "NoSuchUpload":
                 raise
             raise ObjectExistsError(

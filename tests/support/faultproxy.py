@@ -70,6 +70,13 @@ class Action:
         ``corrupt``: forward, then flip the last byte of the answer's body and
             drop its checksum headers (a server or cache that returns other
             bytes than stored, and no checksum).
+        ``edit``: forward with the request's headers and body passed through
+            ``edit_request(headers, body) -> (headers, body)``, then answer what
+            ``edit_response(req, status, headers, body)`` returns as
+            ``(status, headers, body)`` (a server that writes other ETags or
+            clocks, a cache that answers from an old view); with
+            ``drop_answer``, reset the connection instead of answering (the
+            request was carried out, its answer lost).
     """
 
     kind: str
@@ -77,6 +84,10 @@ class Action:
     code: str = "SlowDown"
     seconds: float = 0.0
     headers: tuple[str, ...] = ()
+    edit_request: Callable[[dict[str, str], bytes], tuple[dict[str, str], bytes]] | None = None
+    edit_response: Callable[[Request, int, list[tuple[str, str]], bytes],
+                            tuple[int, list[tuple[str, str]], bytes]] | None = None
+    drop_answer: bool = False
 
 
 Rule = Callable[[Request], "Action | None"]
@@ -231,6 +242,8 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(action.seconds)
         dropped = {h.lower() for h in action.headers} if kind == "strip" and action else set()
         send = {k: v for k, v in headers.items() if k.lower() not in _HOP | dropped}
+        if kind == "edit" and action is not None and action.edit_request is not None:
+            send, body = action.edit_request(send, body)
         conn = http.client.HTTPConnection(*self.owner._up, timeout=60)
         try:
             conn.connect()
@@ -241,13 +254,16 @@ class _Handler(BaseHTTPRequestHandler):
             status, resp_headers = resp.status, resp.getheaders()
         finally:
             conn.close()
-        if kind == "reset_after":
+        if kind == "reset_after" or (kind == "edit" and action is not None
+                                     and action.drop_answer):
             self._reset()
             return
         if kind == "corrupt" and data:
             data = data[:-1] + bytes([data[-1] ^ 0xFF])
             resp_headers = [(k, v) for k, v in resp_headers  # no checksum to give it away
                             if not k.lower().startswith("x-amz-checksum")]
+        if kind == "edit" and action is not None and action.edit_response is not None:
+            status, resp_headers, data = action.edit_response(req, status, resp_headers, data)
         if kind == "error_after":
             assert action is not None
             self._answer(action.status, [("Content-Type", "application/xml")],
