@@ -23,15 +23,17 @@ and ``.metadata``, of one state dict with these keys:
 ``optimizer.state.<name>.<field>``
     ``fully_reshardable``: the optimizer state in the parameters' full shapes
     and shardings, reshardable to any topology;
-``optimizer.dp_shard.rank<r>.<name>.<field>``
-    ``dp_reshardable`` (the seed's default): each rank's local optimizer shard
-    as it is, no communication; resumable only at the saved topology and
-    world size (this registry does not reshard the flattened buffers along DP:
-    docs/decisions.md);
+``optimizer.dp_bucket.tp<t>_pp<p>_ep<e>.dp<d>.<name>``
+    ``dp_reshardable`` (the seed's default): each rank's local optimizer piece
+    as it is, flattened, no communication; resumable at any DP size with the
+    saved TP/PP/EP sizes (:mod:`registry.checkpoint.loongsage_dp`; saves of
+    earlier versions, ``optimizer.dp_shard.rank<r>.*``, only at the saved
+    topology and world size);
 ``common``
     JSON bytes: step, topology, world size, optimizer, sharding type, scheduler state;
 ``rng.rank<r>``
-    JSON bytes: rank ``r``'s RNG state (restored only at the same topology).
+    JSON bytes: rank ``r``'s RNG state, restored by the rank at the same
+    TP/PP/EP/DP position when the TP and PP sizes are the saved ones.
 
 Atomicity: rank 0 claims the step (a staging directory locally, a claim on
 object stores), every rank writes its shards with DCP (hashing them as it
@@ -56,6 +58,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -74,12 +77,22 @@ from registry.checkpoint.dist import (
 )
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.loongsage_data import DataStateLookup, read_data_state
+from registry.checkpoint.loongsage_dp import (
+    bucket_entries,
+    check_dp_only,
+    describe,
+    effective,
+    plan_bucket_load,
+    rng_rank,
+)
 from registry.checkpoint.loongsage_format import (
     DIST,
-    RNG_TOPOLOGY_KEYS,
+    HF,
     RngSkippedWarning,
     check_topology,
 )
+from registry.checkpoint.loongsage_hf import INDEX, gather_owned, read_hf_files, write_shard
+from registry.checkpoint.loongsage_hf import plan as hf_plan
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult, _Landed
 from registry.checkpoint.state import OPTIMIZERS
 from registry.checkpoint.tree import CheckpointTree
@@ -209,10 +222,22 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         process_group: the ranks saving together; default a new gloo group of
             the whole job.
         thread_count: DCP writer threads per rank.
+        hf_model_path: with ``save_hf``: the HF model whose config.json and
+            tokenizer files (``generation_config.json``, ``tokenizer.json``,
+            ``tokenizer_config.json``, ``special_tokens_map.json``, those
+            present) go into each ``hf_model/``; ``hf_config`` given too
+            replaces its config.json.
+
+    ``save_hf`` writes ``train_step_<N>/hf_model/`` as Hugging Face sharded
+    safetensors, each rank writing the shard of the parameters it owns
+    (:mod:`registry.checkpoint.loongsage_hf`), combined freely with
+    ``save_checkpoint`` (sync or async) in one commit; only saves with
+    ``dist_ckpt/`` move the tracker.
 
     Raises:
-        UsageError: bad switches; ``save_hf`` (the HF export of a sharded model
-            is not written by this class).
+        UsageError: bad switches; ``save_hf`` with neither ``hf_config`` nor
+            ``hf_model_path``; a topology that does not fit the world size.
+        DocumentError: ``hf_model_path`` has no config.json.
 
     Notes:
         :meth:`maybe_save` takes, on every rank, ``model`` (name -> DTensor or
@@ -226,17 +251,27 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
 
     def __init__(self, store: str | Store, checkpoint_path: str | None, *,
                  optimizer_sharding_type: str = "dp_reshardable",
-                 process_group: Any = None, thread_count: int = 1, **kwargs: Any) -> None:
-        if kwargs.get("save_hf"):
-            raise UsageError("DistLoongSageCheckpointer: save_hf is not supported (the HF "
-                             "export of a sharded model needs a gather of full weights)")
+                 process_group: Any = None, thread_count: int = 1,
+                 hf_model_path: Any = None, **kwargs: Any) -> None:
         self.sharding = check_sharding(optimizer_sharding_type)
+        hf_files: dict[str, bytes] = {}
+        if kwargs.get("save_hf") and hf_model_path is not None:
+            hf_files = read_hf_files(hf_model_path)
+            kwargs.setdefault("hf_config", hf_files["config.json"])
         super().__init__(store, checkpoint_path, **kwargs)
+        if self.save_hf:
+            assert self.hf_config is not None
+            hf_files["config.json"] = self.hf_config
+            if self.tokenizer is not None:
+                hf_files["tokenizer.json"] = self.tokenizer
+        self.hf_files = hf_files
         if process_group is None and dist.is_initialized():
             process_group = dist.new_group(backend="gloo")
         self.group = process_group
         self.rank = rank_of(self.group)
         self.world = world_of(self.group)
+        self.topology = effective(self.topology, self.world,
+                                  what=self.store.url_of(self.tree.root))
         self.thread_count = thread_count
         self._snapshots: dict[str, torch.Tensor] = {}
 
@@ -276,14 +311,18 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         if optimizer not in OPTIMIZERS:
             raise CheckpointError(f"{where}: optimizer {optimizer!r} is not one of "
                                   f"{', '.join(OPTIMIZERS)}")
-        if optimizer_state is None:
+        if optimizer_state is None and self.save_checkpoint:
             raise CheckpointError(f"{where}: save_checkpoint needs optimizer_state")
         docs = {rel: data for rel, data in
                 self._documents(step, None, None, data_sources, where).items()
                 if not rel.startswith(f"{DIST}/")}
         self.wait()  # at most one save in flight; raises a previous failure
-        state = self._state_dict(step, model, optimizer_state, optimizer, scheduler_state,
-                                 rng_state, where)
+        state = self._state_dict(step, model, optimizer_state if self.save_checkpoint else {},
+                                 optimizer, scheduler_state, rng_state, where)
+        if self.save_hf:
+            tensors = {k[len(MODEL_KEY):]: v for k, v in state.items() if k.startswith(MODEL_KEY)}
+            docs[f"{HF}/{INDEX}"] = hf_plan(tensors, self.world)[2]
+            docs.update({f"{HF}/{name}": data for name, data in self.hf_files.items()})
         _agree(self.group, self.lease.hold)
         job = _DistJob(step, state, docs if self.rank == 0 else {})
         if self.async_save:
@@ -298,18 +337,17 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         sd: dict[str, Any] = {}
         for name, value in model.items():
             sd[MODEL_KEY + name] = _tensor(value, what=f"{where}: model {name!r}")
-        dp_prefix = OPT_DP.format(rank=self.rank)
-        for name, value in opt.items():
-            t = _tensor(value, what=f"{where}: optimizer state {name!r}")
-            if self.sharding == "fully_reshardable":
-                sd[OPT_FULL + name] = t
-            else:
-                sd[dp_prefix + name] = _local(t)
+        opt_t = {name: _tensor(value, what=f"{where}: optimizer state {name!r}")
+                 for name, value in opt.items()}
+        if self.sharding == "fully_reshardable":
+            sd.update({OPT_FULL + name: t for name, t in opt_t.items()})
+        else:
+            sd.update(bucket_entries(opt_t, self.topology, self.rank))
         if self.async_save:
             sd = {k: self._snapshot_tensor(k, t) for k, t in sd.items()}
         common = {"format": FORMAT, "step": step, "topology": self.topology,
                   "world_size": self.world, "optimizer": optimizer,
-                  "optimizer_sharding_type": self.sharding,
+                  "optimizer_sharding_type": self.sharding, "rank_order": "tp-ep-dp-pp",
                   "scheduler_state": scheduler_state}
         sd[COMMON] = _json_bytes(common, what=f"{where}: scheduler_state")
         sd[RNG_KEY.format(rank=self.rank)] = _json_bytes(rng_state, what=f"{where}: rng_state")
@@ -360,35 +398,19 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                 return w.staging
 
             target = _agree(self.group, begin)
-            # local disk: DCP writes into the staging directory itself; object
-            # stores: on local disk first, then each rank uploads its own files
-            direct = self.store.atomic_rename and self.store.local_path(target) is not None
-            where = nullcontext((self.store, target)) if direct else local_staging()
-            with where as (wstore, wkey):
-                writer = storage_writer(wstore, join(wkey, DIST),
-                                        thread_count=self.thread_count)
-                with _single_process():
-                    dcp.save(job.state, storage_writer=writer, process_group=self.group,
-                             no_dist=not dist.is_initialized())
-                mine: list[FileEntry] | str = written_entries(writer, DIST)
-                meta = None
-                try:
-                    if self.rank == 0:
-                        meta = hash_object(wstore, metadata_key(wkey, DIST),
-                                           f"{DIST}/.metadata")
-                    if not direct:
-                        names = [e.path.rsplit("/", 1)[1] for e in mine]  # type: ignore[union-attr]
-                        upload_staged(self.store, str(wstore.local_path(join(wkey, DIST))),
-                                      join(target, DIST),
-                                      names + ([".metadata"] if meta else []))
-                except Exception as e:  # noqa: BLE001 - passed to rank 0, which fails the save
-                    mine = f"{type(e).__name__}: {e}"
+            mine: list[FileEntry] | str = []
+            meta = None
+            if self.save_checkpoint:
+                mine, meta = self._write_dcp(job, target)
+            if self.save_hf:
+                mine = self._write_hf(job, target, mine)
             entries = _agree_gather(self.group, mine)
 
             def commit() -> bytes:
                 w = holder[0]
-                assert entries is not None and meta is not None
-                entries.append(meta)
+                assert entries is not None
+                if meta is not None:
+                    entries.append(meta)
                 for e in entries:
                     check_path(e.path, source=self.store.url_of(prefix))
                     w.entries[e.path] = e
@@ -400,13 +422,57 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         manifest = parse_manifest(data, source=self.store.url_of(prefix))
         return _Landed(job.step, prefix, manifest, time.perf_counter() - t0)
 
+    def _write_dcp(self, job: _DistJob, target: str) -> tuple[list[FileEntry] | str,
+                                                               FileEntry | None]:
+        """This rank's DCP shards of ``dist_ckpt/`` (collective): their
+        entries (or the error message), and on rank 0 the ``.metadata`` entry."""
+        # local disk: DCP writes into the staging directory itself; object
+        # stores: on local disk first, then each rank uploads its own files
+        direct = self.store.atomic_rename and self.store.local_path(target) is not None
+        where = nullcontext((self.store, target)) if direct else local_staging()
+        with where as (wstore, wkey):
+            writer = storage_writer(wstore, join(wkey, DIST), thread_count=self.thread_count)
+            with _single_process():
+                dcp.save(job.state, storage_writer=writer, process_group=self.group,
+                         no_dist=not dist.is_initialized())
+            mine: list[FileEntry] | str = written_entries(writer, DIST)
+            meta = None
+            try:
+                if self.rank == 0:
+                    meta = hash_object(wstore, metadata_key(wkey, DIST), f"{DIST}/.metadata")
+                if not direct:
+                    names = [e.path.rsplit("/", 1)[1] for e in mine]  # type: ignore[union-attr]
+                    upload_staged(self.store, str(wstore.local_path(join(wkey, DIST))),
+                                  join(target, DIST), names + ([".metadata"] if meta else []))
+            except Exception as e:  # noqa: BLE001 - passed to rank 0, which fails the save
+                mine = f"{type(e).__name__}: {e}"
+        return mine, meta
+
+    def _write_hf(self, job: _DistJob, target: str,
+                  mine: list[FileEntry] | str) -> list[FileEntry] | str:
+        """This rank's shard of ``hf_model/`` (:mod:`registry.checkpoint.loongsage_hf`;
+        collective: one gather per sharded parameter, even after a failure here,
+        so that no rank waits for a peer that skipped one)."""
+        model = {k[len(MODEL_KEY):]: v for k, v in job.state.items() if k.startswith(MODEL_KEY)}
+        own, files, _ = hf_plan(model, self.world)
+        full = gather_owned(model, own, self.rank)
+        if isinstance(mine, str) or not full:
+            return mine
+        try:
+            return [*mine, write_shard(self.store, target, files[self.rank], full)]
+        except Exception as e:  # noqa: BLE001 - passed to rank 0, which fails the save
+            return f"{type(e).__name__}: {e}"
+        finally:
+            full.clear()
+
     def _finalize(self, landed: _Landed) -> None:
         if self.rank == 0:
             super()._finalize(landed)
             return
+        parts = tuple(p for p, on in ((DIST, self.save_checkpoint), (HF, self.save_hf)) if on)
         result = LoongSaveResult(landed.step, self.store.url_of(landed.prefix),
                                  landed.manifest.digest, landed.manifest.total_size,
-                                 landed.seconds, True, (DIST,))
+                                 landed.seconds, self.save_checkpoint, parts)
         self.saved.append(result)
         for hook in self.on_commit:
             hook(result)
@@ -450,7 +516,13 @@ def _open(store: Any) -> Store:
     return store if isinstance(store, Store) else open_store(str(store))
 
 
-def _common(store: Store, key: str, group: Any) -> dict[str, Any]:
+def _saved_keys(meta: Any) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Key -> (size, dtype) of the tensors in DCP metadata."""
+    return {k: (md.size, md.properties.dtype) for k, md in meta.state_dict_metadata.items()
+            if isinstance(md, TensorStorageMetadata)}
+
+
+def _common(store: Store, key: str, group: Any) -> tuple[dict[str, Any], Any]:
     reader = storage_reader(store, key)
     meta = reader.read_metadata()
     if COMMON not in meta.state_dict_metadata:
@@ -464,7 +536,7 @@ def _common(store: Store, key: str, group: Any) -> dict[str, Any]:
     doc = json.loads(sd[COMMON])
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise DocumentError(f"{store.url_of(key)}:{COMMON}", f"must be a {FORMAT} object")
-    return doc
+    return doc, meta
 
 
 def load_dcp(store: str | Store, path: str, state_dict: dict[str, Any], *,
@@ -481,7 +553,9 @@ def load_dcp(store: str | Store, path: str, state_dict: dict[str, Any], *,
 
     Raises:
         NoValidCheckpointError: the step has no manifest or a file does not verify.
-        CheckpointError: DCP failed (a key missing, shapes that do not match).
+        CheckpointError: a key of ``state_dict`` is not in the checkpoint (named);
+            DCP failed (shapes that do not match), on every rank: never DCP's
+            own CheckpointException (a BaseException under a process group).
     """
     from registry.checkpoint.loongsage_load import _verify_entries
     from registry.verify import read_manifest
@@ -495,15 +569,35 @@ def load_dcp(store: str | Store, path: str, state_dict: dict[str, Any], *,
             manifest = read_manifest(store, prefix)
             _verify_entries(store, prefix, manifest, f"{under}/")
         _agree(group, check)
+    reader = storage_reader(store, key)
+    try:
+        saved = reader.read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - a broken .metadata is a bad checkpoint
+        raise CheckpointError(f"{store.url_of(key)}/.metadata: not a readable torch_dist "
+                              f"(torch.distributed.checkpoint) metadata file: {e}") from None
+    extra = sorted(set(state_dict) - set(saved))
+    if extra:
+        raise CheckpointError(f"{store.url_of(key)}: {extra[0]!r} is not in the checkpoint "
+                              f"(it holds {len(saved)} entries; {len(extra)} asked for are "
+                              "missing)")
     try:
         with _single_process():
-            dcp.load(state_dict, storage_reader=storage_reader(store, key),
+            dcp.load(state_dict, storage_reader=reader,
                      process_group=group, no_dist=not dist.is_initialized())
-    except (RuntimeError, ValueError, KeyError) as e:
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
         raise CheckpointError(f"{store.url_of(key)}: DCP could not load it: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                              ) from None
+                              f"{_first_line(e)}") from None
     return state_dict
+
+
+def _first_line(e: BaseException) -> str:
+    """The gist of a DCP error (a CheckpointException holds each rank's
+    failure with its traceback: the first one's message)."""
+    if isinstance(e, CheckpointException) and e.failures:
+        inner = next(iter(e.failures.values()))
+        e = inner[0] if isinstance(inner, tuple) else e
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def resume_dist(store: str | Store, checkpoint_path: str = "", *,
@@ -511,29 +605,42 @@ def resume_dist(store: str | Store, checkpoint_path: str = "", *,
                 optimizer_state: Mapping[str, torch.Tensor] | None = None,
                 hf_model_path: Any = None, data_sources: Iterable[Any] = (),
                 topology: Mapping[str, int] | None = None,
-                process_group: Any = None) -> DistTrainingState:
+                process_group: Any = None, partial: bool = False) -> DistTrainingState:
     """Resume a multi-rank run (seed 003 section 3), collective on every rank.
 
     Only the tracked step is resumable; rank 0 verifies it in full. The
     templates (``model``: name -> DTensor/tensor in this run's sharding;
-    ``optimizer_state``: ``<name>.<field>`` likewise) are filled in place by
-    DCP, resharding ``fully_reshardable`` state to this topology. Without a
-    tracker they are filled from ``hf_model_path``'s weights.
+    ``optimizer_state``: ``<name>.<field>`` likewise; None: no optimizer
+    state is read) are filled in place by DCP, resharding ``fully_reshardable``
+    state to this topology and ``dp_reshardable`` state to this DP size
+    (:mod:`registry.checkpoint.loongsage_dp`). Without a tracker (a brand-new
+    run, also one whose store folder does not exist yet) they are filled from
+    ``hf_model_path``'s weights.
+
+    Args:
+        topology: this run's sizes; ``dp`` may be left out (world / (tp*pp*ep)).
+        partial: resume although the checkpoint holds model or optimizer
+            entries the templates lack (they are not read).
 
     Raises:
-        UsageError: no hf_model_path; a bad topology.
+        UsageError: no hf_model_path; a bad topology, or one that does not fit
+            the world size.
         PointerError, NoValidCheckpointError: as :func:`load_training_state`.
-        CheckpointError: ``dp_reshardable`` optimizer state and this run's
-            topology or world size differ from the saved ones (the message
-            names ``megatron.optimizer_sharding_type``); DCP failures.
+        CheckpointError, on every rank: ``dp_reshardable`` state and a changed
+            TP/PP/EP size (naming the seed's rule and ``fully_reshardable``);
+            a template entry the checkpoint lacks; a checkpoint entry the
+            templates lack (unless ``partial``); DCP failures.
 
     Warns:
-        RngSkippedWarning: the topology changed: RNG state is not restored.
+        RngSkippedWarning: the TP or PP size changed, or no RNG state was
+            saved at this rank's position (a new DP or EP rank): this rank's
+            RNG state is not restored (``rng_restored`` False).
     """
     from registry.checkpoint.loongsage_load import (
         _hf_config,
         _hf_weights,
         _source_paths,
+        _store_is_new,
         _verified_step,
     )
 
@@ -543,15 +650,15 @@ def resume_dist(store: str | Store, checkpoint_path: str = "", *,
                          "and HF) read its config.json for the model structure")
     hf_store = _open(hf_model_path)
     hf_config = _hf_config(hf_store)
-    topo = check_topology(topology, what="topology")
-    paths = _source_paths(data_sources)
     group = process_group
     rank, world = rank_of(group), world_of(group)
+    topo = effective(check_topology(topology, what="topology"), world, what="topology")
+    paths = _source_paths(data_sources)
     tree = CheckpointTree(store, checkpoint_path, LOONGSAGE)
     tracker = store.url_of(tree.pointer_key)
 
     def pick() -> tuple[int, bytes] | None:
-        step = tree.latest()
+        step = None if _store_is_new(store) else tree.latest()
         if step is None:
             return None
         return step, _verified_step(tree, step, tracker).to_bytes()
@@ -576,54 +683,78 @@ def resume_dist(store: str | Store, checkpoint_path: str = "", *,
     manifest = parse_manifest(mdata, source=store.url_of(prefix))
     key = join(prefix, DIST)
     url = store.url_of(key)
-    common = _common(store, key, group)
-    saved_topo = check_topology(common.get("topology"), what=f"{url}:{COMMON}")
+    common, meta = _common(store, key, group)
     saved_world = int(common.get("world_size", 0))
+    try:
+        saved_topo = effective(check_topology(common.get("topology"), what=f"{url}:{COMMON}"),
+                               saved_world, what=f"{url}:{COMMON}")
+    except UsageError as e:
+        raise DocumentError(f"{url}:{COMMON}", str(e)) from None
     sharding = common.get("optimizer_sharding_type")
-    same = saved_topo == topo and saved_world == world
-    if optimizer_state is not None and sharding == "dp_reshardable" and not same:
-        raise CheckpointError(
-            f"{url}: saved with megatron.optimizer_sharding_type=dp_reshardable at "
-            f"{_describe(saved_topo, saved_world)}; it cannot be resumed at "
-            f"{_describe(topo, world)} (dp_reshardable optimizer shards are kept as each "
-            "rank held them): resume at the saved topology, or save with "
-            "megatron.optimizer_sharding_type=fully_reshardable to change it")
-    changed = [k for k in RNG_TOPOLOGY_KEYS if saved_topo[k] != topo[k]]
-    restore_rng = same
-    if not restore_rng:
-        what = ", ".join(f"{k.upper()} {saved_topo[k]} -> {topo[k]}" for k in changed) or \
-            f"world size {saved_world} -> {world}"
-        warnings.warn(f"{store.url_of(prefix)}: parallel topology changed since the save "
-                      f"({what}): RNG state is not restored; model, optimizer, scheduler "
-                      "and data source state are", RngSkippedWarning, stacklevel=2)
+    saved_keys = _saved_keys(meta)
     sd: dict[str, Any] = {MODEL_KEY + k: v for k, v in model.items()}
+    _check_lacking(saved_keys, MODEL_KEY, model, url, partial, what="model parameter")
+    fill = None
     if optimizer_state is not None:
         if sharding == "fully_reshardable":
             sd.update({OPT_FULL + k: v for k, v in optimizer_state.items()})
-        else:
+            _check_lacking(saved_keys, OPT_FULL, optimizer_state, url, partial,
+                           what="optimizer state")
+        elif any(k.startswith("optimizer.dp_shard.rank") for k in saved_keys):
+            _check_same(saved_topo, saved_world, topo, world, url)  # an earlier version's
             prefix_dp = OPT_DP.format(rank=rank)
             sd.update({prefix_dp + k: _local(v) for k, v in optimizer_state.items()})
-    rng_key = RNG_KEY.format(rank=rank)
-    if restore_rng:
+        else:
+            check_dp_only(saved_topo, topo, url=url)
+            reads, fill = plan_bucket_load(saved_keys, optimizer_state, topo, rank, group,
+                                           url=url, partial=partial)
+            sd.update(reads)
+    src, why = rng_rank(saved_topo, topo, rank)
+    rng_key = RNG_KEY.format(rank=src)
+    if src is not None and rng_key not in meta.state_dict_metadata:
+        src, why = None, f"no RNG state was saved for rank {src}"
+    if src is None:
+        warnings.warn(f"{store.url_of(prefix)}: {why}: RNG state is not restored; model, "
+                      "optimizer, scheduler and data source state are", RngSkippedWarning,
+                      stacklevel=2)
+    else:
         sd[rng_key] = b""
     load_dcp(store, key, sd, process_group=group, verify=False)
-    rng = json.loads(sd[rng_key]) if restore_rng else None
+    if fill is not None:
+        fill()
+    rng = json.loads(sd[rng_key]) if src is not None else None
     data, pipeline = read_data_state(store, prefix, manifest, paths)
     return DistTrainingState("checkpoint", step, store.url_of(prefix), hf_config,
                              common.get("optimizer"), sharding, common.get("scheduler_state"),
-                             rng, restore_rng, saved_topo, saved_world, data, manifest,
+                             rng, src is not None, saved_topo, saved_world, data, manifest,
                              pipeline)
+
+
+def _check_lacking(saved: Mapping[str, Any], prefix: str, templates: Mapping[str, Any],
+                   url: str, partial: bool, *, what: str) -> None:
+    """A saved ``prefix`` entry the templates lack is an error unless ``partial``."""
+    lacking = sorted(k[len(prefix):] for k in saved
+                     if k.startswith(prefix) and k[len(prefix):] not in templates)
+    if lacking and not partial:
+        raise CheckpointError(f"{url}: the checkpoint holds {what} {lacking[0]!r} that this "
+                              f"run's templates lack ({len(lacking)} in all; pass "
+                              "partial=True to resume without them)")
+
+
+def _check_same(saved: Mapping[str, int], saved_world: int, topo: Mapping[str, int],
+                world: int, url: str) -> None:
+    if dict(saved) != dict(topo) or saved_world != world:
+        raise CheckpointError(
+            f"{url}: saved by an earlier version with "
+            f"megatron.optimizer_sharding_type=dp_reshardable at {describe(saved)}; its "
+            f"per-rank shards cannot be resumed at {describe(topo)}: resume at the saved "
+            "topology, or save with megatron.optimizer_sharding_type=fully_reshardable")
 
 
 def _data_sources_fresh(paths: list[str]) -> list[Any]:
     from registry.checkpoint.loongsage_load import DataSourceState
 
     return [DataSourceState(p, None, None) for p in paths]
-
-
-def _describe(topo: Mapping[str, int], world: int) -> str:
-    sizes = ", ".join(f"{k}={v}" for k, v in topo.items() if v != 1) or "no model parallelism"
-    return f"{sizes} ({world} ranks)"
 
 
 def read_full(store: Store, key: str) -> dict[str, Any]:
@@ -690,5 +821,8 @@ def read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
         topology = check_topology(common.get("topology"), what=f"{url}:{COMMON}")
     except UsageError as e:
         raise DocumentError(f"{url}:{COMMON}", str(e)) from None
+    rng = entries.get(RNG_KEY.format(rank=0))
     return DistCheckpoint(step, url, manifest, model, opt, common.get("optimizer"),
-                          common.get("scheduler_state"), None, topology)
+                          common.get("scheduler_state"),
+                          json.loads(rng) if isinstance(rng, bytes) else None, topology,
+                          rng_saved=isinstance(rng, bytes))

@@ -58,7 +58,12 @@ from registry.verify import read_manifest, verify_directory, verify_entries
 
 @dataclass(frozen=True, slots=True)
 class DistCheckpoint:
-    """One verified ``train_step_<N>/dist_ckpt`` directory, read."""
+    """One verified ``train_step_<N>/dist_ckpt`` directory, read.
+
+    ``rng_state`` is rank 0's (a multi-rank save keeps one per rank);
+    ``rng_saved`` is False when the directory holds none (a tree written by
+    another DCP program).
+    """
 
     step: int
     path: str
@@ -69,6 +74,7 @@ class DistCheckpoint:
     scheduler_state: Any
     rng_state: Any
     topology: dict[str, int]
+    rng_saved: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +159,12 @@ def load_training_state(store: str | Store, checkpoint_path: str = "", *,
     tree = CheckpointTree(store, checkpoint_path, LOONGSAGE)
     tracker = store.url_of(tree.pointer_key)
     try:
-        step = tree.latest()
+        step = None if _store_is_new(store) else tree.latest()
     except PointerError as e:
         raise PointerError(e.path, f"{e.rule}; only the step the tracker records is "
                                    "resumable, so no other step is tried") from None
     if step is None:
-        if tree.steps():
+        if not _store_is_new(store) and tree.steps():
             warnings.warn(f"{tracker}: no tracker file, so none of the step directories of "
                           f"{store.url_of(tree.root)} is resumable; initializing from "
                           f"hf_model_path {hf_store.url}", NoTrackerWarning, stacklevel=2)
@@ -170,15 +176,20 @@ def load_training_state(store: str | Store, checkpoint_path: str = "", *,
     dist = _read_dist(store, prefix, manifest, step, optimizer=True)
     changed = {k: (dist.topology[k], topo[k]) for k in RNG_TOPOLOGY_KEYS
                if dist.topology[k] != topo[k]}
+    why = ""
     if changed:
         what = ", ".join(f"{k.upper()} {a} -> {b}" for k, (a, b) in changed.items())
-        warnings.warn(f"{store.url_of(prefix)}: parallel topology changed since the save "
-                      f"({what}): RNG state is not restored; model, optimizer, scheduler "
-                      "and data source state are", RngSkippedWarning, stacklevel=2)
+        why = f"parallel topology changed since the save ({what})"
+    elif not dist.rng_saved:
+        why = "the checkpoint holds no RNG state"
+    if why:
+        warnings.warn(f"{store.url_of(prefix)}: {why}: RNG state is not restored; model, "
+                      "optimizer, scheduler and data source state are", RngSkippedWarning,
+                      stacklevel=2)
     data, pipeline = read_data_state(store, prefix, manifest, paths)
     return TrainingState("checkpoint", step, store.url_of(prefix), hf_config, dist.model,
                          dist.optimizer_state, dist.optimizer, dist.scheduler_state,
-                         None if changed else dist.rng_state, not changed, dist.topology,
+                         None if why else dist.rng_state, not why, dist.topology,
                          data, manifest, pipeline)
 
 
@@ -230,6 +241,14 @@ def load_dist_ckpt(store: str | Store, path: str = "", *,
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+def _store_is_new(store: Store) -> bool:
+    """A local store whose folder does not exist yet: a brand-new run's
+    (seed 003 section 3: no usable checkpoint, so the HF path), not the
+    mistyped store a reader is otherwise told about."""
+    root = store.local_path("")
+    return root is not None and not os.path.isdir(root)
 
 
 def _source_paths(data_sources: Iterable[str | Mapping[str, Any]]) -> list[str]:

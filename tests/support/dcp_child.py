@@ -13,14 +13,29 @@ The model: ``col.weight`` [10, 6] and ``col.bias`` [10] sharded along dim 0,
 per-rank RNG noise to the gradients (so an RNG restore matters) and takes an
 AdamW step whose state is held in DTensors shaped like the parameters.
 
+With ``--dp`` the ranks are data parallel instead (topology ``{"dp": W}``):
+every parameter is replicated (a plain tensor), and each rank's AdamW state
+is its contiguous piece of each parameter's flattened state (Megatron's
+distributed optimizer: ``<name>.exp_avg`` is a 1-D tensor, the rank's range);
+each rank updates its range of the parameters and an all-reduce assembles them.
+
 Options:
+  --save-hf                 also export hf_model/ (config and tokenizer from HF_DIR)
+  --no-checkpoint           save_checkpoint off (with --save-hf: HF exports only)
+  --shapes-from-hf          the model is HF_DIR's model.safetensors (names, shapes, initial
+                            values); tensors of 2 or more dimensions sharded along dim 0
+  --dp                      data parallel ranks (see above)
   --sharding dp_reshardable|fully_reshardable
   --sync                    sync saves (default async)
   --save-freq K
   --stop-after S            finish (flush) after step S and exit 0: a job that ends early
   --kill RANK:EVENT:STEP    SIGKILL rank RANK at EVENT of step STEP's save, EVENT one of
                             ``write`` (first shard write), ``gather`` (shards written, before
-                            the entries are gathered), ``commit`` (rank 0, before MANIFEST.json)
+                            the entries are gathered), ``commit`` (rank 0, before MANIFEST.json),
+                            ``hfwrite`` (in the rank's HF shard write)
+  --template TWEAK          resume with a changed template: ``extra`` (a model entry the
+                            checkpoint lacks), ``shape`` (norm.weight [7]), ``lack`` (no
+                            norm.weight), ``lack-partial`` (the same, partial=True)
   --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
   --dump-resumed FILE       the same, right after resuming (before any step)
 
@@ -104,6 +119,16 @@ def arm_kill(spec: str, rank: int, current: dict[str, int]) -> None:
                 die("gather")
             return gather(*a, **k)  # type: ignore[arg-type]
         loongsage_dcp.gather_entries = dying_gather  # type: ignore[assignment]
+    elif event == "hfwrite":
+        from registry.checkpoint import loongsage_hf
+
+        hf_write = loongsage_hf._Hashed.write
+
+        def dying_hf_write(self: object, data: object) -> int:
+            if due() and getattr(self, "size", 0) > 0:  # the header is out, tensors not
+                die("hfwrite")
+            return hf_write(self, data)  # type: ignore[arg-type]
+        loongsage_hf._Hashed.write = dying_hf_write  # type: ignore[method-assign]
     elif event == "commit":
         commit = DirectoryWriter.commit
 
@@ -130,6 +155,11 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--dump-resumed")
     ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--dp", action="store_true")
+    ap.add_argument("--save-hf", action="store_true")
+    ap.add_argument("--no-checkpoint", action="store_true")
+    ap.add_argument("--shapes-from-hf", action="store_true")
+    ap.add_argument("--template")
     a = ap.parse_args()
     port = free_port()
     pids = {}
@@ -157,9 +187,31 @@ def main() -> None:
     sys.exit(1 if failed else 0)
 
 
+def dp_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous range of ``n`` elements (np.array_split's)."""
+    bounds = np.array_split(np.arange(n), world)
+    part = bounds[rank]
+    start = int(part[0]) if len(part) else int(sum(len(b) for b in bounds[:rank]))
+    return start, start + len(part)
+
+
+def dp_full(piece: torch.Tensor, shape: tuple[int, ...], rank: int, world: int) -> torch.Tensor:
+    """The full tensor of every rank's ``piece`` (an all-reduce of zero-filled
+    buffers: exact, x + 0 == x)."""
+    full = torch.zeros(int(np.prod(shape)))
+    lo, hi = dp_range(full.numel(), rank, world)
+    full[lo:hi] = piece
+    dist.all_reduce(full)
+    return full.view(shape)
+
+
 def dump(model: dict[str, torch.Tensor], opt: dict[str, torch.Tensor], path: str,
-         rank: int) -> None:
+         rank: int, dp: bool = False) -> None:
     """Full tensors (a collective), written by rank 0."""
+    if dp:
+        world = dist.get_world_size()
+        opt = {k: (dp_full(v, SHAPES[k.rsplit(".", 1)[0]][0], rank, world) if v.dim() else v)
+               for k, v in opt.items()}
     full = {k: (v.full_tensor() if isinstance(v, DTensor) else v.clone())
             for k, v in {**{f"model.{k}": v for k, v in model.items()},
                          **{f"optimizer.state.{k}": v for k, v in opt.items()}}.items()}
@@ -178,8 +230,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def shapes_from_hf(path: str) -> None:
+    """SHAPES (and so initial()) from an HF model.safetensors."""
+    from registry.safetensors_io import read_safetensors
+
+    with open(os.path.join(path, "model.safetensors"), "rb") as f:
+        tensors, _ = read_safetensors(f, path=path, file_size=os.fstat(f.fileno()).st_size)
+    SHAPES.clear()
+    SHAPES.update({k: (tuple(v.shape), 0 if v.ndim >= 2 else None)
+                   for k, v in sorted(tensors.items())})
+
+
 def run(a: argparse.Namespace) -> None:
     warnings.simplefilter("always")
+    if a.shapes_from_hf:
+        shapes_from_hf(a.hf)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
@@ -193,37 +258,69 @@ def run(a: argparse.Namespace) -> None:
     dist.barrier()
 
     def place(full: torch.Tensor, dim: int | None) -> torch.Tensor:
-        if dim is None:
+        if dim is None or a.dp:
             return full.clone()
         return distribute_tensor(full, mesh, [Shard(dim)])
+
+    def opt_place(full: torch.Tensor, dim: int | None) -> torch.Tensor:
+        if not a.dp:
+            return place(full, dim)
+        lo, hi = dp_range(full.numel(), rank, world)
+        return full.reshape(-1)[lo:hi].clone()
 
     zeros = {k: torch.zeros(shape) for k, (shape, _) in SHAPES.items()}
     model = {k: place(zeros[k], SHAPES[k][1]) for k in SHAPES}
     opt = {}
     for k, (_, dim) in SHAPES.items():
-        opt[f"{k}.exp_avg"] = place(zeros[k], dim)
-        opt[f"{k}.exp_avg_sq"] = place(zeros[k], dim)
+        opt[f"{k}.exp_avg"] = opt_place(zeros[k], dim)
+        opt[f"{k}.exp_avg_sq"] = opt_place(zeros[k], dim)
     opt["step"] = torch.zeros((), dtype=torch.float32)
-    topology = {"tp": world}
-    st = resume_dist(a.url, a.ckpt, model=model, optimizer_state=opt, hf_model_path=a.hf,
-                     data_sources=[PROMPTS], topology=topology)
+    topology = {"dp": world} if a.dp else {"tp": world}
+    templates = dict(model)
+    if a.template == "extra":
+        templates["extra.weight"] = torch.zeros(3)
+    elif a.template == "shape":
+        templates["norm.weight"] = torch.zeros(7)
+    elif a.template in ("lack", "lack-partial"):
+        del templates["norm.weight"]
+    st = resume_dist(a.url, a.ckpt, model=templates, optimizer_state=opt, hf_model_path=a.hf,
+                     data_sources=[PROMPTS], topology=topology,
+                     partial=a.template == "lack-partial")
+    if a.template:
+        say(f"RANK {rank} LOADED {st.step}")
+        return
     if st.rng_restored:
         torch.set_rng_state(torch.tensor(st.rng_state, dtype=torch.uint8))
     else:
         torch.manual_seed(1000 + rank)
     say(f"RANK {rank} RESUMED {st.source} {st.step} {st.rng_restored}")
     if a.dump_resumed:
-        dump(model, opt, a.dump_resumed, rank)
+        dump(model, opt, a.dump_resumed, rank, a.dp)
     ckpt = DistLoongSageCheckpointer(a.url, a.ckpt, save_freq=a.save_freq,
                                      total_steps=a.steps, async_save=not a.sync,
-                                     topology=topology, optimizer_sharding_type=a.sharding)
-    ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"))
+                                     topology=topology, optimizer_sharding_type=a.sharding,
+                                     save_hf=a.save_hf, hf_model_path=a.hf if a.save_hf else None,
+                                     save_checkpoint=not a.no_checkpoint)
+    ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"
+                                        f"{'' if r.tracked else ' untracked'}"))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
     for step in range(st.step + 1, a.steps + 1):
         ckpt.on_step_start()
         opt["step"] += 1
         t = float(opt["step"])
-        for k, p in model.items():
+        for k, p in (model.items() if a.dp else ()):
+            lo, hi = dp_range(p.numel(), rank, world)
+            flat = p.view(-1)
+            local = flat[lo:hi].clone()
+            grad = 0.1 * local + 0.01 * step + 0.05 * torch.randn(local.shape)
+            ml, vl = opt[f"{k}.exp_avg"], opt[f"{k}.exp_avg_sq"]
+            ml.mul_(b1).add_(grad, alpha=1 - b1)
+            vl.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            local.mul_(1 - lr * wd)
+            denom = (vl / (1 - b2 ** t)).sqrt_().add_(eps)
+            local.addcdiv_(ml, denom, value=-lr / (1 - b1 ** t))
+            p.copy_(dp_full(local, tuple(p.shape), rank, world))
+        for k, p in (() if a.dp else model.items()):
             local = p.to_local() if isinstance(p, DTensor) else p
             noise = torch.randn(local.shape) if isinstance(p, DTensor) else 0.0
             grad = 0.1 * local + 0.01 * step + 0.05 * noise
@@ -245,7 +342,7 @@ def run(a: argparse.Namespace) -> None:
             break
     ckpt.finish()
     if a.out:
-        dump(model, opt, a.out, rank)
+        dump(model, opt, a.out, rank, a.dp)
     dist.barrier()
     dist.destroy_process_group()
     say(f"RANK {rank} DONE")
