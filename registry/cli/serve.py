@@ -57,9 +57,42 @@ def serve(
     token_file: Annotated[str | None, typer.Option(
         "--token-file", help="File whose first line is the bearer token every request "
                              "must send (Authorization: Bearer TOKEN).")] = None,
+    hub_namespace: Annotated[str, typer.Option(
+        "--hub-namespace", metavar="NAME",
+        help="Hugging Face Hub API: repo ids are NAME/MODEL_ID (or a bare MODEL_ID).")
+    ] = "registry",
+    allow_failing: Annotated[bool, typer.Option(
+        "--allow-failing", help="Hub API: also serve releases that fail their gates now "
+                                "(by default they are refused, 403 GatedRepo).")] = False,
+    trusted_key: Annotated[list[str] | None, typer.Option(
+        "--trusted-key", metavar="PATH",
+        help="Hub API: public key (PEM) a release must be signed by (repeatable); "
+             "unsigned or badly signed releases are refused.")] = None,
+    trusted_keys: Annotated[str | None, typer.Option(
+        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
+        help="Hub API: folder of trusted public keys (*.pem, *.pub) and revoked.json.")
+    ] = None,
+    trusted_ca: Annotated[list[str] | None, typer.Option(
+        "--trusted-ca", metavar="PATH",
+        help="Hub API: CA certificate (PEM) a release's signing certificate must chain "
+             "to (repeatable).")] = None,
+    trusted_cas: Annotated[str | None, typer.Option(
+        "--trusted-cas", envvar="REGISTRY_TRUSTED_CAS", metavar="PATH",
+        help="Hub API: folder of trusted CA certificates (*.pem, *.crt) and revoked.json.")
+    ] = None,
+    mirror_cache: Annotated[str | None, typer.Option(
+        "--mirror-cache", metavar="PATH",
+        help="Front the store as a verifying mirror: keep every verified file in this "
+             "content-addressed cache (a registry pull cache) and serve it from there; "
+             "each byte is read from the store once. `registry cache prune --cache PATH` "
+             "bounds it.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Serve read-only web pages and a JSON API (/api/v1) of the store and index."""
+    """Serve web pages, a JSON API (/api/v1) and the Hugging Face Hub download API, read-only.
+
+    Serving stacks pull releases with HF_ENDPOINT=http://HOST:PORT (repo id
+    NAMESPACE/MODEL_ID, revision a version, an alias or a commit id); see
+    docs/hub.md."""
     with error_boundary(as_json):
         try:
             import uvicorn
@@ -74,8 +107,28 @@ def serve(
         if token is None and not is_loopback(host):
             raise UsageError(f"--host {host}: serving beyond this machine needs "
                              "--token-file (every request must then carry the token)")
+        trust = None
+        if trusted_key or trusted_keys or trusted_ca or trusted_cas:
+            from registry.keys import load_trust
+
+            trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
+                               ca_folder=trusted_cas)
+        from registry.names import check_name
+        from registry.web.hub import HubStats
+        from registry.web.hubrefs import HubPolicy
+
+        check_name(hub_namespace, "--hub-namespace")
         reg = Registry(store, db)
-        web = create_app(reg, token=token)
+        policy = HubPolicy(reg.store, namespace=hub_namespace, allow_failing=allow_failing,
+                           trust=trust)
+        stats = HubStats()
+        source = None
+        if mirror_cache is not None:
+            from registry.web.mirror import MirrorSource
+
+            source = MirrorSource(reg.store, mirror_cache, on_store_bytes=stats.from_store)
+        web = create_app(reg, token=token, hub_policy=policy, hub_source=source,
+                         hub_stats=stats)
         config = uvicorn.Config(web, host=host, port=port, log_level="warning",
                                 access_log=False, server_header=False)
         server = uvicorn.Server(config)

@@ -12,6 +12,7 @@
 | ``/api/v1/sources/{source_id}/releases`` | ``registry query --source SOURCE_ID`` |
 | ``/api/v1/revocations`` | ``registry ledger ls`` |
 | ``/api/v1/runs/{run_id}/checkpoints`` | ``registry ckpt ls RUN_ID`` |
+| ``/api/v1/hub/stats`` | (the Hub API's counters: bytes read from the store, bytes sent) |
 
 Errors are the CLI's error document with an HTTP status for its exit code
 (:mod:`registry.web.app`).
@@ -114,3 +115,10 @@ def checkpoints(request: Request, run_id: str) -> dict[str, Any]:
         raise ObjectNotFoundError(f"{reg.store.url_of(tree.root)}: no such run {run_id!r} "
                                   "(nothing stored there)", key=tree.root)
     return documents.checkpoint_list(tree)
+
+
+@router.get("/hub/stats", summary="Bytes the Hub API read from the store and sent to "
+                                  "clients since the server started")
+def hub_stats(request: Request) -> dict[str, int]:
+    stats: dict[str, int] = request.app.state.hub_stats.to_dict()
+    return stats

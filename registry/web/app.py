@@ -27,8 +27,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry.api import Registry
 from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
-from registry.web import api, pages
+from registry.web import api, hub, pages
 from registry.web.cache import ReleaseFiles
+from registry.web.hub import HubStats
+from registry.web.hubfiles import Source, StoreSource
+from registry.web.hubrefs import HubPolicy
 from registry.web.render import render
 
 #: exit code of the CLI -> HTTP status of the same error
@@ -82,7 +85,9 @@ def _authorized(header: str, token: str) -> bool:
     return False
 
 
-def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
+def create_app(registry: Registry, *, token: str | None = None,
+               hub_policy: HubPolicy | None = None, hub_source: Source | None = None,
+               hub_stats: HubStats | None = None) -> FastAPI:
     """The web application over ``registry``.
 
     Args:
@@ -90,6 +95,13 @@ def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
             so request threads share one connection pool.
         token: when set, every request must carry ``Authorization: Bearer
             <token>`` (or HTTP Basic with the token as password); else 401.
+            Hub clients send it as ``Authorization: Bearer`` (``HF_TOKEN``).
+        hub_policy: how the Hub API (registry.web.hub) names and refuses
+            releases (default: namespace ``registry``, passing releases only,
+            no signature required).
+        hub_source: where the Hub API's verified bytes come from (default:
+            straight from the store, registry.web.hubfiles.StoreSource).
+        hub_stats: the counters ``hub_source`` reports store reads to.
 
     Raises:
         IndexDatabaseError, IndexOutOfDateError: the index cannot be opened.
@@ -101,6 +113,10 @@ def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
                   docs_url="/api/v1/docs", redoc_url=None, openapi_url="/api/v1/openapi.json")
     app.state.registry = registry
     app.state.release_files = ReleaseFiles(registry.store)
+    app.state.hub = hub_policy or HubPolicy(registry.store)
+    app.state.hub_stats = stats = hub_stats or HubStats()
+    app.state.hub_source = hub_source or StoreSource(registry.store,
+                                                     on_store_bytes=stats.from_store)
 
     @app.middleware("http")
     async def guard(request: Request,
@@ -110,6 +126,7 @@ def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
                                                  token):
             denied = _error(request, 401, "Unauthorized", 2,
                             "this registry needs a token: Authorization: Bearer <token>", None)
+            denied.headers["X-Error-Message"] = "Invalid credentials in Authorization header"
             denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
             return denied
         why = _bad_path(request.scope.get("raw_path") or request.url.path.encode())
@@ -146,6 +163,7 @@ def create_app(registry: Registry, *, token: str | None = None) -> FastAPI:
                           "(writes go through the CLI or the Python API)", None)
         return _error(request, exc.status_code, "HTTPError", 1, str(exc.detail), None)
 
+    app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
     return app

@@ -1,0 +1,279 @@
+"""The Hugging Face Hub's read API over releases, for every serving stack that speaks it.
+
+| route | what the client uses it for |
+|---|---|
+| ``GET /api/models/{repo_id}`` | ``model_info`` (revision ``main``) |
+| ``GET /api/models/{repo_id}/revision/{revision}`` | ``snapshot_download``: ``sha``, ``siblings`` |
+| ``GET /api/models/{repo_id}/tree/{revision}[/{path}]`` | ``list_repo_tree`` (``lfs.oid``) |
+| ``HEAD/GET /{repo_id}/resolve/{revision}/{path}`` | ``hf_hub_download``: metadata, bytes |
+
+``repo_id`` and ``revision``: registry.web.hubrefs. Every file is shown as an
+LFS file whose ``oid``/``ETag`` is its sha256 and whose size is the manifest's;
+``MANIFEST.json`` is served too (its canonical bytes, whose sha256 is the
+manifest digest the commit id is cut from). ``Range`` requests get 206 with
+``Content-Range``; a bad range 416. Bytes come from a :class:`Source`
+(registry.web.hubfiles): verified before they are sent.
+
+Errors carry the Hub's headers (``X-Error-Code``, ``X-Error-Message``):
+404 ``RepoNotFound`` / ``RevisionNotFound`` / ``EntryNotFound`` (the last
+with ``X-Repo-Commit``, so the client caches the absence), 403
+``GatedRepo`` for a release refused by its gates or signature, 409 for
+stored bytes that differ from the manifest (not a status the client retries:
+retrying cannot make wrong bytes right), 502 for a store that cannot be read.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from registry.errors import IntegrityError, RegistryError
+from registry.manifest import MANIFEST, FileEntry
+from registry.web.hubfiles import Source
+from registry.web.hubrefs import HubError, HubPolicy, Release
+
+router = APIRouter(include_in_schema=False)
+
+
+class HubStats:
+    """Bytes this server read from its store and sent to clients (thread-safe);
+    ``GET /api/v1/hub/stats`` shows them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.store_bytes = 0
+        self.sent_bytes = 0
+
+    def from_store(self, n: int) -> None:
+        with self._lock:
+            self.store_bytes += n
+
+    def sent(self, n: int) -> None:
+        with self._lock:
+            self.sent_bytes += n
+
+    def to_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {"store_bytes": self.store_bytes, "sent_bytes": self.sent_bytes}
+
+#: git-lfs pointer size the Hub reports for every LFS file
+POINTER_SIZE = 134
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+def error_response(err: HubError, method: str = "GET") -> Response:
+    headers = {"X-Error-Message": err.message.replace("\n", " ")[:1000]}
+    if err.code:
+        headers["X-Error-Code"] = err.code
+    if err.commit:
+        headers["X-Repo-Commit"] = err.commit
+    if method == "HEAD":
+        return Response(status_code=err.status, headers=headers)
+    return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
+
+
+def _policy(request: Request) -> HubPolicy:
+    policy: HubPolicy = request.app.state.hub
+    return policy
+
+
+def _source(request: Request) -> Source:
+    source: Source = request.app.state.hub_source
+    return source
+
+
+def _file(rel: Release, path: str) -> FileEntry:
+    """The entry of ``path`` (MANIFEST.json: its canonical bytes)."""
+    if path == MANIFEST:
+        data = rel.manifest.to_bytes()
+        return FileEntry(MANIFEST, len(data), rel.manifest.digest)
+    entry = rel.manifest.entry(path)
+    if entry is None:
+        raise HubError(404, "EntryNotFound", f"{rel.repo_id}@{rel.version}: no file {path!r} "
+                       "in the release", commit=rel.commit)
+    return entry
+
+
+def _entries(rel: Release) -> list[FileEntry]:
+    return [*rel.manifest.files, _file(rel, MANIFEST)]
+
+
+def _sibling(e: FileEntry) -> dict[str, Any]:
+    return {"rfilename": e.path, "size": e.size, "blobId": e.sha256[:40],
+            "lfs": {"sha256": e.sha256, "size": e.size, "pointerSize": POINTER_SIZE}}
+
+
+def info_document(rel: Release, passing: bool) -> dict[str, Any]:
+    """The Hub's model-info JSON of one release (plus a ``registry`` object:
+    model id, version, manifest sha256, whether it passes its gates)."""
+    return {"_id": rel.commit, "id": rel.repo_id, "modelId": rel.repo_id, "author":
+            rel.repo_id.rpartition("/")[0] or None, "sha": rel.commit,
+            "lastModified": rel.manifest.created_at, "createdAt": rel.manifest.created_at,
+            "private": False, "disabled": False, "gated": False, "tags": [],
+            "siblings": [_sibling(e) for e in _entries(rel)],
+            "registry": {"model_id": rel.model_id, "version": rel.version,
+                         "manifest_sha256": rel.manifest.digest, "passing": passing}}
+
+
+def _guarded(fn: Any) -> Any:
+    """Turn HubError (and a store's RegistryError) into the Hub's error response."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return fn(request, *args, **kwargs)  # type: ignore[no-any-return]
+        except HubError as e:
+            return error_response(e, request.method)
+        except IntegrityError as e:
+            return error_response(HubError(409, None, f"refused: the stored bytes differ "
+                                           f"from the manifest: {e}"), request.method)
+        except (RegistryError, OSError) as e:
+            return error_response(HubError(502, None, f"the store cannot be read: {e}"),
+                                  request.method)
+    return wrapper
+
+
+def _info(request: Request, repo_id: str, revision: str) -> Response:
+    policy = _policy(request)
+    rel = policy.release(repo_id, revision)
+    return JSONResponse(info_document(rel, passing=policy.passing(rel)))
+
+
+@router.get("/api/models/{namespace}/{name}/revision/{revision}")
+@_guarded
+def revision_ns(request: Request, namespace: str, name: str, revision: str) -> Response:
+    return _info(request, f"{namespace}/{name}", revision)
+
+
+@router.get("/api/models/{name}/revision/{revision}")
+@_guarded
+def revision_bare(request: Request, name: str, revision: str) -> Response:
+    return _info(request, name, revision)
+
+
+@router.get("/api/models/{namespace}/{name}")
+@_guarded
+def info_ns(request: Request, namespace: str, name: str) -> Response:
+    return _info(request, f"{namespace}/{name}", "main")
+
+
+@router.get("/api/models/{name}")
+@_guarded
+def info_bare(request: Request, name: str) -> Response:
+    return _info(request, name, "main")
+
+
+def _tree(request: Request, repo_id: str, revision: str, path: str) -> Response:
+    rel = _policy(request).release(repo_id, revision)
+    recursive = request.query_params.get("recursive", "").lower() in ("1", "true")
+    base = path.strip("/")
+    files = [e for e in _entries(rel) if not base or e.path.startswith(base + "/")]
+    if base and not files:
+        raise HubError(404, "EntryNotFound", f"{repo_id}@{revision}: no folder {base!r}",
+                       commit=rel.commit)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for e in files:
+        parts = (e.path[len(base) + 1:] if base else e.path).split("/")
+        for i in range(len(parts) - 1 if recursive else min(1, len(parts) - 1)):
+            d = "/".join(([base] if base else []) + parts[:i + 1])
+            if d not in seen:
+                seen.add(d)
+                out.append({"type": "directory", "oid": rel.commit, "path": d})
+        if recursive or len(parts) == 1:
+            out.append({"type": "file", "oid": e.sha256[:40], "size": e.size, "path": e.path,
+                        "lfs": {"oid": e.sha256, "size": e.size,
+                                "pointerSize": POINTER_SIZE}})
+    return JSONResponse(out)
+
+
+@router.get("/api/models/{namespace}/{name}/tree/{revision}")
+@_guarded
+def tree_ns(request: Request, namespace: str, name: str, revision: str) -> Response:
+    return _tree(request, f"{namespace}/{name}", revision, "")
+
+
+@router.get("/api/models/{namespace}/{name}/tree/{revision}/{path:path}")
+@_guarded
+def tree_ns_path(request: Request, namespace: str, name: str, revision: str,
+                 path: str) -> Response:
+    return _tree(request, f"{namespace}/{name}", revision, path)
+
+
+@router.get("/api/models/{name}/tree/{revision}")
+@_guarded
+def tree_bare(request: Request, name: str, revision: str) -> Response:
+    return _tree(request, name, revision, "")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``[start, end)`` of a single-range ``Range`` header (None: the whole
+    file). Raises HubError 416 for a range that is malformed or outside the file."""
+    if not header:
+        return None
+    m = _RANGE.fullmatch(header.strip())
+    if m is None or (not m.group(1) and not m.group(2)):
+        raise HubError(416, None, f"Range {header!r}: only one 'bytes=START-END' range")
+    if m.group(1):
+        start = int(m.group(1))
+        end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+    else:
+        start, end = max(0, size - int(m.group(2))), size
+    if start >= size or end <= start:
+        raise HubError(416, None, f"Range {header!r}: outside the file's {size} bytes")
+    return start, end
+
+
+def _resolve(request: Request, repo_id: str, revision: str, path: str) -> Response:
+    rel = _policy(request).release(repo_id, revision)
+    entry = _file(rel, path)
+    headers = {"ETag": f'"{entry.sha256}"', "X-Linked-Etag": f'"{entry.sha256}"',
+               "X-Linked-Size": str(entry.size), "X-Repo-Commit": rel.commit,
+               "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+    try:
+        span = parse_range(request.headers.get("range"), entry.size)
+    except HubError as e:
+        e.commit = rel.commit
+        resp = error_response(e, request.method)
+        resp.headers["Content-Range"] = f"bytes */{entry.size}"
+        return resp
+    start, end = span if span is not None else (0, entry.size)
+    status = 200
+    if span is not None:
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
+    headers["Content-Length"] = str(end - start)
+    if request.method == "HEAD":
+        return Response(status_code=status, headers=headers)
+    stats = request.app.state.hub_stats
+    if path == MANIFEST:
+        body = rel.manifest.to_bytes()[start:end]
+        stats.sent(len(body))
+        return Response(body, status_code=status, headers=headers)
+    blocks = _source(request).open(rel.prefix, entry, start, end, manifest=rel.manifest)
+    return StreamingResponse(_counted(blocks, stats), status_code=status, headers=headers)
+
+
+def _counted(blocks: Iterator[bytes], stats: Any) -> Iterator[bytes]:
+    for block in blocks:
+        stats.sent(len(block))
+        yield block
+
+
+@router.api_route("/{namespace}/{name}/resolve/{revision}/{path:path}", methods=["GET", "HEAD"])
+@_guarded
+def resolve_ns(request: Request, namespace: str, name: str, revision: str,
+               path: str) -> Response:
+    return _resolve(request, f"{namespace}/{name}", revision, path)
+
+
+@router.api_route("/{name}/resolve/{revision}/{path:path}", methods=["GET", "HEAD"])
+@_guarded
+def resolve_bare(request: Request, name: str, revision: str, path: str) -> Response:
+    return _resolve(request, name, revision, path)

@@ -1,0 +1,241 @@
+"""What a Hub client names, in the registry's terms: repo ids, revisions, the release.
+
+* ``repo_id`` is ``<namespace>/<model_id>`` (``registry serve
+  --hub-namespace``, default ``registry``) or a bare ``<model_id>``.
+* ``revision`` is a version, an alias (resolved at every request, so a moved
+  ``prod`` serves the new release at once), or a release's commit id: the
+  first 40 hex digits of its manifest digest (``X-Repo-Commit``; stable,
+  since a release never changes). ``main`` (the Hub's default) is the alias
+  ``main`` when the model has one, else the newest release passing its gates.
+* A release is served only when it passes its gates now (unless the
+  operator started the server with ``--allow-failing``) and, when the server
+  was given trusted keys or CAs, only when its ``model.sig`` verifies against
+  them (the checks of ``registry pull --require-passing --trusted-key``).
+
+Every refusal is a :class:`HubError` with the Hub's own ``X-Error-Code``
+(``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``, ``GatedRepo``),
+so a client raises the matching ``huggingface_hub`` error.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from registry.aliases import alias_key, resolve
+from registry.errors import (
+    AmbiguousRefError,
+    InvalidNameError,
+    NotCommittedError,
+    RegistryError,
+)
+from registry.manifest import MANIFEST, Manifest
+from registry.names import check_name
+from registry.pointer import read_pointer
+from registry.release.failing import describe, failing_gates
+from registry.store import Store, join
+from registry.verify import read_manifest
+
+if TYPE_CHECKING:
+    from registry.keys import Trust
+
+COMMIT = re.compile(r"[0-9a-f]{40}")
+DEFAULT_NAMESPACE = "registry"
+#: seconds a gate verdict (live ledger, policy) and a signature check are reused
+GATE_TTL = 5.0
+SIGNATURE_TTL = 60.0
+
+
+class HubError(Exception):
+    """A refusal in the Hub's terms: HTTP ``status``, ``X-Error-Code`` ``code``
+    (or None), a one-line ``message``, and the commit id when one is known."""
+
+    def __init__(self, status: int, code: str | None, message: str, *,
+                 commit: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.commit = status, code, message, commit
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A release as the Hub API shows it."""
+
+    repo_id: str
+    model_id: str
+    version: str
+    manifest: Manifest
+
+    @property
+    def prefix(self) -> str:
+        return join("models", self.model_id, self.version)
+
+    @property
+    def commit(self) -> str:
+        """The release's commit id: 40 hex digits of its manifest digest."""
+        return self.manifest.digest[:40]
+
+
+@dataclass
+class HubPolicy:
+    """How ``registry serve`` maps Hub names to releases and what it refuses.
+
+    Attributes:
+        namespace: the ``<namespace>`` of ``<namespace>/<model_id>`` repo ids.
+        allow_failing: serve releases that fail their gates now.
+        trust: keys and CAs a release must be signed by (None: no signature needed).
+    """
+
+    store: Store
+    namespace: str = DEFAULT_NAMESPACE
+    allow_failing: bool = False
+    trust: Trust | None = None
+    _digests: dict[tuple[str, str], str] = field(default_factory=dict)
+    _verdicts: dict[tuple[str, ...], tuple[float, str | None]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- names ------------------------------------------------------------------------
+
+    def model_of(self, repo_id: str) -> str:
+        """The model id ``repo_id`` names. Raises HubError 404 RepoNotFound."""
+        ns, _, name = repo_id.rpartition("/")
+        try:
+            if ns and ns != self.namespace:
+                raise InvalidNameError(f"namespace {ns!r}", name=ns)
+            model_id = check_name(name, "model_id")
+            if not self.store.subdirs(join("models", model_id)):
+                raise NotCommittedError(f"no model {model_id!r}")
+        except (RegistryError, OSError):
+            raise HubError(404, "RepoNotFound", f"{repo_id}: no such model in "
+                           f"{self.store.url} (repo ids are {self.namespace}/<model_id> "
+                           "or <model_id>)") from None
+        return model_id
+
+    def versions(self, model_id: str) -> list[str]:
+        return [v for v in self.store.subdirs(join("models", model_id)) if v != "refs"]
+
+    def _digest(self, model_id: str, version: str) -> str | None:
+        key = (model_id, version)
+        with self._lock:
+            hit = self._digests.get(key)
+        if hit is None:
+            try:
+                hit = read_manifest(self.store, join("models", model_id, version)).digest
+            except (RegistryError, OSError):
+                return None
+            with self._lock:
+                self._digests[key] = hit
+        return hit
+
+    def _newest_passing(self, model_id: str) -> str | None:
+        dated = []
+        for v in self.versions(model_id):
+            try:
+                m = read_manifest(self.store, join("models", model_id, v))
+            except (RegistryError, OSError):
+                continue
+            dated.append((m.created_at, v))
+        for _, v in sorted(dated, reverse=True):
+            if self.allow_failing or self._gates(model_id, v) is None:
+                return v
+        return None
+
+    def release(self, repo_id: str, revision: str) -> Release:
+        """The release ``revision`` of ``repo_id`` names, right now.
+
+        Raises:
+            HubError: 404 RepoNotFound / RevisionNotFound; 403 GatedRepo when
+                it fails its gates or its signature; 502 when the store cannot
+                be read.
+        """
+        model_id = self.model_of(repo_id)
+        version = self._version(repo_id, model_id, revision)
+        try:
+            manifest = read_manifest(self.store, join("models", model_id, version))
+        except NotCommittedError:
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no such "
+                           "release") from None
+        except (RegistryError, OSError) as e:
+            raise HubError(502, None, f"{repo_id}@{revision}: cannot read its manifest "
+                           f"({e})") from None
+        rel = Release(repo_id, model_id, version, manifest)
+        if COMMIT.fullmatch(revision) and rel.commit != revision:
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
+                           "this commit id")
+        self._admit(rel)
+        return rel
+
+    def _version(self, repo_id: str, model_id: str, revision: str) -> str:
+        if COMMIT.fullmatch(revision):
+            for v in self.versions(model_id):
+                if (self._digest(model_id, v) or "").startswith(revision):
+                    return v
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
+                           "this commit id")
+        try:
+            if revision == "main" and read_pointer(self.store, alias_key(model_id, "main")) \
+                    is None and not self.store.exists(join("models", model_id, "main", MANIFEST)):
+                newest = self._newest_passing(model_id)
+                if newest is None:
+                    raise HubError(404, "RevisionNotFound", f"{repo_id}@main: no alias 'main' "
+                                   "and no release passing its gates")
+                return newest
+            return resolve(self.store, model_id, check_name(revision, "revision"))
+        except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: {e}") from None
+        except (RegistryError, OSError) as e:
+            raise HubError(502, None, f"{repo_id}@{revision}: cannot resolve it ({e})") from None
+
+    # -- what is refused ----------------------------------------------------------------
+
+    def _cached(self, key: tuple[str, ...], ttl: float, compute: object) -> str | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._verdicts.get(key)
+        if hit is not None and now - hit[0] < ttl:
+            return hit[1]
+        verdict = compute()  # type: ignore[operator]
+        with self._lock:
+            self._verdicts[key] = (now, verdict)
+        return verdict  # type: ignore[no-any-return]
+
+    def _gates(self, model_id: str, version: str) -> str | None:
+        """Why the release fails its gates now, or None."""
+        def compute() -> str | None:
+            failed = failing_gates(self.store, model_id, version)
+            return describe(failed) if failed else None
+        return self._cached(("gates", model_id, version), GATE_TTL, compute)
+
+    def _signature(self, rel: Release) -> str | None:
+        """Why the release's signature is not accepted, or None."""
+        trust = self.trust
+        if trust is None:
+            return None
+
+        def compute() -> str | None:
+            from registry.signing import verify_release
+            try:
+                verify_release(self.store, rel.prefix, rel.manifest, model_id=rel.model_id,
+                               version=rel.version, trust=trust)
+            except RegistryError as e:
+                return str(e).splitlines()[0]
+            return None
+        return self._cached(("sig", rel.manifest.digest), SIGNATURE_TTL, compute)
+
+    def passing(self, rel: Release) -> bool:
+        """Whether ``rel`` passes its gates now (verdicts kept GATE_TTL seconds)."""
+        return self._gates(rel.model_id, rel.version) is None
+
+    def _admit(self, rel: Release) -> None:
+        if not self.allow_failing:
+            why = self._gates(rel.model_id, rel.version)
+            if why is not None:
+                raise HubError(403, "GatedRepo", f"{rel.model_id}@{rel.version}: fails its "
+                               f"gates now ({why}); this server serves only passing releases",
+                               commit=rel.commit)
+        why = self._signature(rel)
+        if why is not None:
+            raise HubError(403, "GatedRepo", f"{rel.model_id}@{rel.version}: signature not "
+                           f"accepted: {why}", commit=rel.commit)

@@ -1,0 +1,166 @@
+"""A verifying mirror: ``registry serve --mirror-cache PATH`` in front of a remote store.
+
+The mirror's cache is a pull cache (registry.pull.cache): a file asked for
+the first time is downloaded from the store once by the pull's own
+``fetch`` (hashed while it streams, parallel ranges where they pay, checked
+against the manifest, fsynced, then linked into ``blobs/sha256/<hex>``), and
+every request for it, from any host of the rack, is served from that blob.
+Concurrent requests for one blob share one download: a per-digest lock in
+the process, and a file lock under ``<cache>/locks/`` between processes
+sharing the cache. Each release served is recorded (``records/``), with a
+lease held while its blob downloads, so ``registry cache ls / prune / verify
+--cache PATH`` see and bound the mirror's cache like any pull cache.
+
+A blob is sent only while its stat stamp is the one recorded when it was
+verified (checked on the open descriptor, so what is checked is what is
+sent); a changed blob is re-hashed before it is sent, and dropped and
+fetched again when it no longer verifies.
+
+Cost: the first request for a file waits for the whole file to be verified
+(the mirror's added latency, measured in bench/); every later one is a read
+of the local disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from filelock import FileLock
+
+from registry.errors import IntegrityError
+from registry.manifest import FileEntry, Manifest
+from registry.pull.cache import Cache
+from registry.pull.download import fetch
+from registry.pull.records import (
+    PullRecord,
+    cache_lock,
+    now_rfc3339,
+    pulling,
+    read_records,
+    write_record,
+)
+from registry.pull.stamps import stamp
+from registry.store import Store
+from registry.web.hubfiles import CHUNK
+
+#: parallel byte ranges one large file may be fetched in
+RANGES = 4
+
+
+def _hash_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    pos = 0
+    while block := os.pread(fd, CHUNK, pos):
+        h.update(block)
+        pos += len(block)
+    return h.hexdigest()
+
+
+class MirrorSource:
+    """Verified bytes from a local cache of the store's files (the module docstring).
+
+    Args:
+        store: the store fronted (any backend; S3 is the point).
+        cache: the cache directory (created on first use).
+        on_store_bytes: called with the byte count of each block fetched
+            from the store.
+
+    Raises:
+        StorageError: the cache directory cannot be used.
+    """
+
+    def __init__(self, store: Store, cache: str | os.PathLike[str], *,
+                 on_store_bytes: Callable[[int], None] | None = None) -> None:
+        self.store = store
+        self.cache = Cache(cache)
+        (self.cache.root / "locks").mkdir(exist_ok=True)
+        self._count = on_store_bytes or (lambda n: None)
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._ranges = ThreadPoolExecutor(RANGES * 4, thread_name_prefix="mirror-range")
+        self._recorded: set[str] = set()
+
+    def _lock(self, sha256: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(sha256, threading.Lock())
+
+    def _record(self, manifest: Manifest) -> None:
+        """Note (at most once a process per release) that the mirror holds this
+        release, so cache ls/prune count it; ``last_pulled`` is when it was
+        first served by this process."""
+        if manifest.digest in self._recorded:
+            return
+        when = now_rfc3339()
+        with cache_lock(self.cache):
+            prev = read_records(self.cache).get(manifest.digest)
+            rec = PullRecord.of_manifest(manifest, when=when)
+            if prev is not None:
+                rec = PullRecord(rec.model_id, rec.version, rec.manifest_sha256, rec.files,
+                                 prev.first_pulled, when, prev.targets)
+            write_record(self.cache, rec)
+        self._recorded.add(manifest.digest)
+
+    def blob(self, prefix: str, entry: FileEntry, manifest: Manifest) -> Path:
+        """The verified blob of ``entry``, downloaded first if the cache lacks it.
+
+        Raises:
+            IntegrityError: the store's bytes differ from the manifest (nothing kept).
+            ObjectNotFoundError, StorageError, InsufficientSpaceError: as the pull's fetch.
+        """
+        self._record(manifest)
+        path = self.cache.blob(entry.sha256)
+        if self.cache.has(entry.sha256, entry.size):
+            return path
+        with self._lock(entry.sha256), \
+                FileLock(str(self.cache.root / "locks" / f"{entry.sha256}.lock")):
+            if self.cache.has(entry.sha256, entry.size):
+                return path
+            with pulling(self.cache, manifest):
+                fetch(self.store, prefix, entry, self.cache, ranged_pool=self._ranges,
+                      inflight=RANGES, progress=self._count)
+        return path
+
+    def _verified_fd(self, prefix: str, entry: FileEntry, manifest: Manifest) -> int:
+        """An open descriptor of the blob whose bytes are verified now."""
+        for _attempt in (1, 2):
+            path = self.blob(prefix, entry, manifest)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                if st.st_size == entry.size and self.cache.stamps.blob_unchanged(path) and \
+                        stamp(path) == now:
+                    return fd
+                if st.st_size == entry.size and _hash_fd(fd) == entry.sha256:
+                    self.cache.stamps.record_blob(path)
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            self.cache.drop(entry.sha256)  # changed since verified: fetch it again
+        raise IntegrityError(entry.path, reason="the mirror's cached copy changed twice "
+                                                "while it was being served")
+
+    def open(self, prefix: str, entry: FileEntry, start: int, end: int, *,
+             manifest: Manifest) -> Iterator[bytes]:
+        fd = self._verified_fd(prefix, entry, manifest)
+        return self._stream(fd, start, end)
+
+    @staticmethod
+    def _stream(fd: int, start: int, end: int) -> Iterator[bytes]:
+        try:
+            pos = start
+            while pos < end:
+                block = os.pread(fd, min(CHUNK, end - pos), pos)
+                if not block:
+                    return
+                yield block
+                pos += len(block)
+        finally:
+            os.close(fd)
