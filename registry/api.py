@@ -54,7 +54,8 @@ from registry.release import ModelRelease, ReleaseResult
 from registry.release.failing import failing_gates
 from registry.release.policy import set_policy, signed_by
 from registry.release.signing import signature_info, stored_gate
-from registry.release.convert import stored_weights
+from registry.release.convert import stored_summary
+from registry.weights import INDEX, SINGLE, weights_names
 from registry.signing import SIGNATURE
 from registry.store import Store, open_store
 from registry.verify import read_manifest
@@ -70,8 +71,8 @@ def _thresholds(require: Iterable[Threshold | str]) -> list[Threshold]:
     return [r if isinstance(r, Threshold) else Threshold.parse(r) for r in require]
 
 
-#: the weights file whose header ``show`` summarizes
-WEIGHTS = "model.safetensors"
+#: the weights file whose header ``show`` summarizes (or the index and its shards)
+WEIGHTS = SINGLE
 
 
 class Registry:
@@ -89,9 +90,9 @@ class Registry:
         self.db = db
         self._index: Index | None = None
         self.index_errors: list[str] = []
-        #: weights summaries of model.safetensors files, by their sha256 (a
-        #: long-lived Registry, such as `registry serve`'s, reads each header once)
-        self._weights: dict[str, list[dict[str, Any]]] = {}
+        #: weights summaries (stored_summary), by the sha256s of the weights files
+        #: (a long-lived Registry, such as `registry serve`'s, reads each header once)
+        self._weights: dict[str, dict[str, Any]] = {}
 
     @property
     def index(self) -> Index:
@@ -307,8 +308,12 @@ class Registry:
 
     def show(self, model_id: str, version: str) -> dict[str, Any]:
         """The index's summary of one release, plus ``signature`` read from the
-        store (``{"path", "fingerprint", "verified"}`` or None) and the
-        ``signature`` gate when the model's policy lists keys."""
+        store (``{"path", "fingerprint", "verified"}`` or None), the
+        ``signature`` gate when the model's policy lists keys, and from the
+        weights' headers (one file or the index and its shards):
+        ``weights`` (stored tensor groups), ``weight_files`` (``[{"path",
+        "bytes", "tensors", "parameters"}]``, the index first) and
+        ``parameters`` (scalars stored)."""
         doc = self._query(lambda s: queries.show(s, model_id, version))
         # the index lists the release's files (it is immutable): a file it
         # lacks is not looked for in the store, a header it has is read once
@@ -319,15 +324,20 @@ class Registry:
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
-        weights = files.get(WEIGHTS)
-        if weights is None:
-            doc["weights"] = []
+        if WEIGHTS not in files and INDEX not in files:
+            doc["weights"], doc["weight_files"], doc["parameters"] = [], [], 0
         else:
-            if weights not in self._weights:
+            # keyed by the digests of every weights file (one, or the index and shards)
+            key = " ".join(files[p] for p in weights_names(files))
+            if key not in self._weights:
                 if len(self._weights) >= 4096:
                     self._weights.clear()
-                self._weights[weights] = stored_weights(self.store, model_id, version)
-            doc["weights"] = copy.deepcopy(self._weights[weights])
+                self._weights[key] = stored_summary(
+                    self.store, model_id, version,
+                    files={f["path"]: f["bytes"] for f in doc["manifest"]})
+            summary = copy.deepcopy(self._weights[key])
+            doc["weights"], doc["weight_files"] = summary["groups"], summary["files"]
+            doc["parameters"] = summary["parameters"]
         return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:

@@ -1,6 +1,8 @@
-"""Rules of a model directory (seed 000, first paragraph; DESIGN section 4).
+"""Rules of a model directory (seed 000, first paragraph; DESIGN sections 1 and 4).
 
-A model directory holds ``model.safetensors`` and ``config.json``, and
+A model directory holds its weights (``model.safetensors``, or
+``model.safetensors.index.json`` and exactly the shards it names: the rule
+and its checks are :mod:`registry.weights`), ``config.json``, and
 ``tokenizer.json`` when config.json says ``"tl_tokenizer": "file"``.
 """
 
@@ -40,11 +42,12 @@ def hidden_size(config: dict[str, Any]) -> int | None:
 
 
 def check_files(names: Iterable[str], config: dict[str, Any], *, where: str) -> None:
-    """Raise DocumentError when a required file of a model directory is missing."""
+    """Raise DocumentError when config.json, or tokenizer.json that config.json
+    asks for, is missing. The weights have their own rule and checks:
+    :func:`registry.weights.load_weights`."""
     present = set(names)
-    for required in ("model.safetensors", "config.json"):
-        if required not in present:
-            raise DocumentError(f"{where}/{required}", "missing: a model directory needs it")
+    if "config.json" not in present:
+        raise DocumentError(f"{where}/config.json", "missing: a model directory needs it")
     if config.get("tl_tokenizer") == "file" and "tokenizer.json" not in present:
         raise DocumentError(f"{where}/tokenizer.json",
                             "missing: config.json says \"tl_tokenizer\": \"file\"")

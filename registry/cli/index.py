@@ -173,6 +173,11 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
                                                 if len(w["tensors"]) > 6 else "")
         typer.echo(f"  weights {w['stored']}: {len(w['tensors'])} tensors, "
                    f"{w['parameters']} parameters ({names})")
+    shards = doc.get("weight_files", [])
+    if len(shards) > 1:
+        typer.echo(f"  weights in {len(shards) - 1} shards, {doc['parameters']} parameters:")
+        for f in shards:
+            typer.echo(f"    {f['path']}\t{f['bytes']} bytes\t{f['tensors']} tensors")
     sig = doc.get("signature")
     if sig is not None:
         state = {True: "verified against the policy's keys",

@@ -113,11 +113,21 @@ def _gate_failures(as_json: bool) -> Iterator[None]:
              as_json=as_json, cls="GateFailedError", path=e.where,
              gates=[r.to_dict() for r in e.results])
 
+MaxShardOpt = Annotated[str | None, typer.Option(
+    "--max-shard-size", metavar="SIZE",
+    help=("Most bytes of tensor data per released shard, e.g. 5GB (10**9), 500MiB (2**20) "
+          "or a byte count (transformers' convention; a larger tensor gets a shard of its "
+          "own). Converted weights default to 5GB; without --dtype, giving it re-packs the "
+          "weights with their dtypes kept. One shard is released as model.safetensors, "
+          "several as model-0000i-of-0000N.safetensors plus model.safetensors.index.json."))]
+
 
 @app.command()
 def publish(
-    model_dir: Annotated[str, typer.Argument(help="Model directory (folder or URL) holding "
-                                                  "model.safetensors and config.json.")],
+    model_dir: Annotated[str, typer.Argument(help=(
+        "Model directory (folder or URL) holding config.json and its weights: "
+        "model.safetensors, or model.safetensors.index.json and exactly the shards it "
+        "names (see docs/sharded-weights.md)."))],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
     card: Annotated[str | None, typer.Option("--card", metavar="PATH",
                                              help="MODEL_CARD.md to use "
@@ -128,6 +138,7 @@ def publish(
         "is: the source's dtypes, F16 included, are kept; the card and `registry show` "
         "list the stored dtype of every tensor group)."))] = None,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
+    max_shard_size: MaxShardOpt = None,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
     cert_chain: CertChainOpt = None, store: StoreOpt = None,
     db: DbOpt = None, as_json: JsonOpt = False,
@@ -140,7 +151,7 @@ def publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
-            cert_chain=cert_chain or [])
+            cert_chain=cert_chain or [], max_shard_size=max_shard_size)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -155,6 +166,7 @@ def release_create(
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
     dtype: Annotated[str, typer.Option("--dtype", help="f32, bf16 or int4.")] = "f32",
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
+    max_shard_size: MaxShardOpt = None,
     head: HeadOpt = None,
     card_field: Annotated[list[str] | None, typer.Option(
         "--card-field", metavar="KEY=VALUE",
@@ -192,7 +204,7 @@ def release_create(
             require=require or [], layout=lay,
             checkpoint_root=(checkpoint_path or "") if loong else None,
             subdir="hf_model" if loong else "", sign_key=sign_key, sign_cert=sign_cert,
-            cert_chain=cert_chain or [])
+            cert_chain=cert_chain or [], max_shard_size=max_shard_size)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 

@@ -29,8 +29,8 @@ from registry.ledger import Revocation as StoreRevocation
 from registry.manifest import Manifest
 from registry.release.convert import dtype_label, weights_groups
 from registry.release import ModelRelease, release_prefix
-from registry.safetensors_io import read_header
-from registry.store import Store, join
+from registry.weights import INDEX, SINGLE, load_weights
+from registry.store import Store
 from registry.verify import read_manifest
 
 
@@ -46,15 +46,11 @@ def model_pk(s: Session, model_id: str) -> int:
 
 
 def _dtype(store: Store, prefix: str, manifest: Manifest) -> str:
-    entry = manifest.entry("model.safetensors")
-    if entry is None:
+    files = {e.path: e.size for e in manifest.files}
+    if SINGLE not in files and INDEX not in files:
         return "none"
-    key = join(prefix, "model.safetensors")
-    with store.open_read(key) as f:
-        header = read_header(f, path=store.url_of(key), file_size=entry.size)
-    groups = weights_groups({n: (i.dtype, tuple(i.shape)) for n, i in header.tensors.items()},
-                            header.metadata)
-    return dtype_label(groups)[:32]
+    weights = load_weights(store, prefix, files=files)
+    return dtype_label(weights_groups(weights.described, weights.metadata))[:32]
 
 
 def record_release(s: Session, store: Store, model_id: str, version: str) -> int:

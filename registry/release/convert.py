@@ -104,7 +104,8 @@ def _qualifies(info: TensorInfo, group_size: int) -> bool:
 
 
 def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_size: int,
-         path: str) -> tuple[list[tuple[str, LazyTensor]], dict[str, str]]:
+         path: str, require_quantized: bool = True
+         ) -> tuple[list[tuple[str, LazyTensor]], dict[str, str]]:
     """Declare the converted tensors of a source file, computed lazily from ``f``.
 
     Args:
@@ -113,6 +114,8 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
         dtype: ``"f32"``, ``"bf16"``, ``"int4"``, or None: every tensor as is
             (only the metadata is rewritten, see :func:`weights_metadata`).
         group_size: int4 group length along columns (even, >= 2).
+        require_quantized: int4 with no qualifying tensor is refused; False for
+            one shard of several (the caller checks the whole model).
 
     Returns:
         ``(tensors, metadata)`` for :func:`registry.safetensors_io.write_safetensors`.
@@ -147,7 +150,7 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
         else:
             out.append((name, LazyTensor(info.dtype, info.shape, src)))
     quantized = [n[:-len(".qweight")] for n, _ in out if n.endswith(".qweight")]
-    if dtype == "int4" and not quantized:
+    if dtype == "int4" and not quantized and require_quantized:
         raise UsageError(
             f"{path}: --dtype int4 would quantize no tensor: none is a 2-D float matrix "
             f"whose columns divide by group size {group_size} (columns: "
@@ -253,20 +256,40 @@ def planned_groups(header: SafetensorsHeader, *, dtype: str | None, group_size: 
     return weights_groups({n: (t.dtype, tuple(t.shape)) for n, t in tensors}, meta)
 
 
-def stored_weights(store: Any, model_id: str, version: str) -> list[dict[str, Any]]:
-    """:func:`weights_groups` of a committed release's model.safetensors,
-    from its header (no tensor is read); [] when the release has none."""
-    from registry.release.model_release import release_prefix
-    from registry.safetensors_io import read_header
-    from registry.store import join
+def stored_summary(store: Any, model_id: str, version: str,
+                   files: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """What ``registry show`` and the web page say of a release's weights.
 
-    key = join(release_prefix(model_id, version), "model.safetensors")
-    if not store.exists(key):
-        return []
-    with store.open_read(key) as f:
-        header = read_header(f, path=store.url_of(key), file_size=store.info(key).size)
-    return weights_groups({n: (i.dtype, tuple(i.shape)) for n, i in header.tensors.items()},
-                          header.metadata)
+    Args:
+        files: the release's files, name -> size in bytes (its manifest's);
+            None lists them from the store.
+
+    Returns:
+        ``{"groups": weights_groups(...), "files": [{"path", "bytes" (file
+        size), "tensors", "parameters"}] (the index first, then each shard),
+        "parameters": scalars stored in all shards}``; empty groups and files
+        when the release has no weights.
+
+    Raises:
+        DocumentError: the stored weights break a rule of :mod:`registry.weights`.
+    """
+    from registry.release.model_release import release_prefix
+    from registry.weights import INDEX, SINGLE, load_weights
+
+    prefix = release_prefix(model_id, version)
+    if files is None:
+        files = store.walk_files(prefix)
+    if SINGLE not in files and INDEX not in files:
+        return {"groups": [], "files": [], "parameters": 0}
+    weights = load_weights(store, prefix, files=files)
+    listing = [{"path": INDEX, "bytes": weights.index_size, "tensors": len(weights.tensors),
+                "parameters": weights.parameter_count}] if weights.sharded else []
+    listing += [{"path": s.path, "bytes": s.size, "tensors": len(s.header.tensors),
+                 "parameters": sum(int(np.prod(i.shape, dtype=np.int64))
+                                   for i in s.header.tensors.values())}
+                for s in weights.shards]
+    return {"groups": weights_groups(weights.described, weights.metadata), "files": listing,
+            "parameters": weights.parameter_count}
 
 
 def parameter_count(header: SafetensorsHeader) -> int:

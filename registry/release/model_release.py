@@ -14,6 +14,8 @@ staging + rename locally), so a version is published exactly once.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,16 +46,14 @@ from registry.release.card import render_card
 from registry.release.convert import (
     dtype_label,
     engines_accept,
-    parameter_count,
-    plan,
-    planned_groups,
     weights_groups,
 )
 from registry.release.step_source import check_step_source
-from registry.safetensors_io import read_header, write_safetensors
+from registry.release.hfconfig import released_config
+from registry.release.shards import ShardPlan, weight_files
+from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
 from registry.signing import SIGNATURE
 from registry.store import Store, join, open_store
-from registry.release.source_check import HashedSource, stream_sha256
 from registry.verify import require_verified
 
 CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -164,7 +164,8 @@ class ModelRelease:
                checkpoint_root: str | None = None, subdir: str = "",
                sign_key: str | os.PathLike[str] | None = None,
                sign_cert: str | os.PathLike[str] | None = None,
-               cert_chain: Iterable[str | os.PathLike[str]] = ()) -> ReleaseResult:
+               cert_chain: Iterable[str | os.PathLike[str]] = (),
+               max_shard_size: int | str | None = None) -> ReleaseResult:
         """Release ``step`` of run ``run_id`` as ``model_id`` ``version``.
 
         Args:
@@ -173,7 +174,14 @@ class ModelRelease:
                 None: ``source.run_id`` is always the step manifest's ``run_id``.
             dtype: ``"f32"``, ``"bf16"`` (round to nearest even) or ``"int4"``
                 (``<name>.qweight`` + ``<name>.scales``, ``group_size`` columns
-                per scale); converted streaming, tensor by tensor.
+                per scale); converted streaming, tensor by tensor, shard by
+                shard (the weights may be one file or an index and its
+                shards, :mod:`registry.weights`).
+            max_shard_size: bytes of tensor data per released shard (an int,
+                or ``"5GB"`` as transformers writes it); converted weights
+                default to 5 GB. Given with no ``dtype``, the weights are
+                re-packed with their dtypes kept. One shard is released as
+                ``model.safetensors``, several as shards plus the index.
             ledger: ledger rows (list or path to ledger JSON).
             eval_summary: the EvalSuite summary (dict or path).
             heads: linear heads (dicts or paths), checked against the hidden size.
@@ -222,8 +230,8 @@ class ModelRelease:
         src_manifest = require_verified(self.store, tree.prefix(step), full=True)
         run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
-        names = {e.path[len(subdir) + 1:] if subdir else e.path for e in src_manifest.files
-                 if not subdir or e.path.startswith(subdir + "/")}
+        names = {e.path[len(subdir) + 1:] if subdir else e.path: e.size
+                 for e in src_manifest.files if not subdir or e.path.startswith(subdir + "/")}
         digests = {e.path[len(subdir) + 1:] if subdir else e.path: e.sha256
                    for e in src_manifest.files}
         return self._release(self.store, src, names, prefix, model_id, version, source=source,
@@ -232,7 +240,8 @@ class ModelRelease:
                              evals=eval_summary, heads=heads, card=None,
                              card_fields=card_fields, generation_config=generation_config,
                              tokenizer_config=tokenizer_config, require=require, copy_all=False,
-                             sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
+                             sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
+                             max_shard_size=max_shard_size)
 
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str, *,
                 ledger: Any, eval_summary: Any, heads: Sequence[Any] = (),
@@ -241,15 +250,20 @@ class ModelRelease:
                 group_size: int = 128, require: Iterable[Threshold | str] = (),
                 sign_key: str | os.PathLike[str] | None = None,
                 sign_cert: str | os.PathLike[str] | None = None,
-                cert_chain: Iterable[str | os.PathLike[str]] = ()) -> ReleaseResult:
+                cert_chain: Iterable[str | os.PathLike[str]] = (),
+                max_shard_size: int | str | None = None) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
-        Every file of ``model_dir`` is carried (``model.safetensors`` byte for
-        byte unless ``dtype`` asks for a conversion); the release adds
+        Every file of ``model_dir`` is carried (the weights, one
+        ``model.safetensors`` or an index and its shards, byte for byte unless
+        ``dtype`` or ``max_shard_size`` asks for a conversion, see
+        :meth:`create`); the release adds
         MODEL_CARD.md (``card`` file verbatim, else the directory's own, else
         rendered), ledger.json, evals/summary.json and heads. ``source`` is
         ``{"uri": <model_dir>}``. Raises as :meth:`create`, plus DocumentError
-        when the directory lacks model.safetensors or config.json. A directory
+        when the directory lacks its weights or config.json, or its weights
+        break a rule of :mod:`registry.weights` (both forms, a stale or
+        missing shard, a tensor in two shards...). A directory
         inside a checkpoint step (seed 003's ``train_step_<N>/hf_model``) is
         first verified in full against the step's MANIFEST.json:
         NotCommittedError when the step is not committed, IntegrityError when
@@ -272,7 +286,7 @@ class ModelRelease:
             raise ObjectNotFoundError(f"{url}: no such model directory", key=url)
         if local_root is not None:
             list_local_files(local_root)  # refuses FIFOs, sockets, dangling symlinks
-        names = set(src_store.walk_files(""))
+        names = src_store.walk_files("")
         if not names and local_root is None:
             raise ObjectNotFoundError(f"{url}: no such model directory (nothing stored there)",
                                       key=url)
@@ -293,7 +307,8 @@ class ModelRelease:
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
-                             sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
+                             sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
+                             max_shard_size=max_shard_size)
 
     def _refuse_existing(self, prefix: str) -> None:
         self.store.ensure_root()  # the first release may create a new local store
@@ -303,7 +318,7 @@ class ModelRelease:
             raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
                                      "are immutable, publish a new version", path=prefix)
 
-    def _release(self, src_store: Store, src: str, names: set[str], prefix: str,
+    def _release(self, src_store: Store, src: str, names: dict[str, int], prefix: str,
                  model_id: str, version: str, *, source: dict[str, Any], dtype: str | None,
                  group_size: int, ledger: Any, evals: Any, heads: Sequence[Any],
                  card: str | None, card_fields: Mapping[str, Any] | None,
@@ -312,18 +327,20 @@ class ModelRelease:
                  sign_key: str | os.PathLike[str] | None = None,
                  sign_cert: str | os.PathLike[str] | None = None,
                  cert_chain: Iterable[str | os.PathLike[str]] = (),
-                 digests: Mapping[str, str] | None = None) -> ReleaseResult:
+                 digests: Mapping[str, str] | None = None,
+                 max_shard_size: int | str | None = None) -> ReleaseResult:
         where = src_store.url_of(src)
+        shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
         signer = release_signing.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
-        config = schemas.load_json(src_store.read_bytes(join(src, "config.json")),
-                                   path=f"{where}/config.json") if "config.json" in names else {}
+        config_raw = (src_store.read_bytes(join(src, "config.json"))
+                      if "config.json" in names else b"{}")
+        config = schemas.load_json(config_raw, path=f"{where}/config.json")
         if not isinstance(config, dict):
             raise DocumentError(f"{where}/config.json", "must be a JSON object")
+        weights = load_weights(src_store, src, files=names, where=where)
         check_files(names, config, where=where)
-        model_key = join(src, "model.safetensors")
-        size = src_store.info(model_key).size
-        with src_store.open_read(model_key) as f:
-            header = read_header(f, path=src_store.url_of(model_key), file_size=size)
+        as_is = dtype is None and shard_limit is None and all(
+            engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}
         if generation_config is not None:
             doc, gwhere = load_doc(generation_config, what="generation_config.json")
@@ -333,21 +350,27 @@ class ModelRelease:
             extra["tokenizer_config.json"] = _dump(load_doc(tokenizer_config,
                                                             what="tokenizer_config.json")[0])
         head_docs = self._heads(heads, config)
-        # What will be stored, per tensor group (int4 refuses a plan with no
-        # quantized tensor here, before a byte is written).
-        if dtype is None and engines_accept(header.metadata):
-            groups = weights_groups({n: (i.dtype, tuple(i.shape))
-                                     for n, i in header.tensors.items()}, header.metadata)
-        else:
-            groups = planned_groups(header, dtype=dtype, group_size=group_size,
-                                    path=src_store.url_of(model_key))
+        # What will be stored, per tensor group and file (int4 refuses a plan
+        # with no quantized tensor here, before a byte is written).
+        shard_plan = None if as_is else ShardPlan(
+            src_store, src, weights, dtype=dtype, group_size=group_size,
+            max_shard_size=shard_limit or DEFAULT_MAX_SHARD_SIZE, where=where)
+        groups = (weights_groups(weights.described, weights.metadata) if shard_plan is None
+                  else shard_plan.groups)
+        new_config = released_config(config, dtype=dtype, groups=groups, group_size=group_size)
+        if new_config is not None:
+            _check_source_bytes(config_raw, digests, "config.json", f"{where}/config.json")
+            extra["config.json"] = new_config
         facts = self._facts(card=card, ledger=ledger, evals=evals)
         if card is None and facts.evals is not None and facts.ledger is not None:
             card = render_card({
                 "model_id": model_id, "version": version, "created_at": utc_now(),
                 "source": source, "dtype": dtype_label(groups), "weights": groups,
                 "converted": dtype, "group_size": group_size,
-                "parameter_count": parameter_count(header),
+                "parameter_count": weights.parameter_count,
+                "weight_files": (weight_files(weights) if shard_plan is None
+                                 else shard_plan.files),
+                "config_dtype": _config_dtype(json.loads(new_config) if new_config else config),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
@@ -355,7 +378,7 @@ class ModelRelease:
                              signer=signer, carries_signature=copy_all and SIGNATURE in names)
         assert facts.ledger is not None and facts.evals is not None and card is not None
 
-        carried = sorted(n for n in names if n not in RESERVED and n != "model.safetensors"
+        carried = sorted(n for n in names if n not in RESERVED and n not in weights.files
                          and not n.startswith("evals/") and not n.startswith("heads/")
                          and (copy_all or n in CARRIED) and n not in extra
                          and not (n == SIGNATURE and signer is not None))
@@ -365,17 +388,11 @@ class ModelRelease:
             # Every byte taken from the source is checked against the source's
             # manifest (release create) before the commit; a converted file
             # against a streamed read when the source has none (publish).
-            if dtype is None and engines_accept(header.metadata):
-                _copy(src_store, model_key, w, "model.safetensors", digests)
-            else:  # converted, or a format engines refuse: tensors kept, metadata fixed
-                expected = (digests or {}).get("model.safetensors") or stream_sha256(
-                    src_store, model_key)
-                with src_store.open_read(model_key) as raw, w.open("model.safetensors") as out:
-                    f = HashedSource(raw, size, path=src_store.url_of(model_key))
-                    tensors, meta = plan(header, f, dtype=dtype, group_size=group_size,  # type: ignore[arg-type]
-                                         path=src_store.url_of(model_key))
-                    write_safetensors(out, tensors, metadata=meta, path="model.safetensors")
-                    f.check(expected)
+            if shard_plan is None:
+                for name in weights.files:
+                    _copy(src_store, join(src, name), w, name, digests)
+            else:  # converted, re-packed, or a format engines refuse: metadata fixed
+                shard_plan.write(w, digests)
             for name in carried:
                 _copy(src_store, join(src, name), w, name, digests)
             for name, data in extra.items():
@@ -490,6 +507,24 @@ def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
                              reason=f"the bytes read differ from the source manifest (sha256 "
                                     f"{entry.sha256}, expected {expected}); nothing was "
                                     "committed")
+
+
+def _config_dtype(config: Mapping[str, Any]) -> str | None:
+    value = config.get("dtype", config.get("torch_dtype"))
+    return value if isinstance(value, str) else None
+
+
+def _check_source_bytes(data: bytes, digests: Mapping[str, str] | None, relpath: str,
+                        where: str) -> None:
+    """Bytes read from a checkpoint to derive a file from must be the ones its
+    manifest lists (IntegrityError otherwise; nothing is committed)."""
+    expected = (digests or {}).get(relpath)
+    actual = hashlib.sha256(data).hexdigest()
+    if expected is not None and actual != expected:
+        raise IntegrityError(where, expected_sha256=expected, actual_sha256=actual,
+                             actual_size=len(data),
+                             reason=f"the bytes read differ from the source manifest (sha256 "
+                                    f"{actual}, expected {expected}); nothing was committed")
 
 
 def _pump(f: IO[bytes], out: Any) -> None:
