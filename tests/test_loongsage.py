@@ -360,6 +360,11 @@ def test_hf_init_from_sharded_weights(tmp_path: Path) -> None:
     (d / "config.json").write_text("{}")
     st = load_training_state("memory://ls-shard", ROOT, hf_model_path=d)
     np.testing.assert_array_equal(st.model["layer.bias"], p["layer.bias"])
+    # the weights rule (registry.weights) holds here too: a stale shard of an
+    # older export would otherwise be trained from beside the newer ones
+    safetensors.numpy.save_file({"layer.bias": p["layer.bias"]}, str(d / "s3.safetensors"))
+    with pytest.raises(DocumentError, match=r"sharded/s3\.safetensors: a shard .* does not name"):
+        load_training_state("memory://ls-shard2", ROOT, hf_model_path=d)
 
 
 @pytest.fixture

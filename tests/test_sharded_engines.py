@@ -21,6 +21,7 @@ The same for MiniLM (a real model) is in test_engines.py.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,7 @@ def pulled(request: pytest.FixtureRequest, saved: Path, tmp_path: Path) -> dict[
         p = run_cli("pull", f"llama@{version}", "--to", str(target), "--store", url)
         assert p.returncode == 0, p.stderr
         out[version] = target
-    out["db"] = Path(db)
-    out["url"] = Path(url) if request.param == "local" else url  # type: ignore[assignment]
+    out["db"], out["url"] = db, url  # type: ignore[assignment]
     return out
 
 
@@ -136,13 +136,28 @@ def test_int4_is_refused_by_both_engines(engines: Any, pulled: dict[str, Path]) 
 
 
 def test_show_and_card_list_the_shards(pulled: dict[str, Path]) -> None:
-    url, db = str(pulled["url"]), f"{pulled['db']}"
+    url, db = str(pulled["url"]), str(pulled["db"])
     p = run_cli("show", "llama@1-bf16", "--json", "--store", url, "--db", db)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["dtype"] == "bf16"
     assert [g["stored"] for g in doc["weights"]] == ["BF16"]
+    shards = shards_of(pulled["1-bf16"])
+    assert [f["path"] for f in doc["weight_files"]] == [INDEX, *shards]
+    assert doc["parameters"] == index_of(pulled["1-bf16"])["metadata"]["total_parameters"]
+    p = run_cli("show", "llama@1-bf16", "--store", url, "--db", db)
+    assert f"weights in {len(shards)} shards, {doc['parameters']} parameters" in p.stdout
     card = (pulled["1-bf16"] / "MODEL_CARD.md").read_text()
     assert "config.json dtype | `bfloat16`" in card
-    for shard in shards_of(pulled["1-bf16"]):
+    for shard in shards:
         assert f"`{shard}`" in card
+    from fastapi.testclient import TestClient
+
+    from registry.web import create_app
+    with Registry(url, db=db) as reg, TestClient(create_app(reg)) as client:
+        page = client.get("/models/llama/1-bf16").text
+    table = re.search(r'<table id="weights">.*?</table>', page, re.S)
+    assert table is not None
+    for f in doc["weight_files"]:
+        assert f"<code>{f['path']}</code></td><td>{f['tensors']}</td>" in table.group(0)
+    assert f"{doc['parameters']:,} parameters in {len(shards)} shards" in page

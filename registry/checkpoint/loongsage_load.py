@@ -50,10 +50,11 @@ from registry.errors import (
     PointerError,
     UsageError,
 )
-from registry.manifest import Manifest, check_path
-from registry.safetensors_io import check_optimizer_state, read_safetensors
+from registry.manifest import Manifest
+from registry.safetensors_io import check_optimizer_state
 from registry.store import Store, join, open_store
 from registry.verify import read_manifest, verify_directory, verify_entries
+from registry.weights import INDEX, SINGLE, iter_tensors, load_weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,34 +355,15 @@ def _hf_config(hf: Store) -> dict[str, Any]:
     return doc
 
 
-def _read_weights(hf: Store, rel: str) -> dict[str, np.ndarray]:
-    size = hf.info(rel).size
-    with hf.open_read(rel) as f:
-        tensors, _ = read_safetensors(f, path=hf.url_of(rel), file_size=size)
-    return tensors
-
-
 def _hf_weights(hf: Store) -> dict[str, np.ndarray]:
     """The HF model's weights as F32: model.safetensors, or the shards a
-    model.safetensors.index.json names."""
-    index = "model.safetensors.index.json"
-    if hf.exists(MODEL):
-        tensors = _read_weights(hf, MODEL)
-    elif hf.exists(index):
-        doc = schemas.load_json(hf.read_bytes(index), path=hf.url_of(index))
-        wmap = doc.get("weight_map") if isinstance(doc, dict) else None
-        if not isinstance(wmap, dict) or not wmap:
-            raise DocumentError(hf.url_of(index), "needs a non-empty weight_map object")
-        tensors = {}
-        for shard in sorted(set(wmap.values())):
-            check_path(shard, source=hf.url_of(index))
-            tensors.update(_read_weights(hf, shard))
-        missing = sorted(set(wmap) - set(tensors))
-        if missing:
-            raise DocumentError(hf.url_of(index), f"tensor {missing[0]!r} is in weight_map "
-                                                  "but in none of the shards")
-    else:
+    model.safetensors.index.json names, under the rule of :mod:`registry.weights`
+    (a stale shard beside them, a tensor in two shards... are refused)."""
+    files = hf.walk_files("")
+    if SINGLE not in files and INDEX not in files:
         raise DocumentError(hf.url_of(MODEL), "missing: no usable checkpoint, so the "
                                               "initial weights come from hf_model_path")
+    weights = load_weights(hf, "", files=files)
+    tensors = {name: array for _, name, array in iter_tensors(hf, "", weights)}
     return {k: np.asarray(v, dtype=np.float32) if v.dtype.kind == "f" or
             v.dtype.name == "bfloat16" else v for k, v in tensors.items()}
