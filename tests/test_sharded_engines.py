@@ -161,3 +161,47 @@ def test_show_and_card_list_the_shards(pulled: dict[str, Path]) -> None:
     for f in doc["weight_files"]:
         assert f"<code>{f['path']}</code></td><td>{f['tensors']}</td>" in table.group(0)
     assert f"{doc['parameters']:,} parameters in {len(shards)} shards" in page
+
+
+def test_signed_sharded_release_pull_verify_and_diff(saved: Path, tmp_path: Path) -> None:
+    """Signing covers every shard and the index; a rewritten shard is refused
+    on pull; ``verify`` and ``diff`` name shards like any file."""
+    pytest.importorskip("model_signing")
+    from registry.keys import generate, load_trust
+    from registry.pull import pull
+
+    priv, pub, _ = generate(tmp_path / "release.pem")
+    url = str(tmp_path / "store")
+    reg = Registry(url, db=f"sqlite:///{tmp_path / 'i.db'}")
+    reg.publish(saved, "llama", "1", ledger=[ledger_row()], eval_summary=summary(),
+                sign_key=priv)
+    reg.publish(saved, "llama", "2", ledger=[ledger_row()], eval_summary=summary(),
+                dtype="bf16", max_shard_size="60KB")
+    store = open_store(url)
+    bundle = json.loads(store.read_bytes("models/llama/1/model.sig"))
+    import base64
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    signed = {r["name"] for r in statement["predicate"]["resources"]}
+    assert {INDEX, *shards_of(saved)} <= signed
+    out = pull(store, "llama", "1", to=tmp_path / "out", cache=tmp_path / "cache",
+               trust=load_trust([pub]))
+    assert out.signer is not None
+    p = run_cli("verify", f"{url}/models/llama/1", "--full")
+    assert p.returncode == 0, p.stderr
+    p = run_cli("diff", "llama@1", "llama@2", "--store", url, "--db",
+                f"sqlite:///{tmp_path / 'i.db'}", "--json")
+    assert p.returncode == 0, p.stderr
+    diff = json.loads(p.stdout)
+    assert set(shards_of(saved)) <= set(diff["removed"])  # 5 shards of 100 KB -> 4 of 60 KB
+    # a store writer rewrites one shard in place (no key): the signed pull refuses it
+    shard = shards_of(saved)[1]
+    key = f"models/llama/1/{shard}"
+    data = bytearray(store.read_bytes(key))
+    data[-1] ^= 0xFF
+    (Path(url) / key).write_bytes(bytes(data))
+    with pytest.raises(Exception, match=shard):
+        pull(store, "llama", "1", to=tmp_path / "out2", cache=tmp_path / "cache2",
+             trust=load_trust([pub]))
+    assert not (tmp_path / "out2").exists()
+    p = run_cli("verify", f"{url}/models/llama/1", "--full")
+    assert p.returncode == 1 and f"FAIL {shard}" in p.stdout, p.stdout + p.stderr
