@@ -84,6 +84,8 @@ class DirectoryWriter:
         self.kind = kind
         self.meta = meta
         self.entries: dict[str, FileEntry] = {}
+        #: relpath -> the version token (ETag) the store gave our write, where it gives one.
+        self._tokens: dict[str, str] = {}
         self.manifest: Manifest | None = None
         self._error = conflict_error
         self._sole = sole_writer
@@ -158,6 +160,9 @@ class DirectoryWriter:
             raise
         except OSError as e:  # disk full, I/O error: one clear error naming the file
             raise translate(e, self.store.url_of(key)) from e
+        token = getattr(raw, "etag", None)
+        if token:
+            self._tokens[relpath] = token
         self.entries[relpath] = FileEntry(relpath, w.size, w.sha256, w.pieces, w.blake3)
 
     def write_bytes(self, relpath: str, data: bytes) -> FileEntry:
@@ -225,6 +230,8 @@ class DirectoryWriter:
                     store.create(join(self.prefix, MANIFEST), data)
                 except ObjectExistsError:
                     raise self._conflict("already committed by another writer") from None
+                if getattr(store, "single_writer", False):
+                    self._read_back_unguarded(data)
         except BaseException as exc:
             self._abort_after(exc)
             raise
@@ -237,11 +244,32 @@ class DirectoryWriter:
         """The staged files must be exactly those written, with their sizes:
         a directory another process emptied meanwhile (``registry gc`` with
         a short ``--older-than``, say) fails the commit instead of being
-        committed with files missing. One listing; no file is read."""
+        committed with files missing. One listing; no file is read.
+
+        On object stores the listing's ETags are read back too: each must be
+        the one the server gave this writer's own write. Nothing here rests on
+        a conditional CompleteMultipartUpload being atomic (it is not on
+        SeaweedFS, LocalStack or Ceph RGW: two racing completions can both
+        succeed, issue 34): a writer whose lapsed claim was taken over and
+        whose completion landed over the new owner's file is caught here,
+        before the manifest points at anything.
+
+        Raises:
+            CommitConflictError: another writer's bytes are at a file.
+            StorageError: files missing, unexpected or resized.
+        """
         where = self.staging if self.store.atomic_rename else self.prefix
-        staged = self.store.walk_files(where)
+        listed = self.store.walk_versions(where)
+        staged = {path: size for path, (size, _) in listed.items()}
         expected = {e.path: e.size for e in self.entries.values()}
         if staged == expected:
+            replaced = sorted(p for p, token in self._tokens.items()
+                              if listed[p][1] is not None and listed[p][1] != token)
+            if replaced:
+                raise self._conflict(
+                    f"another writer's bytes are at {', '.join(replaced[:3])} (read back "
+                    "before the commit: the object is not the one this writer completed; "
+                    "the server let a second writer complete over it); nothing was committed")
             return
         missing = sorted(set(expected) - set(staged))
         extra = sorted(set(staged) - set(expected))
@@ -252,6 +280,32 @@ class DirectoryWriter:
         raise StorageError(f"{self.store.url_of(where)}: the staged files changed while "
                            f"committing ({detail}), removed by another process such as "
                            f"`registry gc`? Nothing was committed.", key=where)
+
+    def _read_back_unguarded(self, data: bytes) -> None:
+        """Under the single-writer opt-out (a server whose conditions are
+        ignored) nothing stops a second writer of the same prefix: read back
+        the manifest and the files' ETags after the commit, and fail loudly
+        when another writer's bytes are there (docs/s3-servers.md says what
+        can be lost).
+
+        Raises:
+            CommitConflictError: the committed manifest or a file is not ours.
+        """
+        try:
+            there = self.store.read_bytes(join(self.prefix, MANIFEST))
+        except FileNotFoundError:
+            there = b""
+        listed = self.store.walk_versions(self.prefix)
+        replaced = sorted(p for p, token in self._tokens.items()
+                          if p not in listed or (listed[p][1] not in (None, token)))
+        if there != data or replaced:
+            what = ("its MANIFEST.json is another writer's" if there != data else
+                    f"another writer's bytes are at {', '.join(replaced[:3])}")
+            raise self._conflict(
+                f"another writer published here at the same time: {what} (read back after "
+                "the commit; REGISTRY_S3_SINGLE_WRITER=1 turns off the guard that stops a "
+                "second writer). What is committed there may not verify: check it with "
+                "`registry verify`; this writer's release did not land as written")
 
     def abort(self) -> None:
         """Remove what this writer staged, and only that; never touches a

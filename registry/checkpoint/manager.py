@@ -44,7 +44,12 @@ from registry.errors import (
 from registry.manifest import Manifest, utc_now
 from registry.names import check_name
 from registry.pools import HelperPool
-from registry.safetensors_io import check_optimizer_state, read_safetensors, write_safetensors
+from registry.safetensors_io import (
+    MAX_HEADER_BYTES,
+    check_optimizer_state,
+    read_safetensors,
+    write_safetensors,
+)
 from registry.store import Store, join, open_store
 
 
@@ -85,8 +90,11 @@ class ResumeState:
 
 def write_safetensors_file(w: DirectoryWriter, relpath: str, tensors: Mapping[str, Any],
                            metadata: dict[str, str]) -> None:
-    """Stream one safetensors file into a staged directory, hashed as written."""
-    with w.open(relpath) as f:
+    """Stream one safetensors file into a staged directory, hashed as written.
+    The file's size is bounded up front (the tensors' bytes plus the header's
+    limit), so an object store sizes every part alike."""
+    bound = 8 + MAX_HEADER_BYTES + sum(int(getattr(t, "nbytes", 0)) for t in tensors.values())
+    with w.open(relpath, size=bound) as f:
         write_safetensors(f, tensors, metadata=metadata, path=relpath)
 
 

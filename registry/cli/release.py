@@ -361,11 +361,16 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
             if nothing_stored(s, tree.strip("/")):
                 raise ObjectNotFoundError(f"{s.url_of(tree.strip('/'))}: no such checkpoint "
                                           "tree (nothing there)", key=tree.strip("/"))
+        notes: list[str] = []
         removed = collect(s, older_than=seconds, dry_run=dry_run,
-                          trees=checkpoint_path or [], break_claims=break_claims)
+                          trees=checkpoint_path or [], break_claims=break_claims,
+                          warn=notes.append)
     if as_json:
-        print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run})
+        print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run,
+                    "warnings": notes})
     else:
+        for note in notes:
+            typer.echo(f"warning: {note}", err=True)
         for k in removed:
             typer.echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
         if not removed:

@@ -497,7 +497,8 @@ def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
     if local is not None:
         w.put_file(relpath, local)
     else:
-        with src_store.open_read(key) as f, w.open(relpath) as out:
+        with src_store.open_read(key) as f, \
+                w.open(relpath, size=src_store.info(key).size) as out:
             _pump(f, out)
     expected = (digests or {}).get(relpath)
     entry = w.entries[relpath]

@@ -106,7 +106,8 @@ class Store(ABC):
         (``If-None-Match: *`` on the PUT or CompleteMultipartUpload on S3).
         On local disk writes go to a staging directory private to its writer,
         so the flag changes nothing there. ``size``: the number of bytes that
-        will be written, when known (object stores size their parts from it).
+        will be written, or an upper bound on it, when known (object stores
+        size their parts from it: one size for every part but the last).
 
         The object is durable once ``close()`` returns (fsync locally, the
         completed PUT on object stores). On an exception inside a ``with`` block
@@ -161,6 +162,12 @@ class Store(ABC):
         """Every file under ``prefix``: relative path -> size in bytes; folder
         markers are skipped. Raises StorageError as :meth:`list_dir` does."""
 
+    def walk_versions(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        """Like :meth:`walk_files`, with each object's version token as the
+        listing gives it (an object store's ETag, quotes stripped; None where
+        the store has none): relative path -> (size, token). One listing."""
+        return {path: (size, None) for path, size in self.walk_files(prefix).items()}
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete one object; a missing object is not an error."""
@@ -179,7 +186,8 @@ class Store(ABC):
         raise NotImplementedError(f"{self!r} has no atomic rename")
 
     def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
-                            keep: Any = None) -> list[str]:
+                            keep: Any = None, doomed: Any = None,
+                            warn: Any = None) -> list[str]:
         """Abort unfinished uploads older than ``older_than`` seconds (object
         stores' multipart uploads); returns their keys. Nothing elsewhere."""
         return []

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.utils
+import errno
 import hashlib
 import io
 import threading
@@ -39,7 +41,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.store.base import CHUNK, ObjectInfo, Store
-from registry.store.s3probe import OPT_OUT_ENV, require_conditional_writes
+from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, attempts_of, timeouts
 from registry.store.translate import s3_error_code, translate, translated
 
@@ -50,14 +52,15 @@ MAX_INFLIGHT = 10
 #: S3's limits on a multipart upload (issue 13 item 2).
 MIN_PART, MAX_PART = 5 * 1024**2, 5 * 1024**3
 MAX_PARTS, MAX_OBJECT = 10_000, 5 * 1024**4
-#: when the size is not known up front, the part size doubles every this many
-#: parts: 8 MiB x 1,000, 16 MiB x 1,000, ... 4 GiB x 1,000 holds 8 TiB
-#: (> 5 TiB) in 10,000 parts, and a file under 7.8 GiB keeps 8 MiB parts.
-PARTS_PER_DOUBLING = 1_000
+#: Every part of an upload but the last has one size (Cloudflare R2 refuses
+#: anything else; S3 allows it): chosen from the size, or an upper bound on
+#: it, given to ``open_write``. Without either the parts are ``PART_SIZE``,
+#: so such an upload holds at most ``MAX_PARTS * PART_SIZE`` bytes (78 GiB);
+#: every writer of the registry that can bound its size passes the bound.
 
 
 def part_size_for(size: int) -> int:
-    """The part size of an upload of ``size`` bytes known up front:
+    """The part size of an upload of at most ``size`` bytes:
     ``PART_SIZE``, or the smallest whole MiB that fits the file in
     ``MAX_PARTS`` parts.
 
@@ -71,9 +74,6 @@ def part_size_for(size: int) -> int:
     return min(MAX_PART, max(PART_SIZE, -(-need // mib) * mib))
 
 
-def part_size_of(number: int) -> int:
-    """The size of part ``number`` (from 1) of an upload of unknown size."""
-    return min(MAX_PART, PART_SIZE * 2 ** ((number - 1) // PARTS_PER_DOUBLING))
 _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 #: user metadata (``x-amz-meta-registry-write``) every conditional write
 #: carries: a token unique to the write, by which a retried request whose
@@ -224,6 +224,8 @@ class S3Store(Store):
         """
         require_conditional_writes(self)
         token = write_token()
+        if "IfMatch" in condition:
+            condition = {**condition, "IfMatch": etag_as_sent(self, condition["IfMatch"])}
         for attempt in range(5):
             try:
                 self.call("put_object", Key=self._key(key), Body=data,
@@ -336,31 +338,54 @@ class S3Store(Store):
 
     def open_write(self, key: str, *, exclusive: bool = False,
                    size: int | None = None) -> IO[bytes]:
-        """``size``: the object's size when known up front (parts are sized
-        from it); else parts grow (``part_size_of``). Raises UsageError for
-        an object over 5 TiB, before anything is sent."""
+        """``size``: the object's size, or an upper bound on it, when known
+        up front: every part but the last is ``part_size_for(size)`` bytes;
+        without it ``PART_SIZE`` (at most ``MAX_PARTS`` of them). Raises
+        UsageError for an object over 5 TiB, before anything is sent, or
+        when an upload of unknown size outgrows ``MAX_PARTS`` parts."""
         if exclusive:
             require_conditional_writes(self)
         return _MultipartWriter(self, key, exclusive=exclusive,  # type: ignore[return-value]
                                 size=size)
 
     def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
-                            keep: Any = None) -> list[str]:
-        """Abort the multipart uploads under this store's prefix started more
-        than ``older_than`` seconds ago (billed storage nobody will complete);
-        ``keep(key)`` spares an upload (a key under a live claim). Returns the
-        keys of the uploads aborted (or that would be)."""
+                            keep: Any = None, doomed: Any = None,
+                            warn: Any = None) -> list[str]:
+        """Abort the multipart uploads under this store's prefix that nobody
+        will complete: started more than ``older_than`` seconds ago by the
+        server's clock (the listing's own time, not this host's), unless
+        ``keep(key)`` spares them (a key under a live claim); or at once,
+        whatever their age, when ``doomed(key)`` says their writer's claim is
+        gone (an upload belongs to the claim of the directory its key lies
+        in). Returns the keys of the uploads aborted (or that would be).
+
+        A server without ListMultipartUploads (s3rver; some gateways answer
+        501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
+        the operation, and nothing is aborted.
+        """
         base = self._key("").strip("/")
         args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
         now = time.time()
         out = []
         while True:
-            with self._translated("/"):
+            try:
                 page = self.call("list_multipart_uploads", **args)
+            except Exception as exc:
+                if not _unimplemented(exc):
+                    with self._translated("/"):
+                        raise
+                if warn is not None:
+                    warn(f"{self.where}: the server does not implement ListMultipartUploads "
+                         f"({s3_error_code(exc) or type(exc).__name__}); unfinished multipart "
+                         "uploads cannot be listed there, so none were aborted (use the "
+                         "bucket's lifecycle rule AbortIncompleteMultipartUpload)")
+                return out
+            served = _served_at(page, now)
             for u in page.get("Uploads", []):
                 key = u["Key"][len(args["Prefix"]):]
-                if now - u["Initiated"].timestamp() < older_than or (keep and keep(key)):
-                    continue
+                if not (doomed and doomed(key)):
+                    if served - u["Initiated"].timestamp() < older_than or (keep and keep(key)):
+                        continue
                 if not dry_run:
                     with self._translated(key):
                         try:
@@ -475,6 +500,17 @@ class S3Store(Store):
                     out[o["Key"][cut:]] = int(o["Size"])
         return dict(sorted(out.items()))
 
+    def walk_versions(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        base = self._key(prefix).strip("/")
+        cut = len(base) + 1 if base else 0
+        out: dict[str, tuple[int, str | None]] = {}
+        for page in self._list(prefix, ""):
+            for o in page.get("Contents", []):
+                if not o["Key"].endswith("/"):
+                    out[o["Key"][cut:]] = (int(o["Size"]), str(o.get("ETag", "")).strip('"')
+                                           or None)
+        return dict(sorted(out.items()))
+
     def delete(self, key: str) -> None:
         with self._translated(key):
             self.call("delete_object", Key=self._key(key))
@@ -524,6 +560,28 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
+def _unimplemented(exc: BaseException) -> bool:
+    """The server does not implement the operation (501 NotImplemented, 405,
+    or s3fs's ENOSYS translation of them)."""
+    if isinstance(exc, NotImplementedError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSYS:
+        return True
+    return s3_error_code(exc) in ("NotImplemented", "501", "MethodNotAllowed", "405")
+
+
+def _served_at(page: dict[str, Any], fallback: float) -> float:
+    """The server's time of an answer (its ``Date`` header), so ages are
+    compared on the server's clock alone; ``fallback`` when it sent none."""
+    date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if date:
+        try:
+            return email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            pass
+    return fallback
+
+
 def _filesystem(options: dict[str, Any]) -> s3fs.S3FileSystem:
     """An s3fs filesystem that does not retry (the store does: s3retry)."""
     fs = s3fs.S3FileSystem(**options)
@@ -567,7 +625,8 @@ class _MultipartWriter:
                  size: int | None = None) -> None:
         self.store = store
         self.key = key
-        self._fixed = part_size_for(size) if size is not None else None
+        self._fixed = part_size_for(size) if size is not None else PART_SIZE
+        self._bounded = size is not None
         self._condition = {"IfNoneMatch": "*"} if exclusive else {}
         self._token = write_token()
         self._part = io.BytesIO()
@@ -577,6 +636,9 @@ class _MultipartWriter:
         self._parts: deque[tuple[int, Future[Any]]] = deque()
         self._done: list[dict[str, Any]] = []
         self.closed = False
+        #: the ETag the server gave the completed object (quotes stripped):
+        #: what a read-back before the commit compares against.
+        self.etag: str | None = None
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data).cast("B")
@@ -595,16 +657,16 @@ class _MultipartWriter:
         return n
 
     def _part_size(self) -> int:
-        """The size of the part being filled: fixed from a known size, else
-        growing with the part number so that 10,000 parts hold 5 TiB."""
-        if self._fixed is not None:
-            return self._fixed
-        return part_size_of(len(self._done) + len(self._parts) + 1)
+        """The size of every part but the last (one size: R2's rule)."""
+        return self._fixed
 
     def _send(self, part: io.BytesIO) -> None:
         if len(self._done) + len(self._parts) >= MAX_PARTS:
+            hint = ("" if self._bounded else
+                    f"; its size was not given up front, which holds at most {MAX_PARTS} "
+                    f"parts of {self._fixed} bytes: pass open_write(size=...) an upper bound")
             raise UsageError(f"{self.store.url_of(self.key)}: over {MAX_PARTS} parts "
-                             "(S3's limit); the upload is aborted")
+                             f"(S3's limit); the upload is aborted{hint}")
         if self._upload_id is None:
             self._checksum = self.store._multipart_checksum()
             with self.store._translated(self.key):
@@ -682,7 +744,8 @@ class _MultipartWriter:
         success, whatever form the server's ETags take."""
         try:
             with self.store._translated(self.key):
-                self.store.call(method, **kwargs)
+                resp = self.store.call(method, **kwargs)
+            self.etag = str(resp.get("ETag") or "").strip('"') or None
             return
         except StorageError as e:
             code = s3_error_code(e)

@@ -10,8 +10,18 @@ it with a probe object under ``<prefix>/.registry-probe/``:
 1. create it with ``If-None-Match: *``           -> must succeed;
 2. create it again with ``If-None-Match: *``     -> must fail (412);
 3. replace it with ``If-Match`` on a stale ETag  -> must fail (412);
-4. replace it with ``If-Match`` on its ETag      -> must succeed;
+4. replace it with ``If-Match`` on its ETag      -> must succeed; a server
+   that refuses the quoted ETag S3 returns but accepts it unquoted (Ceph
+   RGW 16) passes, and every ``If-Match`` to it is then sent unquoted
+   (:func:`etag_as_sent`);
 5. delete it.
+
+What the probe does not prove: that a conditional CompleteMultipartUpload is
+atomic. On SeaweedFS, LocalStack and Ceph RGW two racing completions with
+``If-None-Match: *`` can both succeed (issue 34), so no guarantee of the
+registry rests on it: the small conditional claim and marker objects decide,
+and a writer reads back what it committed before its manifest points at it
+(``registry.commit``).
 
 The answer is cached per endpoint and bucket for the life of the process.
 On a server that fails, every conditional write raises
@@ -39,12 +49,15 @@ OPT_OUT_ENV = "REGISTRY_S3_SINGLE_WRITER"
 _lock = threading.Lock()
 #: (endpoint, bucket) -> None when the server complies, else what it ignored.
 _verdicts: dict[tuple[str, str], str | None] = {}
+#: (endpoint, bucket) -> True when the server wants ``If-Match`` ETags unquoted.
+_unquoted: dict[tuple[str, str], bool] = {}
 
 
 def forget() -> None:
     """Drop the cached answers (tests that change a server's behaviour)."""
     with _lock:
         _verdicts.clear()
+        _unquoted.clear()
 
 
 def _refused(store: S3Store, method: str, **kw: object) -> bool:
@@ -61,25 +74,56 @@ def _refused(store: S3Store, method: str, **kw: object) -> bool:
     return False
 
 
-def _probe(store: S3Store) -> str | None:
+def _probe(store: S3Store) -> tuple[str | None, bool]:
+    """(what the server ignores or None, whether it wants ETags unquoted)."""
     key = store._key(f".registry-probe/{uuid.uuid4().hex}")
     with store._translated(".registry-probe"):
         store.call("put_object", Key=key, Body=b"1", IfNoneMatch="*")
     try:
         if not _refused(store, "put_object", Key=key, Body=b"2", IfNoneMatch="*"):
             return ("ignores If-None-Match (creating an existing object with "
-                    "If-None-Match: * succeeded instead of failing with 412)")
+                    "If-None-Match: * succeeded instead of failing with 412)"), False
         with store._translated(".registry-probe"):
             etag = store.call("head_object", Key=key)["ETag"]
         if not _refused(store, "put_object", Key=key, Body=b"3", IfMatch='"00000000000000000000000000000000"'):
             return ("ignores If-Match (a replace with a stale ETag succeeded instead of "
-                    "failing with 412)")
-        if _refused(store, "put_object", Key=key, Body=b"4", IfMatch=etag):
-            return "refuses If-Match with the object's current ETag"
-        return None
+                    "failing with 412)"), False
+        if not _refused(store, "put_object", Key=key, Body=b"4", IfMatch=etag):
+            return None, False
+        with store._translated(".registry-probe"):
+            etag = store.call("head_object", Key=key)["ETag"]
+        if not _refused(store, "put_object", Key=key, Body=b"5", IfMatch=etag.strip('"')):
+            return None, True
+        return "refuses If-Match with the object's current ETag, quoted or not", False
     finally:
         with store._translated(".registry-probe"):
             store.call("delete_object", Key=key)
+
+
+def _verdict(store: S3Store) -> str | None:
+    """The probe's answer for the store's server (probed once per process).
+    A single-writer store is probed too, for the ETag form alone: a probe
+    that cannot run there (no condition support at all) leaves it quoted."""
+    cache_key = (store.endpoint, store.bucket)
+    with _lock:
+        if cache_key not in _verdicts:
+            try:
+                _verdicts[cache_key], _unquoted[cache_key] = _probe(store)
+            except Exception:
+                if not store.single_writer:
+                    raise
+                _verdicts[cache_key], _unquoted[cache_key] = "could not be probed", False
+        return _verdicts[cache_key]
+
+
+def etag_as_sent(store: S3Store, etag: str) -> str:
+    """``etag`` (as S3 returns it: quoted) in the form the store's server
+    accepts in ``If-Match``: quoted, or unquoted where the probe found that
+    the server refuses the quoted form (Ceph RGW 16)."""
+    _verdict(store)
+    with _lock:
+        unquoted = _unquoted.get((store.endpoint, store.bucket), False)
+    return etag.strip('"') if unquoted else etag
 
 
 def require_conditional_writes(store: S3Store) -> None:
@@ -90,15 +134,8 @@ def require_conditional_writes(store: S3Store) -> None:
         ConditionalWritesUnsupportedError: the server ignores a condition.
         StorageError: the probe itself could not run (permissions, network).
     """
-    if store.single_writer:
-        return
-    cache_key = (store.endpoint, store.bucket)
-    with _lock:
-        if cache_key in _verdicts:
-            verdict = _verdicts[cache_key]
-        else:
-            verdict = _verdicts[cache_key] = _probe(store)
-    if verdict is not None:
+    verdict = _verdict(store)
+    if verdict is not None and not store.single_writer:
         raise ConditionalWritesUnsupportedError(
             f"{store.where}: the server {verdict}; commits, claims and pointer moves need "
             f"conditional writes. Use a compliant server, or accept the risk for a "
