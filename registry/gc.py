@@ -42,8 +42,8 @@ def _age(store: Store, key: str, now: float) -> float:
 
 
 def _folders(store: Store) -> list[str]:
-    out = [join("models", m) for m in store.subdirs("models")]
-    out += [join("runs", r, "ckpt") for r in store.subdirs("runs")]
+    out = [join("models", m) for m in store.subdirs_confirmed("models")]
+    out += [join("runs", r, "ckpt") for r in store.subdirs_confirmed("runs")]
     return out
 
 

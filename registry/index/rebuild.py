@@ -38,8 +38,8 @@ def rebuild(index: Index, store: Store) -> dict[str, int]:
     """
     counts = {"models": 0, "releases": 0, "aliases": 0, "checkpoints": 0, "revocations": 0}
     models: list[tuple[str, list[str], dict[str, str], object]] = []
-    for model_id in store.subdirs("models"):
-        versions = [v for v in store.subdirs(join("models", model_id))
+    for model_id in store.subdirs_confirmed("models"):
+        versions = [v for v in store.subdirs_confirmed(join("models", model_id))
                     if verify_directory(store, join("models", model_id, v)).ok]
         try:
             policy: object = thresholds(store, model_id)
@@ -49,7 +49,7 @@ def rebuild(index: Index, store: Store) -> dict[str, int]:
             policy = None  # a malformed policy.json is reported by gate checks, not here
         models.append((model_id, versions, list_aliases(store, model_id), policy))
     checkpoints = []
-    for run_id in store.subdirs("runs"):
+    for run_id in store.subdirs_confirmed("runs"):
         tree = CheckpointTree(store, run_root(run_id))
         for step in tree.steps():
             report = verify_directory(store, tree.prefix(step))

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import fsspec
 
-from registry.errors import ObjectNotFoundError
+from registry.errors import ObjectNotFoundError, StorageError
 from registry.store.translate import translated
 
 #: bytes read per call when streaming a file (large enough to amortize calls,
@@ -260,6 +260,36 @@ class Store(ABC):
     def subdirs(self, prefix: str) -> list[str]:
         """Names of the immediate sub-directories of ``prefix``, sorted."""
         return [name for name, is_dir in self.list_dir(prefix) if is_dir]
+
+    def subdirs_confirmed(self, prefix: str) -> list[str]:
+        """:meth:`subdirs`, cross-checked where folders are only a listing's
+        view (object stores: a delimited listing's CommonPrefixes) against a
+        full listing of the same prefix, before anything destructive acts on
+        it (``index rebuild``, ``gc``). A server whose delimited listing
+        leaves out folders that hold objects (s3rver answers ``Delimiter=/``
+        without CommonPrefixes two levels deep) would otherwise make a
+        populated store look empty. Checked twice before it is an error (a
+        write landing between the two listings is not a disagreement).
+
+        Raises:
+            StorageError: the two listings disagree; the message names the
+                server and what the delimited listing left out.
+        """
+        if self.atomic_rename:
+            return self.subdirs(prefix)  # a real directory tree: one answer
+        for attempt in range(2):
+            delimited = self.subdirs(prefix)
+            full = {path.split("/", 1)[0] for path in self.walk_files(prefix) if "/" in path}
+            missing = sorted(full - set(delimited))
+            if not missing:
+                return delimited
+        where = getattr(self, "where", self.url)
+        raise StorageError(
+            f"{self.url_of(prefix)}: the server's listings disagree ({where}): a delimited "
+            f"listing names {len(delimited)} folder(s), a full listing finds objects under "
+            f"{len(full)} (left out: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+            "refusing to act on it. The server does not implement ListObjectsV2's "
+            "Delimiter correctly (see docs/s3-servers.md)", key=prefix)
 
     @staticmethod
     def parent(key: str) -> str:
