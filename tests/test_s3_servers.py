@@ -175,14 +175,14 @@ def test_gc_aborts_a_dead_writers_uploads_at_once(server: str,
     SeaweedFS's real timestamps can show the age rule alone would keep it."""
     bucket = request.getfixturevalue("s3_bucket" if server == "s3" else "seaweed_bucket")
     url = f"s3://{bucket}/root"
-    child = subprocess.Popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        assert _uploads(bucket) == ["root/models/m/1/weights.bin"]
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    with subprocess.Popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            assert _uploads(bucket) == ["root/models/m/1/weights.bin"]
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
     r = run_cli("gc", "--store", url)
     assert r.returncode == 0, r.stderr
     assert "models/m/1/weights.bin (multipart upload)" in r.stdout
@@ -264,7 +264,7 @@ def test_rebuild_and_gc_refuse_a_server_whose_delimited_listing_is_wrong(
     assert r.returncode == 6, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "listings disagree" in lines[0] and "models" in lines[0], r.stderr
-    r = run_cli("ls", "--db", db, "--json")
+    r = run_cli("ls", "--db", db, "--store", url, "--json")
     assert r.returncode == 0 and [m["model_id"] for m in json.loads(r.stdout)] == ["tiny"]
     r = run_cli("gc", "--store", url, "--older-than", "0s", env=cli_env)
     assert r.returncode == 6 and "listings disagree" in r.stderr, r.stderr
