@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import alternating, make_release_dir, prefault, timed  # noqa: E402
 from registry.certs import issue, make_ca  # noqa: E402
-from registry.keys import generate, load_trust  # noqa: E402
+from registry.keys import generate
+from registry.trust import load_trust  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
 from registry.signing import precheck, sign_entries, verify_bytes  # noqa: E402

@@ -31,6 +31,7 @@ from registry.errors import (
     NotCommittedError,
     PointerError,
 )
+from registry.layout import alias_key, model_root, refs_prefix, release_prefix
 from registry.manifest import MANIFEST
 from registry.names import check_name
 from registry.pointer import move_pointer, read_pointer
@@ -54,10 +55,10 @@ def check_alias_name(store: Store, model_id: str, alias: str) -> str:
         raise InvalidNameError(
             f"alias {alias!r}: looks like a version (starts with a digit, or v and a "
             "digit); such names are reserved for versions: pick one like 'prod'", name=alias)
-    if store.exists(join("models", check_name(model_id, "model_id"), alias, MANIFEST)):
-        raise NameTakenError(f"{store.url_of(join('models', model_id, alias))}: a version "
+    if store.exists(join(release_prefix(model_id, alias), MANIFEST)):
+        raise NameTakenError(f"{store.url_of(release_prefix(model_id, alias))}: a version "
                              f"named {alias!r} exists; an alias cannot take its name",
-                             path=join("models", model_id, alias))
+                             path=release_prefix(model_id, alias))
     return alias
 
 
@@ -75,10 +76,6 @@ def check_version_name(store: Store, model_id: str, version: str) -> str:
                              "version cannot take its name (versions and aliases never "
                              "share one)", path=key)
     return version
-
-
-def alias_key(model_id: str, alias: str) -> str:
-    return join("models", check_name(model_id, "model_id"), "refs", check_name(alias, "alias"))
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
@@ -104,7 +101,7 @@ def resolve(store: Store, model_id: str, name: str) -> str:
         PointerError: the alias file is garbled.
     """
     key = alias_key(model_id, name)
-    if store.exists(join("models", model_id, name, MANIFEST)):
+    if store.exists(join(release_prefix(model_id, name), MANIFEST)):
         if store.exists(key):
             raise AmbiguousRefError(
                 f"{model_id}@{name}: both a version and an alias are named {name!r} (the "
@@ -113,8 +110,8 @@ def resolve(store: Store, model_id: str, name: str) -> str:
         return name
     target = read_pointer(store, key)
     if target is None:
-        raise NotCommittedError(f"{store.url_of(join('models', model_id))}: no version or "
-                                f"alias named {name!r}", path=join("models", model_id, name))
+        raise NotCommittedError(f"{store.url_of(model_root(model_id))}: no version or "
+                                f"alias named {name!r}", path=release_prefix(model_id, name))
     try:
         return check_name(target, "version")
     except InvalidNameError as e:
@@ -137,9 +134,9 @@ def set_alias(store: Store, model_id: str, alias: str, version: str) -> str | No
     key = alias_key(model_id, alias)
     check_alias_name(store, model_id, alias)
     check_name(version, "version")
-    if not is_committed(store, join("models", model_id, version)):
-        raise NotCommittedError(f"{store.url_of(join('models', model_id, version))}: "
-                                "no such committed release", path=join("models", model_id, version))
+    if not is_committed(store, release_prefix(model_id, version)):
+        raise NotCommittedError(f"{store.url_of(release_prefix(model_id, version))}: "
+                                "no such committed release", path=release_prefix(model_id, version))
     try:
         current = read_pointer(store, key)
     except PointerError:
@@ -151,7 +148,7 @@ def set_alias(store: Store, model_id: str, alias: str, version: str) -> str | No
 def list_aliases(store: Store, model_id: str) -> dict[str, str]:
     """alias -> version for every alias of the model (garbled ones are skipped)."""
     out = {}
-    prefix = join("models", check_name(model_id, "model_id"), "refs")
+    prefix = refs_prefix(model_id)
     for name, is_dir in store.list_dir(prefix):
         if is_dir or name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
             continue

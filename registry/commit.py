@@ -37,6 +37,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.hashing import HashingWriter
+from registry.layout import CLAIM_SUFFIX, TMP_MARK, claim_key, staging_prefix  # noqa: F401 (re-exported)
 from registry.manifest import (
     MANIFEST,
     FileEntry,
@@ -47,8 +48,6 @@ from registry.manifest import (
 from registry.store import Store, join
 from registry.store.translate import translate, translated
 
-CLAIM_SUFFIX = ".claim"
-TMP_MARK = ".tmp"
 
 
 class DirectoryWriter:
@@ -89,15 +88,15 @@ class DirectoryWriter:
         self.manifest: Manifest | None = None
         self._error = conflict_error
         self._sole = sole_writer
-        self._claim = self.prefix + CLAIM_SUFFIX
+        self._claim = claim_key(self.prefix)
         store.ensure_root()  # the first writer of a new local store creates it
         if store.exists(join(self.prefix, MANIFEST)):
             raise self._conflict("already committed")
         self._lease: Claim | None = None
         if store.atomic_rename:
-            self.staging = staging or f"{self.prefix}{TMP_MARK}-{uuid.uuid4().hex[:12]}"
+            self.staging = staging or staging_prefix(self.prefix, uuid.uuid4().hex[:12])
             # The staging directory's owner, for gc: never removed while live.
-            self._lease = self._take_claim(self.staging + CLAIM_SUFFIX)
+            self._lease = self._take_claim(claim_key(self.staging))
             if sole_writer:
                 store.delete_prefix(self.staging)
         else:

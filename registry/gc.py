@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
 from registry.claim import Claim, read_state
-from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
+from registry.commit import delete_directory
 from registry.errors import ObjectExistsError, UsageError
+from registry.layout import CLAIM_SUFFIX, LATEST, MODELS, POLICY, REFS, RUNS, TMP_MARK, run_root
 from registry.store import Store, join
 from registry.verify import verify_directory
 
@@ -42,8 +43,8 @@ def _age(store: Store, key: str, now: float) -> float:
 
 
 def _folders(store: Store) -> list[str]:
-    out = [join("models", m) for m in store.subdirs_confirmed("models")]
-    out += [join("runs", r, "ckpt") for r in store.subdirs_confirmed("runs")]
+    out = [join(MODELS, m) for m in store.subdirs_confirmed(MODELS)]
+    out += [run_root(r) for r in store.subdirs_confirmed(RUNS)]
     return out
 
 
@@ -105,7 +106,7 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         states = {base: read_state(store, join(folder, name)) for base, name in claims.items()}
         for name, is_dir in entries:
             key = join(folder, name)
-            if name == "refs" or name.endswith(".lock") or name in ("LATEST", "policy.json"):
+            if name == REFS or name.endswith(".lock") or name in (LATEST, POLICY):
                 continue
             if loong and not _loongsage_candidate(name):
                 continue

@@ -15,11 +15,12 @@ from typing import Any
 from registry import numbers
 from registry import schemas
 from registry.errors import ObjectExistsError, UsageError
+from registry.layout import REVOCATIONS, revocation_key
 from registry.manifest import utc_now
 from registry.names import check_name
 from registry.store import Store, join
 
-PREFIX = "ledger/revocations"
+PREFIX = REVOCATIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ def revoke(store: Store, source_id: str, reason: str) -> tuple[Revocation, bool]
     if not reason.strip():
         raise UsageError("a revocation needs a reason")
     rev = Revocation(source_id, utc_now(), reason.strip())
-    key = join(PREFIX, f"{source_id}.json")
+    key = revocation_key(source_id)
     try:
         store.create(key, (numbers.dumps(rev.to_dict(), sort_keys=True) + "\n").encode())
     except ObjectExistsError:

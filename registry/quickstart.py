@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from registry.api import Registry
-from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
+from registry.checkpoint import CheckpointManager, CheckpointTree
 from registry.errors import ObjectExistsError, RegistryError
 from registry.examples.tinytrainer import eval_loss, make_spec
+from registry.layout import model_root, run_root
 from registry.pull import pull
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_table import table
@@ -118,7 +119,7 @@ def refuse_rerun(reg: Registry, work: Path) -> None:
     left its run or models in the store or files in ``work``: releases are
     immutable and the trainer would resume the old run, so a second run could
     only fail half-way after printing misleading lines."""
-    keys = (run_root(RUN_ID), f"models/{MODEL}", f"models/{MINILM}")
+    keys = (run_root(RUN_ID), model_root(MODEL), model_root(MINILM))
     found = [reg.store.url_of(k) for k in keys if reg.store.list_dir(k)]
     if work.is_dir() and any(work.iterdir()):
         found.append(str(work))
@@ -244,7 +245,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     pulled = []
     trust = None
     if key is not None:
-        from registry.keys import load_trust
+        from registry.trust import load_trust
 
         trust = load_trust([key[1]])  # the serving host trusts the public key only
     for model_id, ref in ((MODEL, "prod"), (MINILM, "1")):

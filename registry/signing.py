@@ -46,9 +46,10 @@ from typing import Any
 
 from registry import certs
 from registry.errors import IntegrityError, SignatureError
-from registry.keys import PublicKey, Trust, check_private_key, require_signing, unavailable
+from registry.keys import PublicKey, check_private_key, require_signing, unavailable
 from registry.manifest import MANIFEST, FileEntry, Manifest
 from registry.store import Store, join
+from registry.trust import Trust
 
 #: the library's standard signature file name (its CLI's default ``--signature``).
 SIGNATURE = "model.sig"

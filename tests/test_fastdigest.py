@@ -259,7 +259,8 @@ def test_signed_pull_checks_the_sha256_the_signature_covers(local: Store, tmp_pa
     """The attacker rewrites the weights and the ``blake3`` field (not the
     sha256, which the signature covers): a signed pull is not fooled."""
     pytest.importorskip("model_signing")
-    from registry.keys import generate, load_trust
+    from registry.keys import generate
+    from registry.trust import load_trust
     from registry.release import ModelRelease
     from tests.release_util import ledger_row, summary
 
@@ -320,7 +321,8 @@ def test_a_signed_repull_rehashes_what_a_blake3_pull_placed(local: Store, tmp_pa
     the target."""
     pytest.importorskip("model_signing")
     from registry.errors import CommitConflictError
-    from registry.keys import generate, load_trust
+    from registry.keys import generate
+    from registry.trust import load_trust
     from registry.release import ModelRelease
     from tests.release_util import ledger_row, summary
 

@@ -41,7 +41,8 @@ import pytest
 
 from registry.api import Registry
 from registry.errors import GateFailedError, SignatureError, VersionExistsError
-from registry.keys import generate, load_public_key, load_trust
+from registry.keys import generate, load_public_key
+from registry.trust import load_trust
 from registry.manifest import MANIFEST
 from registry.pull import pull
 from registry.release import ModelRelease

@@ -39,7 +39,8 @@ import pytest
 from registry.api import Registry
 from registry.certs import issue, load_certificates, make_ca
 from registry.errors import DocumentError, GateFailedError, SignatureError, UsageError
-from registry.keys import generate, load_trust
+from registry.keys import generate
+from registry.trust import load_trust
 from registry.manifest import MANIFEST
 from registry.pull import pull
 from registry.release import ReleaseResult

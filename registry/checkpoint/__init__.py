@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout, run_root
+from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout
 from registry.checkpoint.manager import CheckpointManager, ResumeState, SaveResult
 from registry.checkpoint.lease import WriterLease
 from registry.checkpoint.tree import (
@@ -18,6 +18,7 @@ from registry.checkpoint.loongsage import (
     load_dist_ckpt,
     load_training_state,
 )
+from registry.layout import run_root
 
 __all__ = ["LAYOUTS", "LOONGSAGE", "TINYLLM", "CheckpointManager", "CheckpointSkippedWarning",
            "CheckpointTree", "Layout", "LoongSageCheckpointer", "LoongSaveResult", "ResumeState",

@@ -20,9 +20,10 @@ import re
 from dataclasses import dataclass
 
 from registry.errors import PointerError, UsageError
+from registry.layout import LATEST, STEP_DIR_FORMAT
+from registry.layout import run_root as run_root  # re-exported: the key lives in registry.layout
 from registry.manifest import Manifest
 from registry.pointer import parse_pointer
-from registry.store import join
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,17 +94,12 @@ class Layout:
         return step
 
 
-TINYLLM = Layout("tinyllm", "LATEST", re.compile(r"step-(\d{6,})"), "step-{step:06d}", True,
+TINYLLM = Layout("tinyllm", LATEST, re.compile(r"step-(\d{6,})"), STEP_DIR_FORMAT, True,
                  ("optimizer.safetensors",))
 LOONGSAGE = Layout("loongsage", "latest_checkpointed_iteration.txt",
                    re.compile(r"train_step_(0|[1-9]\d*)"), "train_step_{step}", False,
                    ("dist_ckpt/",))
 LAYOUTS = {layout.name: layout for layout in (TINYLLM, LOONGSAGE)}
-
-
-def run_root(run_id: str) -> str:
-    """Key of a tinyllm run's checkpoint tree: ``runs/<run_id>/ckpt``."""
-    return join("runs", run_id, "ckpt")
 
 
 def get_layout(name: str) -> Layout:

@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from registry.errors import UsageError
+from registry.manifest import Manifest
 from registry.names import NAME_RE
 from registry.store import Store
 
@@ -92,3 +96,24 @@ def derive_run_id(store: Store, root: str) -> str:
     if not name or name == "refs" or not NAME_RE.fullmatch(name):
         return "loongsage"
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class DistCheckpoint:
+    """One verified ``train_step_<N>/dist_ckpt`` directory, read.
+
+    ``rng_state`` is rank 0's (a multi-rank save keeps one per rank);
+    ``rng_saved`` is False when the directory holds none (a tree written by
+    another DCP program).
+    """
+
+    step: int
+    path: str
+    manifest: Manifest
+    model: dict[str, np.ndarray]
+    optimizer_state: dict[str, np.ndarray] | None
+    optimizer: str | None
+    scheduler_state: Any
+    rng_state: Any
+    topology: dict[str, int]
+    rng_saved: bool = True

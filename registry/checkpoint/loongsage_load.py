@@ -35,6 +35,7 @@ from registry.checkpoint.loongsage_format import (
     RNG,
     RNG_TOPOLOGY_KEYS,
     SCHEDULER,
+    DistCheckpoint,
     NoTrackerWarning,
     RngSkippedWarning,
     check_topology,
@@ -55,27 +56,6 @@ from registry.safetensors_io import check_optimizer_state
 from registry.store import Store, join, open_store
 from registry.verify import read_manifest, verify_directory, verify_entries
 from registry.weights import INDEX, SINGLE, iter_tensors, load_weights
-
-
-@dataclass(frozen=True, slots=True)
-class DistCheckpoint:
-    """One verified ``train_step_<N>/dist_ckpt`` directory, read.
-
-    ``rng_state`` is rank 0's (a multi-rank save keeps one per rank);
-    ``rng_saved`` is False when the directory holds none (a tree written by
-    another DCP program).
-    """
-
-    step: int
-    path: str
-    manifest: Manifest
-    model: dict[str, np.ndarray]
-    optimizer_state: dict[str, np.ndarray] | None
-    optimizer: str | None
-    scheduler_state: Any
-    rng_state: Any
-    topology: dict[str, int]
-    rng_saved: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +283,7 @@ def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
     url = store.url_of(join(prefix, DIST))
     if manifest.entry(f"{DIST}/.metadata") is not None:  # torch_dist: DCP shards
         try:
-            from registry.checkpoint.loongsage_dcp import read_dist
+            from registry.checkpoint.loongsage_dcp_read import read_dist
         except ImportError:
             raise CheckpointError(f"{url}: torch_dist shards (torch.distributed.checkpoint); "
                                   "reading them needs PyTorch: pip install "

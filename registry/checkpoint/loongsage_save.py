@@ -44,6 +44,7 @@ from registry.checkpoint.state import (
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
 from registry.errors import CheckpointError, UsageError
+from registry.layout import staging_prefix
 from registry.manifest import Manifest
 from registry.names import check_name
 from registry.safetensors_io import check_optimizer_state
@@ -350,7 +351,7 @@ class LoongSageCheckpointer:
             self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
         self.tree.clear_for_save(job.step)
         # Writer-unique, so that no other writer's cleanup can remove it.
-        staging = f"{prefix}.tmp-{self.lease.owner[:12]}" if self.store.atomic_rename else None
+        staging = staging_prefix(prefix, self.lease.owner[:12]) if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": job.step,
                                    "layout": LOONGSAGE.name},

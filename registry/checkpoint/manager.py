@@ -24,7 +24,7 @@ import numpy as np
 
 from registry import numbers
 from registry import schemas
-from registry.checkpoint.layout import TINYLLM, Layout, run_root
+from registry.checkpoint.layout import TINYLLM, Layout
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
 from registry.checkpoint.state import (
     config_dict,
@@ -41,6 +41,7 @@ from registry.errors import (
     SafetensorsError,
     SchemaValidationError,
 )
+from registry.layout import run_root, staging_prefix
 from registry.manifest import Manifest, utc_now
 from registry.names import check_name
 from registry.pools import HelperPool
@@ -262,7 +263,7 @@ class CheckpointManager:
         prefix = self.tree.prefix(step)
         self.tree.clear_for_save(step)
         # Writer-unique, so that no other writer's cleanup can remove it.
-        staging = f"{prefix}.tmp-{self.lease.owner[:12]}" if self.store.atomic_rename else None
+        staging = staging_prefix(prefix, self.lease.owner[:12]) if self.store.atomic_rename else None
         with DirectoryWriter(self.store, prefix, kind="checkpoint",
                              meta={"run_id": self.run_id, "step": step}, staging=staging,
                              sole_writer=True) as w:

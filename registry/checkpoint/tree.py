@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from registry.checkpoint.lease import live_holder
 from registry.claim import read_state
-from registry.commit import CLAIM_SUFFIX, TMP_MARK, delete_directory
+from registry.commit import delete_directory
 from registry.errors import (
     CheckpointExistsError,
     CommitConflictError,
@@ -23,6 +23,7 @@ from registry.errors import (
     RegistryError,
     StorageError,
 )
+from registry.layout import CLAIM_SUFFIX, claim_key, leftover_base
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
 from registry.store import Store, join
@@ -233,7 +234,7 @@ class CheckpointTree:
         """Whether a live claim guards ``key`` (a claim, or the staging or step
         directory beside ``<key>.claim``): its writer is alive on this host or
         renewed it within its lease."""
-        claim = key if key.endswith(CLAIM_SUFFIX) else key + CLAIM_SUFFIX
+        claim = claim_key(key)
         seen = read_state(self.store, claim)
         return seen is not None and seen[0].live
 
@@ -332,13 +333,8 @@ class CheckpointTree:
         (``step-000500.claim``). Pointer temp files (``LATEST.tmp``), lock
         files and the writer lease are not: a concurrent pointer move or
         lease renewal owns them."""
-        if TMP_MARK in name:
-            base = name.split(TMP_MARK, 1)[0]
-        elif name.endswith(CLAIM_SUFFIX):
-            base = name.removesuffix(CLAIM_SUFFIX)
-        else:
-            return False
-        return self.layout.parse_dir(base) is not None
+        base = leftover_base(name)
+        return base is not None and self.layout.parse_dir(base) is not None
 
     def _age(self, key: str, now: float) -> float:
         files = self.store.walk_files(key)

@@ -8,12 +8,11 @@ from typing import Annotated
 import typer
 
 from registry.numbers import INT_MAX
-from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout, run_root
+from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout
 from registry.checkpoint.loongsage import adopt
 from registry.checkpoint.lease import describe as describe_holder
 from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
-from registry.commit import CLAIM_SUFFIX
 from registry.errors import (
     NoValidCheckpointError,
     NotCommittedError,
@@ -22,6 +21,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.documents import checkpoint_list
+from registry.layout import claim_key, run_root
 from registry.names import check_name
 from registry.store import Store, join, open_store
 from registry.verify import verify_directory
@@ -102,7 +102,7 @@ def _refuse_foreign(tree: CheckpointTree) -> None:
         return
     foreign = [tree.layout.step_dir(s) for s in tree.steps() if s < latest
                and verify_directory(tree.store, tree.prefix(s)).manifest is None
-               and not tree.store.exists(tree.prefix(s) + CLAIM_SUFFIX)]
+               and not tree.store.exists(claim_key(tree.prefix(s)))]
     if foreign:
         raise UsageError(f"{tree.store.url_of(tree.root)}: {', '.join(foreign)} "
                          f"{'has' if len(foreign) == 1 else 'have'} no MANIFEST.json and no "

@@ -71,7 +71,8 @@ def keys_revoke(
     a CA certificate, every certificate under it."""
     with error_boundary(as_json):
         from registry.certs import is_certificate_file, load_certificates
-        from registry.keys import load_public_key, revoke
+        from registry.keys import load_public_key
+        from registry.trust import revoke
 
         key = load_certificates(public_key)[0] if is_certificate_file(public_key) \
             else load_public_key(public_key)

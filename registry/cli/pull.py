@@ -97,7 +97,7 @@ def pull(
                              "negative (0: any file may be split)")
         trust = None
         if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.keys import load_trust
+            from registry.trust import load_trust
 
             trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
                                ca_folder=trusted_cas)

@@ -34,10 +34,10 @@ from registry.gates import GateResult
 from registry.gc import collect, parse_duration
 from registry.certs import Certificate
 from registry.keys import PublicKey
+from registry.layout import model_root
 from registry.release import ReleaseResult
 from registry.release.policy import signed_by, thresholds
-from registry.names import check_name
-from registry.store import Store, join, open_store
+from registry.store import Store, open_store
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
 VersionOpt = Annotated[str, typer.Option("--version", help="New, immutable version.")]
@@ -80,7 +80,7 @@ def _registry(store: str | None, db: str | None) -> Registry:
 def _require_model(store: Store, model_id: str) -> None:
     """Raise ObjectNotFoundError unless the store holds something of ``model_id``
     (so a typo is exit 3, not an empty answer)."""
-    key = join("models", check_name(model_id, "model_id"))
+    key = model_root(model_id)
     if nothing_stored(store, key):
         raise ObjectNotFoundError(f"{store.url_of(key)}: no such model in the store", key=key)
 

@@ -6,7 +6,7 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from registry.aliases import list_aliases
-from registry.checkpoint import CheckpointTree, run_root
+from registry.checkpoint import CheckpointTree
 from registry.errors import RegistryError, StorageError
 from registry.index import schema as t
 from registry.index.db import Index
@@ -17,6 +17,7 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
+from registry.layout import MODELS, RUNS, run_root
 from registry.ledger import revocations
 from registry.release.policy import thresholds
 from registry.store import Store, join
@@ -38,9 +39,9 @@ def rebuild(index: Index, store: Store) -> dict[str, int]:
     """
     counts = {"models": 0, "releases": 0, "aliases": 0, "checkpoints": 0, "revocations": 0}
     models: list[tuple[str, list[str], dict[str, str], object]] = []
-    for model_id in store.subdirs_confirmed("models"):
-        versions = [v for v in store.subdirs_confirmed(join("models", model_id))
-                    if verify_directory(store, join("models", model_id, v)).ok]
+    for model_id in store.subdirs_confirmed(MODELS):
+        versions = [v for v in store.subdirs_confirmed(join(MODELS, model_id))
+                    if verify_directory(store, join(MODELS, model_id, v)).ok]
         try:
             policy: object = thresholds(store, model_id)
         except StorageError:
@@ -49,7 +50,7 @@ def rebuild(index: Index, store: Store) -> dict[str, int]:
             policy = None  # a malformed policy.json is reported by gate checks, not here
         models.append((model_id, versions, list_aliases(store, model_id), policy))
     checkpoints = []
-    for run_id in store.subdirs_confirmed("runs"):
+    for run_id in store.subdirs_confirmed(RUNS):
         tree = CheckpointTree(store, run_root(run_id))
         for step in tree.steps():
             report = verify_directory(store, tree.prefix(step))

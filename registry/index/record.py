@@ -25,10 +25,11 @@ from registry.index.schema import (
     ReleaseSource,
     Revocation,
 )
+from registry.layout import release_prefix
 from registry.ledger import Revocation as StoreRevocation
 from registry.manifest import Manifest
+from registry.release import ModelRelease
 from registry.release.convert import dtype_label, weights_groups
-from registry.release import ModelRelease, release_prefix
 from registry.weights import INDEX, SINGLE, load_weights
 from registry.store import Store
 from registry.verify import read_manifest

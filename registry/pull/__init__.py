@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
+from registry.layout import release_prefix
 from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.pull.records import gives_up_leases, record_pull, take_lease
-from registry.release import release_prefix
 from registry.store import Store
 from registry.verify import default_workers, read_manifest
 
 if TYPE_CHECKING:
-    from registry.keys import Trust
+    from registry.trust import Trust
     from registry.signing import SignatureCheck
 
 #: headroom kept free on the cache's filesystem, bytes.
@@ -252,7 +252,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             do not outlive the host (a pod's emptyDir): a killed process
             still leaves nothing partial, but a power loss may.
         trust: the public keys and CA certificates this host trusts
-            (``registry.keys.load_trust``): the release must carry a
+            (``registry.trust.load_trust``): the release must carry a
             ``model.sig`` made by one of the keys, or with a certificate whose
             chain is valid now up to one of the CAs (none of them revoked),
             naming ``model_id@version`` and covering exactly the manifest's

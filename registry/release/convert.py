@@ -273,7 +273,7 @@ def stored_summary(store: Any, model_id: str, version: str,
     Raises:
         DocumentError: the stored weights break a rule of :mod:`registry.weights`.
     """
-    from registry.release.model_release import release_prefix
+    from registry.layout import release_prefix
     from registry.weights import INDEX, SINGLE, load_weights
 
     prefix = release_prefix(model_id, version)

@@ -17,6 +17,7 @@ from typing import Any
 from registry.aliases import list_aliases
 from registry.errors import RegistryError
 from registry.gates import GateResult
+from registry.layout import MODELS
 from registry.release.model_release import ModelRelease
 from registry.store import Store
 
@@ -58,7 +59,7 @@ def failing_aliases(store: Store) -> list[FailingAlias]:
     """Every alias of every model whose version fails a gate now, by model then
     alias. Reads each aliased release's manifest, card, ledger and summary once."""
     out = []
-    for model_id in store.subdirs("models"):
+    for model_id in store.subdirs(MODELS):
         verdicts: dict[str, list[GateResult]] = {}
         for alias, version in sorted(list_aliases(store, model_id).items()):
             if version not in verdicts:

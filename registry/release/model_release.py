@@ -24,7 +24,7 @@ from typing import IO, Any
 from registry import numbers
 from registry import gates, schemas
 from registry.aliases import check_version_name
-from registry.checkpoint.layout import TINYLLM, Layout, run_root
+from registry.checkpoint.layout import TINYLLM, Layout
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
 from registry.errors import (
@@ -36,6 +36,7 @@ from registry.errors import (
     VersionExistsError,
 )
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
+from registry.layout import release_prefix, run_root
 from registry.ledger import revoked_reasons
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
@@ -58,11 +59,6 @@ from registry.verify import require_verified
 
 CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 RESERVED = {MANIFEST, "ledger.json", "MODEL_CARD.md"}
-
-
-def release_prefix(model_id: str, version: str) -> str:
-    """Key of a release directory, after checking both names."""
-    return join("models", check_name(model_id, "model_id"), check_name(version, "version"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,15 +23,11 @@ from registry import schemas
 from registry.errors import DocumentError
 from registry.gates import Threshold
 from registry.keys import PublicKey, fingerprint_of
-from registry.names import check_name
-from registry.store import Store, join
+from registry.layout import policy_key
+from registry.store import Store
 
 if TYPE_CHECKING:
     from registry.certs import Certificate
-
-
-def policy_key(model_id: str) -> str:
-    return join("models", check_name(model_id, "model_id"), "policy.json")
 
 
 def thresholds(store: Store, model_id: str, *,

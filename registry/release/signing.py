@@ -21,7 +21,8 @@ from registry import certs
 from registry.commit import DirectoryWriter
 from registry.errors import GateFailedError, IntegrityError, SignatureError, UsageError
 from registry.gates import GateResult
-from registry.keys import PublicKey, Trust, check_private_key
+from registry.keys import PublicKey, check_private_key
+from registry.layout import release_prefix
 from registry.release import policy
 from registry.signing import (
     SIGNATURE,
@@ -36,6 +37,7 @@ from registry.signing import (
     warm_up,
 )
 from registry.store import Store, join
+from registry.trust import Trust
 from registry.verify import read_manifest
 
 GATE = "signature"
@@ -170,7 +172,7 @@ def stored_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
     keys = policy.signed_by(store, model_id)
     if not keys:
         return []
-    prefix = join("models", model_id, version)
+    prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     try:
         check = verify_release(store, prefix, manifest, model_id=model_id, version=version,
@@ -188,7 +190,7 @@ def signature_info(store: Store, model_id: str, version: str) -> dict[str, Any] 
     of its signing certificate's DER; ``subject``/``issuer`` are that
     certificate's (RFC 4514). ``verified`` is True/False when the model's
     policy lists keys or CAs (checked against them), else None."""
-    prefix = join("models", model_id, version)
+    prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     try:
         data = read_signature(store, prefix, manifest)

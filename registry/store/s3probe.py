@@ -35,13 +35,27 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from registry.errors import ConditionalWritesUnsupportedError
 from registry.store.translate import s3_error_code
 
-if TYPE_CHECKING:
-    from registry.store.s3 import S3Store
+
+class ProbedStore(Protocol):
+    """What the probe needs of :class:`registry.store.s3.S3Store` (a protocol,
+    so that the store imports the probe and not the other way round)."""
+
+    single_writer: bool
+    endpoint: str
+    bucket: str
+    where: str
+
+    def call(self, method: str, **kw: Any) -> Any: ...
+
+    def _key(self, path: str) -> str: ...
+
+    def _translated(self, path: str) -> AbstractContextManager[Any]: ...
 
 #: the option that accepts the risk, named in the refusal.
 OPT_OUT_ENV = "REGISTRY_S3_SINGLE_WRITER"
@@ -60,7 +74,7 @@ def forget() -> None:
         _unquoted.clear()
 
 
-def _refused(store: S3Store, method: str, **kw: object) -> bool:
+def _refused(store: ProbedStore, method: str, **kw: object) -> bool:
     """True when the request failed with 412 (or 409, S3's concurrent-write
     answer); False when it succeeded. Other errors propagate."""
     try:
@@ -74,7 +88,7 @@ def _refused(store: S3Store, method: str, **kw: object) -> bool:
     return False
 
 
-def _probe(store: S3Store) -> tuple[str | None, bool]:
+def _probe(store: ProbedStore) -> tuple[str | None, bool]:
     """(what the server ignores or None, whether it wants ETags unquoted)."""
     key = store._key(f".registry-probe/{uuid.uuid4().hex}")
     with store._translated(".registry-probe"):
@@ -100,7 +114,7 @@ def _probe(store: S3Store) -> tuple[str | None, bool]:
             store.call("delete_object", Key=key)
 
 
-def _verdict(store: S3Store) -> str | None:
+def _verdict(store: ProbedStore) -> str | None:
     """The probe's answer for the store's server (probed once per process).
     A single-writer store is probed too, for the ETag form alone: a probe
     that cannot run there (no condition support at all) leaves it quoted."""
@@ -116,7 +130,7 @@ def _verdict(store: S3Store) -> str | None:
         return _verdicts[cache_key]
 
 
-def etag_as_sent(store: S3Store, etag: str) -> str:
+def etag_as_sent(store: ProbedStore, etag: str) -> str:
     """``etag`` (as S3 returns it: quoted) in the form the store's server
     accepts in ``If-Match``: quoted, or unquoted where the probe found that
     the server refuses the quoted form (Ceph RGW 16)."""
@@ -126,7 +140,7 @@ def etag_as_sent(store: S3Store, etag: str) -> str:
     return etag.strip('"') if unquoted else etag
 
 
-def require_conditional_writes(store: S3Store) -> None:
+def require_conditional_writes(store: ProbedStore) -> None:
     """Raise unless the store's server honours conditional writes (probed once
     per endpoint and bucket per process), or the store accepts the risk.
 

@@ -26,9 +26,10 @@ from fastapi import APIRouter, Query, Request
 
 from registry import documents
 from registry.api import Registry
-from registry.checkpoint import CheckpointTree, run_root
+from registry.checkpoint import CheckpointTree
 from registry.cli.app import nothing_stored
 from registry.errors import ObjectNotFoundError
+from registry.layout import run_root
 from registry.names import check_name
 
 router = APIRouter(prefix="/api/v1", tags=["registry"])

@@ -21,10 +21,10 @@ from typing import Any
 
 from registry import schemas
 from registry.api import Registry
-from registry.checkpoint import CheckpointTree, run_root
+from registry.checkpoint import CheckpointTree
 from registry.errors import InvalidNameError, NotCommittedError, PointerError, RegistryError
 from registry.index import browse
-from registry.ledger import PREFIX as REVOCATIONS
+from registry.layout import REVOCATIONS, release_prefix, run_root
 from registry.names import check_name
 from registry.store import join
 from registry.web.cache import ReleaseFiles
@@ -130,7 +130,7 @@ def version_view(reg: Registry, model_id: str, ref: str,
     model_id, version = reg.resolve(f"{check_name(model_id, 'model_id')}@"
                                     f"{check_name(ref, 'version or alias')}")
     doc = reg.show(model_id, version)
-    prefix = join("models", model_id, version)
+    prefix = release_prefix(model_id, version)
     entries = {f["path"]: f for f in doc["manifest"]}
     files = files or ReleaseFiles(reg.store, max_bytes=0)
 

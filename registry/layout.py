@@ -1,0 +1,127 @@
+"""Store layout: one function per shape of key the registry writes (DESIGN section 1).
+
+Every module that names a key in the store asks this module, so pull, release,
+index, gc, checkpoint and the web pages share one spelling without importing
+each other. It imports nothing but the naming rule and ``join``::
+
+    runs/<run_id>/ckpt/                         run_root(run_id)
+    runs/<run_id>/ckpt/step-<nnnnnn>/           step_prefix(run_id, step)
+    runs/<run_id>/ckpt/LATEST                   latest_key(run_id)
+    models/<model_id>/                          model_root(model_id)
+    models/<model_id>/<version>/                release_prefix(model_id, version)
+    models/<model_id>/refs/<alias>              alias_key(model_id, alias)
+    models/<model_id>/policy.json               policy_key(model_id)
+    ledger/revocations/<source_id>.json         revocation_key(source_id)
+    events/                                     EVENTS (store-side events, DESIGN section 1)
+    <prefix>.claim                              claim_key(prefix)
+    <prefix>.tmp-<tag>                          staging_prefix(prefix, tag)
+
+The LoongSage tree (seed 003, ``train_step_<N>/`` under a checkpoint path the
+user names) and the step-name rules of both trees are in
+:mod:`registry.checkpoint.layout`, which takes its tinyllm names from here.
+
+Functions that take names check them (:func:`registry.names.check_name`) and
+raise :class:`registry.errors.InvalidNameError` for one that breaks the rule;
+the ``*_ROOT`` constants and the claim/staging helpers take keys already built.
+"""
+
+from __future__ import annotations
+
+from registry.names import check_name
+from registry.store.base import join
+
+RUNS = "runs"
+MODELS = "models"
+LEDGER = "ledger"
+EVENTS = "events"
+REFS = "refs"
+REVOCATIONS = "ledger/revocations"
+POLICY = "policy.json"
+LATEST = "LATEST"
+#: ``str.format`` pattern of a tinyllm step directory (seed 000: six digits at least).
+STEP_DIR_FORMAT = "step-{step:06d}"
+CLAIM_SUFFIX = ".claim"
+TMP_MARK = ".tmp"
+
+
+# -- runs/ ------------------------------------------------------------------
+
+def run_root(run_id: str) -> str:
+    """Key of a tinyllm run's checkpoint tree: ``runs/<run_id>/ckpt``.
+
+    ``run_id`` is not checked here (callers that take it from a user check it;
+    ``index rebuild`` lists what the store holds)."""
+    return join(RUNS, run_id, "ckpt")
+
+
+def step_prefix(run_id: str, step: int) -> str:
+    """Key of a tinyllm step directory: ``runs/<run_id>/ckpt/step-<nnnnnn>``.
+
+    Raises:
+        ValueError: ``step`` is negative.
+    """
+    if step < 0:
+        raise ValueError(f"step {step}: a step is a number >= 0")
+    return join(run_root(run_id), STEP_DIR_FORMAT.format(step=step))
+
+
+def latest_key(run_id: str) -> str:
+    """Key of a tinyllm run's pointer: ``runs/<run_id>/ckpt/LATEST``."""
+    return join(run_root(run_id), LATEST)
+
+
+# -- models/ ----------------------------------------------------------------
+
+def model_root(model_id: str) -> str:
+    """Key of everything one model holds: ``models/<model_id>``."""
+    return join(MODELS, check_name(model_id, "model_id"))
+
+
+def release_prefix(model_id: str, version: str) -> str:
+    """Key of a release directory: ``models/<model_id>/<version>``."""
+    return join(model_root(model_id), check_name(version, "version"))
+
+
+def refs_prefix(model_id: str) -> str:
+    """Key of a model's alias folder: ``models/<model_id>/refs``."""
+    return join(model_root(model_id), REFS)
+
+
+def alias_key(model_id: str, alias: str) -> str:
+    """Key of an alias pointer: ``models/<model_id>/refs/<alias>`` (holds ``"<version>\\n"``)."""
+    return join(refs_prefix(model_id), check_name(alias, "alias"))
+
+
+def policy_key(model_id: str) -> str:
+    """Key of a model's stored gate policy: ``models/<model_id>/policy.json``."""
+    return join(model_root(model_id), POLICY)
+
+
+# -- ledger/ ----------------------------------------------------------------
+
+def revocation_key(source_id: str) -> str:
+    """Key of one revocation: ``ledger/revocations/<source_id>.json``."""
+    return join(REVOCATIONS, f"{check_name(source_id, 'source_id')}.json")
+
+
+# -- claims and staging -----------------------------------------------------
+
+def claim_key(prefix: str) -> str:
+    """Key of the claim that says who owns ``prefix``: ``<prefix>.claim``."""
+    return prefix if prefix.endswith(CLAIM_SUFFIX) else prefix + CLAIM_SUFFIX
+
+
+def staging_prefix(prefix: str, tag: str) -> str:
+    """Key of a writer's staging directory for ``prefix``: ``<prefix>.tmp-<tag>``."""
+    return f"{prefix}{TMP_MARK}-{tag}"
+
+
+def leftover_base(name: str) -> str | None:
+    """The directory name a staging directory (``step-000500.tmp``,
+    ``step-000500.tmp-<tag>``) or claim (``<name>.claim``) belongs to; None for
+    any other name."""
+    if TMP_MARK in name:
+        return name.split(TMP_MARK, 1)[0]
+    if name.endswith(CLAIM_SUFFIX):
+        return name.removesuffix(CLAIM_SUFFIX)
+    return None

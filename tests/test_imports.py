@@ -1,0 +1,125 @@
+"""The house: which modules the code imports, read from the code itself (issue 33 item 5)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import registry
+
+ROOT = Path(registry.__file__).resolve().parent
+
+
+def _run(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    return subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_pull_imports_nothing_of_the_release_builder():
+    # A serving host pulls; it must not load the code that builds releases. A fresh
+    # interpreter imports every module of registry.pull and lists what came with them.
+    out = _run("import json, pkgutil, importlib, sys, registry.pull as p\n"
+               "for m in pkgutil.walk_packages(p.__path__, 'registry.pull.'):\n"
+               "    importlib.import_module(m.name)\n"
+               "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(out)
+    assert "registry.pull.download" in loaded  # the walk did import the package
+    assert [m for m in loaded if m == "registry.release" or m.startswith("registry.release.")] == []
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, read with ``ast`` from every
+    file under ``root``: top-level, lazy (inside functions) and type-only
+    (``if TYPE_CHECKING:``) imports alike. ``from P import name`` counts as an
+    import of ``P.name`` when that is a module, else of ``P``."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+
+    def owner(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                deps.update(owner(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    deps.add(full if full in files else owner(base))
+        graph[mod] = {d for d in deps if d and d != mod}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 50 and "registry.store.s3probe" in graph["registry.store.s3"]
+    found = cycles(graph)
+    assert found == [], "import cycles: " + "; ".join(
+        " <-> ".join(c) + " (" + ", ".join(f"{m} imports {sorted(graph[m] & set(c))}"
+                                           for m in c) + ")" for c in found)
+
+
+def test_the_cycle_finder_sees_lazy_and_type_only_imports(tmp_path: Path):
+    # The check above must not pass just because the finder misses a kind of import.
+    pkg = tmp_path / "registry"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from registry.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from registry import c\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from registry.a import X\n")
+    (pkg / "d.py").write_text("from .sub.b import f\n")
+    graph = import_graph(pkg)
+    assert graph["registry.d"] == {"registry.sub.b"}
+    assert cycles(graph) == [["registry.a", "registry.c", "registry.sub.b"]]
