@@ -41,7 +41,7 @@ from registry.keys import generate
 from registry.trust import load_trust  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
-from registry.signing import precheck, sign_entries, verify_bytes  # noqa: E402
+from registry.model_sig import precheck, sign_entries, verify_bytes  # noqa: E402
 from registry.store import open_store  # noqa: E402
 from tests.release_util import ledger_row, summary  # noqa: E402
 

@@ -53,10 +53,10 @@ from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
 from registry.release.failing import failing_gates
 from registry.release.policy import set_policy, signed_by
-from registry.release.signing import signature_info, stored_gate
+from registry.release.signature_gate import signature_info, stored_gate
 from registry.release.convert import stored_summary
 from registry.weights import INDEX, SINGLE, weights_names
-from registry.signing import SIGNATURE
+from registry.model_sig import SIGNATURE
 from registry.store import Store, open_store
 from registry.verify import read_manifest
 

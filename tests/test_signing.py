@@ -245,7 +245,7 @@ def test_directory_signed_by_the_library_cli_then_published_verifies_on_pull(
 
 
 def _attacker_signature(store: Store, version: str, key: Path) -> bytes:
-    from registry.signing import sign_entries
+    from registry.model_sig import sign_entries
     m = read_manifest(store, f"models/{MODEL}/{version}")
     return sign_entries(m.files, str(key), model_id=MODEL, version=version)
 

@@ -329,7 +329,7 @@ def _signature(store: Store, version: str, pki: Path, name: str,
     ``name``'s key (and certificate, chained to ``chain``), bypassing the
     registry's own checks (which refuse expired and future certificates)."""
     from registry import certs
-    from registry.signing import sign_entries
+    from registry.model_sig import sign_entries
     m = read_manifest(store, f"models/{MODEL}/{version}")
     if name == "bare":
         return sign_entries(m.files, str(pki / "bare.pem"), model_id=MODEL, version=version)

@@ -28,7 +28,7 @@ from registry.verify import default_workers, read_manifest
 
 if TYPE_CHECKING:
     from registry.trust import Trust
-    from registry.signing import SignatureCheck
+    from registry.model_sig import SignatureCheck
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
@@ -49,7 +49,7 @@ class PullResult:
         signer: fingerprint of the trusted key that signed the release (or
             of the signing certificate), when the pull was given trusted keys
             or CAs (else None); ``signed_by``: the whole check
-            (``registry.signing.SignatureCheck.to_dict``: kind, identity, CA).
+            (``registry.model_sig.SignatureCheck.to_dict``: kind, identity, CA).
     """
 
     model_id: str
@@ -168,7 +168,7 @@ def _start_signature_check(store: Store, prefix: str, manifest: Manifest, model_
     if trust is None:
         return None
     from registry.errors import SignatureError
-    from registry.signing import precheck, read_signature, verify_bytes
+    from registry.model_sig import precheck, read_signature, verify_bytes
 
     where = store.url_of(prefix)
     data = read_signature(store, prefix, manifest)

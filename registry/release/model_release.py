@@ -42,7 +42,7 @@ from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
-from registry.release import signing as release_signing
+from registry.release import signature_gate
 from registry.release.card import render_card
 from registry.release.convert import (
     dtype_label,
@@ -53,7 +53,7 @@ from registry.release.step_source import check_step_source
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
 from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
-from registry.signing import SIGNATURE
+from registry.model_sig import SIGNATURE
 from registry.store import Store, join, open_store
 from registry.verify import require_verified
 
@@ -125,11 +125,11 @@ class ModelRelease:
 
     def _gate(self, model_id: str, where: str, facts: ReleaseFacts,
               require: Iterable[Threshold | str], *,
-              signer: release_signing.Signer | None = None,
+              signer: signature_gate.Signer | None = None,
               carries_signature: bool = False) -> tuple[GateResult, ...]:
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
-        results += release_signing.publish_gate(self.store, model_id, signer,
+        results += signature_gate.publish_gate(self.store, model_id, signer,
                                                 carries_signature=carries_signature)
         if not gates.passed(results):
             raise GateFailedError(where, results)
@@ -188,7 +188,7 @@ class ModelRelease:
             layout, checkpoint_root, subdir: where the checkpoint lives
                 (LoongSage trees: ``subdir="hf_model"``).
             sign_key: PEM EC private key: the release gets ``model.sig``
-                (OpenSSF model signing, see :mod:`registry.signing`), listed in
+                (OpenSSF model signing, see :mod:`registry.model_sig`), listed in
                 MANIFEST.json, made from the digests computed while writing.
             sign_cert: the PEM certificate of ``sign_key`` (issued by a CA,
                 e.g. ``registry keys issue``): the bundle carries it and
@@ -327,7 +327,7 @@ class ModelRelease:
                  max_shard_size: int | str | None = None) -> ReleaseResult:
         where = src_store.url_of(src)
         shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
-        signer = release_signing.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
+        signer = signature_gate.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
         config_raw = (src_store.read_bytes(join(src, "config.json"))
                       if "config.json" in names else b"{}")
         config = schemas.load_json(config_raw, path=f"{where}/config.json")
@@ -398,7 +398,7 @@ class ModelRelease:
             w.write_bytes("evals/summary.json", _dump(facts.evals))
             for h in head_docs:
                 w.write_bytes(f"heads/{h['name']}.json", _dump(h))
-            results = release_signing.seal(w, signer, self.store, model_id, version, results)
+            results = signature_gate.seal(w, signer, self.store, model_id, version, results)
             manifest = w.commit()
         result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results)
         for hook in self.on_commit:
@@ -434,7 +434,7 @@ class ModelRelease:
         facts = self.facts(model_id, version)
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
-        return results + release_signing.stored_gate(self.store, model_id, version)
+        return results + signature_gate.stored_gate(self.store, model_id, version)
 
 
 def _inputs(ledger: Any, eval_summary: Any) -> tuple[Any, Any]:

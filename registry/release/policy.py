@@ -10,7 +10,7 @@ Stored in the store (the source of truth) as ``models/<model_id>/policy.json``::
 
 ``signed_by`` (optional) lists the keys and CA certificates one of which must
 have signed every release (a key directly, a CA through a signing
-certificate it issued): the ``signature`` gate, :mod:`registry.release.signing`.
+certificate it issued): the ``signature`` gate, :mod:`registry.release.signature_gate`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Signed releases with OpenSSF model signing (sigstore/model-transparency), issue 17.
+"""A release's ``model.sig``: signing and verifying it with OpenSSF model signing
+(sigstore/model-transparency), issue 17. The release-time side (the ``signature``
+gate, sealing a commit) is :mod:`registry.release.signature_gate`.
 
 A signed release holds ``model.sig``: the library's standard Sigstore bundle
 (``application/vnd.dev.sigstore.bundle.v0.3+json``) around a DSSE envelope whose

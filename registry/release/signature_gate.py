@@ -4,7 +4,7 @@ A model's policy may list public keys and CA certificates (``registry policy
 set MODEL --require-signed-by PUB.pem --require-signed-by CA.crt``); then every
 release of it must carry a ``model.sig`` made by one of the keys, or with a
 signing certificate that chains to one of the CAs (valid now), covering
-exactly its files (see :mod:`registry.signing`). The gate is named
+exactly its files (see :mod:`registry.model_sig`). The gate is named
 ``signature`` and its reason names the signer: the key's fingerprint, or the
 certificate's subject and fingerprint and its CA. Models without listed keys
 have no signature gate, and the ``[signing]`` extra is then never imported.
@@ -24,7 +24,7 @@ from registry.gates import GateResult
 from registry.keys import PublicKey, check_private_key
 from registry.layout import release_prefix
 from registry.release import policy
-from registry.signing import (
+from registry.model_sig import (
     SIGNATURE,
     SignatureCheck,
     claimed_certificate,
