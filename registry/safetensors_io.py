@@ -1,4 +1,5 @@
-"""Streaming safetensors reader and writer with a strict header check.
+"""Streaming safetensors reader with a strict header check; the one import point
+for the safetensors helpers (writer, format types, optimizer state rules).
 
 The format (DESIGN section 4, "Safetensors conventions"; the reference is
 huggingface/safetensors)::
@@ -8,12 +9,13 @@ huggingface/safetensors)::
                {"__metadata__": {str: str}?,
                 "<name>": {"dtype": "F32", "shape": [rows, cols],
                            "data_offsets": [begin, end]}, ...}
-    [rest]     tensor bytes, little-endian, C order; offsets are relative to
-               the end of the header and tile the rest of the file exactly
+    [rest]     tensor bytes, little-endian, C order; offsets are relA reader here must reject a hostile header before allocating anything it
+announces, which the reference library does not promise. The format's types and
+dtypes are :mod:`registry.safetensors_format`, the writer
+:mod:`registry.safetensors_write`, the optimizer state rules
+:mod:`registry.optimizer_state`; their public names are importable from here.
 
-Why not the reference library: its writer needs every tensor in memory and a
-file name or a ``bytes`` result, while checkpoints and releases are streamed to
-S3 uploads and hashing wrappers one tensor at a time; and a reader here must
+a reader here must
 reject a hostile header before allocating anything it announces.
 
 numpy has no bfloat16 or float8: those come from ``ml_dtypes``. Hosts are
@@ -23,16 +25,24 @@ assumed little-endian (as numpy's in-memory dtypes here are native).
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from registry.errors import SafetensorsError
+from registry.optimizer_state import check_optimizer_state
+from registry.safetensors_format import (
+    DTYPE_NAMES,
+    DTYPES,
+    MAX_HEADER_BYTES,
+    LazyTensor,
+    SafetensorsHeader,
+    SeekableReader,
+    TensorInfo,
+    Writer,
+)
+from registry.safetensors_write import write_safetensors
 
 __all__ = [
     "DTYPES",
@@ -51,287 +61,9 @@ __all__ = [
     "write_safetensors",
 ]
 
-#: The reference parser's limit on the header length N, in bytes.
-MAX_HEADER_BYTES = 100_000_000
-
-#: safetensors dtype name -> numpy dtype (sub-byte F4/F6 types are not supported).
-DTYPES: Mapping[str, np.dtype[Any]] = MappingProxyType({
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "C64": np.dtype(np.complex64),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64),
-    "U32": np.dtype(np.uint32),
-    "U16": np.dtype(np.uint16),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-})
-
-#: numpy dtype (native byte order) -> safetensors dtype name.
-DTYPE_NAMES: Mapping[np.dtype[Any], str] = MappingProxyType(
-    {dtype: name for name, dtype in DTYPES.items()})
-
-# Looked up by numpy's dtype *name* so that big-endian arrays ('>f4' is still
-# "float32") find their safetensors name too.
-_BY_NUMPY_NAME = {dtype.name: name for name, dtype in DTYPES.items()}
-
-_TORCH_DTYPES = {
-    "torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16",
-    "torch.bfloat16": "BF16", "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.float8_e5m2": "F8_E5M2", "torch.complex64": "C64",
-    "torch.int64": "I64", "torch.int32": "I32", "torch.int16": "I16", "torch.int8": "I8",
-    "torch.uint64": "U64", "torch.uint32": "U32", "torch.uint16": "U16",
-    "torch.uint8": "U8", "torch.bool": "BOOL",
-}
-
-# The reference writer orders tensors by its Dtype enum, descending, then by
-# name. Largest items first keeps every tensor aligned to its item size (the
-# header is padded to 8); copying the exact order makes our bytes identical.
-_WRITE_RANK = {name: rank for rank, name in enumerate((
-    "U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
-    "F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL"))}
 
 _LFS_POINTER = b"version https://git-lfs"
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
-
-
-class Writer(Protocol):
-    """Any binary sink with ``write``: a file, an S3 upload stream, a hashing wrapper."""
-
-    def write(self, data: memoryview | bytes, /) -> int | None: ...
-
-
-class SeekableReader(Protocol):
-    """A seekable binary file object (local file, fsspec file, ``BytesIO``).
-
-    ``readinto`` is used when present, so a tensor is read straight into its array.
-    """
-
-    def read(self, size: int = ..., /) -> bytes: ...
-
-    def seek(self, offset: int, whence: int = ..., /) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    """One header entry.
-
-    Attributes:
-        name: the tensor name.
-        dtype: the safetensors dtype name, a key of :data:`DTYPES`.
-        shape: the tensor shape, e.g. ``(rows, cols)``; ``()`` for a scalar.
-        begin, end: the byte span, *relative to the start of the data section*
-            (exactly the file's ``data_offsets``); absolute position in the
-            file is ``header.data_start + begin``.
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the tensor data in bytes."""
-        return self.end - self.begin
-
-
-@dataclass(frozen=True, slots=True)
-class SafetensorsHeader:
-    """A validated safetensors header.
-
-    Attributes:
-        tensors: name -> :class:`TensorInfo`, in file (offset) order.
-        metadata: the ``__metadata__`` object; empty when the file has none.
-        data_start: absolute offset in bytes of the data section (8 + N).
-    """
-
-    tensors: dict[str, TensorInfo]
-    metadata: dict[str, str]
-    data_start: int
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """name -> shape, e.g. the ``model_shapes`` of :func:`check_optimizer_state`."""
-        return {name: info.shape for name, info in self.tensors.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class LazyTensor:
-    """A tensor whose dtype and shape are known up front and whose data is made on demand.
-
-    :func:`write_safetensors` builds the header from ``dtype`` and ``shape`` and
-    calls ``load()`` only when it writes this tensor, then drops the result; so
-    converting a checkpoint tensor by tensor keeps about one tensor in memory::
-
-        header = read_header(src, path=p, file_size=size)
-        write_safetensors(out, {
-            n: LazyTensor("BF16", i.shape,
-                          lambda n=n: read_tensor(src, header, n, path=p).astype(ml_dtypes.bfloat16))
-            for n, i in header.tensors.items()})
-
-    Attributes:
-        dtype: safetensors dtype name of the data ``load()`` returns.
-        shape: shape of the data ``load()`` returns.
-        load: returns the data (anything :func:`write_safetensors` accepts).
-    """
-
-    dtype: str
-    shape: tuple[int, ...]
-    load: Callable[[], Any]
-
-
-# -- writing -------------------------------------------------------------------
-
-
-def write_safetensors(fileobj: Writer,
-                      tensors: Mapping[str, Any] | Iterable[tuple[str, Any]], *,
-                      metadata: Mapping[str, str] | None = None,
-                      path: str = "<memory>") -> int:
-    """Write a standard safetensors file to ``fileobj``, streaming one tensor at a time.
-
-    Only ``fileobj.write`` is used (no seek or tell). The header is computed from
-    dtypes and shapes first, then written with its 8-byte length, then each
-    tensor's bytes in header order; tensors are never concatenated. The output
-    is byte-identical to ``safetensors.serialize`` for the same input, except
-    that ``__metadata__`` keys are sorted (the reference emits them in hash
-    order) and that input the reference turns into a corrupt file is refused.
-
-    Args:
-        fileobj: binary sink; partial writes (a returned count below the size)
-            are continued.
-        tensors: name -> tensor, or an iterable of ``(name, tensor)`` pairs. A
-            tensor is a numpy array, anything with ``__array__``, a torch tensor
-            (moved to CPU; torch is never imported by this module otherwise), or
-            a :class:`LazyTensor`. Non-contiguous and big-endian arrays are
-            copied to contiguous little-endian ones, one tensor at a time.
-        metadata: written as ``__metadata__`` (string to string) when not None.
-        path: names the destination in error messages.
-
-    Returns:
-        The number of bytes written (8 + header length + data length).
-
-    Raises:
-        SafetensorsError: before anything is written, when a name is not a
-            non-empty string, is ``__metadata__`` or repeats; a metadata key or
-            value is not a string; a dtype has no safetensors name; a string
-            is not encodable as UTF-8; or the header exceeds
-            :data:`MAX_HEADER_BYTES`. After the header is written, when a
-            :class:`LazyTensor` loads data of another dtype or shape than it
-            declared: the output is then incomplete and must be discarded.
-
-    Notes:
-        The caller owns atomicity: on any exception the sink holds a partial
-        file, so an upload must be aborted rather than completed.
-    """
-    pairs = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
-    plan: list[tuple[str, str, tuple[int, ...], Any]] = []
-    seen: set[str] = set()
-    for name, tensor in pairs:
-        if not isinstance(name, str) or not name or name == "__metadata__":
-            raise SafetensorsError(path, f"tensor name {name!r} must be a non-empty "
-                                         "string other than '__metadata__'")
-        if name in seen:
-            raise SafetensorsError(path, f"tensor name {name!r} occurs twice")
-        seen.add(name)
-        dtype, shape = _describe(tensor, name, path)
-        plan.append((name, dtype, shape, tensor))
-    plan.sort(key=lambda item: (_WRITE_RANK[item[1]], item[0]))
-
-    header: dict[str, Any] = {}
-    if metadata is not None:
-        for key, value in metadata.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise SafetensorsError(path, f"metadata {key!r}: {value!r}: keys and "
-                                             "values must be strings")
-        header["__metadata__"] = dict(sorted(metadata.items()))
-    offset = 0
-    for name, dtype, shape, _ in plan:
-        size = math.prod(shape) * DTYPES[dtype].itemsize
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    try:
-        encoded = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError as exc:
-        raise SafetensorsError(path, f"header is not encodable as UTF-8: {exc.reason}") from None
-    encoded += b" " * (-len(encoded) % 8)
-    if len(encoded) > MAX_HEADER_BYTES:
-        raise SafetensorsError(path, f"header length {len(encoded)} bytes exceeds the "
-                                     f"{MAX_HEADER_BYTES}-byte limit")
-
-    _write_all(fileobj, len(encoded).to_bytes(8, "little") + encoded)
-    for name, dtype, shape, tensor in plan:
-        array = _to_numpy(tensor.load() if isinstance(tensor, LazyTensor) else tensor)
-        got = (_BY_NUMPY_NAME.get(array.dtype.name), array.shape)
-        if got != (dtype, shape):
-            raise SafetensorsError(path, f"tensor {name!r}: data is {got[0]} {list(got[1])}, "
-                                         f"declared {dtype} {list(shape)}")
-        _write_all(fileobj, memoryview(_little_endian_bytes(array)))
-        del array  # keep at most one tensor alive across iterations
-    return 8 + len(encoded) + offset
-
-
-def _describe(tensor: Any, name: str, path: str) -> tuple[str, tuple[int, ...]]:
-    """Return (safetensors dtype, shape) without materializing lazy or torch data."""
-    if isinstance(tensor, LazyTensor):
-        dtype: str | None = tensor.dtype if tensor.dtype in DTYPES else None
-        shape = tuple(tensor.shape)
-        found = tensor.dtype
-    elif type(tensor).__module__.startswith("torch"):
-        found = str(tensor.dtype)
-        dtype, shape = _TORCH_DTYPES.get(found), tuple(tensor.shape)
-    else:
-        array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
-        found = array.dtype.name
-        dtype, shape = _BY_NUMPY_NAME.get(found), array.shape
-    if dtype is None:
-        raise SafetensorsError(path, f"tensor {name!r}: dtype {found} has no safetensors "
-                                     "equivalent")
-    return dtype, tuple(int(d) for d in shape)
-
-
-def _to_numpy(tensor: Any) -> np.ndarray:
-    if not type(tensor).__module__.startswith("torch"):
-        return np.asarray(tensor)
-    import torch  # only reached when the caller already uses torch
-
-    tensor = tensor.detach().cpu()
-    # torch cannot export dtypes numpy lacks: export the bits and relabel them.
-    if str(tensor.dtype) == "torch.bfloat16":
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    if str(tensor.dtype) in ("torch.float8_e4m3fn", "torch.float8_e5m2"):
-        ml_dtype = DTYPES[_TORCH_DTYPES[str(tensor.dtype)]]
-        return tensor.view(torch.uint8).numpy().view(ml_dtype)
-    return tensor.numpy()
-
-
-def _little_endian_bytes(array: np.ndarray) -> np.ndarray:
-    """The array's bytes as a 1-D uint8 array, C order, little-endian.
-
-    A uint8 view rather than ``memoryview(array).cast("B")``: the buffer
-    protocol refuses ml_dtypes types such as bfloat16.
-    """
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-def _write_all(fileobj: Writer, data: memoryview | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = fileobj.write(view)
-        if written is None or written >= len(view):
-            return
-        view = view[written:]
 
 
 # -- reading -------------------------------------------------------------------
@@ -604,80 +336,3 @@ def _readinto_exact(fileobj: SeekableReader, view: memoryview, path: str) -> Non
         done += count
 
 
-# -- optimizer state -----------------------------------------------------------
-
-_OPTIMIZER_STATES = {
-    "adamw": ("exp_avg", "exp_avg_sq"),
-    "sgd": ("momentum_buffer",),
-    "muon": ("momentum_buffer",),
-}
-
-
-def check_optimizer_state(optimizer_state: SafetensorsHeader | Mapping[str, Any],
-                          model_shapes: Mapping[str, Sequence[int]], *,
-                          optimizer: str, path: str) -> None:
-    """Check ``optimizer.safetensors`` against the model (DESIGN section 4).
-
-    Every optimizer tensor must be named ``<param>.exp_avg`` or
-    ``<param>.exp_avg_sq`` (adamw) or ``<param>.momentum_buffer`` (sgd, muon),
-    where ``<param>`` is a model parameter; it must have that parameter's shape
-    and be F32. The state must be complete (seed 000, "per parameter
-    <name>"): AdamW has both ``exp_avg`` and ``exp_avg_sq`` for every
-    parameter; SGD and Muon have ``momentum_buffer`` for every parameter, or
-    (momentum not used) for none. Metadata is not checked here.
-
-    Args:
-        optimizer_state: the header of ``optimizer.safetensors`` (checked without
-            reading tensor data) or name -> tensor (as for :func:`write_safetensors`).
-        model_shapes: parameter name -> shape, e.g. ``read_header(model).shapes``.
-        optimizer: ``"adamw"``, ``"sgd"`` or ``"muon"``.
-        path: names the optimizer file in error messages.
-
-    Raises:
-        SafetensorsError: for an unknown optimizer, or for the first tensor (in
-            name order) that breaks a rule; the rule names the tensor.
-    """
-    states = _OPTIMIZER_STATES.get(optimizer)
-    if states is None:
-        raise SafetensorsError(path, f"unknown optimizer {optimizer!r}, expected one of "
-                                     f"{sorted(_OPTIMIZER_STATES)}")
-    if isinstance(optimizer_state, SafetensorsHeader):
-        described = {name: (info.dtype, info.shape)
-                     for name, info in optimizer_state.tensors.items()}
-    else:
-        described = {name: _describe(tensor, name, path)
-                     for name, tensor in optimizer_state.items()}
-    for name in sorted(described):
-        dtype, shape = described[name]
-        param, _, suffix = name.rpartition(".")
-        if not param or suffix not in states:
-            expected = " or ".join(f"'<param>.{state}'" for state in states)
-            raise SafetensorsError(path, f"optimizer tensor {name!r}: name must be "
-                                         f"{expected} for {optimizer}")
-        if param not in model_shapes:
-            raise SafetensorsError(path, f"optimizer tensor {name!r}: the model has no "
-                                         f"parameter {param!r}")
-        if tuple(shape) != tuple(model_shapes[param]):
-            raise SafetensorsError(path, f"optimizer tensor {name!r}: shape {list(shape)} "
-                                         f"differs from parameter {param!r} shape "
-                                         f"{list(model_shapes[param])}")
-        if dtype != "F32":
-            raise SafetensorsError(path, f"optimizer tensor {name!r}: dtype {dtype}, "
-                                         "optimizer state must be F32")
-    _check_complete(set(described), model_shapes, states, optimizer=optimizer, path=path)
-
-
-def _check_complete(names: set[str], model_shapes: Mapping[str, Sequence[int]],
-                    states: tuple[str, ...], *, optimizer: str, path: str) -> None:
-    """Every parameter has every state tensor of ``optimizer`` (SGD/Muon: or
-    no parameter has any: momentum not used)."""
-    if optimizer in ("sgd", "muon") and not names:
-        return
-    for param in sorted(model_shapes):
-        missing = [f"{param}.{state}" for state in states if f"{param}.{state}" not in names]
-        if missing:
-            have = f"{len(names)} optimizer tensors" if names else "no optimizer tensor"
-            raise SafetensorsError(path, f"optimizer state incomplete: {missing[0]!r} is "
-                                         f"missing ({optimizer} keeps "
-                                         f"{' and '.join(states)} for every parameter; "
-                                         f"the file has {have})")
