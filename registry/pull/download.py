@@ -42,7 +42,7 @@ from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.store import Store, join
-from registry.store.local import _SYNC_FILE_RANGE_WRITE, _sync_file_range
+from registry.store.durable import _SYNC_FILE_RANGE_WRITE, _sync_file_range
 from registry.verify import default_workers, piece_error
 
 #: files larger than this (bytes) may be split into parallel byte ranges.

@@ -48,7 +48,7 @@ from registry.manifest import MANIFEST, FileEntry, Manifest, hash_file, parse_ma
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 from registry.pull.stamps import stamp
 from registry.store import open_store
-from registry.store.local import (
+from registry.store.durable import (
     _AT_FDCWD,
     _DurableFile,
     _renameat2,
