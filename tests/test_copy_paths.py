@@ -289,7 +289,7 @@ def test_s3_parts_in_flight_are_bounded_across_writers(
     """Two files written at once (as a checkpoint's model and optimizer
     files are) share one budget of parts in flight, so memory does not grow
     with the writers."""
-    from registry.store import s3 as s3mod
+    from registry.store import s3upload as s3mod
     monkeypatch.setattr(s3mod, "PART_SIZE", 5 * MIB)  # S3's minimum part
     store = open_store(f"s3://{s3_bucket}/p")
     store.part_slots = threading.BoundedSemaphore(2)

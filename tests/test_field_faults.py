@@ -41,7 +41,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-import registry.store.s3 as s3mod
+import registry.store.s3upload as s3mod
 from registry.aliases import set_alias
 from registry.commit import commit_local_directory
 from registry.errors import RegistryError
@@ -54,7 +54,7 @@ from tests.support import moto_process
 from tests.support.faultproxy import Action, FaultProxy, Request
 
 READ_TIMEOUT = 0.3
-#: parts of a file of known size are whole MiBs (registry.store.s3.part_size_for)
+#: parts of a file of known size are whole MiBs (registry.store.s3upload.part_size_for)
 PART = 1024 * 1024
 FAULTS = {
     "503": Action("error", status=503, code="SlowDown"),

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-import registry.store.s3 as s3mod
+import registry.store.s3upload as s3mod
 from registry.errors import StorageError, UsageError
 from registry.store import open_store
 from tests.conftest import proxied, run_cli

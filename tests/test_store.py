@@ -14,7 +14,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.store import Store, open_store
-from registry.store import s3 as s3mod
+from registry.store import s3upload as s3mod
 
 
 def test_write_read_info_delete(store: Store) -> None:
