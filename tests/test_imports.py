@@ -123,3 +123,71 @@ def test_the_cycle_finder_sees_lazy_and_type_only_imports(tmp_path: Path):
     graph = import_graph(pkg)
     assert graph["registry.d"] == {"registry.sub.b"}
     assert cycles(graph) == [["registry.a", "registry.c", "registry.sub.b"]]
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Names a module binds at its top level (functions, classes, assignments,
+    imports, ``__all__``), read with ``ast``; ``if``/``try`` blocks included."""
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+                visit(getattr(node, "finalbody", []))
+    visit(ast.parse(path.read_text()).body)
+    return names
+
+
+def missing_names(root: Path, importers: list[Path]) -> list[str]:
+    """``file:line: from M import N`` for every import in ``importers`` (lazy ones
+    too) of a name the package's module ``M`` does not bind and that is no
+    submodule of ``M``: what a module move leaves behind in code that runs late."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    defined: dict[str, set[str]] = {}
+    out = []
+    for path in importers:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            if node.module != root.name and not node.module.startswith(root.name + "."):
+                continue
+            if node.module not in files:
+                out.append(f"{path}:{node.lineno}: no module {node.module}")
+                continue
+            have = defined.setdefault(node.module, _defined_names(files[node.module]))
+            for a in node.names:
+                if a.name != "*" and a.name not in have and f"{node.module}.{a.name}" not in files:
+                    out.append(f"{path}:{node.lineno}: from {node.module} import {a.name}")
+    return out
+
+
+def test_every_imported_name_exists():
+    here = Path(__file__).resolve().parent
+    importers = sorted(ROOT.rglob("*.py")) + sorted(here.rglob("*.py")) + sorted(
+        (ROOT.parent / "bench").glob("*.py"))
+    assert missing_names(ROOT, importers) == []
+
+
+def test_the_name_check_sees_a_lazy_import_of_a_moved_name(tmp_path: Path):
+    pkg = tmp_path / "registry"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "keys.py").write_text("def load_public_key(): ...\nif True:\n    TRUST = 1\n")
+    user = pkg / "user.py"
+    user.write_text("from registry.keys import TRUST, load_public_key\n"
+                    "def f():\n    from registry.keys import load_trust\n"
+                    "    from registry.signing import x\n")
+    assert missing_names(pkg, [user]) == [f"{user}:3: from registry.keys import load_trust",
+                                          f"{user}:4: no module registry.signing"]

@@ -109,7 +109,7 @@ def serve(
                              "--token-file (every request must then carry the token)")
         trust = None
         if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.keys import load_trust
+            from registry.trust import load_trust
 
             trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
                                ca_folder=trusted_cas)

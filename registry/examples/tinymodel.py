@@ -10,8 +10,6 @@ state (``trainer_state.json``); the training loop and its checkpoints are
 
 from __future__ import annotations
 
-
-
 import hashlib
 import math
 from collections.abc import Mapping

@@ -40,7 +40,7 @@ from registry.store import Store, join
 from registry.verify import read_manifest
 
 if TYPE_CHECKING:
-    from registry.keys import Trust
+    from registry.trust import Trust
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_NAMESPACE = "registry"
@@ -215,7 +215,7 @@ class HubPolicy:
             return None
 
         def compute() -> str | None:
-            from registry.signing import verify_release
+            from registry.model_sig import verify_release
             try:
                 verify_release(self.store, rel.prefix, rel.manifest, model_id=rel.model_id,
                                version=rel.version, trust=trust)
