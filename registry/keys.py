@@ -25,7 +25,7 @@ from typing import Any
 from registry.errors import DocumentError, SigningUnavailableError, UsageError
 
 CURVES = ("secp256r1", "secp384r1", "secp521r1")
-_EXTRA_HINT = "install the signing extra: pip install 'model-registry[signing]'"
+_EXTRA_HINT = "install the signing extra: pip install 'modeldir-registry[signing]'"
 
 
 def require_signing() -> None:

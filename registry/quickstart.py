@@ -259,7 +259,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     reg.close()
     serve = serve_line(store_url if store else None, db_url if db else None)
     say(f"see it all in a browser (read-only): {serve}   # needs the web extra: "
-        "pip install 'model-registry[web]'; then open http://127.0.0.1:8080/")
+        "pip install 'modeldir-registry[web]'; then open http://127.0.0.1:8080/")
     listing = cache_ls_line(cache)
     say("what the serving host's pull cache holds (`registry cache prune` gives disk back, "
         "`registry cache verify` re-hashes it):")

@@ -165,7 +165,7 @@ def test_without_torch_pt_files_are_a_clear_error(monkeypatch: pytest.MonkeyPatc
     store = mem()
     save(store)  # with torch: data_source/*.pt
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
-    with pytest.raises(TorchUnavailableError, match=r"pip install 'model-registry\[torch\]'"):
+    with pytest.raises(TorchUnavailableError, match=r"pip install 'modeldir-registry\[torch\]'"):
         load_training_state(store, ROOT, hf_model_path=hf_dir(tmp_path),
                             data_sources=["data/a.jsonl"])
     other = mem()
@@ -175,7 +175,7 @@ def test_without_torch_pt_files_are_a_clear_error(monkeypatch: pytest.MonkeyPatc
     # Without data sources nothing needs torch: the core keeps working.
     save(other, data_sources=[])
     assert verify_directory(other, f"{ROOT}/train_step_2", full=True).ok
-    with pytest.raises(TorchUnavailableError, match=r"model-registry\[torch\]"):
+    with pytest.raises(TorchUnavailableError, match=r"modeldir-registry\[torch\]"):
         RolloutData("r", store=other).write(1, [1])
 
 

@@ -443,10 +443,10 @@ def test_without_the_extra_signing_options_fail_clearly_and_pull_works(
 
     r = cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "o1"), "--trusted-key",
             str(keys["release"][1]), "--cache", str(tmp_path / "c"), "--store", store_url)
-    assert r.returncode == 2 and "model-registry[signing]" in r.stderr, r.stderr
+    assert r.returncode == 2 and "modeldir-registry[signing]" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o1").exists()
     r = cli("keys", "generate", str(tmp_path / "n.pem"))
-    assert r.returncode == 2 and "model-registry[signing]" in r.stderr
+    assert r.returncode == 2 and "modeldir-registry[signing]" in r.stderr
     r = cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "o2"), "--cache", str(tmp_path / "c"),
             "--store", store_url)
     assert r.returncode == 0, r.stderr

@@ -22,7 +22,7 @@ def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 def test_wheel_installs_and_runs_the_quickstart(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)])
-    wheel = next(dist.glob("model_registry-*.whl"))
+    wheel = next(dist.glob("modeldir_registry-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("registry/_resources/schemas/manifest.schema.json",
                    "registry/_resources/templates/MODEL_CARD.md",
@@ -42,7 +42,7 @@ def test_wheel_installs_and_runs_the_quickstart(tmp_path: Path) -> None:
 
     r = run([str(venv / "bin" / "registry"), "--version"], env=env)
     assert r.stdout.strip() == f"registry {__version__}"
-    assert wheel.name.startswith(f"model_registry-{__version__}-")
+    assert wheel.name.startswith(f"modeldir_registry-{__version__}-")
     work = tmp_path / "work"
     work.mkdir()
     r = run([str(venv / "bin" / "registry"), "quickstart"], cwd=work, env=env)

@@ -1,7 +1,7 @@
 """torch.distributed.checkpoint (DCP) over a registry Store: writers that hash
 what they write, readers, and the collective helpers of a multi-rank commit.
 
-Needs the ``torch`` extra (``pip install 'model-registry[torch]'``); nothing in
+Needs the ``torch`` extra (``pip install 'modeldir-registry[torch]'``); nothing in
 the registry core imports this module (``import registry`` never loads torch).
 
 Where DCP writes (docs/decisions.md, "dist_ckpt through DCP"):

@@ -38,7 +38,7 @@ from registry.store import Store, join
 
 #: the fully_async pipeline buffer snapshot of a step.
 PIPELINE = f"{DATA}/pipeline_buf.pt"
-EXTRA = "model-registry[torch]"
+EXTRA = "modeldir-registry[torch]"
 
 
 def data_file(index: int) -> str:

@@ -287,7 +287,7 @@ def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
         except ImportError:
             raise CheckpointError(f"{url}: torch_dist shards (torch.distributed.checkpoint); "
                                   "reading them needs PyTorch: pip install "
-                                  "'model-registry[torch]'") from None
+                                  "'modeldir-registry[torch]'") from None
         return read_dist(store, prefix, manifest, step, optimizer=optimizer)
     for name in DIST_FILES:
         if manifest.entry(f"{DIST}/{name}") is None:

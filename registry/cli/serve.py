@@ -100,7 +100,7 @@ def serve(
             from registry.web import create_app
         except ImportError as e:
             raise UsageError(f"registry serve needs the web extra ({e.name} is missing): "
-                             "pip install 'model-registry[web]'") from None
+                             "pip install 'modeldir-registry[web]'") from None
         from registry.api import Registry
 
         token = read_token(token_file) if token_file else None

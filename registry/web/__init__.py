@@ -1,6 +1,6 @@
 """``registry serve``: a read-only web page and JSON API over a Registry.
 
-Needs the ``web`` extra (``pip install 'model-registry[web]'``)."""
+Needs the ``web`` extra (``pip install 'modeldir-registry[web]'``)."""
 
 from __future__ import annotations
 
