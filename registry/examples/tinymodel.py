@@ -121,8 +121,7 @@ def make_spec(steps: int, *, seed: int = 0, batch_size: int = 64,
 
 def spec_sha256(spec: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of the spec (sorted keys, no spaces)."""
-    text = numbers.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    text = numbers.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
