@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import subprocess
@@ -223,8 +224,17 @@ def proxied(url: str, proxy: FaultProxy, **options: Any) -> Store:
     return open_store(url, client_kwargs=client_kwargs, **options)
 
 
+#: sockets bound by free_port() for the life of the process: nothing else (another
+#: pytest-xdist worker's server, say) can take their ports, and nothing listens.
+_HELD: list[socket.socket] = []
+atexit.register(lambda: [s.close() for s in _HELD])
+
+
 def free_port() -> int:
-    """A local TCP port nothing listens on (an endpoint that is down)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A local TCP port nothing listens on (an endpoint that is down); it stays
+    bound, never listening, until the process exits, so connections to it are
+    refused even while other test processes start servers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return int(s.getsockname()[1])
