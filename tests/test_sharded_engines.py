@@ -167,7 +167,8 @@ def test_signed_sharded_release_pull_verify_and_diff(saved: Path, tmp_path: Path
     """Signing covers every shard and the index; a rewritten shard is refused
     on pull; ``verify`` and ``diff`` name shards like any file."""
     pytest.importorskip("model_signing")
-    from registry.keys import generate, load_trust
+    from registry.keys import generate
+    from registry.trust import load_trust
     from registry.pull import pull
 
     priv, pub, _ = generate(tmp_path / "release.pem")
