@@ -313,7 +313,8 @@ class Registry:
         weights' headers (one file or the index and its shards):
         ``weights`` (stored tensor groups), ``weight_files`` (``[{"path",
         "bytes", "tensors", "parameters"}]``, the index first) and
-        ``parameters`` (scalars stored)."""
+        ``parameters`` (scalars stored); ``config_dtype``: the dtype
+        config.json tells engines to load (``"bfloat16"``) or None."""
         doc = self._query(lambda s: queries.show(s, model_id, version))
         # the index lists the release's files (it is immutable): a file it
         # lacks is not looked for in the store, a header it has is read once
@@ -326,9 +327,12 @@ class Registry:
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
         if WEIGHTS not in files and INDEX not in files:
             doc["weights"], doc["weight_files"], doc["parameters"] = [], [], 0
+            doc["config_dtype"] = None
         else:
-            # keyed by the digests of every weights file (one, or the index and shards)
-            key = " ".join(files[p] for p in weights_names(files))
+            # keyed by the digests of every weights file (one, or the index and
+            # shards) and of config.json
+            key = " ".join(files[p] for p in [*weights_names(files), "config.json"]
+                           if p in files)
             if key not in self._weights:
                 if len(self._weights) >= 4096:
                     self._weights.clear()
@@ -338,6 +342,7 @@ class Registry:
             summary = copy.deepcopy(self._weights[key])
             doc["weights"], doc["weight_files"] = summary["groups"], summary["files"]
             doc["parameters"] = summary["parameters"]
+            doc["config_dtype"] = summary["config_dtype"]
         return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@ directory's: identical for the as-is and f32 releases, within bf16 tolerance
 (cosine similarity of sentence embeddings >= 0.999, mean absolute difference
 of hidden states <= 0.02) for bf16. The weights' ``__metadata__`` is checked
 too: ``format`` is one the engines accept and the source's other keys stay.
+An int4 release is refused by both engines (issue 26, item 4), never loaded
+with re-initialized layers.
 
 The engines are the optional ``engines`` extra (torch CPU, transformers,
 sentence-transformers). Without them these tests skip, except under
@@ -118,3 +120,22 @@ def test_sentence_transformers_encodes_with_every_release(engines: Any,
                                        * np.linalg.norm(reference, axis=1))
     assert (cos >= 0.999).all(), cos
     assert not np.array_equal(bf16, reference)
+
+
+def test_int4_release_is_refused_by_both_engines(engines: Any, tmp_path: Path) -> None:
+    """issue 26, item 4: an int4 release of MiniLM once "loaded" in both engines with
+    exit 0 and its quantized layers re-initialized at random (cosine 0.05 against the
+    source). Its config.json now names the scheme without a quant_method: both refuse."""
+    _, transformers, st = engines
+    store = str(tmp_path / "store")
+    ModelRelease(store).publish(MODEL_DIR, MODEL_ID, "1-int4", ledger=[ledger_row("s2orc")],
+                                eval_summary=summary(0.9, 0.5), dtype="int4")
+    target = tmp_path / "serve"
+    p = run_cli("pull", f"{MODEL_ID}@1-int4", "--to", str(target), "--store", store)
+    assert p.returncode == 0, p.stderr
+    config = json.loads((target / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "tinyllm-int4"
+    with pytest.raises(ValueError, match="quant_method"):
+        transformers.AutoModel.from_pretrained(str(target), local_files_only=True)
+    with pytest.raises(ValueError, match="quant_method"):
+        st.SentenceTransformer(str(target), device="cpu", local_files_only=True)

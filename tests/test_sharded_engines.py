@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
 from registry.api import Registry
@@ -47,12 +49,19 @@ def saved(tmp_path_factory: pytest.TempPathFactory, engines: Any) -> Path:
     return tiny_llama(tmp_path_factory.mktemp("llama") / "src")
 
 
-@pytest.fixture(params=["local", "s3"])
-def pulled(request: pytest.FixtureRequest, saved: Path, tmp_path: Path) -> dict[str, Path]:
+@pytest.fixture(scope="module", params=["local", "s3"])
+def pulled(request: pytest.FixtureRequest, saved: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every version published (as is and int4 by the CLI, bf16 by the API) and
-    pulled by the CLI."""
-    url = (str(tmp_path / "store") if request.param == "local"
-           else f"s3://{request.getfixturevalue('s3_bucket')}/reg")
+    pulled by the CLI, once per store for the module's tests."""
+    tmp_path = tmp_path_factory.mktemp(f"pulled-{request.param}")
+    if request.param == "local":
+        url = str(tmp_path / "store")
+    else:
+        request.getfixturevalue("s3_server")
+        bucket = f"t-{uuid.uuid4().hex[:16]}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        url = f"s3://{bucket}/reg"
     db = f"sqlite:///{tmp_path / 'index.db'}"
     (tmp_path / "ledger.json").write_text(json.dumps([ledger_row()]))
     (tmp_path / "evals.json").write_text(json.dumps(summary()))
@@ -66,10 +75,12 @@ def pulled(request: pytest.FixtureRequest, saved: Path, tmp_path: Path) -> dict[
             args = ["--dtype", dtype, "--group-size", "32"] if dtype else []
             p = run_cli("publish", str(saved), "--model-id", "llama", "--version", version,
                         "--ledger", str(tmp_path / "ledger.json"), "--evals",
-                        str(tmp_path / "evals.json"), *args, "--store", url, "--db", db)
+                        str(tmp_path / "evals.json"), *args, "--store", url, "--db", db,
+                        cwd=tmp_path)
             assert p.returncode == 0, p.stderr
         target = tmp_path / "serve" / version
-        p = run_cli("pull", f"llama@{version}", "--to", str(target), "--store", url)
+        p = run_cli("pull", f"llama@{version}", "--to", str(target), "--cache",
+                    str(tmp_path / "cache"), "--store", url, cwd=tmp_path)
         assert p.returncode == 0, p.stderr
         out[version] = target
     out["db"], out["url"] = db, url  # type: ignore[assignment]
@@ -140,13 +151,14 @@ def test_show_and_card_list_the_shards(pulled: dict[str, Path]) -> None:
     p = run_cli("show", "llama@1-bf16", "--json", "--store", url, "--db", db)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["dtype"] == "bf16"
+    assert doc["dtype"] == "bf16" and doc["config_dtype"] == "bfloat16"  # card and show agree
     assert [g["stored"] for g in doc["weights"]] == ["BF16"]
     shards = shards_of(pulled["1-bf16"])
     assert [f["path"] for f in doc["weight_files"]] == [INDEX, *shards]
     assert doc["parameters"] == index_of(pulled["1-bf16"])["metadata"]["total_parameters"]
     p = run_cli("show", "llama@1-bf16", "--store", url, "--db", db)
     assert f"weights in {len(shards)} shards, {doc['parameters']} parameters" in p.stdout
+    assert "config.json dtype bfloat16" in p.stdout
     card = (pulled["1-bf16"] / "MODEL_CARD.md").read_text()
     assert "config.json dtype | `bfloat16`" in card
     for shard in shards:

@@ -168,6 +168,8 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
     typer.echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
     typer.echo(f"  manifest sha256 {doc['manifest_sha256']}, {doc['files']} files, "
                f"{doc['bytes']} bytes, dtype {doc['dtype']}, created {doc['created_at']}")
+    if doc.get("config_dtype"):
+        typer.echo(f"  config.json dtype {doc['config_dtype']} (what engines load it as)")
     for w in doc.get("weights", []):
         names = ", ".join(w["tensors"][:6]) + (f" and {len(w['tensors']) - 6} more"
                                                 if len(w["tensors"]) > 6 else "")

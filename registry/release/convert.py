@@ -267,8 +267,9 @@ def stored_summary(store: Any, model_id: str, version: str,
     Returns:
         ``{"groups": weights_groups(...), "files": [{"path", "bytes" (file
         size), "tensors", "parameters"}] (the index first, then each shard),
-        "parameters": scalars stored in all shards}``; empty groups and files
-        when the release has no weights.
+        "parameters": scalars stored in all shards, "config_dtype": what
+        config.json says engines load it as (``"bfloat16"``) or None}``;
+        empty groups and files when the release has no weights.
 
     Raises:
         DocumentError: the stored weights break a rule of :mod:`registry.weights`.
@@ -280,7 +281,7 @@ def stored_summary(store: Any, model_id: str, version: str,
     if files is None:
         files = store.walk_files(prefix)
     if SINGLE not in files and INDEX not in files:
-        return {"groups": [], "files": [], "parameters": 0}
+        return {"groups": [], "files": [], "parameters": 0, "config_dtype": None}
     weights = load_weights(store, prefix, files=files)
     listing = [{"path": INDEX, "bytes": weights.index_size, "tensors": len(weights.tensors),
                 "parameters": weights.parameter_count}] if weights.sharded else []
@@ -289,7 +290,26 @@ def stored_summary(store: Any, model_id: str, version: str,
                                    for i in s.header.tensors.values())}
                 for s in weights.shards]
     return {"groups": weights_groups(weights.described, weights.metadata), "files": listing,
-            "parameters": weights.parameter_count}
+            "parameters": weights.parameter_count,
+            "config_dtype": _config_dtype(store, prefix, files)}
+
+
+def _config_dtype(store: Any, prefix: str, files: Mapping[str, int]) -> str | None:
+    """What the release's config.json tells engines to load it as (``dtype``,
+    else ``torch_dtype``); None when it says nothing or cannot be read."""
+    from registry import schemas
+    from registry.errors import RegistryError
+    from registry.store import join
+
+    if files.get("config.json", 1 << 30) > 1 << 20:
+        return None
+    try:
+        doc = schemas.load_json(store.read_bytes(join(prefix, "config.json")),
+                                path="config.json")
+    except RegistryError:
+        return None
+    value = doc.get("dtype", doc.get("torch_dtype")) if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def parameter_count(header: SafetensorsHeader) -> int:
