@@ -134,8 +134,26 @@ def _rows_generic(name: str, r: Any) -> Iterator[Row]:
                        str(t.get("target", "")))
 
 
+def _rows_shards(r: dict[str, Any]) -> Iterator[Row]:
+    size = f"{r['size_mib']} MiB in {r['shards']} shards"
+    for backend, peers in (("local", ("cp -r && sync", "cp -r && sync")),
+                           ("s3", ("boto3 upload_file", "s3fs get"))):
+        if backend in r:
+            d = r[backend]
+            yield ("shards", f"{backend} publish, {size}", d["publish_seconds"], peers[0],
+                   d["publish_ratio"], "(reported)")
+            yield ("shards", f"{backend} pull, {size}", d["pull_seconds"], peers[1],
+                   d["pull_ratio"], "<= today's single-file pull ratio")
+    b = r["bf16"]
+    yield ("shards", f"--dtype bf16, {size} (peak RSS {b['ours_peak_rss_mib']:.0f} MiB vs "
+           f"{b['naive_peak_rss_mib']:.0f} MiB)", b["ours_seconds"],
+           "load_file + astype + save_file + sha256 per shard", b["ratio"],
+           "peak RSS < 512 MiB")
+
+
 EXTRACT = {"checkpoint": _rows_checkpoint, "release": _rows_release, "pull": _rows_pull,
-           "index": _rows_index, "mlflow": _rows_mlflow, "pieces": _rows_pieces}
+           "index": _rows_index, "mlflow": _rows_mlflow, "pieces": _rows_pieces,
+           "shards": _rows_shards}
 
 
 def main() -> int:
