@@ -96,8 +96,17 @@ def _child(args: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM): ru_maxrss would report the
+    parent's, since Linux keeps it across fork and execve."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child_main(kind: str, src: str, dst: str) -> None:
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _peak_rss_mib()
     if kind == "ours":
         from registry.release import ModelRelease
         rel = ModelRelease(dst)
@@ -123,9 +132,9 @@ def child_main(kind: str, src: str, dst: str) -> None:
                         h.update(block)
                 os.fsync(os.open(out / shard.name, os.O_RDONLY))
         seconds = timed(naive)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak / 1024,
-                      "peak_over_start_mib": (peak - base) / 1024}))
+    peak = _peak_rss_mib()
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak,
+                      "peak_over_start_mib": peak - base}))
 
 
 def bench_store(name: str, url: str, src: Path, tmp: Path, repeat: int, peer_publish: Any,
@@ -178,6 +187,7 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--local-only", action="store_true", help="skip the S3 half")
+    ap.add_argument("--bf16-only", action="store_true", help="only the --dtype bf16 arms")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results-shards.json")))
     ap.add_argument("--child", nargs=3, metavar=("KIND", "SRC", "DST"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -202,8 +212,9 @@ def main() -> int:
             subprocess.run(f"cp -r '{local}/models/bench/{max(n, 1)}' '{dest}' && sync",
                            shell=True, check=True)
 
-        results["local"] = bench_store("local", str(local), src, tmp, args.repeat,
-                                       cp_publish, cp_pull, total)
+        if not args.bf16_only:
+            results["local"] = bench_store("local", str(local), src, tmp, args.repeat,
+                                           cp_publish, cp_pull, total)
         bf16: dict[str, list[dict[str, Any]]] = {"ours": [], "naive": []}
         for i in range(args.repeat):
             for kind in (("ours", "naive") if i % 2 == 0 else ("naive", "ours")):
@@ -220,7 +231,7 @@ def main() -> int:
         results["bf16"]["ratio"] = (results["bf16"]["ours_seconds"]
                                     / results["bf16"]["naive_seconds"])
         shutil.rmtree(local, ignore_errors=True)
-        if not args.local_only:
+        if not (args.local_only or args.bf16_only):
             from tests.support.s3server import S3Server
             server = S3Server(serialize=False).start()
             os.environ.update(server.env())
