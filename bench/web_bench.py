@@ -173,7 +173,7 @@ def time_pages(regs: dict[str, Registry], requests: int,
 
     out: dict[str, dict[str, Any]] = {name: {} for name in regs}
     with contextlib.ExitStack() as stack:
-        clients = {name: stack.enter_context(TestClient(create_app(reg)))
+        clients = {name: stack.enter_context(TestClient(create_app(reg), base_url="http://localhost"))
                    for name, reg in regs.items()}
         paths = {name: {p: p.format(**cursors(reg, depth)) for p in PAGES}
                  for name, reg in regs.items()}

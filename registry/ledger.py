@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from registry import numbers
-from registry import schemas
-from registry.errors import ObjectExistsError, UsageError
+from registry import limits, numbers, schemas
+from registry.errors import DocumentError, ObjectExistsError, UsageError
 from registry.layout import REVOCATIONS, revocation_key
 from registry.manifest import utc_now
 from registry.names import check_name
@@ -57,8 +56,30 @@ def revoke(store: Store, source_id: str, reason: str) -> tuple[Revocation, bool]
 
 
 def _read(store: Store, key: str) -> Revocation:
-    doc = schemas.load_json(store.read_bytes(key), path=store.url_of(key))
+    """The revocation at ``key``.
+
+    Raises:
+        DocumentError: not JSON, larger than the JSON document cap, or not an
+            object with string ``source_id``, ``revoked_at``, ``revocation_reason``.
+    """
+    where = store.url_of(key)
+    doc = schemas.load_json(store.read_bytes(key, limit=limits.MAX_JSON_BYTES), path=where)
+    fields = ("source_id", "revoked_at", "revocation_reason")
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(f), str) for f in fields):
+        raise DocumentError(where, "a revocation must be a JSON object with the strings "
+                                   + ", ".join(fields))
     return Revocation(doc["source_id"], doc["revoked_at"], doc["revocation_reason"])
+
+
+def revocation_of(store: Store, source_id: str) -> dict[str, Any]:
+    """The revocation document of ``source_id`` (``source_id``, ``revoked_at``,
+    ``revocation_reason``).
+
+    Raises:
+        ObjectNotFoundError: the source is not revoked.
+        DocumentError: the revocation file is not a valid revocation.
+    """
+    return _read(store, revocation_key(check_name(source_id, 'source_id'))).to_dict()
 
 
 def revocations(store: Store) -> dict[str, Revocation]:

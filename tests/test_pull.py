@@ -252,8 +252,8 @@ class ReadLog:
             self.reads.append(("read_range", key, len(data)))
             return data
 
-        def counted_bytes(key: str) -> bytes:
-            data = read_bytes(key)
+        def counted_bytes(key: str, **kw: Any) -> bytes:
+            data = read_bytes(key, **kw)
             self.reads.append(("read_bytes", key, len(data)))
             return data
 

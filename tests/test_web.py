@@ -35,7 +35,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def client(built: tuple[str, str]) -> Iterator[TestClient]:
-    with Registry(*built) as reg, TestClient(create_app(reg)) as c:
+    with Registry(*built) as reg, TestClient(create_app(reg), base_url="http://localhost") as c:
         yield c
 
 
@@ -218,7 +218,7 @@ def test_signer_row_names_the_key_that_signed(tmp_path: Path) -> None:
     with Registry(store, db) as reg:
         reg.create_release("r1", 30, "tiny", "4", ledger=[ledger_row("wiki")],
                            eval_summary=summary2(0.97, 1.2), sign_key=priv)
-    with Registry(store, db) as reg, TestClient(create_app(reg)) as c:
+    with Registry(store, db) as reg, TestClient(create_app(reg), base_url="http://localhost") as c:
         t = text_of(c.get("/models/tiny/4").text)
         assert f"signer key {fingerprint} (not verified here) (model.sig)" in t
         assert 'id="signer"' not in c.get("/models/tiny/2").text
@@ -238,7 +238,7 @@ def test_signer_row_names_the_certificate_that_signed(tmp_path: Path) -> None:
         reg.create_release("r1", 30, "tiny", "4", ledger=[ledger_row("wiki")],
                            eval_summary=summary2(0.97, 1.2), sign_key=key, sign_cert=cert,
                            cert_chain=[tmp_path / "ca.crt"])
-    with Registry(store, db) as reg, TestClient(create_app(reg)) as client:
+    with Registry(store, db) as reg, TestClient(create_app(reg), base_url="http://localhost") as client:
         t = text_of(client.get("/models/tiny/4").text)
         assert (f"signer certificate CN=bot ({c.fingerprint}, issued by CN=Web CA; not "
                 "verified here) (model.sig)") in t
@@ -423,7 +423,7 @@ def test_empty_token_file_is_refused(built: tuple[str, str], tmp_path: Path) -> 
 def test_pages_and_api_on_s3_and_postgres(s3_bucket: str, db_url: str) -> None:
     store = f"s3://{s3_bucket}/registry"
     build(store, db_url)
-    with Registry(store, db_url) as reg, TestClient(create_app(reg)) as c:
+    with Registry(store, db_url) as reg, TestClient(create_app(reg), base_url="http://localhost") as c:
         for path in ("/", "/models/tiny", "/models/tiny/1", "/models/tiny/prod",
                      "/sources/books", "/sources/wiki", "/runs/r1"):
             assert c.get(path).status_code == 200, path

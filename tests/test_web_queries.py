@@ -69,7 +69,7 @@ def statements_of(client: TestClient, reg: Registry, path: str) -> int:
 def test_statements_per_page_do_not_grow_with_releases(tmp_path: Path, db_url: str) -> None:
     store = str(tmp_path / "store")
     build(store, db_url)
-    with Registry(store, db_url) as reg, TestClient(create_app(reg)) as client:
+    with Registry(store, db_url) as reg, TestClient(create_app(reg), base_url="http://localhost") as client:
         small = {p: statements_of(client, reg, p) for p in PATHS}
         web_bench().populate(reg, 400)  # 100 more models, 1,000 sources
         with reg.index.engine.begin() as conn:  # a policy on every model (no query per model)
@@ -93,7 +93,7 @@ def test_mutable_facts_show_at_once_the_release_files_come_from_the_cache(
         fresh: tuple[str, str]) -> None:
     """A revocation, an alias move and a policy change show on the next
     request; the release's own files are read from the store once."""
-    with Registry(*fresh) as reg, TestClient(create_app(reg)) as client:
+    with Registry(*fresh) as reg, TestClient(create_app(reg), base_url="http://localhost") as client:
         page = client.get("/models/tiny/3").text
         assert "tiny@3 PASS" in text_of(page) and "REVOKED" not in page
         reg.set_alias("tiny", "prod", "3")
@@ -101,7 +101,7 @@ def test_mutable_facts_show_at_once_the_release_files_come_from_the_cache(
         reg.set_policy("tiny", ["copy/accuracy>=0.96"])
         reads: list[str] = []
         read_bytes = reg.store.read_bytes
-        reg.store.read_bytes = lambda key: (reads.append(key), read_bytes(key))[1]  # type: ignore[method-assign]
+        reg.store.read_bytes = lambda key, **kw: (reads.append(key), read_bytes(key, **kw))[1]  # type: ignore[method-assign]
         t = text_of(client.get("/models/tiny/3").text)
         assert "tiny@3 FAIL" in t and "REVOKED: consent withdrawn" in t
         assert "tiny@3 FAIL prod → 3" in text_of(client.get("/models/tiny/prod").text)
@@ -114,7 +114,7 @@ def test_mutable_facts_show_at_once_the_release_files_come_from_the_cache(
 def test_keyset_pages_walk_every_version_both_ways(fresh: tuple[str, str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(views, "PAGE_SIZE", 2)
-    with Registry(*fresh) as reg, TestClient(create_app(reg)) as client:
+    with Registry(*fresh) as reg, TestClient(create_app(reg), base_url="http://localhost") as client:
         def walk(path: str, rel: str) -> list[list[str]]:
             pages = []
             while path:

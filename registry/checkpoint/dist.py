@@ -39,8 +39,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+from registry.checkpoint.dcp_safe import SafeFileSystemReader, SafeFsspecReader
 
 from registry.errors import CheckpointError
 from registry.manifest import FileEntry
@@ -214,13 +216,19 @@ def _durable_opener(store: Store) -> Any:
 
 
 def storage_reader(store: Store, key: str) -> Any:
-    """A DCP StorageReader of the DCP directory ``key`` of ``store``."""
+    """A DCP StorageReader of the DCP directory ``key`` of ``store``, whose
+    ``.metadata`` goes through the restricted unpickler
+    (:mod:`registry.checkpoint.dcp_safe`; load with
+    :func:`~registry.checkpoint.dcp_safe.SafeLoadPlanner` too)."""
     local = store.local_path(key)
+    reader: Any
     if local is not None:
-        return FileSystemReader(local)
-    reader = FsspecReader(store.url_of(key))
-    reader.fs.fs = store.fs
-    reader.path = store.path(key)
+        reader = SafeFileSystemReader(local)
+    else:
+        reader = SafeFsspecReader(store.url_of(key))
+        reader.fs.fs = store.fs
+        reader.path = store.path(key)
+    reader.where = store.url_of(key)
     return reader
 
 

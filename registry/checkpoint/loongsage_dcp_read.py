@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 
+from registry.checkpoint.dcp_safe import UnsafeCheckpointError, safe_load
 from registry.checkpoint.dist import broadcast, rank_of, storage_reader
 from registry.checkpoint.loongsage_format import DistCheckpoint, DIST, check_topology
 from registry.errors import CheckpointError, DocumentError, UsageError
@@ -99,6 +99,8 @@ def read_full(store: Store, key: str) -> dict[str, Any]:
     reader = storage_reader(store, key)
     try:
         meta = reader.read_metadata()
+    except UnsafeCheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - a broken .metadata is a bad checkpoint
         raise CheckpointError(f"{store.url_of(key)}/.metadata: not a readable torch_dist "
                               f"(torch.distributed.checkpoint) metadata file: {e}") from None
@@ -110,7 +112,9 @@ def read_full(store: Store, key: str) -> dict[str, Any]:
             sd[name] = b""
     try:
         with _single_process():
-            dcp.load(sd, storage_reader=reader, no_dist=True)
+            safe_load(sd, reader, no_dist=True)
+    except UnsafeCheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"{store.url_of(key)}: DCP could not load it: {e}") from None
     return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in sd.items()}

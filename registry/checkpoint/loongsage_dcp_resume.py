@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from registry.checkpoint.dcp_safe import UnsafeCheckpointError, safe_load
 from registry.checkpoint.dist import rank_of, storage_reader, world_of
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.loongsage_data import DataSourceState, DataStateLookup, read_data_state
@@ -114,8 +114,7 @@ def _common(store: Store, key: str, group: Any) -> tuple[dict[str, Any], Any]:
                               "program?): read it with load_dcp")
     sd: dict[str, Any] = {COMMON: b""}
     with _single_process():
-        dcp.load(sd, storage_reader=reader, process_group=group,
-                 no_dist=not dist.is_initialized())
+        safe_load(sd, reader, process_group=group, no_dist=not dist.is_initialized())
     doc = json.loads(sd[COMMON])
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise DocumentError(f"{store.url_of(key)}:{COMMON}", f"must be a {FORMAT} object")
@@ -152,6 +151,8 @@ def load_dcp(store: str | Store, path: str, state_dict: dict[str, Any], *,
     reader = storage_reader(store, key)
     try:
         saved = reader.read_metadata().state_dict_metadata
+    except UnsafeCheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - a broken .metadata is a bad checkpoint
         raise CheckpointError(f"{store.url_of(key)}/.metadata: not a readable torch_dist "
                               f"(torch.distributed.checkpoint) metadata file: {e}") from None
@@ -162,8 +163,8 @@ def load_dcp(store: str | Store, path: str, state_dict: dict[str, Any], *,
                               "missing)")
     try:
         with _single_process():
-            dcp.load(state_dict, storage_reader=reader,
-                     process_group=group, no_dist=not dist.is_initialized())
+            safe_load(state_dict, reader, process_group=group,
+                      no_dist=not dist.is_initialized())
     except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
         raise CheckpointError(f"{store.url_of(key)}: DCP could not load it: "
                               f"{_first_line(e)}") from None

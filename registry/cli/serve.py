@@ -86,6 +86,11 @@ def serve(
              "content-addressed cache (a registry pull cache) and serve it from there; "
              "each byte is read from the store once. `registry cache prune --cache PATH` "
              "bounds it.")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", help="Another name this server answers to (repeatable; e.g. the "
+                               "name a proxy forwards). Requests whose Host header is not the "
+                               "--host address, localhost, a loopback address or one of these "
+                               "get 421 (refuses DNS rebinding).")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Serve web pages, a JSON API (/api/v1) and the Hugging Face Hub download API, read-only.
@@ -118,6 +123,12 @@ def serve(
         from registry.web.hubrefs import HubPolicy
 
         check_name(hub_namespace, "--hub-namespace")
+        from registry.web.security import allowed_hosts
+
+        try:
+            hosts = allowed_hosts(host, allowed_host or ())
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         reg = Registry(store, db)
         policy = HubPolicy(reg.store, namespace=hub_namespace, allow_failing=allow_failing,
                            trust=trust)
@@ -128,7 +139,7 @@ def serve(
 
             source = MirrorSource(reg.store, mirror_cache, on_store_bytes=stats.from_store)
         web = create_app(reg, token=token, hub_policy=policy, hub_source=source,
-                         hub_stats=stats)
+                         hub_stats=stats, hosts=hosts)
         config = uvicorn.Config(web, host=host, port=port, log_level="warning",
                                 access_log=False, server_header=False)
         server = uvicorn.Server(config)
@@ -146,7 +157,8 @@ def serve(
     url = f"http://{shown}:{bound}/"
     if as_json:
         print_json({"url": url, "store": reg.store.url, "index": repr(reg.index),
-                    "api": f"{url}api/v1", "docs": f"{url}api/v1/docs"})
+                    "api": f"{url}api/v1", "docs": f"{url}api/v1/docs",
+                    "allowed_hosts": sorted(hosts)})
     else:
         typer.echo(f"serving {reg.store.url} and {reg.index} read-only at {url} "
                    "(API: /api/v1, docs: /api/v1/docs); Ctrl-C stops")

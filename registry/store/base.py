@@ -29,7 +29,8 @@ from typing import IO, Any
 
 import fsspec
 
-from registry.errors import ObjectNotFoundError, StorageError
+from registry import limits
+from registry.errors import DocumentError, ObjectNotFoundError, StorageError
 from registry.store.translate import translated
 
 #: bytes read per call when streaming a file (large enough to amortize calls,
@@ -212,10 +213,22 @@ class Store(ABC):
 
     # -- derived ---------------------------------------------------------------
 
-    def read_bytes(self, key: str) -> bytes:
-        """The whole content of a small object. Raises ObjectNotFoundError."""
+    def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
+        """The whole content of a small object, at most ``limit`` bytes
+        (default :data:`registry.limits.MAX_READ_BYTES`): a store writer
+        cannot make a reader hold more than that in memory.
+
+        Raises:
+            ObjectNotFoundError: no such object.
+            DocumentError: the object is longer than ``limit`` (nothing more is read).
+        """
+        cap = limits.MAX_READ_BYTES if limit is None else limit
         with self.open_read(key) as f:
-            return f.read()
+            data = f.read(cap + 1)
+        if len(data) > cap:
+            raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
+                                                  "a document read whole (registry.limits)")
+        return data
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """Replace ``key`` with ``data`` (durable on return).

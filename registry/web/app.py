@@ -16,6 +16,7 @@ import base64
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from functools import cache
 from typing import Any
 from urllib.parse import unquote
 
@@ -27,15 +28,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry.api import Registry
 from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
+from registry.resources import resource_dir
 from registry.web import api, hub, pages
 from registry.web.cache import ReleaseFiles
 from registry.web.hub import HubStats
 from registry.web.hubfiles import Source, StoreSource
 from registry.web.hubrefs import HubPolicy
 from registry.web.render import render
+from registry.web.security import SECURITY_HEADERS, allowed_hosts, refuse_host
 
 #: exit code of the CLI -> HTTP status of the same error
-HTTP_STATUS = {1: 500, 2: 400, 3: 404, 4: 409, 5: 500, 6: 502, 7: 500, 8: 503, 9: 503}
+#: (a bad document can only come from the store here: 502, the upstream is bad)
+HTTP_STATUS = {1: 500, 2: 400, 3: 404, 4: 409, 5: 502, 6: 502, 7: 502, 8: 503, 9: 503}
 #: what each exit code means (docs/errors.md)
 EXIT_MEANING = {1: "a check said no", 2: "bad arguments or names", 3: "not found",
                 4: "conflict", 5: "invalid document", 6: "storage", 7: "checkpoint",
@@ -87,7 +91,8 @@ def _authorized(header: str, token: str) -> bool:
 
 def create_app(registry: Registry, *, token: str | None = None,
                hub_policy: HubPolicy | None = None, hub_source: Source | None = None,
-               hub_stats: HubStats | None = None) -> FastAPI:
+               hub_stats: HubStats | None = None,
+               hosts: frozenset[str] | None = None) -> FastAPI:
     """The web application over ``registry``.
 
     Args:
@@ -102,6 +107,9 @@ def create_app(registry: Registry, *, token: str | None = None,
         hub_source: where the Hub API's verified bytes come from (default:
             straight from the store, registry.web.hubfiles.StoreSource).
         hub_stats: the counters ``hub_source`` reports store reads to.
+        hosts: the ``Host`` names answered (:func:`registry.web.security.allowed_hosts`);
+            None: those of a loopback server (``localhost``, 127.0.0.1, ::1).
+            Any other Host gets 421 (DNS rebinding), no Host 400.
 
     Raises:
         IndexDatabaseError, IndexOutOfDateError: the index cannot be opened.
@@ -110,7 +118,8 @@ def create_app(registry: Registry, *, token: str | None = None,
     app = FastAPI(title="model-registry", version="1",
                   description="Read-only view of a model registry: the documents of the "
                               "CLI's `--json` output.",
-                  docs_url="/api/v1/docs", redoc_url=None, openapi_url="/api/v1/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json")
+    allowed = hosts if hosts is not None else allowed_hosts("127.0.0.1")
     app.state.registry = registry
     app.state.release_files = ReleaseFiles(registry.store)
     app.state.hub = hub_policy or HubPolicy(registry.store)
@@ -122,13 +131,17 @@ def create_app(registry: Registry, *, token: str | None = None,
     async def guard(request: Request,
                     call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         t0 = time.perf_counter()
+        refused = refuse_host(request.headers.get("host"), allowed)
+        if refused is not None:
+            return _secured(_error(request, refused[0], "MisdirectedRequest", 2,
+                                   refused[1], None))
         if token is not None and not _authorized(request.headers.get("authorization", ""),
                                                  token):
             denied = _error(request, 401, "Unauthorized", 2,
                             "this registry needs a token: Authorization: Bearer <token>", None)
             denied.headers["X-Error-Message"] = "Invalid credentials in Authorization header"
             denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
-            return denied
+            return _secured(denied)
         why = _bad_path(request.scope.get("raw_path") or request.url.path.encode())
         if why:
             response = _error(request, 400, "InvalidNameError", 2,
@@ -136,7 +149,7 @@ def create_app(registry: Registry, *, token: str | None = None,
         else:
             response = await call_next(request)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.2f}"
-        return response
+        return _secured(response)
 
     @app.exception_handler(RegistryError)
     async def registry_error(request: Request, exc: RegistryError) -> Response:
@@ -163,10 +176,51 @@ def create_app(registry: Registry, *, token: str | None = None,
                           "(writes go through the CLI or the Python API)", None)
         return _error(request, exc.status_code, "HTTPError", 1, str(exc.detail), None)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # a bug, not a user error: one line, the security headers, no traceback shown
+        return _secured(_error(request, 500, "InternalError", 1,
+                               f"{type(exc).__name__}: the server could not answer this "
+                               "request (its log has the details)", None))
+
+    @app.get("/api/v1/docs", include_in_schema=False, response_class=HTMLResponse)
+    def docs(request: Request) -> HTMLResponse:
+        return HTMLResponse(render("api.html", title="API", endpoints=_endpoints(app.openapi())))
+
+    @app.get("/static/registry.css", include_in_schema=False)
+    def css() -> Response:
+        return Response(_stylesheet(), media_type="text/css",
+                        headers={"Cache-Control": "max-age=3600"})
+
     app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
     return app
+
+
+@cache
+def _stylesheet() -> bytes:
+    return (resource_dir("templates") / "web" / "registry.css").read_bytes()
+
+
+def _endpoints(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The API reference page's rows, from the app's own OpenAPI document
+    (rendered here, from the installed package: no script, nothing fetched
+    from elsewhere)."""
+    rows = []
+    for path, methods in spec.get("paths", {}).items():
+        for method, op in methods.items():
+            params = [{"name": p["name"], "in": p["in"], "required": p.get("required", False),
+                       "description": p.get("description", "")}
+                      for p in op.get("parameters", [])]
+            rows.append({"method": method.upper(), "path": path,
+                         "summary": op.get("summary", ""), "params": params})
+    return rows
+
+
+def _secured(response: Response) -> Response:
+    response.headers.update(SECURITY_HEADERS)
+    return response
 
 
 def _error(request: Request, status: int, cls: str, code: int, message: str,

@@ -71,18 +71,22 @@ class ReleaseFiles:
         self._texts: DigestCache[str] = DigestCache(max_bytes)
         self._derived: DigestCache[object] = DigestCache(max_bytes)
 
-    def text(self, key: str, sha256: str) -> tuple[str, bool]:
+    def text(self, key: str, sha256: str, *, limit: int | None = None) -> tuple[str, bool]:
         """The UTF-8 text (undecodable bytes replaced) of store ``key``, whose
         content the index says hashes to ``sha256``, and whether it does (only
         then is it cached, and may :meth:`derived` be asked about it).
 
+        Args:
+            limit: read at most this many bytes (the size the manifest lists).
+
         Raises:
             ObjectNotFoundError, StorageError: the store read failed.
+            DocumentError: the object is longer than ``limit``.
         """
         read: list[str] = []
 
         def make() -> tuple[str, int] | None:
-            data = self.store.read_bytes(key)
+            data = self.store.read_bytes(key, limit=limit)
             read.append(data.decode("utf-8", "replace"))
             if hashlib.sha256(data).hexdigest() != sha256:
                 return None

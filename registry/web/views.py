@@ -14,17 +14,19 @@ revocations, policies, LATEST) is read on every request.
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from registry import schemas
+from registry import limits, schemas
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree
 from registry.errors import InvalidNameError, NotCommittedError, PointerError, RegistryError
 from registry.index import browse
 from registry.layout import REVOCATIONS, release_prefix, run_root
+from registry.ledger import revocation_of
 from registry.names import check_name
 from registry.store import join
 from registry.web.cache import ReleaseFiles
@@ -35,7 +37,19 @@ PAGE_SIZE = 50
 #: the newest checkpoints of a run whose trainer state is read for the loss chart
 RUN_CHART_STEPS = 100
 #: documents larger than this (bytes) are not rendered inline
-MAX_DOCUMENT = 1 << 20
+MAX_DOCUMENT = limits.MAX_RENDERED_BYTES
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, None for anything else (a loss of 400
+    digits, a string, ``1e999``): a store document cannot break a chart."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def index_view(reg: Registry) -> dict[str, Any]:
@@ -138,7 +152,9 @@ def version_view(reg: Registry, model_id: str, ref: str,
         f = entries.get(path)
         if f is None or f["bytes"] > MAX_DOCUMENT:
             return None
-        return files.text(join(prefix, path), f["sha256"])
+        # the manifest's size bounds the read: a store writer's 256 MiB card
+        # behind an index that says 862 B is refused, not rendered
+        return files.text(join(prefix, path), f["sha256"], limit=f["bytes"])
 
     card = None
     got = read("MODEL_CARD.md")
@@ -218,8 +234,7 @@ def source_view(reg: Registry, source_id: str, *, before: str | None = None,
             check_name(v, "version")
     revocation = None
     try:
-        key = join(REVOCATIONS, f"{source_id}.json")
-        revocation = schemas.load_json(reg.store.read_bytes(key), path=key)
+        revocation = revocation_of(reg.store, source_id)
     except FileNotFoundError:
         pass
     got = reg.index.read(lambda s: browse.source_page(s, source_id, size=PAGE_SIZE,
@@ -267,13 +282,14 @@ def run_view(reg: Registry, run_id: str) -> dict[str, Any]:
     charted = steps[-RUN_CHART_STEPS:]
 
     def loss(step: int) -> float | None:
+        key = join(tree.prefix(step), "trainer_state.json")
         try:
-            key = join(tree.prefix(step), "trainer_state.json")
-            state = schemas.load_json(reg.store.read_bytes(key), path=key)
-        except (FileNotFoundError, ValueError, RegistryError):
+            state = schemas.load_json(reg.store.read_bytes(key, limit=limits.MAX_JSON_BYTES),
+                                      path=reg.store.url_of(key))
+        except (FileNotFoundError, RegistryError):
             return None
         value = state.get("loss") if isinstance(state, dict) else None
-        return float(value) if isinstance(value, (int, float)) else None
+        return finite(value)
 
     with ThreadPoolExecutor(max_workers=8) as pool:  # one small GET each on S3
         losses = list(pool.map(loss, [c["step"] for c in charted]))

@@ -1,0 +1,42 @@
+"""Every size and count limit on what the registry reads from a store, in one place.
+
+A store writer (full bucket rights, no signing key) controls every byte the
+registry reads; these bounds keep what one hostile document can cost in memory
+and time proportional to a cap, not to what the writer chose. A document over
+its limit is refused with one line naming the file and the limit (never parsed
+in part, never a traceback). Sizes are in bytes.
+
+Where a real document could legitimately exceed a cap (a model with millions
+of tensors), the limit is an environment variable's default; the variable is
+named beside it.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _env_bytes(name: str, default: int) -> int:
+    """``$name`` as a positive integer, else ``default`` (a bad value is
+    ignored rather than crashing every import)."""
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+
+
+#: DCP ``.metadata`` (one pickle for the whole checkpoint; grows with tensors x shards).
+MAX_DCP_METADATA_BYTES = _env_bytes("REGISTRY_MAX_DCP_METADATA_BYTES", 256 << 20)
+
+#: any one small object read whole (``Store.read_bytes``): documents, pointers, signatures
+MAX_READ_BYTES = _env_bytes("REGISTRY_MAX_READ_BYTES", 256 << 20)
+#: MANIFEST.json (about 150 bytes a file: ~100,000 files, or fewer with piece hashes)
+MAX_MANIFEST_BYTES = _env_bytes("REGISTRY_MAX_MANIFEST_BYTES", 16 << 20)
+#: files listed in one MANIFEST.json
+MAX_MANIFEST_FILES = _env_bytes("REGISTRY_MAX_MANIFEST_FILES", 200_000)
+#: any JSON document of the registry's own formats read from a store (trainer state,
+#: config, ledger, eval summary, heads, revocations, policies, pull records)
+MAX_JSON_BYTES = _env_bytes("REGISTRY_MAX_JSON_BYTES", 16 << 20)
+#: a document rendered into a web page (model card, ledger.json, a head): at most
+#: the size the manifest lists and never more than this
+MAX_RENDERED_BYTES = _env_bytes("REGISTRY_MAX_RENDERED_BYTES", 1 << 20)
+#: a pull record or stamp of the serving-host cache
+MAX_RECORD_BYTES = _env_bytes("REGISTRY_MAX_RECORD_BYTES", 16 << 20)
