@@ -20,7 +20,8 @@ alone validates at the signing certificate's ``notBefore`` (it has no
 timestamp of the signing), which would accept a certificate long expired, so
 an expired or not-yet-valid certificate anywhere in the chain is refused here
 (see docs/decisions.md). Signing certificates need the usage the library
-requires: KeyUsage ``digitalSignature`` or ExtendedKeyUsage ``codeSigning``.
+requires ExtendedKeyUsage ``codeSigning`` (or an EKU the operator names;
+:mod:`registry.cert_trust`, which also says how revocation identifies a certificate).
 
 Needs the ``[signing]`` extra (``cryptography``, ``pyOpenSSL``).
 """
@@ -61,8 +62,11 @@ class Certificate:
 
     Attributes:
         path: the file it came from (or ``model.sig`` for a bundled one).
-        pem: its PEM encoding; ``fingerprint``: sha256 hex of its DER;
+        pem: its PEM encoding; ``fingerprint``: sha256 hex of its DER (a
+            label: re-encoding changes it, so it never identifies a revocation);
         subject, issuer: RFC 4514 strings.
+        serial: the serial number, lower-case hex (with ``issuer``: its identity).
+        key_fingerprint: the fingerprint of its public key.
     """
 
     path: str
@@ -70,6 +74,8 @@ class Certificate:
     fingerprint: str
     subject: str
     issuer: str
+    serial: str = ""
+    key_fingerprint: str = ""
 
     @property
     def name(self) -> str:
@@ -82,7 +88,9 @@ def describe(cert: Any, path: str) -> Certificate:
 
     der = cert.public_bytes(Encoding.DER)
     return Certificate(path, cert.public_bytes(Encoding.PEM), hashlib.sha256(der).hexdigest(),
-                       cert.subject.rfc4514_string(), cert.issuer.rfc4514_string())
+                       cert.subject.rfc4514_string(), cert.issuer.rfc4514_string(),
+                       format(cert.serial_number, "x"),
+                       fingerprint_of(public_pem(cert.public_key())))
 
 
 def _read_certs(path: str | os.PathLike[str], what: str) -> list[Any]:
@@ -141,23 +149,6 @@ def check_current(cert: Any, where: str, *, now: dt.datetime | None = None) -> N
                                    f"{cert.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ}")
 
 
-def can_sign(cert: Any) -> bool:
-    """The library's rule: KeyUsage digitalSignature, or ExtendedKeyUsage codeSigning."""
-    x509 = _x509()
-    from cryptography.x509.oid import ExtendedKeyUsageOID
-
-    try:
-        if cert.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature:
-            return True
-    except x509.ExtensionNotFound:
-        pass
-    try:
-        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        return ExtendedKeyUsageOID.CODE_SIGNING in eku
-    except x509.ExtensionNotFound:
-        return False
-
-
 @dataclass(frozen=True, slots=True)
 class CertSigner:
     """A checked signing certificate: the files the library's signer reads,
@@ -200,9 +191,11 @@ def check_signing_certificate(key_path: str | os.PathLike[str],
         raise DocumentError(where, f"is not the certificate of {os.fspath(key_path)} (its "
                                    "public key differs from the signing key's)")
     check_current(leaf, where)
-    if not can_sign(leaf):
-        raise DocumentError(where, "cannot sign: needs KeyUsage digitalSignature or "
-                                   "ExtendedKeyUsage codeSigning (what model_signing requires)")
+    from registry.cert_trust import signing_usage_error
+
+    why = signing_usage_error(leaf)
+    if why is not None:
+        raise DocumentError(where, f"cannot sign: {why}")
     chain: list[tuple[Any, str]] = []
     for p in chain_paths:
         for c in _read_certs(p, "certificate chain"):

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry import certs
+from registry import cert_trust, certs
 from registry.errors import IntegrityError, SignatureError
 from registry.keys import PublicKey, check_private_key, require_signing, unavailable
 from registry.manifest import MANIFEST, FileEntry, Manifest
@@ -233,12 +233,11 @@ def _certificate_claims(data: bytes, trust: Trust, where: str
                                     f"({type(e).__name__}: {e})") from None
     leaf = chain[0]
     what = f"certificate {leaf.subject!r} ({leaf.fingerprint})"
-    named = [(leaf.fingerprint, what), (certs.key_fingerprint(leaf.pem), f"the key of {what}")]
-    named += [(c.fingerprint, f"CA {c.subject!r}") for c in chain[1:]]
-    for fp, name in named:
-        if fp in trust.revoked:
-            raise SignatureError(where, f"signed by revoked {name}: {trust.revoked[fp]}",
-                                 fingerprint=leaf.fingerprint)
+    if len(ders) > cert_trust.MAX_CHAIN:
+        raise SignatureError(where, f"the signature bundle's chain holds {len(ders)} "
+                                    f"certificates (at most {cert_trust.MAX_CHAIN})",
+                             fingerprint=leaf.fingerprint)
+    _refuse_revoked(ders, trust, where)
     if not trust.cas:
         raise SignatureError(where, f"signed with {what}, but this host trusts no CA (give "
                                     f"--trusted-ca; it trusts {trust.describe()})",
@@ -249,11 +248,36 @@ def _certificate_claims(data: bytes, trust: Trust, where: str
         raise SignatureError(where, f"{what} does not chain to a CA this host trusts, now: "
                                     f"{e} (this host trusts {trust.describe()})",
                              fingerprint=leaf.fingerprint) from None
-    if anchor.fingerprint in trust.revoked:
-        raise SignatureError(where, f"signed under revoked CA {anchor.subject!r}: "
-                                    f"{trust.revoked[anchor.fingerprint]}",
+    from cryptography import x509
+
+    why = cert_trust.signing_usage_error(x509.load_der_x509_certificate(ders[0]))
+    if why is not None:
+        raise SignatureError(where, f"{what} may not sign models: {why}",
                              fingerprint=leaf.fingerprint)
     return leaf, anchor
+
+
+def _refuse_revoked(ders: list[bytes], trust: Trust, where: str) -> None:
+    """Refuse a bundle when any certificate on any path from its signing
+    certificate to a trusted CA -- through the bundle's chain or the host's
+    CAs -- is revoked, by issuer + serial or by its key (never by DER hash
+    alone: :mod:`registry.cert_trust`).
+
+    Raises:
+        SignatureError: names the revoked certificate and the reason.
+    """
+    from cryptography import x509
+
+    objs = [x509.load_der_x509_certificate(d) for d in ders]
+    pool = objs[1:] + [x509.load_pem_x509_certificate(c.pem) for c in trust.cas]
+    for c in cert_trust.path_certificates(objs[0], pool):
+        info = certs.describe(c, "")
+        why = cert_trust.revoked_reason(c, trust.revoked, trust.revoked_ids, info.fingerprint)
+        if why is not None:
+            name = (f"certificate {info.subject!r}" if c is objs[0]
+                    else f"CA {info.subject!r} (issuer {info.issuer!r}, serial {info.serial})")
+            raise SignatureError(where, f"signed by revoked {name}: {why}",
+                                 fingerprint=certs.describe(objs[0], "").fingerprint)
 
 
 def _verify_certificate(signature: Any, leaf: certs.Certificate, anchor: certs.Certificate,

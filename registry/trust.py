@@ -40,13 +40,18 @@ class Trust:
 
     Attributes:
         keys: trusted public keys (current and retired), unique by fingerprint.
-        revoked: fingerprint -> reason, for keys and certificates this host refuses.
+        revoked: key fingerprint -> reason, for keys this host refuses (a
+            revoked certificate's key is here too; older files may also list
+            certificates by the sha256 of their DER).
         cas: trusted CA certificates, for releases signed with a certificate.
+        revoked_ids: ``(issuer, serial hex)`` -> reason, for revoked
+            certificates (:mod:`registry.cert_trust`).
     """
 
     keys: tuple[PublicKey, ...]
     revoked: Mapping[str, str] = field(default_factory=dict)
     cas: tuple[Certificate, ...] = ()
+    revoked_ids: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, anchors: Iterable[PublicKey | Certificate]) -> Trust:
@@ -62,14 +67,14 @@ class Trust:
 
 
 def _folder(folder: str | os.PathLike[str] | None, suffixes: tuple[str, ...],
-            what: str) -> tuple[list[Path], dict[str, str]]:
+            what: str) -> tuple[list[Path], dict[str, str], dict[tuple[str, str], str]]:
     if folder is None or not str(folder):
-        return [], {}
+        return [], {}, {}
     root = Path(folder)
     if not root.is_dir():
         raise UsageError(f"{root}: {what} is not a directory")
     files = sorted(p for p in root.iterdir() if p.suffix in suffixes and p.is_file())
-    return files, read_revoked(root)
+    return files, read_revoked(root), read_revoked_ids(root)
 
 
 def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
@@ -84,10 +89,10 @@ def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
         DocumentError: a key or certificate file, or ``revoked.json``, is malformed.
     """
     keys: dict[str, PublicKey] = {}
-    paths, revoked = _folder(folder, (".pem", ".pub"),
-                             "trusted keys folder (REGISTRY_TRUSTED_KEYS)")
-    ca_paths, ca_revoked = _folder(ca_folder, (".pem", ".crt"),
-                                   "trusted CAs folder (REGISTRY_TRUSTED_CAS)")
+    paths, revoked, ids = _folder(folder, (".pem", ".pub"),
+                                  "trusted keys folder (REGISTRY_TRUSTED_KEYS)")
+    ca_paths, ca_revoked, ca_ids = _folder(ca_folder, (".pem", ".crt"),
+                                           "trusted CAs folder (REGISTRY_TRUSTED_CAS)")
     for p in [Path(p) for p in key_files] + paths:
         k = load_public_key(p)
         keys.setdefault(k.fingerprint, k)
@@ -100,7 +105,8 @@ def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
     if not keys and not cas:
         raise UsageError("no trusted key: give --trusted-key PUB.pem, --trusted-ca CA.pem, or a "
                          "folder of them (REGISTRY_TRUSTED_KEYS, REGISTRY_TRUSTED_CAS)")
-    return Trust(tuple(keys.values()), {**ca_revoked, **revoked}, tuple(cas.values()))
+    return Trust(tuple(keys.values()), {**ca_revoked, **revoked}, tuple(cas.values()),
+                 {**ca_ids, **ids})
 
 
 def read_revoked(folder: str | os.PathLike[str]) -> dict[str, str]:
@@ -119,8 +125,33 @@ def read_revoked(folder: str | os.PathLike[str]) -> dict[str, str]:
     try:
         doc = json.loads(data)
         return {str(fp): str(v["reason"]) for fp, v in doc.items()}
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise DocumentError(str(path), 'expected {"<fingerprint>": {"reason": "..."}}') from None
+
+
+def read_revoked_ids(folder: str | os.PathLike[str]) -> dict[tuple[str, str], str]:
+    """The revoked certificates of ``revoked.json`` by identity:
+    ``(issuer, serial hex)`` -> reason ({} when absent).
+
+    Raises:
+        DocumentError: as :func:`read_revoked`; a ``certificate`` entry without
+            string ``issuer`` and ``serial``.
+    """
+    path = Path(folder) / REVOKED
+    read_revoked(folder)
+    if not path.exists():
+        return {}
+    out = {}
+    for v in json.loads(path.read_bytes()).values():
+        cert = v.get("certificate")
+        if cert is None:
+            continue
+        if not isinstance(cert, dict) or not all(isinstance(cert.get(k), str)
+                                                 for k in ("issuer", "serial")):
+            raise DocumentError(str(path), 'a "certificate" entry needs string "issuer" '
+                                           'and "serial"')
+        out[(cert["issuer"], cert["serial"].lower())] = str(v["reason"])
+    return out
 
 
 def revoke(folder: str | os.PathLike[str], key: PublicKey | Certificate,
@@ -143,9 +174,15 @@ def revoke(folder: str | os.PathLike[str], key: PublicKey | Certificate,
     except ValueError:
         raise DocumentError(str(path), "not JSON") from None
     read_revoked(root)
-    entry = {"reason": reason, "revoked_at": utc_now(), "key": key.name}
-    doc[key.fingerprint] = entry
+    entry: dict[str, Any] = {"reason": reason, "revoked_at": utc_now(), "key": key.name}
+    fingerprint = key.fingerprint
+    if not isinstance(key, PublicKey):
+        # by identity and by key, never by the DER's hash (registry.cert_trust)
+        fingerprint = key.key_fingerprint
+        entry["certificate"] = {"issuer": key.issuer, "serial": key.serial,
+                                "subject": key.subject, "sha256": key.fingerprint}
+    doc[fingerprint] = entry
     tmp = root / f".{REVOKED}.{os.getpid()}.tmp"
     tmp.write_text(numbers.dumps(doc, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-    return {"fingerprint": key.fingerprint, **entry}
+    return {"fingerprint": fingerprint, **entry}

@@ -36,6 +36,20 @@ def _missing() -> str | None:
     return None
 
 
+def _chrome(*flags: str) -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a browser
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM  # type: ignore[assignment]
+    for flag in (*CHROMIUM_FLAGS, *flags):
+        opts.add_argument(flag)
+    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    d.set_page_load_timeout(60)
+    return d
+
+
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
     why = _missing()
@@ -43,16 +57,7 @@ def driver() -> Iterator[Any]:
         if os.environ.get("REGISTRY_REQUIRE_BROWSER") == "1":
             pytest.fail(f"REGISTRY_REQUIRE_BROWSER=1 but {why}")
         pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a browser
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM  # type: ignore[assignment]
-    for flag in CHROMIUM_FLAGS:
-        opts.add_argument(flag)
-    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
-    d.set_page_load_timeout(60)
+    d = _chrome()
     yield d
     d.quit()
 
@@ -157,8 +162,8 @@ def test_link_checker_walks_every_link_from_the_index(driver: Any,
             continue
         seen.add(url)
         assert status_of(url) == 200, url
-        if urlsplit(url).path.startswith("/api/"):
-            continue  # JSON, or the OpenAPI page (its script comes from a CDN)
+        if urlsplit(url).path.startswith("/api/") and not url.endswith("/docs"):
+            continue  # JSON
         driver.get(url)
         for href in driver.execute_script("return Array.from(document.links, a => a.href)"):
             href = href.split("#")[0]
@@ -188,3 +193,69 @@ def test_a_revocation_done_with_the_cli_shows_on_reload(driver: Any,
     assert "tiny 3 3 2 prod" in text  # the newest passing version is now 2
     text = visit(driver, base, "/sources/news")
     assert "Data source news REVOKED" in text and "scraped without consent" in text
+
+
+# -- a web page in the operator's browser is the attacker (issue 30, item 3) ----------------
+
+
+def test_the_csp_blocks_injected_script_and_the_stylesheet_applies(
+        driver: Any, site: tuple[str, str, str]) -> None:
+    base = site[0]
+    visit(driver, base, "/models/tiny/1")
+    header = driver.find_element("tag name", "header")
+    assert header.value_of_css_property("background-color") == "rgba(27, 31, 36, 1)"
+    # markup that reached the DOM (as a stored XSS would) cannot run inline script
+    driver.execute_script("""
+        const s = document.createElement('script');
+        s.textContent = 'window.__injected = 1';
+        document.body.appendChild(s);
+        const i = document.createElement('img');
+        i.setAttribute('src', 'x'); i.setAttribute('onerror', 'window.__onerror = 1');
+        document.body.appendChild(i);""")
+    assert driver.execute_script("return [window.__injected, window.__onerror]") == [None, None]
+    visit(driver, base, "/api/v1/docs")
+    assert "/api/v1/models/{model_id}/releases" in driver.find_element("tag name", "body").text
+    assert driver.execute_script("return document.scripts.length") == 0
+
+
+def test_the_server_cannot_be_framed(driver: Any, site: tuple[str, str, str],
+                                     tmp_path: Path) -> None:
+    base = site[0]
+    page = tmp_path / "framer.html"
+    page.write_text(f'<iframe id="f" src="{base}/models/tiny" width="800" height="600">'
+                    "</iframe>")
+    driver.get(page.as_uri())
+    import time
+
+    time.sleep(1)
+    frame = driver.find_element("id", "f")
+    driver.switch_to.frame(frame)
+    try:
+        text = driver.find_element("tag name", "body").text
+    finally:
+        driver.switch_to.default_content()
+    assert "tiny" not in text  # frame-ancestors 'none': Chromium shows its own error page
+
+
+def test_dns_rebinding_is_refused_in_a_real_browser(site: tuple[str, str, str]) -> None:
+    """evil.example resolves to the server's loopback address (as after a DNS
+    rebinding): the browser sends ``Host: evil.example:PORT`` and gets 421,
+    not the registry; the server's own name still works."""
+    if _missing():
+        pytest.skip(str(_missing()))
+    base = site[0]
+    port = urlsplit(base).port
+    d = _chrome("--host-resolver-rules=MAP evil.example 127.0.0.1")
+    try:
+        d.get(f"http://evil.example:{port}/models/tiny")
+        body = d.find_element("tag name", "body").text
+        assert "421" in body and "MisdirectedRequest" in body, body
+        assert "Versions" not in body and "prod" not in body
+        d.get(f"http://evil.example:{port}/api/v1/models")
+        body = d.find_element("tag name", "body").text
+        assert "MisdirectedRequest" in body and '"tiny"' not in body, body
+        d.get(f"http://localhost:{port}/models/tiny")
+        assert "421" not in d.find_element("tag name", "body").text
+        assert "tiny" in d.title
+    finally:
+        d.quit()

@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from registry import numbers
+from registry.cli.output import echo
 from registry.store import Store
 
 
@@ -103,7 +104,7 @@ def _print_version(value: bool) -> None:
     if value:
         from registry import __version__
 
-        typer.echo(f"registry {__version__}")
+        echo(f"registry {__version__}")
         raise typer.Exit()
 
 
@@ -154,4 +155,4 @@ def nothing_stored(store: Store, key: str) -> bool:
 
 
 def print_json(doc: Any) -> None:
-    typer.echo(numbers.dumps(doc, indent=2, sort_keys=True, default=str))
+    echo(numbers.dumps(doc, indent=2, sort_keys=True, default=str), lines=True)

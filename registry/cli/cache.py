@@ -9,6 +9,7 @@ import typer
 from registry.numbers import INT_MAX
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
+from registry.cli.output import echo
 from registry.gc import parse_duration
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_table import human, table
@@ -35,10 +36,10 @@ def ls(cache: CacheOpt = None, as_json: JsonOpt = False) -> None:
         print_json(report.to_dict())
         return
     if not report.versions and not report.blobs:
-        typer.echo(f"no release in the cache {report.cache}", err=True)
+        echo(f"no release in the cache {report.cache}", err=True)
         return
     for line in table(report):
-        typer.echo(line)
+        echo(line)
 
 
 @cache_app.command("prune")
@@ -77,18 +78,18 @@ def prune(
         removed, forgot = ("would remove", "would forget") if dry_run else ("removed", "forgot")
         extra = "".join([*(f"; {removed} {d}" for d in p.removed_dirs),
                          *(f"; {forgot} {d} (kept on disk)" for d in p.forgotten_dirs)])
-        typer.echo(f"{verb} {p.model_id}@{p.version} (last pulled {p.last_pulled}, "
+        echo(f"{verb} {p.model_id}@{p.version} (last pulled {p.last_pulled}, "
                    f"{', '.join(p.reasons)}){extra}")
     for s in report.skipped_in_use:
-        typer.echo(f"kept {s}: a pull of it is in progress")
+        echo(f"kept {s}: a pull of it is in progress")
     if not report.pruned and not report.blobs_removed:
-        typer.echo(f"nothing to prune in {report.cache}", err=True)
+        echo(f"nothing to prune in {report.cache}", err=True)
     else:
-        typer.echo(f"{'would free' if dry_run else 'freed'} {human(report.bytes_freed)} "
+        echo(f"{'would free' if dry_run else 'freed'} {human(report.bytes_freed)} "
                    f"({report.blobs_removed} blobs): {human(report.size_before)} -> "
                    f"{human(report.size_after)}")
     if report.max_size_met is False:
-        typer.echo(f"warning: still over --max-size {max_size}: what is left is kept by "
+        echo(f"warning: still over --max-size {max_size}: what is left is kept by "
                    "--keep-last or being pulled", err=True)
 
 
@@ -110,10 +111,10 @@ def verify(
         for b in report.bad:
             used = ", ".join(b.used_by) or "no cached release"
             action = "removed" if b.removed else "kept for now (a pull in progress uses it)"
-            typer.echo(f"BAD blobs/sha256/{b.sha256}: {b.size} bytes hash to "
+            echo(f"BAD blobs/sha256/{b.sha256}: {b.size} bytes hash to "
                        f"{b.actual_sha256 or 'unreadable'} (used by {used}); {action}")
         if report.ok:
-            typer.echo(f"OK {report.cache}: {report.blobs} blobs, {report.bytes} bytes, "
+            echo(f"OK {report.cache}: {report.blobs} blobs, {report.bytes} bytes, "
                        f"sha256 verified, {report.seconds:.2f} s")
     if not report.ok:
         fail(f"{report.cache}: {len(report.bad)} blobs did not verify "

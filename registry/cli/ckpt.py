@@ -13,6 +13,7 @@ from registry.checkpoint.loongsage import adopt
 from registry.checkpoint.lease import describe as describe_holder
 from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
+from registry.cli.output import echo
 from registry.errors import (
     NoValidCheckpointError,
     NotCommittedError,
@@ -123,11 +124,11 @@ def ckpt_ls(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
         print_json(doc)
         return
     if not doc["steps"]:
-        typer.echo(f"{doc['tree']}: no step directories", err=True)
+        echo(f"{doc['tree']}: no step directories", err=True)
         return
-    typer.echo(f"{'step':>10}  {'committed':9}  {'verified':8}  {'bytes':>14}  latest")
+    echo(f"{'step':>10}  {'committed':9}  {'verified':8}  {'bytes':>14}  latest")
     for d in doc["steps"]:
-        typer.echo(f"{d['step']:>10}  {'yes' if d['committed'] else 'no':9}  "
+        echo(f"{d['step']:>10}  {'yes' if d['committed'] else 'no':9}  "
                    f"{'yes' if d['verified'] else 'no':8}  {d['bytes'] or 0:>14}  "
                    f"{'*' if d['step'] == doc['latest'] else ''}")
 
@@ -149,7 +150,7 @@ def ckpt_latest(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
     if as_json:
         print_json(info.to_dict())
     else:
-        typer.echo(f"{tree.layout.step_dir(step)}\t{tree.store.url_of(info.prefix)}\t"
+        echo(f"{tree.layout.step_dir(step)}\t{tree.store.url_of(info.prefix)}\t"
                    f"{'verified' if info.report.ok else 'NOT COMMITTED'}")
     if not info.report.ok:
         fail(f"{tree.store.url_of(info.prefix)}: the pointer names a step that does not "
@@ -193,7 +194,7 @@ def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
             label = "OK  " if i.report.ok else ("SKIP" if ignored(i) else "FAIL")
             note = " (ignored by readers; removed by the next save or `ckpt gc`)" \
                 if ignored(i) else ""
-            typer.echo(f"{label} {tree.layout.step_dir(i.step)}"
+            echo(f"{label} {tree.layout.step_dir(i.step)}"
                        + (": " + "; ".join(map(str, problems)) if problems else "") + note)  # type: ignore[arg-type]
     checked = [i for i in infos if not ignored(i)]
     bad = [tree.layout.step_dir(i.step) for i in checked if not i.report.ok]
@@ -237,16 +238,16 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
         deleted = tree.retain(keep)
     spared = None if busy is None else describe_holder(busy)
     if spared:
-        typer.echo(f"{tree.store.url_of(tree.root)}: a writer is saving into this run "
+        echo(f"{tree.store.url_of(tree.root)}: a writer is saving into this run "
                    f"({spared}): its staging directories, claims and uncommitted steps, "
                    "and steps past the pointer, were left alone", err=True)
     if as_json:
         print_json({"deleted": [tree.store.url_of(k) for k in deleted], "live_writer": spared})
     else:
         for k in deleted:
-            typer.echo(f"deleted {tree.store.url_of(k)}")
+            echo(f"deleted {tree.store.url_of(k)}")
         if not deleted:
-            typer.echo(f"nothing to delete in {tree.store.url_of(tree.root)} (keeping the "
+            echo(f"nothing to delete in {tree.store.url_of(tree.root)} (keeping the "
                        f"{keep} newest committed steps and the pointer's)", err=True)
 
 
@@ -267,8 +268,8 @@ def ckpt_adopt(checkpoint_path: Annotated[str, typer.Argument(
     if as_json:
         print_json(result.to_dict())
     elif result.already:
-        typer.echo(f"{result.path}: already adopted (manifest verifies)")
+        echo(f"{result.path}: already adopted (manifest verifies)")
     else:
-        typer.echo(f"adopted {result.path}: {len(result.manifest.files)} files, "
+        echo(f"adopted {result.path}: {len(result.manifest.files)} files, "
                    f"{result.manifest.total_size} bytes, manifest sha256 "
                    f"{result.manifest.digest}")

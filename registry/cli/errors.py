@@ -24,6 +24,8 @@ import typer
 
 from registry import numbers
 from registry import errors as E
+from registry.cli.output import echo, shown
+from registry.redact import redact
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the check ran and the answer is "no" (verify, gate check)
@@ -91,10 +93,10 @@ def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
     """Report an outcome that is not a success and exit with ``code``: one
     ``error:`` line on stderr, or with ``--json`` one error document there."""
     if as_json:
-        typer.echo(numbers.dumps(error_document(cls, code, message, path, **extra),
+        echo(numbers.dumps(error_document(cls, code, message, path, **extra),
                               sort_keys=True, default=str), err=True)
     else:
-        typer.echo(f"error: {message}", err=True)
+        echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
@@ -106,7 +108,15 @@ def at_least(option: str, value: int | None, minimum: int) -> None:
 
 
 def _one_line(text: str, fallback: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else fallback
+    """A foreign error's first line (split at line feeds only: a ``\\r`` in a
+    file name must not cut the message short), control characters escaped."""
+    return shown(text.strip().split("\n")[0]) if text.strip() else fallback
+
+
+def _whole(text: str, fallback: str) -> str:
+    """A registry error's message: one line by construction, so a line break
+    in it comes from a value it quotes (a file name) and is shown escaped."""
+    return shown(text.strip()) if text.strip() else fallback
 
 
 def _os_message(exc: OSError) -> str:
@@ -143,8 +153,8 @@ def report_not_indexed(index_errors: list[str], *, store: str | None, db: str | 
     code is :data:`EXIT_NOT_INDEXED` (10)."""
     if not index_errors:
         return
-    fix = " ".join(["registry index rebuild", *(["--store", store] if store else []),
-                    *(["--db", db] if db else [])])
+    fix = redact(" ".join(["registry index rebuild", *(["--store", store] if store else []),
+                           *(["--db", db] if db else [])]))
     message = index_errors[0].replace("`registry index rebuild`", f"`{fix}`")
     if len(index_errors) > 1:
         message += f" (and {len(index_errors) - 1} more index writes failed)"
@@ -164,7 +174,7 @@ def error_boundary(as_json: bool = False) -> Iterator[None]:
         extra = {}
         if isinstance(exc, E.GateFailedError):
             extra["gates"] = [r.to_dict() for r in getattr(exc, "results", ())]
-        fail(_one_line(str(exc), type(exc).__name__), exit_code_for(exc), as_json=as_json,
+        fail(_whole(str(exc), type(exc).__name__), exit_code_for(exc), as_json=as_json,
              cls=type(exc).__name__, path=_path_of(exc), **extra)
     except OSError as exc:  # not a RegistryError: the host refused (EROFS, EACCES, ...)
         if debug_enabled():

@@ -11,6 +11,7 @@ import typer
 
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
+from registry.cli.output import echo, shown
 from registry.errors import RegistryError, UsageError
 from registry.release.failing import failing_aliases
 from registry.store import open_store
@@ -48,7 +49,7 @@ def db_upgrade(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json({"db": repr(index), "revision": head})
     else:
-        typer.echo(f"{index}: at revision {head}")
+        echo(f"{index}: at revision {head}")
 
 
 @index_app.command("rebuild")
@@ -66,8 +67,8 @@ def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = F
         print_json({**counts, **({"moved_aside": aside} if aside else {})})
         return
     if aside is not None:
-        typer.echo(f"moved the damaged index aside to {aside}")
-    typer.echo(", ".join(f"{v} {k}" for k, v in counts.items()))
+        echo(f"moved the damaged index aside to {aside}")
+    echo(", ".join(f"{v} {k}" for k, v in counts.items()))
 
 
 @ledger_app.command("revoke")
@@ -87,13 +88,13 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
                     "failing_aliases": [a.to_dict() for a in failing],
                     "aliases_unchecked": unchecked})
     else:
-        typer.echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
+        echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
                    + ("" if created else " (already revoked)"))
         for a in failing:
-            typer.echo(f"warning: alias {a.model_id}@{a.alias} -> {a.version} fails its "
+            echo(f"warning: alias {a.model_id}@{a.alias} -> {a.version} fails its "
                        f"gates now ({a.reason}); move it with `registry alias set`", err=True)
         if unchecked is not None:
-            typer.echo(f"warning: the aliases could not be checked: {unchecked}", err=True)
+            echo(f"warning: the aliases could not be checked: {unchecked}", err=True)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
@@ -107,9 +108,9 @@ def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
         print_json(revs)
     else:
         for r in revs:
-            typer.echo(f"{r['source_id']}\t{r['revoked_at']}\t{r['revocation_reason']}")
+            echo(f"{r['source_id']}\t{r['revoked_at']}\t{r['revocation_reason']}")
         if not revs:
-            typer.echo(f"no data source is revoked in {s.url}", err=True)
+            echo(f"no data source is revoked in {s.url}", err=True)
 
 
 @app.command()
@@ -139,15 +140,15 @@ def query(
         print_json(rows)
         return
     if not rows and source is not None:
-        typer.echo(f"no release in the index was trained on source {source}", err=True)
+        echo(f"no release in the index was trained on source {source}", err=True)
     elif not rows:
         extra = f" with {', '.join(require)}" if require else ""
-        typer.echo(f"no version of {model_id} passes its gates{extra} now", err=True)
+        echo(f"no version of {model_id} passes its gates{extra} now", err=True)
     for r in rows:
         if source is not None:
-            typer.echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['uri']}")
+            echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['uri']}")
         else:
-            typer.echo(f"{model_id}@{r['version']}\t{r['created_at']}\t{r['dtype']}\t"
+            echo(f"{model_id}@{r['version']}\t{r['created_at']}\t{r['dtype']}\t"
                        f"{r['manifest_sha256']}")
 
 
@@ -165,15 +166,15 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
     if as_json:
         print_json(doc)
         return
-    typer.echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
-    typer.echo(f"  manifest sha256 {doc['manifest_sha256']}, {doc['files']} files, "
+    echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
+    echo(f"  manifest sha256 {doc['manifest_sha256']}, {doc['files']} files, "
                f"{doc['bytes']} bytes, dtype {doc['dtype']}, created {doc['created_at']}")
     if doc.get("config_dtype"):
         typer.echo(f"  config.json dtype {doc['config_dtype']} (what engines load it as)")
     for w in doc.get("weights", []):
         names = ", ".join(w["tensors"][:6]) + (f" and {len(w['tensors']) - 6} more"
                                                 if len(w["tensors"]) > 6 else "")
-        typer.echo(f"  weights {w['stored']}: {len(w['tensors'])} tensors, "
+        echo(f"  weights {w['stored']}: {len(w['tensors'])} tensors, "
                    f"{w['parameters']} parameters ({names})")
     shards = doc.get("weight_files", [])
     if len(shards) > 1:
@@ -187,14 +188,14 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
         who = (f"certificate {sig['subject']!r} ({sig['fingerprint']}, issued by "
                f"{sig['issuer']!r})" if sig.get("kind") == "certificate"
                else f"key {sig['fingerprint']}")
-        typer.echo(f"  signed: {sig['path']} by {who} ({state})")
+        echo(f"  signed: {sig['path']} by {who} ({state})")
     for g in doc["gates"]:
-        typer.echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
+        echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
     for r in doc["evals"]["results"]:
-        typer.echo(f"  eval {r['task']}/{r['metric']} = {r['value']:g} (threshold "
+        echo(f"  eval {r['task']}/{r['metric']} = {r['value']:g} (threshold "
                    f"{r['threshold']:g}, n={r['n']})")
     for src in doc["sources"]:
-        typer.echo(f"  source {src['source_id']} ({src['license']})"
+        echo(f"  source {src['source_id']} ({src['license']})"
                    + (f" REVOKED: {src['revocation_reason']}" if src["revoked"] else ""))
 
 
@@ -212,14 +213,14 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = N
         print_json(rows)
         return
     if not rows:
-        typer.echo(f"no model in the index {reg.index}" if model_id is None
+        echo(f"no model in the index {reg.index}" if model_id is None
                    else f"{model_id} has no releases in the index {reg.index}", err=True)
     for r in rows:
         if model_id is None:
-            typer.echo(f"{r['model_id']}\t{r['releases']} releases\tnewest {r['newest']}\t"
+            echo(f"{r['model_id']}\t{r['releases']} releases\tnewest {r['newest']}\t"
                        f"newest passing {r['newest_passing']}")
         else:
-            typer.echo(f"{r['version']}\t{r['created_at']}\t{r['dtype']}\t{r['bytes']}\t"
+            echo(f"{r['version']}\t{r['created_at']}\t{r['dtype']}\t{r['bytes']}\t"
                        f"{'passing' if r['passing'] else 'FAILING'}\t{','.join(r['aliases'])}")
 
 
@@ -240,7 +241,7 @@ def diff(a: Annotated[str, typer.Argument(help="MODEL_ID@A")],
         return
     for key, mark in (("added", "+"), ("removed", "-"), ("changed", "~")):
         for path in doc[key]:
-            typer.echo(f"{mark} {path}")
+            echo(f"{mark} {shown(path)}")
     for e in doc["evals"]:
         delta = f"{e['delta']:+g}" if e["delta"] is not None else "n/a"
-        typer.echo(f"  eval {e['metric']}: {e['a']} -> {e['b']} ({delta})")
+        echo(f"  eval {e['metric']}: {e['a']} -> {e['b']} ({delta})")

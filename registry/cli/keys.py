@@ -10,6 +10,7 @@ import typer
 
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import error_boundary
+from registry.cli.output import echo
 
 if TYPE_CHECKING:
     from registry.certs import Certificate
@@ -36,7 +37,7 @@ def keys_generate(
     if as_json:
         print_json({"private_key": str(priv), "public_key": str(pub), "fingerprint": fp})
     else:
-        typer.echo(f"private key {priv} (mode 0600), public key {pub}, fingerprint {fp}")
+        echo(f"private key {priv} (mode 0600), public key {pub}, fingerprint {fp}")
 
 
 @keys_app.command("fingerprint")
@@ -52,7 +53,7 @@ def keys_fingerprint(
     if as_json:
         print_json({"public_key": public_key, "fingerprint": key.fingerprint})
     else:
-        typer.echo(key.fingerprint)
+        echo(key.fingerprint)
 
 
 @keys_app.command("revoke")
@@ -80,7 +81,7 @@ def keys_revoke(
     if as_json:
         print_json(entry)
     else:
-        typer.echo(f"revoked {entry['fingerprint']} ({entry['key']}): {entry['reason']}")
+        echo(f"revoked {entry['fingerprint']} ({entry['key']}): {entry['reason']}")
 
 
 SubjectOpt = Annotated[str, typer.Option(
@@ -92,7 +93,7 @@ def _cert_out(key: Path, cert: Path, c: Certificate, as_json: bool, what: str) -
         print_json({"private_key": str(key), "certificate": str(cert), "subject": c.subject,
                     "issuer": c.issuer, "fingerprint": c.fingerprint})
     else:
-        typer.echo(f"{what} {c.subject!r}: private key {key} (mode 0600), certificate {cert}, "
+        echo(f"{what} {c.subject!r}: private key {key} (mode 0600), certificate {cert}, "
                    f"fingerprint {c.fingerprint}")
 
 

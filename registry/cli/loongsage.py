@@ -14,6 +14,7 @@ from registry.checkpoint.loongsage_rollout import RolloutData
 from registry.cli.app import JsonOpt, StoreOpt, print_json
 from registry.cli.ckpt import _is_location, ckpt_app
 from registry.cli.errors import at_least, error_boundary
+from registry.cli.output import echo
 from registry.errors import ObjectNotFoundError, UsageError
 from registry.store import open_store
 
@@ -56,11 +57,11 @@ def ckpt_rollout(rollout_data_path: Annotated[str, typer.Argument(
         print_json({"rollout_data_path": data.url, "steps": [v.to_dict() for v in verified]})
         return
     if not verified:
-        typer.echo(f"{data.url}: no committed rollout steps", err=True)
+        echo(f"{data.url}: no committed rollout steps", err=True)
         return
-    typer.echo(f"{'step':>10}  {'bytes':>14}  sha256")
+    echo(f"{'step':>10}  {'bytes':>14}  sha256")
     for v in verified:
-        typer.echo(f"{v.step:>10}  {v.bytes:>14}  {v.manifest.files[0].sha256}")
+        echo(f"{v.step:>10}  {v.bytes:>14}  {v.manifest.files[0].sha256}")
 
 
 @ckpt_app.command("refs")
@@ -113,4 +114,4 @@ def ckpt_refs(ref_dist_ckpt_path: Annotated[str | None, typer.Option(
     for name, s in rows:
         where = f"step {s.step}, manifest {s.manifest_sha256}" if s.step is not None \
             else "not in a checkpoint step"
-        typer.echo(f"{name}: {s.kind} {s.path} verified ({where})")
+        echo(f"{name}: {s.kind} {s.path} verified ({where})")

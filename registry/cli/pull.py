@@ -18,6 +18,7 @@ from rich.progress import (
 from registry.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary
+from registry.cli.output import echo
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
 from registry.release.failing import describe, failing_gates
@@ -123,17 +124,17 @@ def pull(
                     "failing_gates": [r.to_dict() for r in failed]})
         return
     if failed:
-        typer.echo(f"warning: {model_id}@{result.version} fails its gates now "
+        echo(f"warning: {model_id}@{result.version} fails its gates now "
                    f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
     mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
     if not quiet:
-        typer.echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "
+        echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "
                    f"({result.downloaded} downloaded), {result.bytes} bytes "
                    f"({result.transferred} transferred), {result.seconds:.2f} s, "
                    f"{mbps:.1f} MB/s" + (", verified" if result.verified else "")
                    + (f", signed by {_signer(result.signed_by)}" if result.signed_by else ""))
     else:
-        typer.echo(result.path)
+        echo(result.path)
 
 
 def _signer(check: dict[str, Any]) -> str:

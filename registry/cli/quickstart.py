@@ -8,6 +8,7 @@ import typer
 
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
+from registry.cli.output import echo
 
 
 @app.command()
@@ -22,6 +23,6 @@ def quickstart(
     from registry import quickstart as qs
 
     with error_boundary(as_json):
-        summary = qs.run(store, db, workdir, say=(lambda _msg: None) if as_json else typer.echo)
+        summary = qs.run(store, db, workdir, say=(lambda _msg: None) if as_json else echo)
     if as_json:
         print_json(summary)

@@ -33,6 +33,7 @@ from registry.errors import GateFailedError, ObjectNotFoundError, UsageError
 from registry.gates import GateResult
 from registry.gc import collect, parse_duration
 from registry.certs import Certificate
+from registry.cli.output import echo
 from registry.keys import PublicKey
 from registry.layout import model_root
 from registry.release import ReleaseResult
@@ -87,7 +88,7 @@ def _require_model(store: Store, model_id: str) -> None:
 
 def _print_gates(results: tuple[GateResult, ...] | list[GateResult]) -> None:
     for r in results:
-        typer.echo(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.reason}")
+        echo(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.reason}")
 
 
 def _report(result: ReleaseResult, as_json: bool) -> None:
@@ -96,7 +97,7 @@ def _report(result: ReleaseResult, as_json: bool) -> None:
         return
     _print_gates(result.gates)
     m = result.manifest
-    typer.echo(f"released {result.model_id}@{result.version} at {result.url}: "
+    echo(f"released {result.model_id}@{result.version} at {result.url}: "
                f"{len(m.files)} files, {m.total_size} bytes, manifest sha256 {m.digest}")
 
 
@@ -255,7 +256,7 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
         print_json({"model_id": model_id, "alias": alias, "version": version,
                     "previous": previous})
     else:
-        typer.echo(f"{model_id}@{alias} -> {version}"
+        echo(f"{model_id}@{alias} -> {version}"
                    + (f" (was {previous})" if previous else ""))
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -272,9 +273,9 @@ def alias_ls(model_id: Annotated[str, typer.Argument(help="Model id.")],
         print_json(aliases)
     else:
         for alias, version in aliases.items():
-            typer.echo(f"{alias}\t{version}")
+            echo(f"{alias}\t{version}")
         if not aliases:
-            typer.echo(f"{model_id} has no aliases", err=True)
+            echo(f"{model_id} has no aliases", err=True)
 
 
 policy_app = RegistryTyper(help="Per-model gate thresholds.", no_args_is_help=True)
@@ -304,7 +305,7 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
         print_json({"model_id": model_id, "require": [str(t) for t in parsed],
                     "signed_by": [_anchor(k) for k in keys]})
     else:
-        typer.echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
+        echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
                    + "".join(f"; signed by {_anchor_text(k)}" for k in keys))
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -321,9 +322,9 @@ def policy_show(model_id: Annotated[str, typer.Argument(help="Model id.")],
     if as_json:
         print_json([str(t) for t in parsed])
     else:
-        typer.echo("\n".join(map(str, parsed)) or "no thresholds")
+        echo("\n".join(map(str, parsed)) or "no thresholds", lines=True)
         for k in keys:
-            typer.echo(f"signed by {_anchor_text(k)}")
+            echo(f"signed by {_anchor_text(k)}")
 
 
 def _anchor(k: PublicKey | Certificate) -> dict[str, str]:
@@ -372,7 +373,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
         for note in notes:
             typer.echo(f"warning: {note}", err=True)
         for k in removed:
-            typer.echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
+            echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
         if not removed:
-            typer.echo(f"nothing to remove in {s.url} (no leftover older than {older_than})",
+            echo(f"nothing to remove in {s.url} (no leftover older than {older_than})",
                        err=True)

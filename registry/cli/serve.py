@@ -11,6 +11,7 @@ import typer
 
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
+from registry.cli.output import echo
 from registry.errors import UsageError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -160,7 +161,7 @@ def serve(
                     "api": f"{url}api/v1", "docs": f"{url}api/v1/docs",
                     "allowed_hosts": sorted(hosts)})
     else:
-        typer.echo(f"serving {reg.store.url} and {reg.index} read-only at {url} "
+        echo(f"serving {reg.store.url} and {reg.index} read-only at {url} "
                    "(API: /api/v1, docs: /api/v1/docs); Ctrl-C stops")
     try:
         server.run(sockets=[sock])

@@ -8,6 +8,7 @@ import typer
 
 from registry.cli.app import JsonOpt, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, error_boundary, fail
+from registry.cli.output import echo, shown
 from registry.errors import ObjectNotFoundError
 from registry.store import open_store
 from registry.verify import verify_directory
@@ -34,16 +35,16 @@ def verify(
         print_json(report.to_dict())
     else:
         if report.error is not None:
-            typer.echo(f"NOT COMMITTED {report.error}")
+            echo(f"NOT COMMITTED {report.error}")
         for p in report.problems:
-            typer.echo(f"FAIL {p.path}: {p.reason}")
+            echo(f"FAIL {shown(p.path)}: {shown(p.reason)}")
         for extra in report.extras:
-            typer.echo(f"EXTRA {extra}: not listed in MANIFEST.json")
+            echo(f"EXTRA {shown(extra)}: not listed in MANIFEST.json")
         if report.ok:
             m = report.manifest
             assert m is not None
             mode = "sha256" if full else "sizes"
-            typer.echo(f"OK {store.url}: {len(m.files)} files, {m.total_size} bytes, "
+            echo(f"OK {store.url}: {len(m.files)} files, {m.total_size} bytes, "
                        f"{mode} verified, manifest sha256 {m.digest}")
     if not report.ok:
         why = (str(report.error) if report.error is not None

@@ -47,6 +47,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
+from registry.redact import redact
 from registry.errors import (
     IndexDamagedError,
     IndexDatabaseError,
@@ -151,7 +152,7 @@ class Index:
                 # connection the server dropped is retried once instead (run, read)
                 self.engine = create_engine(self.url, future=True)
         except (SQLAlchemyError, ImportError, ValueError) as e:
-            raise IndexDatabaseError(f"{self.url}: cannot open the index: {e}") from None
+            raise IndexDatabaseError(redact(f"{self.url}: cannot open the index: {e}")) from None
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         if self.is_sqlite:
             event.listen(self.engine, "connect",

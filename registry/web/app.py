@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry.api import Registry
 from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
+from registry.redact import redact
 from registry.resources import resource_dir
 from registry.web import api, hub, pages
 from registry.web.cache import ReleaseFiles
@@ -89,6 +90,13 @@ def _authorized(header: str, token: str) -> bool:
     return False
 
 
+class RedactedJSONResponse(JSONResponse):
+    """JSON whose every URL credential is redacted (:mod:`registry.redact`)."""
+
+    def render(self, content: Any) -> bytes:
+        return redact(super().render(content).decode("utf-8")).encode("utf-8")
+
+
 def create_app(registry: Registry, *, token: str | None = None,
                hub_policy: HubPolicy | None = None, hub_source: Source | None = None,
                hub_stats: HubStats | None = None,
@@ -118,7 +126,8 @@ def create_app(registry: Registry, *, token: str | None = None,
     app = FastAPI(title="model-registry", version="1",
                   description="Read-only view of a model registry: the documents of the "
                               "CLI's `--json` output.",
-                  docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json",
+                  default_response_class=RedactedJSONResponse)
     allowed = hosts if hosts is not None else allowed_hosts("127.0.0.1")
     app.state.registry = registry
     app.state.release_files = ReleaseFiles(registry.store)
@@ -225,7 +234,9 @@ def _secured(response: Response) -> Response:
 
 def _error(request: Request, status: int, cls: str, code: int, message: str,
            path: str | None) -> Response:
+    message, path = redact(message), redact(path) if path else path
     if request.url.path.startswith("/api/"):
-        return JSONResponse(error_document(cls, code, message, path), status_code=status)
+        return RedactedJSONResponse(error_document(cls, code, message, path),
+                                    status_code=status)
     return HTMLResponse(render("error.html", status=status, title=cls, message=message,
                                asked=request.url.path), status_code=status)

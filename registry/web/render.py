@@ -10,6 +10,7 @@ import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from registry.redact import redact
 from registry.resources import resource_dir
 from registry.web.charts import Chart, render_svg
 
@@ -45,8 +46,10 @@ def chart(c: Chart) -> Markup:
 @cache
 def environment() -> jinja2.Environment:
     loader = jinja2.FileSystemLoader(str(resource_dir("templates") / "web"))
+    # finalize: every value a page shows is redacted (a store URL with a password)
     env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+                             trim_blocks=True, lstrip_blocks=True,
+                             finalize=lambda v: redact(v) if isinstance(v, str) else v)
     env.filters.update(human_bytes=human_bytes, markdown=markdown, chart=chart)
     return env
 
