@@ -40,3 +40,35 @@ MAX_JSON_BYTES = _env_bytes("REGISTRY_MAX_JSON_BYTES", 16 << 20)
 MAX_RENDERED_BYTES = _env_bytes("REGISTRY_MAX_RENDERED_BYTES", 1 << 20)
 #: a pull record or stamp of the serving-host cache
 MAX_RECORD_BYTES = _env_bytes("REGISTRY_MAX_RECORD_BYTES", 16 << 20)
+
+
+def read_local(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the local file ``path``, at most ``limit`` of them (a pull
+    record, a stamp, a placed manifest: another local user may have written it).
+
+    Raises:
+        OSError: the file cannot be read.
+        DocumentError: it is longer than ``limit`` (a ``ValueError``).
+    """
+    from registry.errors import DocumentError
+
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise DocumentError(os.fspath(path), f"larger than the {limit}-byte limit "
+                                             "(registry.limits)")
+    return data
+
+
+def load_local_json(path: str | os.PathLike[str], limit: int | None = None) -> object:
+    """:func:`read_local` parsed as strict JSON (``registry.schemas.load_json``),
+    at most ``limit`` bytes (default :data:`MAX_RECORD_BYTES`).
+
+    Raises:
+        OSError: unreadable.
+        DocumentError: too long, not UTF-8 JSON, too deeply nested, a bad number.
+    """
+    from registry.schemas import load_json
+
+    cap = MAX_RECORD_BYTES if limit is None else limit
+    return load_json(read_local(path, cap), path=os.fspath(path))

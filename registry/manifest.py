@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import threading
 from collections import OrderedDict
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from registry import numbers
+from registry import limits, numbers
 from registry import schemas
 from registry.pieces import ChainHasher, Pieces
 from registry.errors import (
@@ -184,7 +185,49 @@ class Manifest:
                                                   "as a file")
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _plain_entry(f: Any) -> bool:
+    """``f`` surely satisfies ``$defs/file`` of manifest.schema.json (checked
+    here, at least as strictly as the schema, in a few microseconds); False
+    leaves the verdict, and its message, to the schema."""
+    if type(f) is not dict or not 3 <= len(f) <= 5:
+        return False
+    path, size, sha = f.get("path"), f.get("size"), f.get("sha256")
+    if type(path) is not str or not path or type(size) is not int or size < 0:
+        return False
+    if type(sha) is not str or not _HEX64.fullmatch(sha):
+        return False
+    extra = len(f) - 3
+    b3 = f.get("blake3")
+    if b3 is not None:
+        extra -= 1
+        if type(b3) is not str or not _HEX64.fullmatch(b3):
+            return False
+    pieces = f.get("pieces")
+    if pieces is not None:
+        extra -= 1
+        if type(pieces) is not dict or set(pieces) != {"size", "states"}:
+            return False
+        psize, states = pieces["size"], pieces["states"]
+        if type(psize) is not int or psize < 64 or psize % 64 or type(states) is not list \
+                or not states or not all(type(x) is str and _HEX64.fullmatch(x)
+                                         for x in states):
+            return False
+    return extra == 0
+
+
 def _validate(doc: Any, *, source: str) -> None:
+    """The schema check; file entries the fast check passes are not handed to
+    jsonschema (about 1 ms each there: a 45 MB manifest took 6 minutes)."""
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if isinstance(files, list):
+        if len(files) > limits.MAX_MANIFEST_FILES:
+            raise ManifestError(source, f"lists {len(files)} files, more than the limit of "
+                                        f"{limits.MAX_MANIFEST_FILES} "
+                                        "(REGISTRY_MAX_MANIFEST_FILES)")
+        doc = {**doc, "files": [f for f in files if not _plain_entry(f)]}
     try:
         schemas.validate(doc, "manifest", path=source)
     except DocumentError as e:
@@ -206,8 +249,9 @@ def parse_manifest(data: bytes, *, source: str) -> Manifest:
     (bytes parsed lately are answered from memory: the result is immutable).
 
     Raises:
-        ManifestError: not UTF-8 JSON, breaks ``manifest.schema.json``, or the
-            files are not sorted.
+        ManifestError: not UTF-8 JSON, breaks ``manifest.schema.json``, the
+            files are not sorted, or it is larger or lists more files than
+            :mod:`registry.limits` allows (refused before parsing or validating).
         UnsafePathError: a path is unsafe or listed twice.
     """
     with _PARSED_LOCK:
@@ -226,6 +270,9 @@ def parse_manifest(data: bytes, *, source: str) -> Manifest:
 
 
 def _parse_manifest(data: bytes, *, source: str) -> Manifest:
+    if len(data) > limits.MAX_MANIFEST_BYTES:
+        raise ManifestError(source, f"{len(data)} bytes, more than the limit of "
+                                    f"{limits.MAX_MANIFEST_BYTES} (REGISTRY_MAX_MANIFEST_BYTES)")
     try:
         doc = schemas.load_json(data, path=source)
     except DocumentError as e:

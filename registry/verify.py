@@ -21,8 +21,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from registry import limits
 from registry import pieces as pc
 from registry.errors import (
+    DocumentError,
     IntegrityError,
     ManifestError,
     NotCommittedError,
@@ -84,10 +86,14 @@ def read_manifest(store: Store, prefix: str) -> Manifest:
     """
     key = join(prefix, MANIFEST)
     try:
-        data = store.read_bytes(key)
+        data = store.read_bytes(key, limit=limits.MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise NotCommittedError(f"{store.url_of(prefix)}: not committed (no {MANIFEST})",
                                 path=prefix) from None
+    except DocumentError:
+        raise ManifestError(store.url_of(key), f"larger than the {limits.MAX_MANIFEST_BYTES}"
+                                               "-byte limit (REGISTRY_MAX_MANIFEST_BYTES)"
+                            ) from None
     return parse_manifest(data, source=store.url_of(key))
 
 

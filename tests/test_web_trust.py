@@ -172,3 +172,19 @@ def test_read_bytes_limit_on_every_backend(store: Store) -> None:
     assert s.read_bytes("doc", limit=1000) == b"x" * 1000
     with pytest.raises(DocumentError, match="1000-byte|999-byte"):
         s.read_bytes("doc", limit=999)
+
+
+def test_credentials_in_urls_never_reach_a_page_or_json(client: TestClient,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.api import Registry as Reg
+    from registry.errors import IndexDatabaseError
+    from registry.web import views
+
+    def boom(*_: object, **__: object) -> None:
+        raise IndexDatabaseError("postgresql+psycopg://admin:S3cretPW@db/x: cannot reach it")
+    monkeypatch.setattr(views, "index_view", boom)
+    monkeypatch.setattr(Reg, "ls", boom)
+    for path in ("/", "/api/v1/models"):
+        r = client.get(path)
+        assert r.status_code == 503 and "S3cretPW" not in r.text, r.text[:300]
+        assert "admin:***@db" in r.text

@@ -108,15 +108,9 @@ def at_least(option: str, value: int | None, minimum: int) -> None:
 
 
 def _one_line(text: str, fallback: str) -> str:
-    """A foreign error's first line (split at line feeds only: a ``\\r`` in a
-    file name must not cut the message short), control characters escaped."""
+    """An error's first line (split at line feeds only: a ``\\r`` in a file
+    name must not cut the message short), control characters escaped."""
     return shown(text.strip().split("\n")[0]) if text.strip() else fallback
-
-
-def _whole(text: str, fallback: str) -> str:
-    """A registry error's message: one line by construction, so a line break
-    in it comes from a value it quotes (a file name) and is shown escaped."""
-    return shown(text.strip()) if text.strip() else fallback
 
 
 def _os_message(exc: OSError) -> str:
@@ -174,7 +168,7 @@ def error_boundary(as_json: bool = False) -> Iterator[None]:
         extra = {}
         if isinstance(exc, E.GateFailedError):
             extra["gates"] = [r.to_dict() for r in getattr(exc, "results", ())]
-        fail(_whole(str(exc), type(exc).__name__), exit_code_for(exc), as_json=as_json,
+        fail(_one_line(str(exc), type(exc).__name__), exit_code_for(exc), as_json=as_json,
              cls=type(exc).__name__, path=_path_of(exc), **extra)
     except OSError as exc:  # not a RegistryError: the host refused (EROFS, EACCES, ...)
         if debug_enabled():

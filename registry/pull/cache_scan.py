@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from registry import limits
 from registry.errors import StorageError
 from registry.manifest import MANIFEST, parse_manifest
 from registry.pull.cache import Cache, cache_dir
@@ -155,7 +156,7 @@ def _adopt(records: dict[str, PullRecord], placed: dict[str, str]) -> None:
             continue
         path = Path(target) / MANIFEST
         try:
-            data = path.read_bytes()
+            data = limits.read_local(path, limits.MAX_MANIFEST_BYTES)
             m = parse_manifest(data, source=str(path))
             mtime = path.stat().st_mtime
         except (OSError, ValueError):

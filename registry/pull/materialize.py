@@ -36,6 +36,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import IO, Any
 
+from registry import limits
 from registry.errors import (
     CommitConflictError,
     InsufficientSpaceError,
@@ -199,7 +200,8 @@ def current_digest(target: Path) -> str | None:
     files (and MANIFEST.json) at their listed sizes; None when ``target`` is
     absent, foreign, incomplete or holds files the manifest does not list."""
     try:
-        m = parse_manifest((target / MANIFEST).read_bytes(), source=str(target / MANIFEST))
+        m = parse_manifest(limits.read_local(target / MANIFEST, limits.MAX_MANIFEST_BYTES),
+                           source=str(target / MANIFEST))
     except (OSError, ValueError):
         return None
     for e in m.files:

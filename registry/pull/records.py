@@ -28,7 +28,6 @@ record (registry.pull.stamps), which names the manifest placed there last.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,7 +40,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from filelock import FileLock
 
-from registry import numbers
+from registry import limits, numbers
 from registry.manifest import Manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 
@@ -76,8 +75,7 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def _read_json(path: str | Path) -> dict[str, Any] | None:
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+        doc = limits.load_local_json(path)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None

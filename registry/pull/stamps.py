@@ -23,10 +23,9 @@ treated as absent (the files are re-hashed).
 
 from __future__ import annotations
 
-from registry import numbers
+from registry import limits, numbers
 
 import hashlib
-import json
 import os
 import uuid
 from pathlib import Path
@@ -64,7 +63,7 @@ class Stamps:
     def blob_unchanged(self, blob: Path) -> bool:
         """The blob's stamp equals the one recorded when it was verified."""
         try:
-            recorded = tuple(json.loads((self.blobs / blob.name).read_bytes()))
+            recorded = tuple(limits.load_local_json(self.blobs / blob.name))
             return recorded == stamp(blob)
         except (OSError, ValueError, TypeError):
             return False
@@ -92,7 +91,7 @@ class Stamps:
     def blake3_only(self, target: Path, manifest_sha256: str) -> set[str]:
         """The files of ``target``'s record checked by BLAKE3 only."""
         try:
-            doc = json.loads(self._dir_record(target).read_bytes())
+            doc = limits.load_local_json(self._dir_record(target))
             if doc.get("manifest_sha256") != manifest_sha256:
                 return set()
             return set(doc.get("blake3_only", []))
@@ -102,7 +101,7 @@ class Stamps:
     def dir_stamps(self, target: Path, manifest_sha256: str) -> dict[str, Stamp]:
         """The recorded stamps of ``target`` for this manifest ({} when none)."""
         try:
-            doc = json.loads(self._dir_record(target).read_bytes())
+            doc = limits.load_local_json(self._dir_record(target))
             if doc.get("target") != str(target) or \
                     doc.get("manifest_sha256") != manifest_sha256:
                 return {}
@@ -125,8 +124,7 @@ class Stamps:
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
             try:
-                with open(entry.path, "rb") as f:
-                    doc = json.loads(f.read())
+                doc = limits.load_local_json(entry.path)
                 out[str(doc["target"])] = str(doc["manifest_sha256"])
             except (OSError, ValueError, TypeError, KeyError):
                 continue

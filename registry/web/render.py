@@ -43,13 +43,19 @@ def chart(c: Chart) -> Markup:
     return render_svg(c)
 
 
+def _redacted(value: Any) -> Any:
+    if isinstance(value, Markup):  # HTML made here (a chart, the card): stays HTML
+        return Markup(redact(str(value)))
+    return redact(value) if isinstance(value, str) else value
+
+
 @cache
 def environment() -> jinja2.Environment:
     loader = jinja2.FileSystemLoader(str(resource_dir("templates") / "web"))
     # finalize: every value a page shows is redacted (a store URL with a password)
     env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True,
-                             finalize=lambda v: redact(v) if isinstance(v, str) else v)
+                             finalize=_redacted)
     env.filters.update(human_bytes=human_bytes, markdown=markdown, chart=chart)
     return env
 
