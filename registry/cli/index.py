@@ -178,9 +178,9 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
                    f"{w['parameters']} parameters ({names})")
     shards = doc.get("weight_files", [])
     if len(shards) > 1:
-        typer.echo(f"  weights in {len(shards) - 1} shards, {doc['parameters']} parameters:")
+        echo(f"  weights in {len(shards) - 1} shards, {doc['parameters']} parameters:")
         for f in shards:
-            typer.echo(f"    {f['path']}\t{f['bytes']} bytes\t{f['tensors']} tensors")
+            echo(f"    {shown(f['path'])}\t{f['bytes']} bytes\t{f['tensors']} tensors")
     sig = doc.get("signature")
     if sig is not None:
         state = {True: "verified against the policy's keys",

@@ -371,7 +371,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
                     "warnings": notes})
     else:
         for note in notes:
-            typer.echo(f"warning: {note}", err=True)
+            echo(f"warning: {note}", err=True)
         for k in removed:
             echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
         if not removed:
