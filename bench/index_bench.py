@@ -70,7 +70,7 @@ def populate(index: Index, *, models: int, releases_per_model: int, evals_per_re
                     "id": rid, "model_pk": m + 1, "version": f"{v}.0",
                     "uri": f"s3://bucket/models/model-{m:05d}/{v}.0", "manifest_sha256": "a" * 64,
                     "bytes": 1 << 30, "dtype": "bf16", "source_run_id": "run", "source_step": v,
-                    "source_uri": None, "source_manifest_sha256": "b" * 64,
+                    "source_uri": None, "source_manifest_sha256": "b" * 64, "seq": v + 1,
                     "created_at": f"2026-{1 + v % 12:02d}-{1 + v % 28:02d}T00:00:{v % 60:02d}Z",
                     "card_ok": True, "ledger_ok": True, "ledger_reason": "ok",
                     "evals_passed": ok, "evals_reason": "ok" if ok else "failed",

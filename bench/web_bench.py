@@ -91,7 +91,7 @@ def populate(reg: Registry, releases: int, seed: int = 0) -> dict[str, Any]:
                 "id": rid, "model_pk": first_model + m, "version": f"{v}.0",
                 "uri": f"s3://bucket/models/{names[m]}/{v}.0", "manifest_sha256": "a" * 64,
                 "bytes": 1 << 30, "dtype": "bf16", "source_run_id": "r1", "source_step": v,
-                "source_uri": None, "source_manifest_sha256": "b" * 64,
+                "source_uri": None, "source_manifest_sha256": "b" * 64, "seq": v + 1,
                 "created_at": f"2026-{1 + v % 12:02d}-{1 + v % 28:02d}T00:{v % 60:02d}:"
                               f"{v % 59:02d}.{v:06d}Z",
                 "card_ok": True, "ledger_ok": True, "ledger_reason": "ok",
@@ -142,7 +142,7 @@ def cursors(reg: Registry, depth: int) -> dict[str, str]:
     """The page cursors ``depth`` rows into model ``big`` and source ``src-popular``."""
     def q(s: Any) -> dict[str, str]:
         big = s.scalar(select(Release.version).join(Model).where(Model.model_id == "big")
-                       .order_by(Release.created_at.desc(), Release.version.desc())
+                       .order_by(Release.seq.desc(), Release.version.desc())
                        .offset(depth).limit(1))
         src = s.execute(select(Model.model_id, Release.version)
                         .select_from(ReleaseSource)

@@ -30,6 +30,9 @@ from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
     GateFailedError,
     IndexDamagedError,
+    IndexDatabaseError,
+    IndexOutOfDateError,
+    IndexReadOnlyError,
     InvalidNameError,
     UnknownModelError,
 )
@@ -201,8 +204,11 @@ class Registry:
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
         return parsed
 
-    def rebuild_index(self) -> dict[str, int]:
-        """Recompute the whole index from the store.
+    def rebuild_index(self) -> dict[str, Any]:
+        """Recompute the whole index from the store (see
+        :func:`registry.index.rebuild.rebuild`): counts per kind, and
+        ``report``, the releases skipped, damaged, removed or kept against
+        the listing, each with its reason.
 
         Raises:
             IndexDamagedError: the SQLite file is not a database: see
@@ -224,6 +230,26 @@ class Registry:
             aside = damaged.move_aside()
             self._index = Index(self.db)
             return aside
+        except IndexOutOfDateError:
+            # The rebuild replaces every row: bring the schema to head first;
+            # a SQLite schema no migration can finish (half-applied by an
+            # older registry killed mid-migration) is moved aside like a
+            # damaged file.
+            old = Index(self.db, check=False)
+            try:
+                old.upgrade()
+            except (IndexReadOnlyError, IndexDamagedError):
+                old.close()
+                raise
+            except IndexDatabaseError:
+                if old.sqlite_path() is None:
+                    old.close()
+                    raise
+                aside = old.move_aside()
+                self._index = Index(self.db)
+                return aside
+            old.close()
+            self._index = Index(self.db)
         return None
 
     # -- reads ------------------------------------------------------------------

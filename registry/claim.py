@@ -7,8 +7,10 @@ object stores; ``<staging>.claim`` beside a local staging directory)::
      "started_at": "2026-...Z", "lease_seconds": 600.0, "renewals": 4}
 
 Its writer renews it (a compare-and-swap that rewrites it) every third of
-the lease while it works, so the object's modification time, set by the
-store, says when the writer was last seen alive. A claim is *live* while
+the lease while it works (timed by its own monotonic clock), so the object's
+modification time, set by the store, says when the writer was last seen
+alive; a reader compares it with the store's own time (a probe object,
+:mod:`registry.storeclock`), never with its local clock. A claim is *live* while
 that is within the lease and, on the writer's own host, its process exists.
 A claim that is not live is taken over with a compare-and-swap on the
 claim's own version token: of two recoverers only one wins. A writer whose
@@ -22,6 +24,7 @@ whose writers stall longer than the default).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -31,16 +34,38 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry import numbers
-from registry.errors import ObjectExistsError, ObjectNotFoundError, PointerConflictError
+from registry.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PointerConflictError,
+    UsageError,
+)
 from registry.manifest import utc_now
 from registry.store import Store
+from registry.storeclock import store_time
 
 #: seconds a claim stays live without a renewal.
 DEFAULT_LEASE = 600.0
 
 
 def lease_seconds() -> float:
-    return float(os.environ.get("REGISTRY_CLAIM_LEASE") or DEFAULT_LEASE)
+    """``REGISTRY_CLAIM_LEASE`` (seconds), else 600.
+
+    Raises:
+        UsageError: not a number above 0 and at most 10**7 (NaN would make
+            every claim look lapsed, infinity none).
+    """
+    text = os.environ.get("REGISTRY_CLAIM_LEASE") or ""
+    if not text:
+        return DEFAULT_LEASE
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1e7:
+        raise UsageError(f"REGISTRY_CLAIM_LEASE={text!r}: must be a number of seconds above 0 "
+                         "and at most 10000000")
+    return value
 
 
 def _alive(pid: int) -> bool:
@@ -77,25 +102,50 @@ class ClaimState:
                 f"{self.age:.0f}s ago ({state})")
 
 
-def read_state(store: Store, key: str) -> tuple[ClaimState, str] | None:
+def read_state(store: Store, key: str, *, now: float | None = None,
+               ) -> tuple[ClaimState, str] | None:
     """The claim at ``key`` and its version token, or None when there is none.
     A claim that is not valid JSON (an older format, a torn write) is judged
-    by its age alone against the default lease."""
+    by its age alone against the default lease.
+
+    Its age is the store's time minus the store's stamp of the claim's last
+    renewal: one clock, the store's (:mod:`registry.storeclock`). ``now``: the
+    store's time when the caller has read it (:func:`store_time`), else it
+    is read here (a probe object).
+
+    Raises:
+        StorageError: the store failed.
+    """
     try:
         data, token = store.read_versioned(key)
         mtime = store.info(key).mtime
     except ObjectNotFoundError:
         return None
+    if now is None:
+        now = store_time(store).now
     try:
         doc: dict[str, Any] = json.loads(data)
     except ValueError:
         doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
     host = str(doc.get("host", "?"))
-    pid = int(doc.get("pid", 0) or 0)
+    raw_pid = doc.get("pid", 0)
+    pid = raw_pid if isinstance(raw_pid, int) and 0 <= raw_pid <= 2**31 else 0
     gone = host == socket.gethostname() and pid > 0 and not _alive(pid)
-    age = max(0.0, time.time() - (mtime or 0.0))
+    age = max(0.0, now - (mtime if mtime is not None else now))
     return ClaimState(host, pid, str(doc.get("started_at", doc.get("created_at", "?"))),
-                      float(doc.get("lease_seconds", DEFAULT_LEASE)), age, gone), token
+                      _lease_of(doc), age, gone), token
+
+
+def _lease_of(doc: dict[str, Any]) -> float:
+    """The claim's lease; one that is not a finite positive number (a torn or
+    foreign document) is the default."""
+    value = doc.get("lease_seconds", DEFAULT_LEASE)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return DEFAULT_LEASE
+    value = float(value)
+    return value if math.isfinite(value) and value > 0 else DEFAULT_LEASE
 
 
 class ClaimLost(PointerConflictError):

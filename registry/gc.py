@@ -14,7 +14,7 @@ touched: it is re-checked right before deletion.
 from __future__ import annotations
 
 import math
-import time
+import warnings
 from collections.abc import Callable
 
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
@@ -23,6 +23,7 @@ from registry.commit import delete_directory
 from registry.errors import ObjectExistsError, UsageError
 from registry.layout import CLAIM_SUFFIX, LATEST, MODELS, POLICY, REFS, RUNS, TMP_MARK, run_root
 from registry.store import Store, join
+from registry.storeclock import store_time
 from registry.verify import verify_directory
 
 #: duration units -> seconds (``--older-than``)
@@ -40,6 +41,10 @@ def _age(store: Store, key: str, now: float) -> float:
             continue
         newest = max(newest, mtime or 0.0)
     return now - newest
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _folders(store: Store) -> list[str]:
@@ -88,14 +93,32 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         break_claims: remove claims even while live (the user knows their
             writers are gone).
         warn: told what could not be looked at (a server without
-            ListMultipartUploads), one message each.
+            ListMultipartUploads), or why claims were left alone, one
+            message each (default for the clock: a RuntimeWarning).
 
     A writer's multipart uploads belong to its claim: they lie under the
     claimed directory. Once the claim is not live they are aborted at once,
     whatever their age (issue 34 item 4); uploads under no claim go by age,
     measured on the server's clock.
+
+    Every age is the store's time (a probe object, :mod:`registry.storeclock`)
+    minus the store's stamps: no decision compares this host's clock with a
+    remote one (issue 31 item 1). When this host's clock is further from the
+    store's than the tolerance, no claim is taken over or removed (nor what
+    it guards, nor its uploads), even with ``break_claims``: the difference
+    is reported through ``warn``; unclaimed leftovers still go by their
+    store-clock age.
+
+    Raises:
+        StorageError: the store failed (the clock probe included).
     """
-    now = time.time()
+    clock = store_time(store)
+    now = clock.now
+    hold = clock.skewed()
+    if hold:
+        (warn or _warn)(f"{store.url}: {clock.describe()}; claims are left alone until the "
+                        "clocks agree (fix the host's time: NTP)")
+        break_claims = False
     doomed: list[tuple[str, bool]] = []
     folders = [(f, False) for f in _folders(store)]
     folders += [(t.strip("/"), True) for t in trees]
@@ -103,7 +126,8 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         entries = store.list_dir(folder)
         claims = {name[:-len(CLAIM_SUFFIX)]: name for name, is_dir in entries
                   if not is_dir and name.endswith(CLAIM_SUFFIX)}
-        states = {base: read_state(store, join(folder, name)) for base, name in claims.items()}
+        states = {base: read_state(store, join(folder, name), now=now)
+                  for base, name in claims.items()}
         for name, is_dir in entries:
             key = join(folder, name)
             if name == REFS or name.endswith(".lock") or name in (LATEST, POLICY):
@@ -115,7 +139,7 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
             base = name[:-len(CLAIM_SUFFIX)] if not is_dir else name
             seen = states.get(base)
             if seen is not None:
-                if seen[0].live and not break_claims:
+                if hold or (seen[0].live and not break_claims):
                     continue
                 if not is_dir:
                     doomed.append((key, False))
@@ -131,9 +155,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         no claim there)."""
         parts = key.split("/")
         for i in range(len(parts) - 1, 0, -1):
-            seen = read_state(store, "/".join(parts[:i]) + CLAIM_SUFFIX)
+            seen = read_state(store, "/".join(parts[:i]) + CLAIM_SUFFIX, now=now)
             if seen is not None:
-                return seen[0].live and not break_claims
+                return hold or (seen[0].live and not break_claims)
         return None
 
     # Multipart uploads nobody will complete (a killed writer's) are billed

@@ -117,7 +117,8 @@ def dumps(doc: Any, **kwargs: Any) -> str:
     Raises:
         ValueError: ``doc`` holds a non-finite float.
     """
-    return json.dumps(doc, allow_nan=False, **kwargs)
+    kwargs["allow_nan"] = False  # whatever a caller passed
+    return json.dumps(doc, **kwargs)
 
 
 def plain_copy(value: Any, *, path: str) -> Any:

@@ -376,8 +376,11 @@ def test_nothing_was_committed_by_refused_commands(results: dict[str, Any]) -> N
         w = results[f"{mode}:world"]
         models = sorted(p.name for p in (w / "artifacts/models").iterdir())
         assert models == ["pub", "rel", "tiny"]
-        assert sorted(p.name for p in (w / "artifacts/models/pub").iterdir()) == ["1", "10"]
-        assert sorted(p.name for p in (w / "artifacts/models/rel").iterdir()) == ["10"]
+        # (".sequence": the release counter the two commits moved, registry.sequence)
+        assert sorted(p.name for p in (w / "artifacts/models/pub").iterdir()) == [
+            ".sequence", "1", "10"]
+        assert sorted(p.name for p in (w / "artifacts/models/rel").iterdir()) == [
+            ".sequence", "10"]
         assert (w / "artifacts/models/tiny/refs/stable").read_text() == "1\n"
         assert not (w / "artifacts/models/tiny/refs/beta").exists()
         assert not (w / "p").exists()

@@ -97,7 +97,7 @@ def test_a_lapsed_lease_on_another_host(durable_store_url: str) -> None:
         raise AssertionError("a live claim was taken")
     except ObjectExistsError as e:
         assert e.state.host == "elsewhere" and e.state.live  # type: ignore[attr-defined]
-    time.sleep(2.5)
+    time.sleep(3.5)  # the lease (2 s) on the store's stamps (one-second resolution on S3)
     wins, barrier = [], threading.Barrier(2)
 
     def recover() -> None:
@@ -133,7 +133,8 @@ def test_a_writer_that_lost_its_claim_cannot_touch_the_release(durable_store_url
     assert a.stdout is not None and a.stdout.readline().strip()
     a.send_signal(signal.SIGSTOP)
     try:
-        time.sleep(2.0)  # A's lease lapses (A is alive: only the lease says it is stalled)
+        # A's lease (1.5 s on S3's one-second stamps) lapses; A is alive, only stalled
+        time.sleep(3.0)
         _commit(store, prefix)
     finally:
         a.send_signal(signal.SIGCONT)

@@ -13,6 +13,7 @@ Create Date: 2026-11-30
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic import op
 
 revision = "0002"
@@ -22,11 +23,19 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_releases_model_created", "releases",
-                    ["model_pk", "created_at", "version"])
-    op.create_index("ix_release_sources_source_release", "release_sources",
-                    ["source_pk", "release_pk"])
-    op.drop_index("ix_release_sources_source", table_name="release_sources")
+    # Idempotent: a SQLite index migrated by a registry before issue 31 (DDL
+    # committed statement by statement) may hold some of these without the stamp.
+    inspector = sa.inspect(op.get_bind())
+    releases = {i["name"] for i in inspector.get_indexes("releases")}
+    sources = {i["name"] for i in inspector.get_indexes("release_sources")}
+    if "ix_releases_model_created" not in releases:
+        op.create_index("ix_releases_model_created", "releases",
+                        ["model_pk", "created_at", "version"])
+    if "ix_release_sources_source_release" not in sources:
+        op.create_index("ix_release_sources_source_release", "release_sources",
+                        ["source_pk", "release_pk"])
+    if "ix_release_sources_source" in sources:
+        op.drop_index("ix_release_sources_source", table_name="release_sources")
 
 
 def downgrade() -> None:

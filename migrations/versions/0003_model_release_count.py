@@ -22,8 +22,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column("models", sa.Column("release_count", sa.Integer, nullable=False,
-                                      server_default="0"))
+    # Idempotent: a SQLite index migrated by a registry before issue 31 (DDL
+    # committed statement by statement) may hold the column without the stamp.
+    columns = {c["name"] for c in sa.inspect(op.get_bind()).get_columns("models")}
+    if "release_count" not in columns:
+        op.add_column("models", sa.Column("release_count", sa.Integer, nullable=False,
+                                          server_default="0"))
     op.execute("UPDATE models SET release_count = "
                "(SELECT count(*) FROM releases WHERE releases.model_pk = models.id)")
 

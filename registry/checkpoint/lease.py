@@ -10,7 +10,8 @@ JSON object beside the pointer::
 
     {"kind": "checkpoint-writer-lease", "owner": "<32 hex>", "host": "...",
      "pid": 1234, "started_at": "<RFC 3339>", "renewed_at": "...",
-     "expires_at": "...", "expires": <unix seconds>, "released": false}
+     "expires_at": "...", "expires": <unix seconds>, "lease_seconds": 120.0,
+     "released": false}
 
 It is built only on the store's primitives: taken with a conditional create
 (``O_EXCL`` locally, ``If-None-Match: *`` on S3), renewed, taken over and
@@ -18,10 +19,12 @@ released with compare-and-swap (:meth:`Store.swap`), so two processes can
 never both believe they hold it. The object is never deleted: a released or
 expired lease is replaced by the next writer's.
 
-A lease is *live* while it is not released, its ``expires`` lies in the
-future (the reader's wall clock), and -- when it was taken on this host --
-its process still exists. A holder SIGKILLed on this host is therefore taken
-over at once; one on another host after its expiry.
+A lease is *live* while it is not released, the store's stamp of its last
+renewal is less than ``lease_seconds`` old on the store's own clock (a probe
+object, :mod:`registry.storeclock`: no host's clock is compared with
+another's; ``expires`` is informative), and -- when it was taken on this
+host -- its process still exists. A holder SIGKILLed on this host is
+therefore taken over at once; one on another host after its expiry.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from registry.errors import (
 )
 from registry.manifest import utc_now
 from registry.store import Store, join
+from registry.storeclock import store_time
 
 LEASE_NAME = "WRITER.lease"
 KIND = "checkpoint-writer-lease"
@@ -77,12 +81,19 @@ def describe(holder: dict[str, Any]) -> str:
             f"expires {holder.get('expires_at', '?')}")
 
 
-def is_live(holder: dict[str, Any], *, now: float | None = None) -> bool:
-    """Whether the lease document ``holder`` still excludes other writers."""
+def is_live(holder: dict[str, Any], *, age: float) -> bool:
+    """Whether the lease document ``holder`` still excludes other writers.
+
+    Args:
+        age: seconds since its last renewal, on the store's clock (the
+            store's time minus the lease object's stamp).
+    """
     if holder.get("released"):
         return False
-    expires = holder.get("expires")
-    if not isinstance(expires, (int, float)) or expires <= (time.time() if now is None else now):
+    seconds = holder.get("lease_seconds")
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        seconds = DEFAULT_SECONDS  # a lease written before lease_seconds
+    if not age < seconds:
         return False
     pid = holder.get("pid")
     if holder.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0:
@@ -101,7 +112,20 @@ def live_holder(store: Store, root: str) -> dict[str, Any] | None:
         doc = json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and is_live(doc) else None
+    if not isinstance(doc, dict) or doc.get("released"):
+        return None
+    return doc if is_live(doc, age=lease_age(store, join(root, LEASE_NAME))) else None
+
+
+def lease_age(store: Store, key: str) -> float:
+    """Seconds since the object at ``key`` was last written, on the store's
+    clock (0 when it is gone meanwhile: the caller reads it again)."""
+    try:
+        stamp = store.info(key).mtime
+    except ObjectNotFoundError:
+        return 0.0
+    now = store_time(store).now
+    return max(0.0, now - (stamp if stamp is not None else now))
 
 
 class WriterLease:
@@ -114,8 +138,8 @@ class WriterLease:
         seconds: how long the lease stays live after each renewal (seconds).
 
     Notes:
-        Thread-safe. The wall clocks of the writers' hosts decide expiry:
-        keep ``seconds`` well above their skew.
+        Thread-safe. Expiry is judged on the store's clock (see the module
+        docstring); the holder renews by its own monotonic time.
     """
 
     def __init__(self, store: Store, root: str, *, seconds: float = DEFAULT_SECONDS) -> None:
@@ -140,7 +164,8 @@ class WriterLease:
         return (numbers.dumps({"kind": KIND, "owner": self.owner, "host": socket.gethostname(),
                             "pid": os.getpid(), "started_at": self.started_at or utc_now(),
                             "renewed_at": _rfc3339(now), "expires_at": _rfc3339(expires),
-                            "expires": expires, "released": released}, indent=2)
+                            "expires": expires, "lease_seconds": self.seconds,
+                            "released": released}, indent=2)
                 + "\n").encode()
 
     def _read(self) -> tuple[dict[str, Any], str]:
@@ -190,7 +215,8 @@ class WriterLease:
                 holder, token = self._read()
             except ObjectNotFoundError:
                 continue  # deleted meanwhile: create again
-            if holder.get("owner") != self.owner and is_live(holder):
+            if (holder.get("owner") != self.owner and not holder.get("released")
+                    and is_live(holder, age=lease_age(self.store, self.key))):
                 raise self._held_by(holder, lost=False)
             try:
                 self.store.swap(self.key, self._doc(), token)

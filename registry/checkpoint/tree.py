@@ -6,11 +6,11 @@ CheckpointManager, LoongSage saving and the ``registry ckpt`` commands.
 
 from __future__ import annotations
 
-import time
 import warnings
 from dataclasses import dataclass
 
 from registry.checkpoint.lease import live_holder
+from registry.storeclock import store_time
 from registry.claim import read_state
 from registry.commit import delete_directory
 from registry.errors import (
@@ -71,6 +71,7 @@ class CheckpointTree:
         self.store = store
         self.root = root.strip("/")
         self.layout = layout
+        self._now: float | None = None  # the store's time, within one retention pass
 
     def prefix(self, step: int) -> str:
         """Key of the step directory of ``step``."""
@@ -235,8 +236,15 @@ class CheckpointTree:
         directory beside ``<key>.claim``): its writer is alive on this host or
         renewed it within its lease."""
         claim = claim_key(key)
-        seen = read_state(self.store, claim)
+        seen = read_state(self.store, claim, now=self._store_now())
         return seen is not None and seen[0].live
+
+    def _store_now(self) -> float:
+        """The store's time (registry.storeclock), read once per retention
+        pass and only when an age is needed: ages compare store stamps only."""
+        if self._now is None:
+            self._now = store_time(self.store).now
+        return self._now
 
     def retain(self, keep: int, *, min_age: float = 0.0,
                writer: str | None = None) -> list[str]:
@@ -287,6 +295,7 @@ class CheckpointTree:
             if manifest is not None and self.layout.resumable(manifest):
                 resumable.append(step)
         doomed = []
+        self._now = None
         if keep > 0:
             kept = set(committed[-keep:]) | set(resumable if latest is None
                                                 else resumable[-keep:])
@@ -299,14 +308,14 @@ class CheckpointTree:
         if latest is not None:
             doomed += [self.prefix(s) for s in uncommitted
                        if s < latest and (owner or not self._claimed_live(self.prefix(s)))]
-        now = time.time()
         for name, _is_dir in self.store.list_dir(self.root):
             if self.is_leftover(name):
                 key = join(self.root, name)
                 if not owner and self._claimed_live(key):
                     continue
-                if min_age <= 0 or self._age(key, now) >= min_age:
+                if min_age <= 0 or self._age(key, self._store_now()) >= min_age:
                     doomed.append(key)
+        self._now = None
         return self._delete(doomed)
 
     def _delete(self, doomed: list[str]) -> list[str]:

@@ -56,8 +56,12 @@ def db_upgrade(db: DbOpt = None, as_json: JsonOpt = False) -> None:
 def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Recompute the whole index from the store alone (local or S3).
 
-    A SQLite file that is not a database is first moved aside (to
-    <file>.damaged-<time>, named in the output) and rebuilt from scratch."""
+    A SQLite file that is not a database (or whose schema no migration can
+    finish) is first moved aside (to <file>.damaged-<time>, named in the
+    output) and rebuilt from scratch. Nothing indexed is dropped on a
+    listing's word: a release missing from the listing is removed only when a
+    HEAD of its manifest finds none. Each release skipped (staging, claimed),
+    damaged, removed or kept against the listing is printed with the reason."""
     with error_boundary(as_json):
         reg = _registry(store, db)
         aside = reg.repair_index()
@@ -68,7 +72,9 @@ def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = F
         return
     if aside is not None:
         echo(f"moved the damaged index aside to {aside}")
-    echo(", ".join(f"{v} {k}" for k, v in counts.items()))
+    echo(", ".join(f"{v} {k}" for k, v in counts.items() if k != "report"))
+    for r in counts["report"]:
+        echo(f"{r['action']} {r['what']}: {r['reason']}")
 
 
 @ledger_app.command("revoke")

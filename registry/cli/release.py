@@ -354,7 +354,12 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
            "--break-claims", help="Also remove claims whose lease is still live (their "
                                   "writers are known to be gone).")] = False,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit."""
+    """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit.
+
+    Ages are measured on the store's clock (a probe object), never this
+    host's; when this host's clock is further from the store's than
+    REGISTRY_CLOCK_TOLERANCE (60 s), claims are left alone and a warning
+    says so."""
     with error_boundary(as_json):
         s = open_store(store)
         seconds = parse_duration(older_than, what="--older-than")

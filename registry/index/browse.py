@@ -65,8 +65,8 @@ def _page(rows: list[Any], size: int, *, before: object, after: object,
 
 def model_page(s: Session, model_id: str, *, size: int, before: str | None = None,
                after: str | None = None) -> dict[str, Any]:
-    """One page of a model's versions, newest first (``created_at``, then
-    version), each with its gates evaluated now; the eval results of the page,
+    """One page of a model's versions, newest first (the release order
+    ``seq``, then version), each with its gates evaluated now; the eval results of the page,
     the model's aliases and policy. Six statements (the cursor is read by the
     page's own).
 
@@ -96,13 +96,13 @@ def model_page(s: Session, model_id: str, *, size: int, before: str | None = Non
     cursor = before if before is not None else after
     if cursor is not None:
         # the cursor's own key, read by the same statement (one round trip)
-        at = tuple_(select(Release.created_at).where(Release.model_pk == mpk,
+        at = tuple_(select(Release.seq).where(Release.model_pk == mpk,
                                                      Release.version == cursor)
                     .scalar_subquery(), literal(cursor))
-        key = tuple_(Release.created_at, Release.version)
+        key = tuple_(Release.seq, Release.version)
         q = q.where(key < at if before is not None else key > at)
-    order = ((Release.created_at.asc(), Release.version.asc()) if after is not None
-             else (Release.created_at.desc(), Release.version.desc()))
+    order = ((Release.seq.asc(), Release.version.asc()) if after is not None
+             else (Release.seq.desc(), Release.version.desc()))
     rows, newer, older = _page(s.execute(q.order_by(*order).limit(size + 1)).all(), size,
                                before=before, after=after, cursor=lambda r: r.version)
     if not rows and cursor is not None and s.scalar(

@@ -46,6 +46,7 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from registry.redact import redact
 from registry.errors import (
@@ -261,9 +262,41 @@ class Index:
         lock = self._lock_path()
         return FileLock(lock) if lock else _advisory_lock(self.engine)
 
+    def _migration_engine(self) -> Engine:
+        """The engine migrations run on: this one on Postgres (transactional
+        DDL); on SQLite one whose driver leaves transactions to SQLAlchemy,
+        which opens each with ``BEGIN IMMEDIATE``. pysqlite's own transaction
+        handling commits before every DDL statement (CREATE, ALTER, DROP), so
+        a migration killed between two of them left a half-applied schema
+        that no upgrade could finish ("duplicate column"). Foreign keys are off
+        while migrating (SQLite's advice for schema changes: a batch table
+        copy drops the old table, which would otherwise cascade)."""
+        if not self.is_sqlite:
+            return self.engine
+        engine = create_engine(self.url, future=True, poolclass=NullPool)
+
+        def connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # no implicit BEGIN/COMMIT by the driver
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=OFF")
+            cur.close()
+
+        def begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        event.listen(engine, "connect", connect)
+        event.listen(engine, "begin", begin)
+        return engine
+
     def _migrate(self) -> None:
+        """Every pending migration and the version stamp in one transaction:
+        a migration killed anywhere leaves the schema at the old revision or
+        the new one, never between (issue 31 item 4)."""
+        engine = self._migration_engine()
         try:
-            with self.engine.begin() as conn:
+            with engine.begin() as conn:
                 command.upgrade(_alembic_config(conn), "head")
         except DatabaseError as e:
             if not isinstance(e, OperationalError):
@@ -271,12 +304,23 @@ class Index:
             raise self._unknown_schema(e) from None
         except (CommandError, SQLAlchemyError) as e:
             raise self._unknown_schema(e) from None
+        finally:
+            if engine is not self.engine:
+                engine.dispose()
 
     def _unknown_schema(self, e: Exception) -> IndexDatabaseError:
+        """The repair depends on the engine: a SQLite file is moved aside by
+        ``index rebuild``; a Postgres database must be emptied by its owner."""
+        why = str(e).splitlines()[0]
+        if self.sqlite_path():
+            return IndexDatabaseError(
+                f"{self}: cannot upgrade the index schema ({why}); the index is derived from "
+                f"the store: `registry index rebuild --db {self.url}` moves this file aside "
+                "and rebuilds it")
         return IndexDatabaseError(
-            f"{self}: cannot upgrade the index schema ({str(e).splitlines()[0]}); if this "
-            "database was not made by this registry, point --db at an empty database and "
-            "run `registry index rebuild`")
+            f"{self}: cannot upgrade the index schema ({why}); if this database was not made "
+            "by this registry, point --db at an empty database and run `registry index "
+            "rebuild`")
 
     def upgrade(self) -> str:
         """Bring the schema to head (idempotent, serialized); returns the head.

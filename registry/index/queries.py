@@ -93,20 +93,20 @@ def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
          else q.join(Model).where(Model.model_id == model_id))
     for t in _policy(s, model_id, require):
         q = q.where(*_meets(t))
-    q = q.order_by(Release.created_at.desc(), Release.version.desc())
+    q = q.order_by(Release.seq.desc(), Release.version.desc())
     if latest:
         q = q.limit(1)
     return [dict(r._mapping) for r in s.execute(q)]
 
 
 def releases_for_source(s: Session, source_id: str) -> list[dict[str, Any]]:
-    """Every release whose ledger lists ``source_id``, by model then age."""
+    """Every release whose ledger lists ``source_id``, by model then release order."""
     q = (select(Model.model_id, Release.version, Release.uri, Release.created_at,
                 ReleaseSource.allowed_uses, ReleaseSource.revoked_in_file)
          .select_from(Release).join(Model).join(ReleaseSource)
          .join(LedgerSource, LedgerSource.id == ReleaseSource.source_pk)
          .where(LedgerSource.source_id == source_id)
-         .order_by(Model.model_id, Release.created_at, Release.version))
+         .order_by(Model.model_id, Release.seq, Release.version))
     revoked = s.scalar(select(Revocation.reason).where(Revocation.source_id == source_id))
     return [{**dict(r._mapping), "allowed_uses": r.allowed_uses.split(",") if r.allowed_uses
              else [], "live_revoked": revoked is not None} for r in s.execute(q)]
@@ -263,7 +263,7 @@ def _models_summary() -> Select[Any]:
     once: it has no parameter, and building it costs more than running it."""
     def newest(*where: Any) -> Any:
         return (select(Release.version).where(Release.model_pk == Model.id, *where)
-                .order_by(Release.created_at.desc(), Release.version.desc()).limit(1)
+                .order_by(Release.seq.desc(), Release.version.desc()).limit(1)
                 .correlate(Model).scalar_subquery())
     return select(Model.model_id, Model.release_count, newest(),
                   newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
@@ -292,7 +292,7 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     rows = s.execute(select(Release.version, Release.created_at, Release.dtype, Release.bytes,
                             Release.manifest_sha256).join(Model)
                      .where(Model.model_id == model_id)
-                     .order_by(Release.created_at.desc(), Release.version.desc())).all()
+                     .order_by(Release.seq.desc(), Release.version.desc())).all()
     return [{**dict(r._mapping), "passing": r.version in ok,
              "aliases": sorted(aliases.get(r.version, []))} for r in rows]
 

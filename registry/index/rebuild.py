@@ -1,13 +1,31 @@
-"""``registry index rebuild``: the index recomputed from the store alone."""
+"""``registry index rebuild``: the index recomputed from the store, never
+forgetting on a listing's word (issue 31 item 3).
+
+What the listings show is added or updated. What the index holds and the
+listings do not show is read directly (a HEAD of its manifest, a GET of its
+pointer or revocation, :mod:`registry.confirm`): kept when it is there (the
+listing lags: GCS, Swift, RGW, a cache), removed only when its absence is
+confirmed. Staging directories (``*.tmp-*``) and claimed, uncommitted
+versions are skipped, never an error; a release that does not verify, or
+whose documents cannot be indexed (a number no column holds), is reported
+damaged and left out, and the others are indexed. Every release skipped,
+damaged, removed or kept against the listing is reported with its reason.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import delete
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from registry.aliases import list_aliases
 from registry.checkpoint import CheckpointTree
-from registry.errors import RegistryError, StorageError
+from registry.confirm import manifest_absent, verify_confirmed
+from registry.errors import InvalidNameError, ObjectNotFoundError, RegistryError, StorageError
 from registry.index import schema as t
 from registry.index.db import Index
 from registry.index.record import (
@@ -17,70 +35,211 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
-from registry.layout import MODELS, RUNS, run_root
+from registry.layout import CLAIM_SUFFIX, MODELS, RUNS, TMP_MARK, run_root
+from registry.ledger import PREFIX as REVOCATIONS
+from registry.ledger import _read as read_revocation
 from registry.ledger import revocations
+from registry.manifest import Manifest
+from registry.names import check_name
+from registry.pointer import read_pointer
 from registry.release.policy import thresholds
+from registry.sequence import sequence_of
 from registry.store import Store, join
-from registry.verify import verify_directory
+
+__all__ = ["rebuild"]
 
 
-def rebuild(index: Index, store: Store) -> dict[str, int]:
-    """Replace every row with what the store holds; returns counts per kind.
+@dataclass
+class _Plan:
+    """What the store holds, read completely before the index is touched."""
 
-    Only committed directories are indexed. The store is read completely
-    first (every listing, every verification); only then, in one
-    transaction, are the old rows replaced, so a store that cannot be read
-    (down, denied, wrong credentials, missing bucket) leaves the index as it
-    was: readers see the old index or the new one, never an emptied one.
+    releases: dict[tuple[str, str], Manifest] = field(default_factory=dict)
+    aliases: dict[tuple[str, str], str] = field(default_factory=dict)
+    policies: dict[str, Any] = field(default_factory=dict)
+    checkpoints: dict[tuple[str, int], tuple[str, Manifest]] = field(default_factory=dict)
+    revocations: dict[str, Any] = field(default_factory=dict)
+    report: list[dict[str, str]] = field(default_factory=list)
+
+    def note(self, action: str, what: str, reason: str) -> None:
+        self.report.append({"action": action, "what": what, "reason": reason})
+
+
+def _indexed(s: Session) -> dict[str, set[Any]]:
+    def rows(q: Any) -> set[tuple[Any, ...]]:
+        return {tuple(r) for r in s.execute(q)}
+
+    return {
+        "releases": rows(select(t.Model.model_id, t.Release.version).join(t.Release)),
+        "aliases": rows(select(t.Model.model_id, t.Alias.alias).join(t.Alias)),
+        "checkpoints": rows(select(t.Checkpoint.run_id, t.Checkpoint.step)),
+        "revocations": set(s.scalars(select(t.Revocation.source_id))),
+        "models": set(s.scalars(select(t.Model.model_id))),
+    }
+
+
+def _release(plan: _Plan, store: Store, model_id: str, version: str, *,
+             listed: bool, indexed: bool) -> None:
+    prefix = join(MODELS, model_id, version)
+    what = f"{model_id}@{version}"
+    report = verify_confirmed(store, prefix)
+    if report.manifest is None:
+        if manifest_absent(store, prefix):
+            why = "its MANIFEST.json is gone (a HEAD of it: not found)"
+        else:
+            why = f"not committed ({report.error})"
+        if indexed:
+            plan.note("removed", what, why)
+        elif store.exists(prefix + CLAIM_SUFFIX):
+            plan.note("skipped", what, "being published (claimed, not committed yet)")
+        else:
+            plan.note("skipped", what, why)
+        return
+    meta = report.manifest.meta
+    if report.problems:
+        plan.note("damaged", what, str(report.problems[0])
+                  + (" (removed from the index)" if indexed else ""))
+    elif report.manifest.kind != "release" or meta.get("version") != version or meta.get(
+            "model_id") != model_id:
+        plan.note("damaged", what, f"its manifest is a {report.manifest.kind} of "
+                  f"{meta.get('model_id')}@{meta.get('version')}")
+    else:
+        plan.releases[(model_id, version)] = report.manifest
+        if not listed:
+            plan.note("kept", what, "not in the listing, but its manifest is there (a HEAD "
+                      "of it): the listing lags")
+
+
+def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
+    plan = _Plan()
+    listed_models = store.subdirs_confirmed(MODELS)
+    for model_id in listed_models:
+        for name in store.subdirs_confirmed(join(MODELS, model_id)):
+            if name == "refs":
+                continue
+            if TMP_MARK in name:
+                plan.note("skipped", f"{model_id}@{name}", "staging of a publish in progress "
+                          "or killed (`registry gc` removes abandoned ones)")
+                continue
+            try:
+                check_name(name, "version")
+            except InvalidNameError as e:
+                plan.note("skipped", f"{model_id}@{name}", str(e))
+                continue
+            _release(plan, store, model_id, name, listed=True,
+                     indexed=(model_id, name) in indexed["releases"])
+    seen = {(r["what"].split("@", 1)[0], r["what"].split("@", 1)[1]) for r in plan.report}
+    for model_id, version in sorted(indexed["releases"] - plan.releases.keys() - seen):
+        _release(plan, store, model_id, version, listed=False, indexed=True)
+    models = sorted({m for m, _ in plan.releases} | set(listed_models))
+    for model_id in models:
+        for alias, version in list_aliases(store, model_id).items():
+            plan.aliases[(model_id, alias)] = version
+        try:
+            plan.policies[model_id] = thresholds(store, model_id)
+        except StorageError:
+            raise
+        except RegistryError:
+            pass  # a malformed policy.json is reported by gate checks, not here
+    for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys()):
+        if model_id not in models:
+            continue
+        value = read_pointer(store, join(MODELS, model_id, "refs", alias))
+        if value is not None:
+            plan.aliases[(model_id, alias)] = value
+    for run_id in store.subdirs_confirmed(RUNS):
+        tree = CheckpointTree(store, run_root(run_id))
+        for step in tree.steps():
+            _checkpoint(plan, store, run_id, step)
+    for run_id, step in sorted(indexed["checkpoints"] - plan.checkpoints.keys()):
+        if not manifest_absent(store, CheckpointTree(store, run_root(run_id)).prefix(step)):
+            _checkpoint(plan, store, run_id, step)
+    plan.revocations = dict(revocations(store))
+    for source_id in sorted(indexed["revocations"] - plan.revocations.keys()):
+        try:
+            plan.revocations[source_id] = read_revocation(
+                store, join(REVOCATIONS, f"{source_id}.json"))
+        except ObjectNotFoundError:
+            pass
+    return plan
+
+
+def _checkpoint(plan: _Plan, store: Store, run_id: str, step: int) -> None:
+    prefix = CheckpointTree(store, run_root(run_id)).prefix(step)
+    report = verify_confirmed(store, prefix)
+    if report.ok and report.manifest is not None:
+        plan.checkpoints[(run_id, step)] = (store.url_of(prefix), report.manifest)
+
+
+def _legacy_ranks(plan: _Plan) -> dict[tuple[str, str], int]:
+    """1..k per model, by (created_at, version), for releases whose manifest
+    records no sequence (committed before registry.sequence)."""
+    by_model: dict[str, list[tuple[str, str]]] = {}
+    for (model_id, version), manifest in plan.releases.items():
+        if sequence_of(manifest) is None:
+            by_model.setdefault(model_id, []).append((manifest.created_at, version))
+    return {(m, v): rank for m, rows in by_model.items()
+            for rank, (_, v) in enumerate(sorted(rows), start=1)}
+
+
+def rebuild(index: Index, store: Store) -> dict[str, Any]:
+    """Recompute the index from the store; returns counts per kind and
+    ``report``: one ``{"action", "what", "reason"}`` per release skipped,
+    damaged, removed or kept against the listing (actions ``skipped``,
+    ``damaged``, ``removed``, ``kept``).
+
+    The store is read completely first (every listing, every verification,
+    every confirming read); only then, in one transaction, are the rows
+    replaced: readers see the old index or the new one, never an emptied
+    one, and a store that cannot be read leaves the index as it was.
 
     Raises:
         StorageError: the store could not be read; the index is unchanged.
         IndexDatabaseError: the database failed; the index is unchanged.
     """
-    counts = {"models": 0, "releases": 0, "aliases": 0, "checkpoints": 0, "revocations": 0}
-    models: list[tuple[str, list[str], dict[str, str], object]] = []
-    for model_id in store.subdirs_confirmed(MODELS):
-        versions = [v for v in store.subdirs_confirmed(join(MODELS, model_id))
-                    if verify_directory(store, join(MODELS, model_id, v)).ok]
-        try:
-            policy: object = thresholds(store, model_id)
-        except StorageError:
-            raise
-        except RegistryError:
-            policy = None  # a malformed policy.json is reported by gate checks, not here
-        models.append((model_id, versions, list_aliases(store, model_id), policy))
-    checkpoints = []
-    for run_id in store.subdirs_confirmed(RUNS):
-        tree = CheckpointTree(store, run_root(run_id))
-        for step in tree.steps():
-            report = verify_directory(store, tree.prefix(step))
-            if report.ok and report.manifest is not None:
-                checkpoints.append((run_id, step, store.url_of(tree.prefix(step)),
-                                    report.manifest))
-    revs = list(revocations(store).values())
+    plan = _scan(store, index.read(_indexed))
+    legacy = _legacy_ranks(plan)
+    counts: dict[str, Any] = {}
 
     def work(s: Session) -> None:
         for table in (t.Policy, t.Alias, t.EvalResult, t.ReleaseSource, t.ReleaseFile,
                       t.Release, t.LedgerSource, t.Model, t.Checkpoint, t.Revocation):
             s.execute(delete(table))
-        for k in counts:
-            counts[k] = 0
-        for model_id, versions, aliases, policy in models:
-            counts["models"] += 1
-            for version in versions:
-                record_release(s, store, model_id, version)  # an error rolls back
+        counts.clear()
+        counts.update(models=0, releases=0, aliases=0, checkpoints=0, revocations=0)
+        damaged: list[dict[str, str]] = []
+        models = sorted({m for m, _ in plan.releases} | {m for m, _ in plan.aliases}
+                        | set(plan.policies))
+        for model_id, version in sorted(plan.releases):
+            if _guarded(s, damaged, f"{model_id}@{version}", lambda: record_release(
+                    s, store, model_id, version, legacy_seq=legacy.get((model_id, version)))):
                 counts["releases"] += 1
-            for alias, version in aliases.items():
-                record_alias(s, model_id, alias, version)
-                counts["aliases"] += 1
-            if policy is not None:
-                record_policy(s, model_id, policy)  # type: ignore[arg-type]
-        for run_id, step, url, manifest in checkpoints:
+        for (model_id, alias), version in sorted(plan.aliases.items()):
+            record_alias(s, model_id, alias, version)
+            counts["aliases"] += 1
+        for model_id, policy in plan.policies.items():
+            record_policy(s, model_id, policy)
+        counts["models"] = len(models)
+        for (run_id, step), (url, manifest) in sorted(plan.checkpoints.items()):
             record_checkpoint(s, run_id, step, url, manifest)
             counts["checkpoints"] += 1
-        for rev in revs:
+        for rev in plan.revocations.values():
             record_revocation(s, rev)
             counts["revocations"] += 1
+        counts["report"] = plan.report + damaged
 
     index.run(work)
     return counts
+
+
+def _guarded(s: Session, damaged: list[dict[str, str]], what: str,
+             fn: Callable[[], Any]) -> bool:
+    """Run one release's index writes in a savepoint: a release whose
+    documents cannot be indexed is reported damaged, the others still land."""
+    try:
+        with s.begin_nested():
+            fn()
+        return True
+    except (RegistryError, ValueError, OverflowError, DataError) as e:
+        damaged.append({"action": "damaged", "what": what,
+                        "reason": f"cannot be indexed: {str(e).splitlines()[0]}"})
+        return False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from registry import gates
@@ -31,6 +31,7 @@ from registry.manifest import Manifest
 from registry.release import ModelRelease
 from registry.release.convert import dtype_label, weights_groups
 from registry.weights import INDEX, SINGLE, load_weights
+from registry.sequence import sequence_of
 from registry.store import Store
 from registry.verify import read_manifest
 
@@ -54,8 +55,14 @@ def _dtype(store: Store, prefix: str, manifest: Manifest) -> str:
     return dtype_label(weights_groups(weights.described, weights.metadata))[:32]
 
 
-def record_release(s: Session, store: Store, model_id: str, version: str) -> int:
-    """Index the committed release ``model_id@version`` (replacing any row); returns its pk."""
+def record_release(s: Session, store: Store, model_id: str, version: str, *,
+                   legacy_seq: int | None = None) -> int:
+    """Index the committed release ``model_id@version`` (replacing any row); returns its pk.
+
+    Its ``seq`` is the sequence its manifest records (:mod:`registry.sequence`);
+    a release committed before the counter has none and gets ``legacy_seq``
+    (``index rebuild``: its rank by ``(created_at, version)``), else one more
+    than the model's highest."""
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     facts = ModelRelease(store).facts(model_id, version)
@@ -70,6 +77,10 @@ def record_release(s: Session, store: Store, model_id: str, version: str) -> int
         # each add theirs (a count(*) here would miss the other's uncommitted row)
         s.execute(update(Model).where(Model.id == mpk)
                   .values(release_count=Model.release_count + 1))
+    seq = sequence_of(manifest)
+    if seq is None:
+        seq = legacy_seq if legacy_seq is not None else 1 + (s.scalar(
+            select(func.max(Release.seq)).where(Release.model_pk == mpk)) or 0)
     source = manifest.meta.get("source", {})
     summary = facts.evals or {}
     row = Release(model_pk=mpk, version=version, uri=store.url_of(prefix),
@@ -77,7 +88,7 @@ def record_release(s: Session, store: Store, model_id: str, version: str) -> int
                   dtype=_dtype(store, prefix, manifest), source_run_id=source.get("run_id"),
                   source_step=source.get("step"), source_uri=source.get("uri"),
                   source_manifest_sha256=source.get("manifest_sha256"),
-                  created_at=manifest.created_at, card_ok=card.passed, ledger_ok=ledger.passed,
+                  created_at=manifest.created_at, seq=seq, card_ok=card.passed, ledger_ok=ledger.passed,
                   ledger_reason=ledger.reason, evals_passed=evals.passed,
                   evals_reason=evals.reason, suite=summary.get("suite"),
                   suite_version=summary.get("suite_version"))

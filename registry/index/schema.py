@@ -41,7 +41,7 @@ class Release(Base):
 
     __tablename__ = "releases"
     __table_args__ = (UniqueConstraint("model_pk", "version"),
-                      Index("ix_releases_model_created", "model_pk", "created_at", "version"))
+                      Index("ix_releases_model_seq", "model_pk", "seq", "version"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_pk: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
     version: Mapped[str] = mapped_column(String(128))
@@ -54,6 +54,9 @@ class Release(Base):
     source_uri: Mapped[str | None] = mapped_column(Text)
     source_manifest_sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32))
+    #: the model's release order, assigned by the commit (registry.sequence):
+    #: "latest" is the highest, whatever the publishers' clocks said
+    seq: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
     card_ok: Mapped[bool] = mapped_column(Boolean)
     ledger_ok: Mapped[bool] = mapped_column(Boolean)
     ledger_reason: Mapped[str] = mapped_column(Text)

@@ -26,6 +26,7 @@ from registry import gates, schemas
 from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout
 from registry.checkpoint.tree import CheckpointTree
+from registry import sequence
 from registry.commit import DirectoryWriter
 from registry.errors import (
     DocumentError,
@@ -399,6 +400,11 @@ class ModelRelease:
             for h in head_docs:
                 w.write_bytes(f"heads/{h['name']}.json", _dump(h))
             results = signature_gate.seal(w, signer, self.store, model_id, version, results)
+            # The store's order, not this host's clock (registry.sequence):
+            # taken last, under the claim, right before the commit marker.
+            w.meta["metadata"] = {**w.meta.get("metadata", {}),
+                                  sequence.FIELD: str(sequence.next_sequence(
+                                      self.store, model_id, publishing=version))}
             manifest = w.commit()
         result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results)
         for hook in self.on_commit:
