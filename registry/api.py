@@ -55,12 +55,15 @@ from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
 from registry.release.failing import failing_gates
-from registry.release.policy import set_policy, signed_by
+from registry.release.code import code_files
+from registry.release.model_release import stored_code_gate
+from registry.release.policy import forbids_code, set_policy, signed_by
 from registry.release.signature_gate import signature_info, stored_gate
 from registry.release.convert import stored_summary
 from registry.weights import INDEX, SINGLE, weights_names
 from registry.model_sig import SIGNATURE
-from registry.store import Store, open_store
+from registry.limits import MAX_JSON_BYTES
+from registry.store import Store, join, open_store
 from registry.verify import read_manifest
 
 T = TypeVar("T")
@@ -196,11 +199,13 @@ class Registry:
         return rev, created
 
     def set_policy(self, model_id: str, require: Iterable[str],
-                   signed_by: Iterable[PublicKey | Certificate] = ()) -> list[Threshold]:
+                   signed_by: Iterable[PublicKey | Certificate] = (), *,
+                   forbid_code: bool = False) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
         and CA certificates (``registry.certs.load_anchor``) one of which must
-        have signed every release (the ``signature`` gate)."""
-        parsed = set_policy(self.store, model_id, require, signed_by)
+        have signed every release (the ``signature`` gate), and ``forbid_code``
+        (the ``code`` gate: no pickle, no remote code)."""
+        parsed = set_policy(self.store, model_id, require, signed_by, forbid_code=forbid_code)
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
         return parsed
 
@@ -315,7 +320,7 @@ class Registry:
             UnknownModelError: the index has no such model.
         """
         req = _thresholds(require)
-        keys = signed_by(self.store, model_id)
+        keys = self._store_gated(model_id)
 
         def work(s: Session) -> list[dict[str, Any]]:
             self._known_model(s, model_id)
@@ -323,14 +328,23 @@ class Registry:
         rows = self._query(work)
         if not keys:
             return rows
-        # The signature gate is read from the store (model.sig + manifest of each
-        # candidate, a few KB each): the index holds no signature facts.
-        ok = [r for r in rows if all(g.passed for g in stored_gate(self.store, model_id,
-                                                                   r["version"]))]
+        # The signature and code gates are read from the store (model.sig +
+        # manifest of each candidate, a few KB each): the index holds neither.
+        ok = [r for r in rows if all(g.passed for g in self._store_gates(model_id,
+                                                                         r["version"]))]
         return ok[:1] if latest else ok
 
     def releases_for_source(self, source_id: str) -> list[dict[str, Any]]:
         return self._query(lambda s: queries.releases_for_source(s, source_id))
+
+    def _store_gated(self, model_id: str) -> bool:
+        """The model's policy has gates the index cannot answer (signing keys,
+        ``forbid_code``)."""
+        return bool(signed_by(self.store, model_id)) or forbids_code(self.store, model_id)
+
+    def _store_gates(self, model_id: str, version: str) -> list[GateResult]:
+        return (stored_gate(self.store, model_id, version)
+                + stored_code_gate(self.store, model_id, version))
 
     def show(self, model_id: str, version: str) -> dict[str, Any]:
         """The index's summary of one release, plus ``signature`` read from the
@@ -340,14 +354,20 @@ class Registry:
         ``weights`` (stored tensor groups), ``weight_files`` (``[{"path",
         "bytes", "tensors", "parameters"}]``, the index first) and
         ``parameters`` (scalars stored); ``config_dtype``: the dtype
-        config.json tells engines to load (``"bfloat16"``) or None."""
+        config.json tells engines to load (``"bfloat16"``) or None; ``code``: the
+        pickle and remote-code files it carries
+        (:func:`registry.release.code.code_files`), and the ``code`` gate when
+        the policy forbids code."""
         doc = self._query(lambda s: queries.show(s, model_id, version))
         # the index lists the release's files (it is immutable): a file it
         # lacks is not looked for in the store, a header it has is read once
         files = {f["path"]: f["sha256"] for f in doc["manifest"]}
         doc["signature"] = (signature_info(self.store, model_id, version)
                             if SIGNATURE in files else None)
-        sig_gate = stored_gate(self.store, model_id, version)
+        prefix = join("models", model_id, version)
+        doc["code"] = code_files(
+            files, lambda n: self.store.read_bytes(join(prefix, n), limit=MAX_JSON_BYTES))
+        sig_gate = self._store_gates(model_id, version)
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
@@ -389,14 +409,14 @@ class Registry:
         rows = self._query(work)
         if model_id is None:
             for r in rows:
-                if r["newest_passing"] is not None and signed_by(self.store, r["model_id"]):
+                if r["newest_passing"] is not None and self._store_gated(r["model_id"]):
                     ok = self.passing(r["model_id"], latest=True)
                     r["newest_passing"] = ok[0]["version"] if ok else None
-        elif signed_by(self.store, model_id):
+        elif self._store_gated(model_id):
             for r in rows:
                 if r["passing"]:
-                    r["passing"] = all(g.passed for g in stored_gate(self.store, model_id,
-                                                                     r["version"]))
+                    r["passing"] = all(g.passed for g in self._store_gates(model_id,
+                                                                           r["version"]))
         return rows
 
     def diff(self, model_id: str, a: str, b: str) -> dict[str, Any]:

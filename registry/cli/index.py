@@ -195,6 +195,11 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
                f"{sig['issuer']!r})" if sig.get("kind") == "certificate"
                else f"key {sig['fingerprint']}")
         echo(f"  signed: {sig['path']} by {who} ({state})")
+    code = doc.get("code")
+    if code is not None:
+        from registry.release.code import describe as describe_code
+
+        echo(f"  code: {shown(describe_code(code))}")
     for g in doc["gates"]:
         echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
     for r in doc["evals"]["results"]:

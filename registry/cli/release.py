@@ -141,8 +141,13 @@ def publish(
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     max_shard_size: MaxShardOpt = None,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
-    cert_chain: CertChainOpt = None, store: StoreOpt = None,
-    db: DbOpt = None, as_json: JsonOpt = False,
+    cert_chain: CertChainOpt = None,
+    forbid_code: Annotated[bool, typer.Option(
+        "--forbid-code", help="Refuse (exit 1, nothing written) a directory that carries "
+                              "pickle files (*.bin, *.pt, *.pth, *.pkl, *.ckpt, ...) or remote "
+                              "code (*.py, auto_map in config.json); the model policy's "
+                              "forbid_code does the same.")] = False,
+    store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
     with error_boundary(as_json), _gate_failures(as_json), index_writes():
@@ -152,7 +157,8 @@ def publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
-            cert_chain=cert_chain or [], max_shard_size=max_shard_size)
+            cert_chain=cert_chain or [], max_shard_size=max_shard_size,
+            forbid_code=forbid_code)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
@@ -290,8 +296,13 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
                    help="Public key or CA certificate (PEM): every release must be signed "
                         "by one of the keys, or with a certificate of one of the CAs, given "
                         "(repeatable).")] = None,
+               forbid_code: Annotated[bool, typer.Option(
+                   "--forbid-code", help="Releases may carry no pickle and no remote-code "
+                                         "file (the code gate: alias moves, pull "
+                                         "--require-passing and queries refuse them).")
+               ] = False,
                store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Replace MODEL_ID's policy: thresholds and signing keys (none given: clear them)."""
+    """Replace MODEL_ID's policy: thresholds, signing keys, forbid_code (none given: clear them)."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         _require_model(reg.store, model_id)
@@ -300,13 +311,15 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
             from registry.certs import load_anchor
 
             keys = [k for p in require_signed_by for k in load_anchor(p)]
-        parsed = reg.set_policy(model_id, require or [], signed_by=keys)
+        parsed = reg.set_policy(model_id, require or [], signed_by=keys,
+                                forbid_code=forbid_code)
     if as_json:
         print_json({"model_id": model_id, "require": [str(t) for t in parsed],
-                    "signed_by": [_anchor(k) for k in keys]})
+                    "signed_by": [_anchor(k) for k in keys], "forbid_code": forbid_code})
     else:
         echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
-                   + "".join(f"; signed by {_anchor_text(k)}" for k in keys))
+             + "".join(f"; signed by {_anchor_text(k)}" for k in keys)
+             + ("; no pickle or remote code" if forbid_code else ""))
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from registry import numbers
+from registry import limits, numbers
 from registry import gates, schemas
 from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout
@@ -43,6 +43,7 @@ from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
 from registry.release import policy
+from registry.release import code as release_code
 from registry.release import signature_gate
 from registry.release.card import render_card
 from registry.release.convert import (
@@ -56,7 +57,7 @@ from registry.release.shards import ShardPlan, weight_files
 from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
 from registry.model_sig import SIGNATURE
 from registry.store import Store, join, open_store
-from registry.verify import require_verified
+from registry.verify import read_manifest, require_verified
 
 CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 RESERVED = {MANIFEST, "ledger.json", "MODEL_CARD.md"}
@@ -127,11 +128,14 @@ class ModelRelease:
     def _gate(self, model_id: str, where: str, facts: ReleaseFacts,
               require: Iterable[Threshold | str], *,
               signer: signature_gate.Signer | None = None,
-              carries_signature: bool = False) -> tuple[GateResult, ...]:
+              carries_signature: bool = False, code_found: dict[str, Any] | None = None,
+              forbid_code: bool = False) -> tuple[GateResult, ...]:
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
         results += signature_gate.publish_gate(self.store, model_id, signer,
                                                 carries_signature=carries_signature)
+        if code_found is not None and (forbid_code or policy.forbids_code(self.store, model_id)):
+            results.append(release_code.gate_code(code_found))
         if not gates.passed(results):
             raise GateFailedError(where, results)
         return tuple(results)
@@ -248,7 +252,8 @@ class ModelRelease:
                 sign_key: str | os.PathLike[str] | None = None,
                 sign_cert: str | os.PathLike[str] | None = None,
                 cert_chain: Iterable[str | os.PathLike[str]] = (),
-                max_shard_size: int | str | None = None) -> ReleaseResult:
+                max_shard_size: int | str | None = None,
+                forbid_code: bool = False) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
         Every file of ``model_dir`` is carried (the weights, one
@@ -265,6 +270,10 @@ class ModelRelease:
         first verified in full against the step's MANIFEST.json:
         NotCommittedError when the step is not committed, IntegrityError when
         a file is unlisted or differs (see ``release.step_source``).
+
+        ``forbid_code`` (or the model policy's ``forbid_code``) refuses, with
+        GateFailedError and nothing written, a directory that carries pickle
+        or remote-code files (:mod:`registry.release.code`).
 
         ``sign_key`` (and ``sign_cert``) signs the release as in :meth:`create`. Without it, a
         ``model.sig`` the directory already holds (signed with the library's
@@ -305,7 +314,7 @@ class ModelRelease:
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
                              sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
-                             max_shard_size=max_shard_size)
+                             max_shard_size=max_shard_size, forbid_code=forbid_code)
 
     def _refuse_existing(self, prefix: str) -> None:
         self.store.ensure_root()  # the first release may create a new local store
@@ -325,7 +334,8 @@ class ModelRelease:
                  sign_cert: str | os.PathLike[str] | None = None,
                  cert_chain: Iterable[str | os.PathLike[str]] = (),
                  digests: Mapping[str, str] | None = None,
-                 max_shard_size: int | str | None = None) -> ReleaseResult:
+                 max_shard_size: int | str | None = None,
+                 forbid_code: bool = False) -> ReleaseResult:
         where = src_store.url_of(src)
         shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
         signer = signature_gate.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
@@ -371,8 +381,13 @@ class ModelRelease:
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
+        kept = [n for n in names if n not in extra]
+        code_found = release_code.code_files([*kept, *extra], lambda n: extra.get(n) or (
+            src_store.read_bytes(join(src, n), limit=limits.MAX_JSON_BYTES) if n in names
+            else None))
         results = self._gate(model_id, self.store.url_of(prefix), facts, require,
-                             signer=signer, carries_signature=copy_all and SIGNATURE in names)
+                             signer=signer, carries_signature=copy_all and SIGNATURE in names,
+                             code_found=code_found, forbid_code=forbid_code)
         assert facts.ledger is not None and facts.evals is not None and card is not None
 
         carried = sorted(n for n in names if n not in RESERVED and n not in weights.files
@@ -440,7 +455,25 @@ class ModelRelease:
         facts = self.facts(model_id, version)
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
-        return results + signature_gate.stored_gate(self.store, model_id, version)
+        return (results + signature_gate.stored_gate(self.store, model_id, version)
+                + stored_code_gate(self.store, model_id, version))
+
+
+def stored_code(store: Store, model_id: str, version: str) -> dict[str, Any]:
+    """:func:`registry.release.code.code_files` of a committed release (its
+    manifest's paths; config.json and tokenizer_config.json read bounded)."""
+    prefix = release_prefix(model_id, version)
+    manifest = read_manifest(store, prefix)
+    return release_code.code_files(
+        [e.path for e in manifest.files],
+        lambda n: store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
+
+
+def stored_code_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
+    """The ``code`` gate of a committed release when its policy forbids code, else []."""
+    if not policy.forbids_code(store, model_id):
+        return []
+    return [release_code.gate_code(stored_code(store, model_id, version))]
 
 
 def _inputs(ledger: Any, eval_summary: Any) -> tuple[Any, Any]:

@@ -121,10 +121,29 @@ def _entry(k: PublicKey | Certificate) -> dict[str, str]:
             "certificate": k.pem.decode()}
 
 
+def forbids_code(store: Store, model_id: str) -> bool:
+    """The model's policy says ``"forbid_code": true``: its releases may carry
+    no pickle and no remote code (:mod:`registry.release.code`).
+
+    Raises:
+        DocumentError: policy.json is malformed, or ``forbid_code`` is not a boolean.
+    """
+    key = policy_key(model_id)
+    try:
+        doc = schemas.load_json(store.read_bytes(key), path=store.url_of(key))
+    except FileNotFoundError:
+        return False
+    value = doc.get("forbid_code", False) if isinstance(doc, dict) else False
+    if not isinstance(value, bool):
+        raise DocumentError(store.url_of(key), "forbid_code: expected true or false")
+    return value
+
+
 def set_policy(store: Store, model_id: str, require: Iterable[str],
-               signed_by: Iterable[PublicKey | Certificate] = ()) -> list[Threshold]:
+               signed_by: Iterable[PublicKey | Certificate] = (), *,
+               forbid_code: bool = False) -> list[Threshold]:
     """Replace the model's policy (thresholds, signing keys and CA
-    certificates); returns the thresholds parsed.
+    certificates, ``forbid_code``); returns the thresholds parsed.
 
     Raises:
         UsageError: a threshold does not parse (it is an argument, not a document).
@@ -134,5 +153,7 @@ def set_policy(store: Store, model_id: str, require: Iterable[str],
     keys = [_entry(k) for k in signed_by]
     if keys:
         doc["signed_by"] = keys
+    if forbid_code:
+        doc["forbid_code"] = True
     store.write_bytes(policy_key(model_id), (numbers.dumps(doc, indent=2) + "\n").encode())
     return parsed
