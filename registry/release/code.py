@@ -38,8 +38,9 @@ def code_files(paths: Iterable[str], read: Callable[[str], bytes | None]) -> dic
 
     Args:
         paths: the release's file paths (its manifest).
-        read: ``path -> bytes`` of a listed file (None when absent); used for
-            ``config.json`` and ``tokenizer_config.json`` only.
+        read: ``path -> bytes`` of a listed file (None or FileNotFoundError
+            when absent); used for ``config.json`` and ``tokenizer_config.json``
+            only. Its other errors (a file over its size limit) are raised.
 
     Returns:
         ``{"pickle": [paths], "remote_code": [paths], "auto_map": {file: {class:
@@ -52,7 +53,10 @@ def code_files(paths: Iterable[str], read: Callable[[str], bytes | None]) -> dic
     for name in AUTO_MAP_FILES:
         if name not in listed:
             continue
-        data = read(name)
+        try:
+            data = read(name)
+        except FileNotFoundError:  # listed but gone: the pull's check reports it
+            data = None
         if data is None:
             continue
         try:
