@@ -22,7 +22,8 @@ from registry.cli.output import echo
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
 from registry.release.failing import describe, failing_gates
-from registry.store import open_store
+from registry.gates import GateResult
+from registry.store import Store, open_store
 
 
 @app.command()
@@ -77,6 +78,21 @@ def pull(
         "--trusted-cas", envvar="REGISTRY_TRUSTED_CAS", metavar="PATH",
         help="Folder of trusted CA certificates (*.pem, *.crt) and revoked.json; when "
              "set, every pull must be signed.")] = None,
+    mirror: Annotated[str | None, typer.Option(
+        "--from", envvar="REGISTRY_MIRROR", metavar="URL",
+        help="Pull through a `registry serve` mirror (http://HOST:PORT) with the same checks "
+             "(manifest, sha256 of every byte, signature); when it cannot be reached, pull "
+             "from --store / REGISTRY_STORE if one is given. $HF_TOKEN is sent as its "
+             "bearer token.")] = None,
+    hub_namespace: Annotated[str, typer.Option(
+        "--hub-namespace", metavar="NAME",
+        help="With --from: the mirror's --hub-namespace.")] = "registry",
+    offline: Annotated[bool, typer.Option(
+        "--offline", envvar="REGISTRY_OFFLINE",
+        help="Use only the cache: resolve the ref as the last pull of it did, re-check the "
+             "cached files (stamps, re-hash when changed) and place them; no store, no "
+             "network, no gate re-evaluation. A ref never pulled into this cache is an "
+             "error (exit 3).")] = False,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index).
@@ -102,9 +118,16 @@ def pull(
 
             trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
                                ca_folder=trusted_cas)
-        s = open_store(store)
-        version = resolve(s, model_id, name)
-        failed = failing_gates(s, model_id, version)
+        if offline:
+            from registry.pull.cache import Cache
+            from registry.pull.offline import CacheStore, recall
+
+            c = Cache(cache)
+            version, manifest = recall(c, model_id, name)
+            s: Store = CacheStore(c, model_id, version, manifest)
+            failed: list[GateResult] = []
+        else:
+            s, version, failed = _source(mirror, hub_namespace, store, model_id, name)
         if failed and require_passing:
             raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing)",
                                   failed)
@@ -117,12 +140,16 @@ def pull(
                              verify=verify, force=force, fsync=not no_fsync,
                              blobs=True if blobs else (False if no_blobs else None),
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
+                             ref=name,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:
-        print_json({**result.to_dict(), "passing": not failed,
+        print_json({**result.to_dict(), "passing": not failed, "offline": offline,
                     "failing_gates": [r.to_dict() for r in failed]})
         return
+    if offline and not quiet:
+        typer.echo(f"offline: {ref} resolved from the cache to {result.version} (as its last "
+                   "pull); gates not re-evaluated", err=True)
     if failed:
         echo(f"warning: {model_id}@{result.version} fails its gates now "
                    f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
@@ -135,6 +162,35 @@ def pull(
                    + (f", signed by {_signer(result.signed_by)}" if result.signed_by else ""))
     else:
         echo(result.path)
+
+
+def _source(mirror: str | None, namespace: str, store: str | None, model_id: str,
+            name: str) -> tuple[Store, str, list[GateResult]]:
+    """The store to pull from, the version ``name`` resolves to there, and the
+    gates it fails now. Through a mirror, the mirror evaluates the gates (it
+    refuses failing releases unless started with --allow-failing); a mirror
+    that cannot be reached falls back to the store when one is configured."""
+    if mirror:
+        from registry.pull.mirror_store import MirrorDownError, MirrorStore
+
+        ms = MirrorStore(mirror, namespace=namespace)
+        try:
+            doc = ms.revision(model_id, name).get("registry", {})
+        except MirrorDownError as e:
+            if store is None:
+                raise
+            typer.echo(f"warning: {e}; pulling from the store {store}", err=True)
+        else:
+            version = str(doc.get("version") or "")
+            if not version:
+                raise InvalidNameError(f"{mirror}: answered for {model_id}@{name} without a "
+                                       "registry version (not a registry serve?)", name=name)
+            failed = [] if doc.get("passing", True) else [
+                GateResult("gates", False, "the mirror reports it fails its gates now")]
+            return ms, resolve(ms, model_id, version), failed
+    s = open_store(store)
+    version = resolve(s, model_id, name)
+    return s, version, failing_gates(s, model_id, version)
 
 
 def _signer(check: dict[str, Any]) -> str:

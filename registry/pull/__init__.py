@@ -21,6 +21,7 @@ from registry.layout import release_prefix
 from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
+from registry.pull.offline import remember
 from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.pull.records import gives_up_leases, record_pull, take_lease
 from registry.store import Store
@@ -231,7 +232,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
          range_threshold: int | None = None, fsync: bool = True,
-         trust: Trust | None = None, blobs: bool | None = None) -> PullResult:
+         trust: Trust | None = None, blobs: bool | None = None,
+         ref: str | None = None) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -269,6 +271,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             the staging directory: one write per byte instead of two, and no
             blob for a later pull to share. Files already cached are copied
             from their blobs either way; never a hardlink.
+        ref: the name the user asked for (an alias the caller resolved to
+            ``name`` already), remembered for ``--offline`` pulls
+            (registry.pull.offline) beside ``name`` itself.
 
     Returns:
         A PullResult.
@@ -385,6 +390,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                     c.drop(e.sha256)
             raise
     record_pull(c, manifest, target)
+    remember(c, model_id, (ref or name,), version, manifest)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer,

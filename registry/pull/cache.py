@@ -20,6 +20,7 @@ their writer: a later pull deletes those whose writer is gone.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -112,12 +113,17 @@ class Cache:
         return self.tmp / f"{sha256}.{temp_tag()}{INCOMPLETE}"
 
     def clean_stale(self) -> list[tuple[Path, int]]:
-        """Delete temp files whose writer process is gone; returns each with
-        its size in bytes (0 if it vanished meanwhile)."""
+        """Delete temp files whose writer process is gone, except partial
+        downloads kept for a resume (registry.pull.resume: a piece log beside
+        them, younger than its KEEP_SECONDS); returns each with its size in
+        bytes (0 if it vanished meanwhile)."""
+        from registry.pull.resume import is_kept  # registry.pull.resume imports this module
+
         removed = []
+        now = time.time()
         for p in self.tmp.iterdir():
             pid = owner_pid(p.name)
-            if pid is not None and not pid_alive(pid):
+            if pid is not None and not pid_alive(pid) and not is_kept(p, now):
                 try:
                     size = p.lstat().st_size
                 except FileNotFoundError:

@@ -40,6 +40,7 @@ from registry import fastdigest
 from registry import pieces as pc
 from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
+from registry.pull import resume
 from registry.pull.cache import Cache
 from registry.store import Store, join
 from registry.store.durable import _SYNC_FILE_RANGE_WRITE, _sync_file_range
@@ -136,9 +137,10 @@ class _PieceChecks:
     Nothing is hashed in file order, so ranges that land out of order cost no
     wait and no second pass."""
 
-    def __init__(self, entry: FileEntry, fd: int, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, entry: FileEntry, fd: int, pool: ThreadPoolExecutor,
+                 log: resume.PieceLog | None = None) -> None:
         assert entry.pieces is not None
-        self.entry, self.fd, self.pool = entry, fd, pool
+        self.entry, self.fd, self.pool, self.log = entry, fd, pool, log
         self.bounds = entry.pieces.bounds(entry.size)
         self.futures: dict[int, Future[str | None]] = {}
 
@@ -152,8 +154,14 @@ class _PieceChecks:
                 merged.append([a, b])
         for k, (a, b) in enumerate(self.bounds):
             if k not in self.futures and any(s <= a and b <= e for s, e in merged):
-                self.futures[k] = self.pool.submit(pc.check_fd, self.fd, self.entry.pieces,
-                                                   self.entry.sha256, self.entry.size, k)
+                self.futures[k] = self.pool.submit(self._check, k)
+
+    def _check(self, k: int) -> str | None:
+        bad = pc.check_fd(self.fd, self.entry.pieces, self.entry.sha256,  # type: ignore[arg-type]
+                          self.entry.size, k)
+        if bad is None and self.log is not None:
+            self.log.add(k)  # a resumed pull re-checks it all the same (registry.pull.resume)
+        return bad
 
     def first_error(self) -> IntegrityError | None:
         """Wait for every started check; the lowest bad piece's error."""
@@ -457,10 +465,12 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         InsufficientSpaceError: the disk filled up (the temp file is removed).
     """
     key = join(prefix, entry.path)
-    tmp = cache.new_temp(entry.sha256) if dest is None else dest
-    kept = created = False
-    threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
     by_pieces = entry.pieces is not None and pc.AVAILABLE
+    resumed = resume.claim(cache, entry) if dest is None and by_pieces else None
+    tmp = resumed[0] if resumed else cache.new_temp(entry.sha256) if dest is None else dest
+    log = resume.PieceLog(tmp) if dest is None and by_pieces else None
+    kept = created = keep_partial = False
+    threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
     hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)
     own_pool = None
     if by_pieces and verify_pool is None:
@@ -468,9 +478,10 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                                                     thread_name_prefix="pull-pieces")
     try:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-        fd = os.open(tmp, flags | (os.O_TRUNC if dest is None else os.O_EXCL), 0o644)
+        fd = os.open(tmp, flags | (0 if resumed else os.O_TRUNC if dest is None
+                                   else os.O_EXCL), 0o644)
         created = True
-        checks = (_PieceChecks(entry, fd, verify_pool)  # type: ignore[arg-type]
+        checks = (_PieceChecks(entry, fd, verify_pool, log)  # type: ignore[arg-type]
                   if by_pieces else None)
         # BLAKE3 only for a file placed straight into a target: a blob is named
         # by its sha256, so a blob is only ever kept after its sha256 was checked
@@ -480,9 +491,16 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                     else None)
         local = store.local_path(key) if checks is not None else None
         b3_actual: str | None = None
+        fetched = 0
         try:
             got = -1
-            if b3_local is not None:
+            if resumed is not None and log is not None:
+                got, fetched, bad = resume.fetch_missing(store, key, entry, fd, resumed[1],
+                                                pool=verify_pool,  # type: ignore[arg-type]
+                                                log=log, progress=progress)
+                b3_local = local = None
+                actual = entry.sha256
+            elif b3_local is not None:
                 try:
                     got, b3_actual = _copy_local_b3(b3_local, fd, entry, progress, fsync=fsync)
                 except FileNotFoundError:
@@ -507,8 +525,10 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                 got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
                                 workers=inflight, threshold=threshold, progress=progress,
                                 checks=checks)
-            bad = None
-            if b3_local is not None:
+            if resumed is not None:
+                pass  # checked piece by piece by resume.fetch_missing
+            elif b3_local is not None:
+                bad = None
                 actual = entry.sha256
                 if got == entry.size and b3_actual != entry.blake3:
                     bad = IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
@@ -518,6 +538,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                 bad = checks.first_error() if got == entry.size else None
                 actual = entry.sha256
             else:
+                bad = None
                 actual = hasher.hexdigest()
             if got == entry.size and fsync and bad is None:
                 os.fsync(fd)
@@ -535,6 +556,10 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             raise IntegrityError(entry.path, expected_size=entry.size, actual_size=got,
                                  expected_sha256=entry.sha256, actual_sha256=actual)
         os.chmod(tmp, 0o444)
+        if log is not None:
+            log.remove()
+        if resumed is not None:
+            got = fetched  # bytes transferred: only what the partial lacked
         if dest is not None:
             kept = True
             return got
@@ -554,10 +579,20 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         if e.errno == 28:
             raise InsufficientSpaceError(f"{tmp}: no space left on device while pulling "
                                          f"{entry.path}", key=str(tmp)) from None
+        keep_partial = log is not None and bool(log.have)  # the store failed: resumable
+        raise
+    except IntegrityError:
+        raise
+    except BaseException:
+        keep_partial = log is not None and bool(log.have)  # interrupted: resumable
         raise
     finally:
         hasher.close()
         if own_pool is not None:
             own_pool.shutdown(wait=True)
-        if dest is None or (created and not kept):
+        if keep_partial:
+            pass  # registry.pull.resume: the next pull of this blob takes it over
+        elif dest is None or (created and not kept):
             Path(tmp).unlink(missing_ok=True)
+            if log is not None:
+                log.remove()

@@ -21,7 +21,8 @@ Modes:
     (``STREAM_CHUNK`` is 1 KiB here); ``ranged``: after the first byte range of
     a large file was received (``RANGE_THRESHOLD`` 1 MiB, ``RANGE_SIZE``
     256 KiB here); ``place``: after the first file was copied (or reflinked)
-    into the staging directory. The stall comes from patching this process's
+    into the staging directory; ``pieces``: after 160 KiB of a file streamed
+    in 16 KiB blocks (the resume tests publish 64 KiB pieces). The stall comes from patching this process's
     Store class and ``registry.pull.materialize.place_file`` only (no hook in
     library code). Exits 0 (printing
     ``DONE``) if it never stalled.
@@ -111,6 +112,18 @@ def stall(url: str, model_id: str, version: str, cache: str, target: str, phase:
                 yield block
 
         cls.iter_range = iter_range  # type: ignore[method-assign]
+    elif phase == "pieces":
+        download.STREAM_CHUNK = 16 * 1024
+        cls.local_path = lambda self, key: None  # type: ignore[method-assign] # stream it
+        original_iter = cls.iter_read
+
+        def iter_read(self, key, chunk=1024):  # type: ignore[no-untyped-def]
+            for i, block in enumerate(original_iter(self, key, chunk)):
+                if i == 10:  # 160 KiB landed: the pieces before are checked and logged
+                    stall_forever()
+                yield block
+
+        cls.iter_read = iter_read  # type: ignore[method-assign]
     elif phase == "place":
         import importlib
         materialize = importlib.import_module("registry.pull.materialize")

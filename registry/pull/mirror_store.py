@@ -1,0 +1,200 @@
+"""A read-only Store over a ``registry serve`` mirror's Hub API: ``registry pull --from URL``.
+
+The pull runs unchanged over it: the manifest (``MANIFEST.json``, whose
+sha256 is checked against the commit id the server names), ``model.sig`` and
+every file are read through ``/{namespace}/{model_id}/resolve/{version}/{path}``,
+and the pull checks them exactly as from the store (sizes, sha256 or pieces
+of every byte, the signature against this host's trusted keys). A version is
+always fetched by its name, never by an alias, so an alias moved mid-pull
+cannot mix two releases. Aliases are read from the revision API
+(``/api/models/{repo}/revision/{alias}``: its ``registry.version``).
+
+Keys the mirror cannot serve (the ledger, policies, checkpoints) are absent
+(ObjectNotFoundError); nothing can be written (StorageError). Stdlib HTTP only
+(http.client through urllib); ``$HF_TOKEN`` or ``token`` is sent as
+``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import IO, Any
+from urllib.parse import quote
+
+from registry.errors import IntegrityError, ObjectNotFoundError, StorageError
+from registry.store.base import CHUNK, ObjectInfo, Store
+
+#: seconds to wait for the mirror to connect or answer
+TIMEOUT = 30.0
+#: ``$REGISTRY_MIRROR``: the default of ``registry pull --from``
+MIRROR_ENV = "REGISTRY_MIRROR"
+
+
+class MirrorDownError(StorageError):
+    """The mirror cannot be reached (connection refused, timeout, DNS)."""
+
+
+class MirrorStore(Store):
+    """The releases a ``registry serve`` at ``base`` (``http://host:port``) serves.
+
+    Raises (from its methods):
+        ObjectNotFoundError: the mirror answers 404 (or 403: refused by its
+            gates or signature policy, the reason in the message).
+        MirrorDownError: the mirror cannot be reached.
+        IntegrityError: the mirror answers 409 (its store's bytes differ from
+            the manifest; it sends none of them).
+        StorageError: any other HTTP error, and every write.
+    """
+
+    atomic_rename = False
+    conditional_create = False
+    compare_and_swap = False
+
+    def __init__(self, base: str, *, namespace: str = "registry",
+                 token: str | None = None) -> None:
+        base = base.rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            raise StorageError(f"--from {base!r}: expected http://HOST:PORT or https://...")
+        super().__init__(base, None, "")  # type: ignore[arg-type]
+        self.namespace = namespace
+        self.token = token if token is not None else os.environ.get("HF_TOKEN")
+
+    def url_of(self, key: str) -> str:
+        return f"{self.url}#{key}" if key else self.url
+
+    # -- HTTP ---------------------------------------------------------------------
+
+    def _request(self, url: str, *, method: str = "GET",
+                 headers: dict[str, str] | None = None) -> Any:
+        h = dict(headers or {})
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, headers=h, method=method)
+        try:
+            return urllib.request.urlopen(req, timeout=TIMEOUT)  # noqa: S310 (http only)
+        except urllib.error.HTTPError as e:
+            why = e.headers.get("X-Error-Message") or e.reason
+            e.close()
+            if e.code in (403, 404):
+                raise ObjectNotFoundError(f"{url}: {e.code} {why}", key=url) from None
+            if e.code == 409:  # the mirror's store holds other bytes than the manifest
+                raise IntegrityError(url, reason=f"the mirror refused it: {why}") from None
+            raise StorageError(f"{url}: HTTP {e.code} {why}", key=url) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise MirrorDownError(f"{self.url}: the mirror cannot be reached ({e})",
+                                  key=url) from None
+
+    def _repo(self, model_id: str) -> str:
+        return f"{self.namespace}/{quote(model_id, safe='')}"
+
+    def revision(self, model_id: str, revision: str) -> dict[str, Any]:
+        """The mirror's model-info document of ``model_id@revision``."""
+        url = (f"{self.url}/api/models/{self._repo(model_id)}/revision/"
+               f"{quote(revision, safe='')}")
+        with self._request(url) as r:
+            doc: dict[str, Any] = json.loads(r.read())
+        return doc
+
+    def _file_url(self, key: str) -> str:
+        parts = key.split("/")
+        if len(parts) < 4 or parts[0] != "models" or parts[2] == "refs":
+            raise ObjectNotFoundError(f"{self.url}: a mirror serves release files only, "
+                                      f"not {key}", key=key)
+        return (f"{self.url}/{self._repo(parts[1])}/resolve/{quote(parts[2], safe='')}/"
+                + "/".join(quote(p, safe="") for p in parts[3:]))
+
+    def _version_of(self, key: str) -> str | None:
+        """For ``models/<m>/refs/<alias>`` or ``models/<m>/<name>/MANIFEST.json``:
+        the version the mirror resolves ``<alias>``/``<name>`` to (None: none)."""
+        parts = key.split("/")
+        try:
+            doc = self.revision(parts[1], parts[3] if parts[2] == "refs" else parts[2])
+        except ObjectNotFoundError:
+            return None
+        version = doc.get("registry", {}).get("version")
+        return str(version) if version else None
+
+    # -- primitives -------------------------------------------------------------------
+
+    def open_read(self, key: str) -> IO[bytes]:
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "models" and parts[2] == "refs":
+            import io
+
+            version = self._version_of(key)
+            if version is None or version == parts[3]:
+                raise ObjectNotFoundError(f"{self.url}: no alias {parts[3]!r} of "
+                                          f"{parts[1]!r}", key=key)
+            return io.BytesIO(f"{version}\n".encode())
+        if len(parts) == 4 and parts[3] == "MANIFEST.json" and \
+                self._version_of(key) != parts[2]:
+            raise ObjectNotFoundError(f"{self.url}: no version {parts[2]!r} of {parts[1]!r}",
+                                      key=key)
+        return self._request(self._file_url(key))  # type: ignore[no-any-return]
+
+    def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        with self._request(self._file_url(key)) as r:
+            while block := r.read(chunk):
+                yield block
+
+    def iter_range(self, key: str, start: int, end: int,
+                   chunk: int = CHUNK) -> Iterator[bytes]:
+        if end <= start:
+            return
+        try:
+            r = self._request(self._file_url(key), headers={"Range": f"bytes={start}-{end - 1}"})
+        except StorageError as e:
+            if "HTTP 416" in str(e):
+                return  # past the end: the object is no longer
+            raise
+        with r:
+            if r.status != 206 and start:
+                raise StorageError(f"{self.url}: ignored a Range request for {key}", key=key)
+            left = end - start
+            while left > 0 and (block := r.read(min(chunk, left))):
+                left -= len(block)
+                yield block
+
+    def info(self, key: str) -> ObjectInfo:
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "models" and (parts[2] == "refs" or
+                                                           parts[3] == "MANIFEST.json"):
+            with self.open_read(key) as f:
+                return ObjectInfo(key, len(f.read()))
+        with self._request(self._file_url(key), method="HEAD") as r:
+            return ObjectInfo(key, int(r.headers.get("Content-Length", 0)))
+
+    def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
+        raise StorageError(f"{self.url}: a mirror lists nothing (asked for {prefix!r})")
+
+    def walk_files(self, prefix: str) -> dict[str, int]:
+        raise StorageError(f"{self.url}: a mirror lists nothing (asked for {prefix!r})")
+
+    def _read_only(self, key: str) -> StorageError:
+        return StorageError(f"{self.url}: a mirror is read-only (asked to write {key!r})",
+                            key=key)
+
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
+        raise self._read_only(key)
+
+    def create(self, key: str, data: bytes) -> None:
+        raise self._read_only(key)
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        with self.open_read(key) as f:
+            data = f.read()
+        return data, ""
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        raise self._read_only(key)
+
+    def delete(self, key: str) -> None:
+        raise self._read_only(key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        raise self._read_only(prefix)
