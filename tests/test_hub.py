@@ -342,3 +342,35 @@ def test_serve_refuses_a_bad_namespace(shared: tuple[str, str, Path], tmp_path: 
                 "--db", db(tmp_path))
     assert p.returncode == 2 and "--hub-namespace" in p.stderr and "Traceback" not in p.stderr
     assert os.environ.get("HF_ENDPOINT") is None
+
+
+def test_a_sharded_release_downloads_and_loads_through_the_hub_api(
+        shared: tuple[str, str, Path], tmp_path: Path, srcs: dict[str, Path]) -> None:
+    """Weights as an index and the shards it names (DESIGN: "Weights of a model
+    directory"): snapshot_download gets every shard, transformers loads them."""
+    require_engines("torch", "transformers")
+    from safetensors.numpy import load_file, save_file
+
+    store, base, _ = shared
+    tensors = load_file(str(srcs["2"] / "model.safetensors"))
+    names = sorted(tensors)
+    d = tmp_path / "sharded"
+    d.mkdir()
+    shards = {"model-00001-of-00002.safetensors": names[:10],
+              "model-00002-of-00002.safetensors": names[10:]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(d / shard), metadata={"format": "pt"})
+    (d / "model.safetensors.index.json").write_text(json.dumps({
+        "metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
+        "weight_map": {k: s for s, keys in shards.items() for k in keys}}))
+    (d / "config.json").write_text((srcs["2"] / "config.json").read_text())
+    publish(store, d, "sharded", "1")
+    assert run_cli("alias", "set", "sharded", "prod", "1", "--store", store).returncode == 0
+    out = hub_client(base, tmp_path / "hf", "snapshot", "registry/sharded", "prod")
+    assert out["ok"], out
+    assert out["files"] == release_files(store, "sharded", "1")
+    assert set(shards) <= set(out["files"])
+    out = hub_client(base, tmp_path / "hf2", "automodel", "registry/sharded", "prod")
+    assert out["ok"], out
+    assert out["files"] == {k: hashlib.sha256(v.tobytes()).hexdigest()
+                            for k, v in tensors.items()}
