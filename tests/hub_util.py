@@ -97,7 +97,8 @@ def client_env(base: str, hf_home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
     env.update({"HF_ENDPOINT": base, "HF_HOME": str(hf_home), "HF_HUB_DISABLE_TELEMETRY": "1",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "30",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "120",
+                "HF_HUB_DOWNLOAD_TIMEOUT": "120",
                 "PYTHONPATH": str(REPO), **extra})
     return env
 
