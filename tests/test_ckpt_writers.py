@@ -53,11 +53,14 @@ def tree_of(store: Store, layout: Layout, round_: int) -> CheckpointTree:
     return CheckpointTree(store, f"lg/race-{round_}", LOONGSAGE)
 
 
-def model_key(layout: Layout) -> str:
-    return "model.safetensors" if layout is TINYLLM else "dist_ckpt/model.safetensors"
+def read_model(store: Store, prefix: str, layout: Layout) -> dict[str, np.ndarray]:
+    """The step's parameters: tinyllm's model.safetensors, LoongSage's DCP dist_ckpt."""
+    if layout is LOONGSAGE:
+        from registry.checkpoint.loongsage_dcp import read_full
 
-
-def read_model(store: Store, prefix: str, rel: str) -> dict[str, np.ndarray]:
+        return {k[len("model."):]: v for k, v in read_full(store, f"{prefix}/dist_ckpt").items()
+                if k.startswith("model.")}
+    rel = "model.safetensors"
     size = store.info(f"{prefix}/{rel}").size
     with store.open_read(f"{prefix}/{rel}") as f:
         return read_safetensors(f, path=rel, file_size=size)[0]
@@ -143,7 +146,7 @@ def test_two_writers_of_one_run_exactly_one_saves_the_step(
         assert report.ok and report.extras == (), (report.to_dict(), detail)
         assert report.manifest is not None
         assert report.manifest.digest == winner["manifest_sha256"], detail
-        got = read_model(store, prefix, model_key(layout))
+        got = read_model(store, prefix, layout)
         want = tensors(winner["writer"], r)
         assert set(got) == set(want), detail
         for name, arr in want.items():

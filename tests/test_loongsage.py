@@ -37,6 +37,7 @@ from registry.errors import (
     StorageError,
     UsageError,
 )
+from registry.checkpoint.loongsage_dcp import read_full
 from registry.manifest import MANIFEST
 from registry.release import ModelRelease
 from registry.store import Store, open_store
@@ -125,30 +126,33 @@ def test_save_every_freq_and_final_step(store: Store) -> None:
         MANIFEST, "data_source/global_dataset_state_dict_ds0.pt",
         "data_source/global_dataset_state_dict_ds1.pt",
         "data_source/global_dataset_state_dict_ds2.pt",
-        "dist_ckpt/model.safetensors", "dist_ckpt/optimizer.safetensors", "dist_ckpt/rng.json",
-        "dist_ckpt/scheduler.json", "hf_model/config.json", "hf_model/model.safetensors",
-        "hf_model/tokenizer.json"]
+        "dist_ckpt/.metadata", "dist_ckpt/__0_0.distcp", "hf_model/config.json",
+        "hf_model/model.safetensors", "hf_model/tokenizer.json"]
     m = read_manifest(store, prefix)
     assert (m.kind, m.meta["step"], m.meta["layout"], m.meta["run_id"]) == (
         "checkpoint", 9, "loongsage", "exp-loong")
     assert verify_directory(store, prefix, full=True).ok
-    for rel in ("dist_ckpt/model.safetensors", "hf_model/model.safetensors"):
-        weights = safetensors.numpy.load(store.read_bytes(f"{prefix}/{rel}"))
+    # one dist_ckpt format for 1 rank and N (DESIGN section 1): torch DCP
+    dcp_entries = read_full(store, f"{prefix}/dist_ckpt")
+    hf_weights = safetensors.numpy.load(store.read_bytes(f"{prefix}/hf_model/model.safetensors"))
+    for weights in ({k[6:]: v for k, v in dcp_entries.items() if k.startswith("model.")},
+                    hf_weights):
         assert weights.keys() == params(9).keys()
         np.testing.assert_array_equal(weights["layer.weight"], params(9)["layer.weight"])
     assert store.read_bytes(f"{prefix}/hf_model/config.json") == HF_CONFIG.encode()
     assert json.loads(store.read_bytes(f"{prefix}/hf_model/tokenizer.json")) == TOKENIZER
-    rng = json.loads(store.read_bytes(f"{prefix}/dist_ckpt/rng.json"))
-    assert rng["topology"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 4}
-    assert rng["rng_state"] == {"seed": 1234, "step": 9}
+    common = json.loads(dcp_entries["common"])
+    assert common["topology"] == {"tp": 2, "pp": 1, "ep": 1, "dp": 4}
+    assert common["optimizer_sharding_type"] == "fully_reshardable"
+    assert json.loads(dcp_entries["rng.rank0"]) == {"seed": 1234, "step": 9}
+    assert {k for k in dcp_entries if k.startswith("optimizer.state.")} == {
+        f"optimizer.state.{k}" for k in adamw(params(9))}
     ds1 = torch.load(io.BytesIO(store.read_bytes(
         f"{prefix}/data_source/global_dataset_state_dict_ds1.pt")), weights_only=True)
     assert ds1["prompt_data_path"] == "data/b.jsonl" and ds1["state"] == {"cursor": 91}
-    # Weights carry the tag engines read (DESIGN 4); optimizer state the seed's own.
-    meta = safetensors_metadata(store.read_bytes(f"{prefix}/dist_ckpt/model.safetensors"))
-    assert meta["format"] == "pt" and meta["tinyllm.step"] == "9"
-    meta = safetensors_metadata(store.read_bytes(f"{prefix}/dist_ckpt/optimizer.safetensors"))
-    assert meta["format"] == "tinyllm"
+    # HF weights carry the tag engines read (DESIGN 4).
+    meta = safetensors_metadata(store.read_bytes(f"{prefix}/hf_model/model.safetensors"))
+    assert meta["format"] == "pt"
 
 
 @pytest.mark.parametrize("freq", [0, -1])
@@ -223,9 +227,8 @@ def test_async_tracker_moves_only_at_finalize_and_arrays_are_snapshotted() -> No
         time.sleep(0.01)
     assert store.read_bytes(TRACKER) == b"2\n"
     c.finish()
-    got = safetensors.numpy.load(
-        store.read_bytes(f"{ROOT}/train_step_2/dist_ckpt/model.safetensors"))
-    np.testing.assert_array_equal(got["layer.weight"], expected)
+    got = read_full(store, f"{ROOT}/train_step_2/dist_ckpt")
+    np.testing.assert_array_equal(got["model.layer.weight"], expected)
 
 
 def test_at_most_one_save_in_flight() -> None:
@@ -268,7 +271,7 @@ def test_failed_async_save_leaves_the_tracker(monkeypatch: pytest.MonkeyPatch) -
     real = store.open_write
 
     def flaky(key: str, **kw: Any) -> Any:
-        if "train_step_2" in key and "optimizer" in key:
+        if "train_step_2" in key and ".distcp" in key:
             raise StorageError(f"{key}: injected network failure", key=key)
         return real(key, **kw)
 
@@ -407,7 +410,7 @@ def test_tracker_naming_a_missing_step(two_steps: Store, tmp_path: Path) -> None
 def test_tracker_naming_an_unverifiable_step(two_steps: Store, damage: str,
                                              tmp_path: Path) -> None:
     step4 = f"{ROOT}/train_step_4"
-    key = f"{step4}/dist_ckpt/optimizer.safetensors"
+    key = f"{step4}/dist_ckpt/__0_0.distcp"
     data = two_steps.read_bytes(key)
     if damage == "flip":
         two_steps.write_bytes(key, data[:-1] + bytes([data[-1] ^ 1]))
@@ -422,7 +425,7 @@ def test_tracker_naming_an_unverifiable_step(two_steps: Store, damage: str,
         run(ckpt(two_steps, save_checkpoint=False, save_hf=True, hf_config="{}", save_freq=6,
                  total_steps=6), range(6, 7))
         two_steps.write_bytes(TRACKER, b"6\n")
-        with pytest.raises(CheckpointError, match="dist_ckpt/model.safetensors: not in"):
+        with pytest.raises(CheckpointError, match="dist_ckpt/.metadata: not in"):
             load_training_state(two_steps, ROOT, hf_model_path=hf_dir(tmp_path))
         return
     with pytest.raises(NoValidCheckpointError, match=match) as e:
@@ -453,7 +456,7 @@ def test_load_dist_ckpt_reads_the_named_step(two_steps: Store, tmp_path: Path) -
     two_steps.write_bytes(TRACKER, b"4\n")
     with pytest.raises(UsageError, match="it is a checkpoint_path"):
         load_dist_ckpt(two_steps, ROOT)
-    key = f"{ROOT}/train_step_2/dist_ckpt/model.safetensors"
+    key = f"{ROOT}/train_step_2/dist_ckpt/__0_0.distcp"
     data = two_steps.read_bytes(key)
     two_steps.write_bytes(key, data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(NoValidCheckpointError, match="sha256"):

@@ -250,3 +250,54 @@ def parse(data: bytes) -> object:
     from registry.manifest import parse_manifest
 
     return parse_manifest(data, source="t")
+
+
+# -- one dist_ckpt format (DESIGN section 1) --------------------------------------------
+
+
+def test_a_tree_of_an_earlier_version_still_loads_and_a_broken_one_is_refused(
+        tmp_path: Path) -> None:
+    """The single-process saver writes torch DCP now; a step an earlier version
+    wrote (model/optimizer safetensors, scheduler.json, rng.json) still loads,
+    and one missing a file is refused naming it."""
+    from registry.checkpoint.layout import LOONGSAGE
+    from registry.checkpoint.loongsage import load_training_state
+    from registry.checkpoint.manager import write_safetensors_file
+    from registry.checkpoint.tree import CheckpointTree
+    from registry.commit import DirectoryWriter
+    from registry.errors import CheckpointError
+
+    hf = _hf(tmp_path)
+    store = open_store(str(tmp_path / "store"))
+    store.ensure_root()
+    w_ = np.arange(6, dtype=np.float32).reshape(2, 3)
+    opt = {"w.exp_avg": w_ + 1, "w.exp_avg_sq": w_ + 2}
+
+    def legacy(step: int, skip: str = "") -> None:
+        with DirectoryWriter(store, f"exp/train_step_{step}", kind="checkpoint",
+                             meta={"run_id": "exp", "step": step, "layout": "loongsage"},
+                             staging=f"exp/train_step_{step}.tmp-x") as w:
+            files = {"scheduler.json": {"scheduler_state": {"lr": 0.5}},
+                     "rng.json": {"step": step, "topology": {"tp": 1}, "rng_state": [1, 2]}}
+            if skip != "model.safetensors":
+                write_safetensors_file(w, "dist_ckpt/model.safetensors", {"w": w_},
+                                       {"format": "pt"})
+            write_safetensors_file(w, "dist_ckpt/optimizer.safetensors", opt,
+                                   {"format": "tinyllm", "optimizer": "adamw",
+                                    "step": str(step)})
+            for name, doc in files.items():
+                w.write_bytes(f"dist_ckpt/{name}", json.dumps(doc).encode())
+            w.commit()
+        CheckpointTree(store, "exp", LOONGSAGE).set_latest(step)
+
+    legacy(1)
+    st = load_training_state(store, "exp", hf_model_path=str(hf))
+    assert (st.source, st.step, st.optimizer, st.scheduler_state) == \
+        ("checkpoint", 1, "adamw", {"lr": 0.5})
+    assert (st.rng_restored, st.rng_state) == (True, [1, 2])
+    np.testing.assert_array_equal(st.model["w"], w_)
+    np.testing.assert_array_equal(st.optimizer_state["w.exp_avg_sq"], w_ + 2)
+    legacy(2, skip="model.safetensors")
+    with pytest.raises(CheckpointError, match=r"dist_ckpt/model.safetensors: not in the "
+                                              r"step's MANIFEST.json; an earlier version"):
+        load_training_state(store, "exp", hf_model_path=str(hf))

@@ -69,8 +69,8 @@ def test_not_a_concrete_dist_ckpt_dir(tree: Store, path: str, needle: str) -> No
 def test_a_dist_ckpt_that_does_not_verify_is_not_used(tree: Store, damage: str) -> None:
     expected: type[Exception]
     if damage == "flip":
-        flip(tree, f"{DIST}/model.safetensors")
-        expected, needle = IntegrityError, "dist_ckpt/model.safetensors: sha256"
+        flip(tree, f"{DIST}/__0_0.distcp")
+        expected, needle = IntegrityError, "dist_ckpt/__0_0.distcp: sha256"
     elif damage == "unlisted":
         tree.write_bytes(f"{DIST}/extra.distcp", b"written after the commit")
         expected, needle = IntegrityError, "extra.distcp: not listed in the step's MANIFEST"
@@ -119,8 +119,8 @@ def test_teachers_need_hf_path(tree: Store, tmp_path: Path) -> None:
                        store=tree)
     (t,) = check_teachers([{"hf_path": HF, "dist_ckpt_path": DIST, "weight": 0.5}], store=tree)
     assert t.dist_ckpt is not None and (t.hf.step, t.dist_ckpt.step) == (4, 4)
-    flip(tree, f"{DIST}/optimizer.safetensors")
-    with pytest.raises(IntegrityError, match="optimizer.safetensors"):
+    flip(tree, f"{DIST}/.metadata")
+    with pytest.raises(IntegrityError, match=r"dist_ckpt/\.metadata"):
         check_teachers([{"hf_path": HF, "dist_ckpt_path": DIST}], store=tree)
 
 
@@ -164,9 +164,9 @@ def test_cli_refs(tree: Store, tmp_path: Path, durable_store_url: str) -> None:
         r = run_cli("ckpt", "refs", *args, "--store", durable_store_url)
         assert r.returncode == code and needle in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    flip(tree, f"{DIST}/model.safetensors")
+    flip(tree, f"{DIST}/__0_0.distcp")
     r = run_cli("ckpt", "refs", "--ref-dist-ckpt-path", DIST, "--store", durable_store_url,
                 "--json")
     assert r.returncode == 1, r.stderr
     err = json.loads(r.stderr)["error"]
-    assert err["class"] == "IntegrityError" and "model.safetensors: sha256" in err["message"]
+    assert err["class"] == "IntegrityError" and "__0_0.distcp: sha256" in err["message"]

@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,18 +58,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from registry.checkpoint.dist import (
-    broadcast,
-    gather_entries,
-    hash_object,
-    local_staging,
-    metadata_key,
-    rank_of,
-    storage_writer,
-    upload_staged,
-    world_of,
-    written_entries,
-)
+from registry.checkpoint.dist import broadcast, gather_entries, rank_of, world_of
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.loongsage_dcp_read import (
     COMMON,
@@ -90,6 +79,7 @@ from registry.checkpoint.loongsage_format import DIST, HF
 from registry.checkpoint.loongsage_hf import INDEX, gather_owned, read_hf_files, write_shard
 from registry.checkpoint.loongsage_hf import plan as hf_plan
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult, _Landed
+from registry.checkpoint.loongsage_torchdist import write_dcp
 from registry.checkpoint.state import OPTIMIZERS
 from registry.commit import DirectoryWriter
 from registry.errors import CheckpointError, UsageError
@@ -356,7 +346,8 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             mine: list[FileEntry] | str = []
             meta = None
             if self.save_checkpoint:
-                mine, meta = self._write_dcp(job, target)
+                mine, meta = write_dcp(self.store, target, job.state, group=self.group,
+                                       rank=self.rank, thread_count=self.thread_count)
             if self.save_hf:
                 mine = self._write_hf(job, target, mine)
             entries = _agree_gather(self.group, mine)
@@ -376,32 +367,6 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             data = _agree(self.group, commit)
         manifest = parse_manifest(data, source=self.store.url_of(prefix))
         return _Landed(job.step, prefix, manifest, time.perf_counter() - t0)
-
-    def _write_dcp(self, job: _DistJob, target: str) -> tuple[list[FileEntry] | str,
-                                                               FileEntry | None]:
-        """This rank's DCP shards of ``dist_ckpt/`` (collective): their
-        entries (or the error message), and on rank 0 the ``.metadata`` entry."""
-        # local disk: DCP writes into the staging directory itself; object
-        # stores: on local disk first, then each rank uploads its own files
-        direct = self.store.atomic_rename and self.store.local_path(target) is not None
-        where = nullcontext((self.store, target)) if direct else local_staging()
-        with where as (wstore, wkey):
-            writer = storage_writer(wstore, join(wkey, DIST), thread_count=self.thread_count)
-            with _single_process():
-                dcp.save(job.state, storage_writer=writer, process_group=self.group,
-                         no_dist=not dist.is_initialized())
-            mine: list[FileEntry] | str = written_entries(writer, DIST)
-            meta = None
-            try:
-                if self.rank == 0:
-                    meta = hash_object(wstore, metadata_key(wkey, DIST), f"{DIST}/.metadata")
-                if not direct:
-                    names = [e.path.rsplit("/", 1)[1] for e in mine]  # type: ignore[union-attr]
-                    upload_staged(self.store, str(wstore.local_path(join(wkey, DIST))),
-                                  join(target, DIST), names + ([".metadata"] if meta else []))
-            except Exception as e:  # noqa: BLE001 - passed to rank 0, which fails the save
-                mine = f"{type(e).__name__}: {e}"
-        return mine, meta
 
     def _write_hf(self, job: _DistJob, target: str,
                   mine: list[FileEntry] | str) -> list[FileEntry] | str:

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from registry.checkpoint.dcp_safe import UnsafeCheckpointError, safe_load
 from registry.checkpoint.dist import broadcast, rank_of, storage_reader
-from registry.checkpoint.loongsage_format import DistCheckpoint, DIST, check_topology
+from registry.checkpoint.loongsage_format import DIST, DIST_FORMAT, DistCheckpoint, check_topology
 from registry.errors import CheckpointError, DocumentError, UsageError
 from registry.manifest import Manifest
 from registry.store import Store, join
@@ -44,7 +44,7 @@ OPT_FULL = "optimizer.state."
 OPT_DP = "optimizer.dp_shard.rank{rank}."
 COMMON = "common"
 RNG_KEY = "rng.rank{rank}"
-FORMAT = "loongsage-torch-dist"
+FORMAT = DIST_FORMAT
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

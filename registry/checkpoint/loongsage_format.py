@@ -4,22 +4,27 @@
 
     <checkpoint_path>/latest_checkpointed_iteration.txt   "<N>\\n": the last resumable step
     <checkpoint_path>/train_step_<N>/
-        dist_ckpt/model.safetensors        parameters, F32
-        dist_ckpt/optimizer.safetensors    per parameter state (tinyllm optimizer conventions)
-        dist_ckpt/scheduler.json           {"scheduler_state": <the LR scheduler state>}
-        dist_ckpt/rng.json                 {"topology": {"tp","pp","ep","dp"}, "rng_state": ...}
-        hf_model/model.safetensors         HF export: weights (F32, metadata format "pt")
-        hf_model/config.json               + tokenizer.json when given
+        dist_ckpt/__<rank>_<i>.distcp      torch.distributed.checkpoint (Megatron's
+        dist_ckpt/.metadata                "torch_dist"), from 1 rank or N: model,
+                                           optimizer, scheduler (in ``common``) and
+                                           per-rank RNG; the keys are listed in
+                                           :mod:`registry.checkpoint.loongsage_dcp`
+        hf_model/model.safetensors         HF export of one process: weights (metadata "pt"),
+        hf_model/model.safetensors.index.json + model-0000i-of-0000K.safetensors
+                                           or, from N ranks, the sharded form
+                                           (:mod:`registry.checkpoint.loongsage_hf`)
+        hf_model/config.json               + tokenizer files
         data_source/global_dataset_state_dict_ds<i>.pt
                                            torch.save: prompt_data_path, state, prompt_buffer
         data_source/pipeline_buf.pt        fully_async: snapshot_pipeline_buf()'s items
         MANIFEST.json                      kind checkpoint, layout "loongsage": every file above
 
 The ``data_source/`` files are :mod:`registry.checkpoint.loongsage_data`'s.
-Real LoongSage writes ``dist_ckpt/`` as Megatron torch_dist shards; trees it
-wrote can be verified and released (after ``registry ckpt adopt``) but only
-trees written by this module can be loaded with
-:func:`registry.checkpoint.loongsage.load_training_state`.
+Trees written by earlier versions of the single-process saver hold
+``dist_ckpt/{model,optimizer}.safetensors``, ``scheduler.json`` and ``rng.json``
+(:data:`LEGACY_DIST_FILES`); they still load. Trees Megatron wrote can be
+verified and released after ``registry ckpt adopt``, and read with
+``load_dist_ckpt`` / ``load_dcp``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from registry.names import NAME_RE
 from registry.store import Store
 
 DIST = "dist_ckpt"
+#: the ``common`` entry's ``format`` of a dist_ckpt this registry writes.
+DIST_FORMAT = "loongsage-torch-dist"
 HF = "hf_model"
 DATA = "data_source"
 MODEL = "model.safetensors"
@@ -45,7 +52,8 @@ SCHEDULER = "scheduler.json"
 RNG = "rng.json"
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
-DIST_FILES = (MODEL, OPTIMIZER, SCHEDULER, RNG)
+#: ``dist_ckpt/`` of trees written by earlier versions (still loaded, never written).
+LEGACY_DIST_FILES = (MODEL, OPTIMIZER, SCHEDULER, RNG)
 DATA_RE = re.compile(r"data_source/global_dataset_state_dict_ds(\d+)\.(json|pt)")
 
 TOPOLOGY_KEYS = ("tp", "pp", "ep", "dp")

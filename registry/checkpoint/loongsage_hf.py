@@ -24,7 +24,6 @@ export killed at any moment is never visible as committed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from registry.checkpoint.dist import _HashingStream
 from registry.checkpoint.loongsage_format import HF
 from registry.errors import DocumentError, ObjectNotFoundError
 from registry.manifest import FileEntry
@@ -108,25 +108,15 @@ def gather_owned(model: Mapping[str, torch.Tensor], own: Mapping[str, int],
     return out
 
 
-class _Hashed:
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.h, self.size = inner, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.h.update(view)
-        self.inner.write(view)
-        self.size += view.nbytes
-        return view.nbytes
-
-
 def write_shard(store: Store, target: str, name: str,
                 tensors: Mapping[str, torch.Tensor]) -> FileEntry:
     """Write one shard to ``<target>/hf_model/<name>`` (a conditional create,
-    streamed one tensor at a time), returning its manifest entry."""
+    streamed one tensor at a time, hashed on a helper thread while the next
+    bytes are written), returning its manifest entry."""
     rel = f"{HF}/{name}"
     with store.open_write(join(target, rel), exclusive=True) as f:
-        out = _Hashed(f)
+        out = _HashingStream(f)
         write_safetensors(out, tensors, metadata={"format": "pt"}, path=store.url_of(
             join(target, rel)))
-    return FileEntry(rel, out.size, out.h.hexdigest())
+        digest = out.digest()
+    return FileEntry(rel, out.size, digest)

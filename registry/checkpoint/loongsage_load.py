@@ -29,7 +29,7 @@ from registry.checkpoint.loongsage_data import DataSourceState, DataStateLookup,
 from registry.checkpoint.loongsage_format import (
     CONFIG,
     DIST,
-    DIST_FILES,
+    LEGACY_DIST_FILES,
     MODEL,
     OPTIMIZER,
     RNG,
@@ -289,12 +289,15 @@ def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
                                   "reading them needs PyTorch: pip install "
                                   "'modeldir-registry[torch]'") from None
         return read_dist(store, prefix, manifest, step, optimizer=optimizer)
-    for name in DIST_FILES:
-        if manifest.entry(f"{DIST}/{name}") is None:
-            raise CheckpointError(
-                f"{url}/{name}: not in the step's MANIFEST.json; this step has no dist_ckpt "
-                "this registry can load (saved with save_checkpoint off, or by Megatron in "
-                "torch_dist format)")
+    # a tree written by an earlier version of the single-process saver
+    lacking = [n for n in LEGACY_DIST_FILES if manifest.entry(f"{DIST}/{n}") is None]
+    if len(lacking) == len(LEGACY_DIST_FILES):
+        raise CheckpointError(f"{url}/.metadata: not in the step's MANIFEST.json; this step "
+                              "has no dist_ckpt to load (saved with save_checkpoint off?)")
+    if lacking:
+        raise CheckpointError(f"{url}/{lacking[0]}: not in the step's MANIFEST.json; an "
+                              "earlier version's dist_ckpt needs "
+                              f"{', '.join(LEGACY_DIST_FILES)}, so this step cannot be loaded")
     model, _ = load_safetensors(store, prefix, manifest, f"{DIST}/{MODEL}")
     opt = opt_name = None
     if optimizer:

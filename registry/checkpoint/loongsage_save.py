@@ -20,15 +20,13 @@ import numpy as np
 
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
-from registry.checkpoint.loongsage_data import data_documents
+from registry.checkpoint.loongsage_data import data_documents, torch_module
 from registry.checkpoint.loongsage_format import (
     CONFIG,
     DIST,
+    DIST_FORMAT,
     HF,
     MODEL,
-    OPTIMIZER,
-    RNG,
-    SCHEDULER,
     TOKENIZER,
     check_topology,
     derive_run_id,
@@ -72,6 +70,7 @@ class _Job:
     optimizer: dict[str, np.ndarray] | None
     optimizer_name: str
     docs: dict[str, bytes]
+    dcp: tuple[bytes, bytes] | None = None  # (common, rank 0's RNG): JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +114,8 @@ class LoongSageCheckpointer:
             thread; the arrays are snapshotted into reused buffers first.
         hf_config: ``config.json`` of the HF export (dict or JSON text, kept verbatim).
         tokenizer: ``tokenizer.json`` of the HF export (path, JSON text or dict).
-        topology: parallel sizes ``{"tp", "pp", "ep", "dp"}`` recorded in ``rng.json``.
+        topology: parallel sizes ``{"tp", "pp", "ep", "dp"}`` recorded in the
+            checkpoint (``common``); they gate the RNG restore on resume.
         keep: committed steps kept (the tracker's always), pruned on the writer
             before each save; ``0`` (default, as the seed): keep all.
         run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
@@ -265,22 +265,30 @@ class LoongSageCheckpointer:
         if model is None or not model:
             raise CheckpointError(f"{where}: no model parameters given")
         docs = self._documents(step, scheduler_state, rng_state, data_sources, where)
+        dcp_docs = None
         if self.save_checkpoint:
+            torch_module(f"{where}/{DIST}: the torch_dist checkpoint")
+            common = {"format": DIST_FORMAT, "step": step, "topology": self.topology,
+                      "world_size": 1, "optimizer": optimizer,
+                      "optimizer_sharding_type": "fully_reshardable",
+                      "rank_order": "tp-ep-dp-pp", "scheduler_state": scheduler_state}
+            dcp_docs = (_dumps(common, what=f"{where}/{DIST}: scheduler_state"),
+                        _dumps(rng_state, what=f"{where}/{DIST}: rng_state"))
             if optimizer not in OPTIMIZERS:
                 raise CheckpointError(f"{where}: optimizer {optimizer!r} is not one of "
                                       f"{', '.join(OPTIMIZERS)}")
             if optimizer_state is None:
                 raise CheckpointError(f"{where}: save_checkpoint needs optimizer_state")
         self.wait()  # at most one save in flight; raises a previous failure
-        params = self._snapshot("m", model, f"{where}/{DIST}/{MODEL}")
+        params = self._snapshot("m", model, f"{where}/{DIST}: model")
         opt = None
         if self.save_checkpoint:
             assert optimizer_state is not None
-            opt = self._snapshot("o", optimizer_state, f"{where}/{DIST}/{OPTIMIZER}")
+            opt = self._snapshot("o", optimizer_state, f"{where}/{DIST}: optimizer_state")
             check_optimizer_state(opt, {k: v.shape for k, v in params.items()},
-                                  optimizer=optimizer, path=f"{where}/{DIST}/{OPTIMIZER}")
+                                  optimizer=optimizer, path=f"{where}/{DIST}: optimizer_state")
         self.lease.hold()  # one writer per tree, checked before any byte is written
-        job = _Job(step, params, opt, optimizer, docs)
+        job = _Job(step, params, opt, optimizer, docs, dcp_docs)
         if self.async_save:
             self._pending = self._pool.submit(self._write, job)
         else:
@@ -322,11 +330,6 @@ class LoongSageCheckpointer:
                    data_sources: Iterable[Mapping[str, Any]], where: str) -> dict[str, bytes]:
         docs: dict[str, bytes] = {}
         if self.save_checkpoint:
-            docs[f"{DIST}/{SCHEDULER}"] = _dumps({"scheduler_state": scheduler_state},
-                                                 what=f"{where}/{DIST}/{SCHEDULER}")
-            docs[f"{DIST}/{RNG}"] = _dumps({"step": step, "topology": self.topology,
-                                            "rng_state": rng_state},
-                                           what=f"{where}/{DIST}/{RNG}")
             pipeline = self.snapshot_pipeline_buf() if self.snapshot_pipeline_buf else None
             docs.update(data_documents(data_sources, pipeline, where=where))
         return docs
@@ -357,13 +360,17 @@ class LoongSageCheckpointer:
                                    "layout": LOONGSAGE.name},
                              staging=staging, sole_writer=True) as w:
             if self.save_checkpoint:
-                assert job.model is not None and job.optimizer is not None
-                # "pt": the weights tag engines expect (DESIGN section 4).
-                write_safetensors_file(w, f"{DIST}/{MODEL}", job.model,
-                                       {"format": "pt", "tinyllm.step": str(job.step)})
-                write_safetensors_file(w, f"{DIST}/{OPTIMIZER}", job.optimizer,
-                                       {"format": "tinyllm", "optimizer": job.optimizer_name,
-                                        "step": str(job.step)})
+                assert job.model is not None and job.dcp is not None
+                # the one dist_ckpt format, at one rank (DESIGN section 1)
+                from registry.checkpoint.loongsage_torchdist import one_rank_state, write_dcp
+
+                state = one_rank_state(job.model, job.optimizer, *job.dcp)
+                mine, meta = write_dcp(self.store, w.staging, state)
+                if isinstance(mine, str):
+                    raise CheckpointError(f"{self.store.url_of(prefix)}/{DIST}: {mine}")
+                assert meta is not None
+                for e in (*mine, meta):
+                    w.entries[e.path] = e
             if self.save_hf:
                 assert job.model is not None and self.hf_config is not None
                 write_safetensors_file(w, f"{HF}/{MODEL}", job.model, {"format": "pt"})

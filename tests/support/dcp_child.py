@@ -122,13 +122,14 @@ def arm_kill(spec: str, rank: int, current: dict[str, int]) -> None:
     elif event == "hfwrite":
         from registry.checkpoint import loongsage_hf
 
-        hf_write = loongsage_hf._Hashed.write
+        hf_write = loongsage_hf.write_safetensors
 
-        def dying_hf_write(self: object, data: object) -> int:
-            if due() and getattr(self, "size", 0) > 0:  # the header is out, tensors not
+        def dying_hf_write(fileobj: object, tensors: object, **kw: object) -> int:
+            if due():  # some bytes out, the rest never
+                fileobj.write(b"\0" * 4096)  # type: ignore[attr-defined]
                 die("hfwrite")
-            return hf_write(self, data)  # type: ignore[arg-type]
-        loongsage_hf._Hashed.write = dying_hf_write  # type: ignore[method-assign]
+            return hf_write(fileobj, tensors, **kw)  # type: ignore[arg-type]
+        loongsage_hf.write_safetensors = dying_hf_write  # type: ignore[assignment]
     elif event == "commit":
         commit = DirectoryWriter.commit
 
