@@ -171,9 +171,15 @@ def test_without_torch_pt_files_are_a_clear_error(monkeypatch: pytest.MonkeyPatc
     other = mem()
     with pytest.raises(TorchUnavailableError, match="global_dataset_state_dict_ds0.pt"):
         save(other)
+    # dist_ckpt is torch DCP (one format for 1 rank and N): refused up front too
+    with pytest.raises(TorchUnavailableError, match=r"dist_ckpt.*modeldir-registry\[torch\]"):
+        save(other, data_sources=[])
     assert other.walk_files(ROOT) == {}  # refused before anything was written
-    # Without data sources nothing needs torch: the core keeps working.
-    save(other, data_sources=[])
+    # An HF export needs no torch: the core keeps working.
+    c = LoongSageCheckpointer(other, ROOT, total_steps=2, async_save=False,
+                              save_checkpoint=False, save_hf=True, hf_config="{}")
+    c.maybe_save(2, model=save_kwargs(2)["model"])
+    c.finish()
     assert verify_directory(other, f"{ROOT}/train_step_2", full=True).ok
     with pytest.raises(TorchUnavailableError, match=r"modeldir-registry\[torch\]"):
         RolloutData("r", store=other).write(1, [1])

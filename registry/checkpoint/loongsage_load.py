@@ -49,6 +49,7 @@ from registry.errors import (
     NotCommittedError,
     ObjectNotFoundError,
     PointerError,
+    TorchUnavailableError,
     UsageError,
 )
 from registry.manifest import Manifest
@@ -283,11 +284,12 @@ def _read_dist(store: Store, prefix: str, manifest: Manifest, step: int, *,
     url = store.url_of(join(prefix, DIST))
     if manifest.entry(f"{DIST}/.metadata") is not None:  # torch_dist: DCP shards
         try:
+            import torch  # noqa: F401 - loongsage_dcp_read may be imported already
             from registry.checkpoint.loongsage_dcp_read import read_dist
         except ImportError:
-            raise CheckpointError(f"{url}: torch_dist shards (torch.distributed.checkpoint); "
-                                  "reading them needs PyTorch: pip install "
-                                  "'modeldir-registry[torch]'") from None
+            raise TorchUnavailableError(f"{url}: torch_dist shards (torch.distributed."
+                                        "checkpoint); reading them needs PyTorch: pip install "
+                                        "'modeldir-registry[torch]'") from None
         return read_dist(store, prefix, manifest, step, optimizer=optimizer)
     # a tree written by an earlier version of the single-process saver
     lacking = [n for n in LEGACY_DIST_FILES if manifest.entry(f"{DIST}/{n}") is None]

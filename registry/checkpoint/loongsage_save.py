@@ -20,7 +20,7 @@ import numpy as np
 
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
-from registry.checkpoint.loongsage_data import data_documents, torch_module
+from registry.checkpoint.loongsage_data import data_documents
 from registry.checkpoint.loongsage_format import (
     CONFIG,
     DIST,
@@ -41,7 +41,7 @@ from registry.checkpoint.state import (
 )
 from registry.checkpoint.tree import CheckpointTree
 from registry.commit import DirectoryWriter
-from registry.errors import CheckpointError, UsageError
+from registry.errors import CheckpointError, TorchUnavailableError, UsageError
 from registry.layout import staging_prefix
 from registry.manifest import Manifest
 from registry.names import check_name
@@ -251,8 +251,8 @@ class LoongSageCheckpointer:
 
         Raises:
             CheckpointError, SafetensorsError, UsageError: bad input; nothing written.
-            TorchUnavailableError: data sources or a pipeline buffer to save
-                and no torch (the ``[torch]`` extra); nothing written.
+            TorchUnavailableError: save_checkpoint (dist_ckpt is torch DCP), data
+                sources or a pipeline buffer to save, and no torch (the ``[torch]`` extra); nothing written.
             RunLeasedError: another process is the tree's writer (or took it over
                 from this one); nothing written.
             Any error of the previous async save.
@@ -267,7 +267,12 @@ class LoongSageCheckpointer:
         docs = self._documents(step, scheduler_state, rng_state, data_sources, where)
         dcp_docs = None
         if self.save_checkpoint:
-            torch_module(f"{where}/{DIST}: the torch_dist checkpoint")
+            try:
+                import torch  # noqa: F401 - checked before anything is written
+            except ImportError:
+                raise TorchUnavailableError(
+                    f"{where}/{DIST}: writing the torch_dist checkpoint (torch.distributed."
+                    "checkpoint) needs torch: pip install 'modeldir-registry[torch]'") from None
             common = {"format": DIST_FORMAT, "step": step, "topology": self.topology,
                       "world_size": 1, "optimizer": optimizer,
                       "optimizer_sharding_type": "fully_reshardable",
