@@ -456,7 +456,7 @@ def test_a_bad_require_is_a_usage_error_not_a_broken_policy(built: tuple[str, st
     r = CliRunner().invoke(cli_app, [*args, "--store", str(store),
                                      *([] if args[0] == "gate" else ["--db", db])])
     assert r.exit_code == 2, r.output
-    assert "expected METRIC>=VALUE" in r.stderr or "not a number" in r.stderr
+    assert "expected METRIC>=VALUE" in r.stderr or "not a finite number" in r.stderr
     assert "policy.json" not in r.stderr
     assert (store / "models/tiny/policy.json").read_bytes() == policy
 
