@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.errors import GateFailedError, UsageError
+from registry.words import count
 
 __all__ = ["GateFailedError", "GateResult", "ReleaseFacts", "Threshold", "evaluate", "passed"]
 
@@ -106,7 +107,8 @@ def gate_ledger(rows: list[dict[str, Any]] | None, error: str | None,
             problems.append(f"source {sid} is revoked in the live ledger ({revoked[sid]})")
     if problems:
         return GateResult("ledger", False, "; ".join(problems))
-    return GateResult("ledger", True, f"{len(rows)} sources, all allow train, none revoked")
+    return GateResult("ledger", True,
+                      f"{count(len(rows), 'source')}, all allow train, none revoked")
 
 
 def gate_evals(summary: dict[str, Any] | None, error: str | None) -> GateResult:
@@ -117,7 +119,7 @@ def gate_evals(summary: dict[str, Any] | None, error: str | None) -> GateResult:
     if not summary["passed"] or failed:
         return GateResult("evals", False, "failed: " + ", ".join(failed))
     return GateResult("evals", True, f"suite {summary['suite']} {summary['suite_version']}: "
-                                     f"{len(summary['results'])} results passed")
+                                     f"{count(len(summary['results']), 'result')} passed")
 
 
 def gate_threshold(summary: dict[str, Any] | None, t: Threshold) -> GateResult:

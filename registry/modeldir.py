@@ -41,13 +41,17 @@ def hidden_size(config: dict[str, Any]) -> int | None:
     return None
 
 
-def check_files(names: Iterable[str], config: dict[str, Any], *, where: str) -> None:
-    """Raise DocumentError when config.json, or tokenizer.json that config.json
+def check_files(names: Iterable[str], config: dict[str, Any], *, where: str,
+                release: str | None = None) -> None:
+    """Raise DocumentError, naming the file (and the ``release`` being made,
+    ``MODEL_ID@VERSION``), when config.json, or tokenizer.json that config.json
     asks for, is missing. The weights have their own rule and checks:
     :func:`registry.weights.load_weights`."""
     present = set(names)
+    for_release = f" (releasing {release})" if release else ""
     if "config.json" not in present:
-        raise DocumentError(f"{where}/config.json", "missing: a model directory needs it")
+        raise DocumentError(f"{where}/config.json",
+                            f"missing: a model directory needs it{for_release}")
     if config.get("tl_tokenizer") == "file" and "tokenizer.json" not in present:
         raise DocumentError(f"{where}/tokenizer.json",
-                            "missing: config.json says \"tl_tokenizer\": \"file\"")
+                            f"missing: config.json says \"tl_tokenizer\": \"file\"{for_release}")

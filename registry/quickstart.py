@@ -40,6 +40,7 @@ from registry.layout import model_root, run_root
 from registry.pull import pull
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_table import table
+from registry.words import count
 
 RUN_ID = "quickstart-run"
 MODEL = "tiny-lm"
@@ -224,7 +225,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
                       "revoked_at": None, "revocation_reason": None}]
     r3 = reg.publish(get_model_path(), MINILM, "1", ledger=minilm_ledger,
                      eval_summary=minilm_summary, sign_key=sign_key)
-    say(f"published {MINILM}@1 from {get_model_path()}: {len(r3.manifest.files)} files, "
+    say(f"published {MINILM}@1 from {get_model_path()}: {count(len(r3.manifest.files), 'file')}, "
         f"{r3.manifest.total_size} bytes")
 
     before = [r["version"] for r in reg.passing(MODEL)]
@@ -253,7 +254,8 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
                    trust=trust)
         pulled.append(res.to_dict())
         signed = f", signed by {res.signer[:16]}..." if res.signer else ", unsigned"
-        say(f"pulled {model_id}@{ref} (version {res.version}) to {res.path}: {res.files} files, "
+        say(f"pulled {model_id}@{ref} (version {res.version}) to {res.path}: "
+            f"{count(res.files, 'file')}, "
             f"{res.bytes} bytes, every byte verified{signed}, {res.seconds:.2f} s")
     store_url, db_url = reg.store.url, reg.index.url
     reg.close()

@@ -181,7 +181,7 @@ def test_cli_ls_text_and_json(durable_store_url: str, tmp_path: Path) -> None:
     assert lines[0].split()[:4] == ["MODEL", "VERSION", "SIZE", "SHARED"]
     assert lines[1].split()[:2] == ["tiny", "2"] and str(tmp_path / "serve-2") in lines[1]
     assert "2 blobs" in lines[1]  # config.json and shared.bin
-    assert lines[-1].startswith("total: 1 models, 2 versions, 4 blobs")
+    assert lines[-1].startswith("total: 1 model, 2 versions, 4 blobs")
     assert PullCache(tmp_path / "none").ls().versions == ()
     assert not (tmp_path / "none").exists()  # listing creates nothing
 
@@ -429,7 +429,7 @@ def test_verify_removes_and_reports_a_bad_blob(durable_store_url: str, tmp_path:
     doc = json.loads(r.stdout)
     validate(doc, "cache-verify")
     err = json.loads(r.stderr)
-    assert err["error"]["exit_code"] == 1 and "1 blobs did not verify" in err["error"]["message"]
+    assert err["error"]["exit_code"] == 1 and "1 blob did not verify" in err["error"]["message"]
     assert doc["bad"] == [{"sha256": shared.sha256, "size": shared.size,
                            "actual_sha256": hashlib.sha256(bytes(data)).hexdigest(),
                            "used_by": ["tiny@2", "tiny@1"], "removed": True}]
@@ -456,7 +456,7 @@ def test_cli_verify_text_names_the_bad_blob(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stdout.startswith(f"BAD blobs/sha256/{own.sha256}: 9 bytes hash to ")
     assert "(used by tiny@1); removed" in r.stdout
-    assert r.stderr.startswith("error: ") and "1 blobs did not verify (1 removed)" in r.stderr
+    assert r.stderr.startswith("error: ") and "1 blob did not verify (1 removed)" in r.stderr
 
 
 def test_verify_leaves_a_bad_blob_a_pull_in_progress_uses(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import typing
@@ -23,6 +24,7 @@ from registry.cli.errors import EXIT_CODES
 from registry.cli.reference import _walk
 from tests.conftest import REPO
 from tests.test_cli_contract import BATCH
+from tests.test_index_readonly import volume  # noqa: F401  (fixture)
 
 USAGE = EXIT_CODES[E.UsageError]
 
@@ -61,12 +63,20 @@ def _cases() -> list[tuple[str, list[str], str]]:
     return cases
 
 
-def _run(cwd: Path, argvs: list[list[str]]) -> list[tuple[int, str, str]]:
+def _run(cwd: Path, argvs: list[list[str]], *,
+         read_only: Path | None = None) -> list[tuple[int, str, str]]:
+    """Run ``argvs`` in one child process in ``cwd`` (``read_only`` mounted
+    read-only over itself in a private mount namespace, when given)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200",
            "REGISTRY_CACHE": str(cwd / "cache")}
     for var in ("REGISTRY_STORE", "REGISTRY_DB", "REGISTRY_DEBUG"):
         env.pop(var, None)
-    p = subprocess.run([sys.executable, "-c", BATCH], input=json.dumps(argvs), cwd=cwd,
+    argv = [sys.executable, "-c", BATCH]
+    if read_only is not None:
+        vol = shlex.quote(str(read_only))
+        argv = ["unshare", "-m", "sh", "-c", f"mount --bind {vol} {vol} && "
+                f"mount -o remount,bind,ro {vol} && exec {shlex.join(argv)}"]
+    p = subprocess.run(argv, input=json.dumps(argvs), cwd=cwd,
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return [tuple(r) for r in json.loads(p.stdout)]
@@ -97,3 +107,66 @@ def test_every_command_reports_usage_errors_in_one_line(tmp_path: Path) -> None:
 def test_a_group_without_a_command_prints_its_help(tmp_path: Path) -> None:
     (code, out, err), = _run(tmp_path, [["ckpt"]])
     assert code == USAGE and "registry ckpt" in out and "gc" in out and err == ""
+
+
+def test_text_output_has_no_python_reprs_and_counts_agree(tmp_path: Path) -> None:
+    """A metric only one release has is ``absent`` in ``diff`` (not ``None``); a
+    model with no passing version says ``none``; one source, one result, one
+    file read as singulars."""
+    from registry.api import Registry
+    from tests.ckpt_util import save
+    from tests.release_util import ledger_row, summary, summary2
+
+    reg = Registry(str(tmp_path / "artifacts"), db=f"sqlite:///{tmp_path / 'registry.db'}")
+    with reg.checkpoint_manager("r1", keep_ckpts=0) as m:
+        save(m, 10)
+    reg.create_release("r1", 10, "tiny", "1", ledger=[ledger_row("wiki")],
+                       eval_summary=summary())
+    reg.create_release("r1", 10, "tiny", "2", ledger=[ledger_row("wiki")],
+                       eval_summary=summary2(0.9, 1.0))
+    reg.create_release("r1", 10, "gone", "1", ledger=[ledger_row("books")],
+                       eval_summary=summary())
+    reg.revoke("books", "withdrawn")
+    reg.close()
+    (diff, ls, gate) = _run(tmp_path, [["diff", "tiny@1", "tiny@2"], ["ls"],
+                                       ["gate", "check", "tiny@1"]])
+    assert diff[0] == 0 and "copy/loss: absent -> 1 (n/a)" in diff[1], diff
+    assert ls[0] == 0 and "gone\t1 release\t" in ls[1] and "tiny\t2 releases\t" in ls[1], ls
+    assert "newest passing none" in ls[1], ls
+    assert gate[0] == 0 and "1 source," in gate[1] and "1 result passed" in gate[1], gate
+    for code, out, err in (diff, ls, gate):
+        assert "None" not in out + err and "1 sources" not in out and "1 results" not in out
+
+
+def test_a_read_only_store_is_one_line_naming_the_path_and_the_rule(
+        tmp_path: Path, volume: Path) -> None:  # noqa: F811
+    """Every write to a store on a read-only mount: exit 6 (storage), one line
+    naming the file and "read-only file system", never OSError's repr; nothing
+    changes in the store."""
+    from registry.api import Registry
+    from tests.ckpt_util import save
+    from tests.release_util import ledger_row, summary
+
+    store = volume / "artifacts"
+    reg = Registry(str(store), db=f"sqlite:///{tmp_path / 'registry.db'}")
+    with reg.checkpoint_manager("r1", keep_ckpts=0) as m:
+        save(m, 10)
+        save(m, 20)
+    reg.create_release("r1", 10, "tiny", "1", ledger=[ledger_row("wiki")],
+                       eval_summary=summary())
+    reg.close()
+    (tmp_path / "ledger.json").write_text(json.dumps([ledger_row("wiki")]))
+    (tmp_path / "summary.json").write_text(json.dumps(summary()))
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    s = ["--store", str(store)]
+    results = _run(tmp_path, [
+        ["alias", "set", "tiny", "prod", "1", *s], ["ledger", "revoke", "wiki", "--reason", "x", *s],
+        ["policy", "set", "tiny", "--require", "copy/accuracy>=0.1", *s],
+        ["ckpt", "gc", "r1", "--keep", "1", *s],
+        ["publish", str(store / "models/tiny/1"), "--model-id", "tiny", "--version", "2",
+         "--ledger", "ledger.json", "--evals", "summary.json", *s]], read_only=volume)
+    for code, out, err in results:
+        assert code == 6 and err.count("\n") == 1, (code, out, err)
+        assert f"error: {store}/" in err and "read-only file system" in err, err
+        assert "OSError" not in err and "Errno" not in err, err
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before

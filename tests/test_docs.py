@@ -111,10 +111,12 @@ def test_real_help_matches_docs_cli_and_shows_the_fields_metavars(path: list[str
 
 def test_docs_error_table_lists_every_exit_code_the_cli_uses() -> None:
     from registry.cli.errors import EXIT_NOT_INDEXED, EXIT_USAGE
+    from registry.interrupt import EXIT_SIGINT, EXIT_SIGTERM
 
     section = (DOCS / "errors.md").read_text()
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
-    used = set(EXIT_CODES.values()) | {0, EXIT_USAGE, EXIT_NOT_INDEXED, 130}
+    used = set(EXIT_CODES.values()) | {0, EXIT_USAGE, EXIT_NOT_INDEXED, EXIT_SIGINT,
+                                       EXIT_SIGTERM}
     assert listed == used
     assert "schemas/cli-error.schema.json" in section
 

@@ -338,7 +338,7 @@ def test_pull_by_version_and_alias(store: Store, tmp_path: Path) -> None:
     assert (r.files, r.downloaded, r.bytes, r.transferred) == (
         len(m.files), len(need), m.total_size, sum(need.values()))
     assert len(need) == len(m.files) - 1  # a.bin and copy-of-a.bin: one download
-    assert r.placed and not r.verified and r.seconds > 0
+    assert r.placed and not r.rehashed and r.seconds > 0
     assert starts == [r.transferred] and sum(chunks) == r.transferred
     assert_pulled(serve, store, "1", cache)
     assert sorted(blobs(cache)) == sorted(need)
@@ -346,7 +346,7 @@ def test_pull_by_version_and_alias(store: Store, tmp_path: Path) -> None:
     # By alias, into the cache's default location: all cache hits, linked to the same blobs.
     r2 = pull(store, MODEL, "prod", cache=cache, verify=True)
     default = cache.resolve() / "models" / MODEL / "1"
-    assert (r2.version, r2.path, r2.downloaded, r2.transferred, r2.placed, r2.verified) == (
+    assert (r2.version, r2.path, r2.downloaded, r2.transferred, r2.placed, r2.rehashed) == (
         "1", str(default), 0, 0, True, True)
     assert_pulled(default, store, "1", cache)
     # Again: the target already holds this release, a no-op.
@@ -395,7 +395,8 @@ def test_cli_pull_by_version_and_alias(durable_store_url: str, durable: Store,
     assert doc == {**doc, "model_id": MODEL, "version": "1", "manifest_sha256": m.digest,
                    "path": str(default), "files": len(m.files), "downloaded": 0,
                    "bytes": m.total_size, "transferred": 0, "placed": False,
-                   "verified": True}
+                   "rehashed": True}
+    assert "verified" not in doc  # every pull checks every byte: --verify re-hashes
     assert isinstance(doc["seconds"], float)
 
     for d in (serve, default):

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from registry import numbers
+from registry import interrupt, numbers
 from registry.cli import (  # noqa: F401  (registers commands)
     cache,
     ckpt,
@@ -48,6 +48,7 @@ def main() -> None:
     """
     args = sys.argv[1:]
     as_json = "--json" in args
+    interrupt.terminate_like_interrupt()
     try:
         code = _command().main(args=args, standalone_mode=False, prog_name="registry")
     except Exception as exc:
@@ -65,7 +66,35 @@ def main() -> None:
         else:
             print(f"error: {line}", file=sys.stderr)
         sys.exit(code)
+    if code == interrupt.EXIT_SIGINT:  # typer's answer to KeyboardInterrupt (or Terminated)
+        _interrupted(args, as_json)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+#: commands that write the index after the store: interrupted between the two,
+#: the store holds a write the index lacks until `registry index rebuild`
+_INDEX_WRITERS = {"publish", "release create", "alias set", "ledger revoke", "policy set",
+                  "quickstart"}
+
+
+def _interrupted(args: list[str], as_json: bool) -> None:
+    """One line for SIGINT/SIGTERM, exit 130/143 (docs/errors.md): a write was
+    unwound (staging removed, claim released) unless it had committed; a command
+    that also indexes says how to index what may have committed."""
+    words = [a for a in args if not a.startswith("-")][:2]
+    groups = {n for n, c in _command().commands.items() if hasattr(c, "list_commands")}
+    command = " ".join(["registry", *words[:2 if words and words[0] in groups else 1]])
+    line = f"{command}: interrupted by {interrupt.signal_name()}"
+    if command.removeprefix("registry ") in _INDEX_WRITERS:
+        line += ("; if the store committed the write first, `registry index rebuild` "
+                 "indexes it")
+    code = interrupt.exit_code()
+    if as_json:
+        doc = error_document("Interrupted", code, line, None)
+        print(numbers.dumps(doc, sort_keys=True), file=sys.stderr)
+    else:
+        print(f"error: {line}", file=sys.stderr)
+    sys.exit(code)
 
 
 __all__ = ["app", "main"]

@@ -13,6 +13,7 @@ from registry.cli.output import echo
 from registry.gc import parse_duration
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_table import human, table
+from registry.words import count
 
 cache_app = RegistryTyper(help="The pull cache of this host: list, prune, verify.",
                           no_args_is_help=True)
@@ -86,7 +87,7 @@ def prune(
         echo(f"nothing to prune in {report.cache}", err=True)
     else:
         echo(f"{'would free' if dry_run else 'freed'} {human(report.bytes_freed)} "
-                   f"({report.blobs_removed} blobs): {human(report.size_before)} -> "
+             f"({count(report.blobs_removed, 'blob')}): {human(report.size_before)} -> "
                    f"{human(report.size_after)}")
     if report.max_size_met is False:
         echo(f"warning: still over --max-size {max_size}: what is left is kept by "
@@ -114,9 +115,9 @@ def verify(
             echo(f"BAD blobs/sha256/{b.sha256}: {b.size} bytes hash to "
                        f"{b.actual_sha256 or 'unreadable'} (used by {used}); {action}")
         if report.ok:
-            echo(f"OK {report.cache}: {report.blobs} blobs, {report.bytes} bytes, "
+            echo(f"OK {report.cache}: {count(report.blobs, 'blob')}, {report.bytes} bytes, "
                        f"sha256 verified, {report.seconds:.2f} s")
     if not report.ok:
-        fail(f"{report.cache}: {len(report.bad)} blobs did not verify "
+        fail(f"{report.cache}: {count(len(report.bad), 'blob')} did not verify "
              f"({sum(b.removed for b in report.bad)} removed)", EXIT_FAILED,
              as_json=as_json, path=report.cache)

@@ -26,6 +26,7 @@ from registry.layout import claim_key, run_root
 from registry.names import check_name
 from registry.store import Store, join, open_store
 from registry.verify import verify_directory
+from registry.words import count
 
 ckpt_app = RegistryTyper(help="Checkpoints of training runs (seed 000 and LoongSage trees).",
                        no_args_is_help=True)
@@ -270,6 +271,6 @@ def ckpt_adopt(checkpoint_path: Annotated[str, typer.Argument(
     elif result.already:
         echo(f"{result.path}: already adopted (manifest verifies)")
     else:
-        echo(f"adopted {result.path}: {len(result.manifest.files)} files, "
+        echo(f"adopted {result.path}: {count(len(result.manifest.files), 'file')}, "
                    f"{result.manifest.total_size} bytes, manifest sha256 "
                    f"{result.manifest.digest}")

@@ -12,6 +12,7 @@ too and get exit 6 and 8. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -114,7 +115,10 @@ def _one_line(text: str, fallback: str) -> str:
 
 
 def _os_message(exc: OSError) -> str:
-    reason = exc.strerror or str(exc) or type(exc).__name__
+    from registry.store.translate import READ_ONLY
+
+    reason = (READ_ONLY if exc.errno == errno.EROFS
+              else exc.strerror or str(exc) or type(exc).__name__)
     if exc.filename is not None and exc.filename2 is not None:
         return f"{exc.filename} -> {exc.filename2}: {reason}"
     if exc.filename is not None:

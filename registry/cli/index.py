@@ -16,6 +16,7 @@ from registry.errors import RegistryError, UsageError
 from registry.release.failing import failing_aliases
 from registry.store import open_store
 from registry.documents import revocation_list
+from registry.words import count
 
 db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
 index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)
@@ -47,7 +48,7 @@ def db_upgrade(db: DbOpt = None, as_json: JsonOpt = False) -> None:
         index = Index(db, check=False)
         head = index.upgrade()
     if as_json:
-        print_json({"db": repr(index), "revision": head})
+        print_json({"db": str(index), "revision": head})
     else:
         echo(f"{index}: at revision {head}")
 
@@ -173,20 +174,20 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
         print_json(doc)
         return
     echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
-    echo(f"  manifest sha256 {doc['manifest_sha256']}, {doc['files']} files, "
+    echo(f"  manifest sha256 {doc['manifest_sha256']}, {count(doc['files'], 'file')}, "
                f"{doc['bytes']} bytes, dtype {doc['dtype']}, created {doc['created_at']}")
     if doc.get("config_dtype"):
         typer.echo(f"  config.json dtype {doc['config_dtype']} (what engines load it as)")
     for w in doc.get("weights", []):
         names = ", ".join(w["tensors"][:6]) + (f" and {len(w['tensors']) - 6} more"
                                                 if len(w["tensors"]) > 6 else "")
-        echo(f"  weights {w['stored']}: {len(w['tensors'])} tensors, "
-                   f"{w['parameters']} parameters ({names})")
+        echo(f"  weights {w['stored']}: {count(len(w['tensors']), 'tensor')}, "
+             f"{count(w['parameters'], 'parameter')} ({names})")
     shards = doc.get("weight_files", [])
     if len(shards) > 1:
-        echo(f"  weights in {len(shards) - 1} shards, {doc['parameters']} parameters:")
+        echo(f"  weights in {count(len(shards) - 1, 'shard')}, {count(doc['parameters'], 'parameter')}:")
         for f in shards:
-            echo(f"    {shown(f['path'])}\t{f['bytes']} bytes\t{f['tensors']} tensors")
+            echo(f"    {shown(f['path'])}\t{f['bytes']} bytes\t{count(f['tensors'], 'tensor')}")
     sig = doc.get("signature")
     if sig is not None:
         state = {True: "verified against the policy's keys",
@@ -228,8 +229,8 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = N
                    else f"{model_id} has no releases in the index {reg.index}", err=True)
     for r in rows:
         if model_id is None:
-            echo(f"{r['model_id']}\t{r['releases']} releases\tnewest {r['newest']}\t"
-                       f"newest passing {r['newest_passing']}")
+            echo(f"{r['model_id']}\t{count(r['releases'], 'release')}\tnewest {r['newest']}\t"
+                 f"newest passing {r['newest_passing'] or 'none'}")
         else:
             echo(f"{r['version']}\t{r['created_at']}\t{r['dtype']}\t{r['bytes']}\t"
                        f"{'passing' if r['passing'] else 'FAILING'}\t{','.join(r['aliases'])}")
@@ -255,4 +256,5 @@ def diff(a: Annotated[str, typer.Argument(help="MODEL_ID@A")],
             echo(f"{mark} {shown(path)}")
     for e in doc["evals"]:
         delta = f"{e['delta']:+g}" if e["delta"] is not None else "n/a"
-        echo(f"  eval {e['metric']}: {e['a']} -> {e['b']} ({delta})")
+        a_val, b_val = (f"{v:g}" if v is not None else "absent" for v in (e["a"], e["b"]))
+        echo(f"  eval {e['metric']}: {a_val} -> {b_val} ({delta})")

@@ -24,6 +24,7 @@ from registry.pull import pull as do_pull
 from registry.release.failing import describe, failing_gates
 from registry.gates import GateResult
 from registry.store import Store, open_store
+from registry.words import count
 
 
 @app.command()
@@ -155,10 +156,11 @@ def pull(
                    f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
     mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
     if not quiet:
-        echo(f"pulled {model_id}@{result.version} to {result.path}: {result.files} files "
+        echo(f"pulled {model_id}@{result.version} to {result.path}: "
+             f"{count(result.files, 'file')} "
                    f"({result.downloaded} downloaded), {result.bytes} bytes "
                    f"({result.transferred} transferred), {result.seconds:.2f} s, "
-                   f"{mbps:.1f} MB/s" + (", verified" if result.verified else "")
+                   f"{mbps:.1f} MB/s" + (", every file re-hashed" if result.rehashed else "")
                    + (f", signed by {_signer(result.signed_by)}" if result.signed_by else ""))
     else:
         echo(result.path)

@@ -39,6 +39,7 @@ from registry.layout import model_root
 from registry.release import ReleaseResult
 from registry.release.policy import signed_by, thresholds
 from registry.store import Store, open_store
+from registry.words import count
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
 VersionOpt = Annotated[str, typer.Option("--version", help="New, immutable version.")]
@@ -98,7 +99,7 @@ def _report(result: ReleaseResult, as_json: bool) -> None:
     _print_gates(result.gates)
     m = result.manifest
     echo(f"released {result.model_id}@{result.version} at {result.url}: "
-               f"{len(m.files)} files, {m.total_size} bytes, manifest sha256 {m.digest}")
+               f"{count(len(m.files), 'file')}, {m.total_size} bytes, manifest sha256 {m.digest}")
 
 
 @contextmanager

@@ -157,7 +157,7 @@ def serve(
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/"
     if as_json:
-        print_json({"url": url, "store": reg.store.url, "index": repr(reg.index),
+        print_json({"url": url, "store": reg.store.url, "index": str(reg.index),
                     "api": f"{url}api/v1", "docs": f"{url}api/v1/docs",
                     "allowed_hosts": sorted(hosts)})
     else:

@@ -12,6 +12,7 @@ from registry.cli.output import echo, shown
 from registry.errors import ObjectNotFoundError
 from registry.store import open_store
 from registry.verify import verify_directory
+from registry.words import count
 
 
 @app.command()
@@ -44,11 +45,12 @@ def verify(
             m = report.manifest
             assert m is not None
             mode = "sha256" if full else "sizes"
-            echo(f"OK {store.url}: {len(m.files)} files, {m.total_size} bytes, "
+            echo(f"OK {store.url}: {count(len(m.files), 'file')}, {m.total_size} bytes, "
                        f"{mode} verified, manifest sha256 {m.digest}")
     if not report.ok:
         why = (str(report.error) if report.error is not None
-               else f"{len(report.problems)} files differ from MANIFEST.json"
-               if report.problems else f"{len(report.extras)} files not in MANIFEST.json")
+               else f"{count(len(report.problems), 'file')} "
+               f"{'differs' if len(report.problems) == 1 else 'differ'} from MANIFEST.json"
+               if report.problems else f"{count(len(report.extras), 'file')} not in MANIFEST.json")
         fail(f"{store.url}: does not verify: {why}", EXIT_FAILED, as_json=as_json,
              path=store.url)

@@ -59,7 +59,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from registry import numbers
+from registry import interrupt, numbers  # noqa: E402
 from registry.checkpoint import CheckpointManager, CheckpointSkippedWarning  # noqa: E402
 from registry.commit import delete_directory  # noqa: E402
 from registry.examples.tinymodel import (  # noqa: E402
@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    interrupt.terminate_like_interrupt()  # preempted (SIGTERM): unwind as on Ctrl-C
     try:
         result = train(args.store, args.run_id, args.steps, ckpt_every=args.ckpt_every,
                        keep_ckpts=args.keep_ckpts, resume=args.resume,
@@ -312,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     except RegistryError as e:  # a user error: one line, no traceback
         _log(f"error: {e}")
         return 2
+    except KeyboardInterrupt:  # the save in flight landed or was unwound; LATEST is whole
+        _log(f"interrupted by {interrupt.signal_name()}: resume with --resume")
+        return interrupt.exit_code()
     _log(f"step {result['trainer_state']['step']}: eval loss {result['final_loss_repr']}, "
          f"weights {result['weights_sha256'][:16]}, {result['seconds']:.2f} s")
     return 0

@@ -180,8 +180,12 @@ class Index:
         uri = f"file:{urllib.parse.quote(os.path.abspath(self.path))}?{query}"
         return sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
 
+    def __str__(self) -> str:
+        """The database URL, its password hidden: what messages name."""
+        return self.engine.url.render_as_string(hide_password=True)
+
     def __repr__(self) -> str:
-        return f"Index({self.engine.url.render_as_string(hide_password=True)!r})"
+        return f"Index({str(self)!r})"
 
     def _lock_path(self) -> str | None:
         db = self.sqlite_path()

@@ -47,6 +47,11 @@ class PullResult:
         bytes: total bytes of the release; ``transferred``: bytes downloaded.
         seconds: wall time of the pull.
         placed: False when the target already held this release.
+        rehashed: True when every file was hashed again in this pull
+            (``verify=True``), even those the cache or the target already
+            held. Either way every file placed matches the manifest: a
+            download or copy is hashed as it is read, a cache hit is checked
+            by the stat stamp recorded when it was hashed.
         signer: fingerprint of the trusted key that signed the release (or
             of the signing certificate), when the pull was given trusted keys
             or CAs (else None); ``signed_by``: the whole check
@@ -63,7 +68,7 @@ class PullResult:
     transferred: int
     seconds: float
     placed: bool
-    verified: bool
+    rehashed: bool
     signer: str | None = None
     signed_by: dict[str, Any] | None = None
 

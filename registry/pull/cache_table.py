@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from registry.pull.cache_scan import CacheReport, Materialized
+from registry.words import count
 
 
 def human(n: int) -> str:
@@ -33,8 +34,9 @@ def table(report: CacheReport) -> list[str]:
     ``no blobs kept``."""
     rows = [("MODEL", "VERSION", "SIZE", "SHARED", "LAST PULLED", "MATERIALIZED")]
     for v in report.versions:
-        shared = f"{v.shared_blobs} blobs ({human(v.shared_bytes)})" if v.shared_blobs else "-"
-        missing = f", {v.missing_blobs} blobs missing" if v.missing_blobs else ""
+        shared = (f"{count(v.shared_blobs, 'blob')} ({human(v.shared_bytes)})"
+                  if v.shared_blobs else "-")
+        missing = f", {count(v.missing_blobs, 'blob')} missing" if v.missing_blobs else ""
         if v.missing_blobs and not v.blobs:  # a one-write pull (a local store, --no-blobs)
             shared, missing = "no blobs kept", ""
         rows.append((v.model_id, v.version, human(v.size_on_disk), shared + missing,
@@ -44,7 +46,8 @@ def table(report: CacheReport) -> list[str]:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
              for r in rows]
     t = report.to_dict()["totals"]
-    lines.append(f"total: {t['models']} models, {t['versions']} versions, {t['blobs']} blobs, "
+    lines.append(f"total: {count(t['models'], 'model')}, {count(t['versions'], 'version')}, "
+                 f"{count(t['blobs'], 'blob')}, "
                  f"{human(t['size_on_disk'])} on disk ({human(t['blob_bytes'])} of blobs, "
                  f"{human(t['materialized_bytes'])} of directories in the cache); "
                  f"{t['unreferenced_blobs']} unreferenced blobs "

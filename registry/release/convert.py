@@ -30,6 +30,7 @@ import numpy as np
 
 from registry.errors import UsageError
 from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
+from registry.words import count
 
 RELEASE_DTYPES = ("f32", "bf16", "int4")
 #: ``__metadata__["format"]`` values transformers (4.x: modeling_utils) and
@@ -242,7 +243,7 @@ def dtype_label(groups: list[dict[str, Any]]) -> str:
     total = sum(len(g["tensors"]) for g in groups)
     q = next((g for g in groups if g["stored"] == "int4"), None)
     if q is not None:
-        return f"int4 ({len(q['tensors'])} of {total} tensors)"
+        return f"int4 ({len(q['tensors'])} of {count(total, 'tensor')})"
     floats = [g["stored"].lower() for g in groups if g["stored"] in _FLOAT]
     return "+".join(floats) or "+".join(g["stored"].lower() for g in groups) or "none"
 

@@ -337,6 +337,8 @@ class ModelRelease:
                  max_shard_size: int | str | None = None,
                  forbid_code: bool = False) -> ReleaseResult:
         where = src_store.url_of(src)
+        if "://" not in where:  # a local folder: name it whatever the working directory
+            where = os.path.abspath(where)
         shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
         signer = signature_gate.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
         config_raw = (src_store.read_bytes(join(src, "config.json"))
@@ -345,7 +347,7 @@ class ModelRelease:
         if not isinstance(config, dict):
             raise DocumentError(f"{where}/config.json", "must be a JSON object")
         weights = load_weights(src_store, src, files=names, where=where)
-        check_files(names, config, where=where)
+        check_files(names, config, where=where, release=f"{model_id}@{version}")
         as_is = dtype is None and shard_limit is None and all(
             engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}

@@ -73,6 +73,9 @@ _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutEr
 #: errno values of a full disk (a quota is a full disk for this user).
 _FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
+#: The rule a write to a read-only file system breaks (EROFS), for every message.
+READ_ONLY = "read-only file system: this command writes there, so it must be mounted writable"
+
 #: S3 error codes of a full server: MinIO's full drives answer 507.
 _S3_FULL = {"XMinioStorageFull", "507"}
 
@@ -125,6 +128,8 @@ def translate(exc: BaseException, key: str, *, where: str | None = None) -> Stor
         return _S3_CODES[code](f"{key}: {code}", key=key)
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return InsufficientSpaceError(f"{key}: {_FULL_ERRNOS[exc.errno]}", key=key)
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return StoragePermissionError(f"{exc.filename or key}: {READ_ONLY}", key=key)
     for builtin, mapped in _TABLE:
         if isinstance(exc, builtin):
             reason = {ObjectNotFoundError: "not found",

@@ -1,0 +1,50 @@
+"""SIGTERM handled like SIGINT (Ctrl-C), for the registry's processes.
+
+Kubernetes, systemd and ``docker stop`` end a process with SIGTERM, whose
+default action kills it on the spot: no ``finally``, no cleanup, a staging
+directory and a claim left behind. :func:`terminate_like_interrupt` makes
+SIGTERM raise :class:`Terminated`, a ``KeyboardInterrupt``, in the main
+thread instead, so every write unwinds exactly as it does on Ctrl-C (commits
+abort on any ``BaseException``: staging removed, claim and writer lease
+released, nothing committed; a pull removes its partial files). The process
+then exits with 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM
+(what a shell reports for a process the signal killed).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+#: exit codes of a process interrupted by SIGINT and by SIGTERM (128 + signal)
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+_received: list[int] = []
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread where SIGINT raises KeyboardInterrupt."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    _received.append(signum)
+    raise Terminated(f"signal {signal.Signals(signum).name}")
+
+
+def terminate_like_interrupt() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread (a no-op off it,
+    where Python cannot set handlers). Call once, at a process's entry point."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def exit_code(default: int = EXIT_SIGINT) -> int:
+    """143 once SIGTERM was received in this process, else ``default`` (130)."""
+    return EXIT_SIGTERM if _received else default
+
+
+def signal_name() -> str:
+    """``SIGTERM`` once it was received, else ``SIGINT``."""
+    return "SIGTERM" if _received else "SIGINT"
