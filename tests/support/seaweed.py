@@ -33,6 +33,15 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, however
+    it dies (a killed pytest never runs the session's teardown)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _free_ports(n: int) -> list[int]:
     socks = []
     try:
@@ -77,7 +86,7 @@ class SeaweedServer:
         (self._dir / "data").mkdir()
         self._log = open(self._dir / "weed.log", "wb")  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         import boto3
         from botocore.config import Config
