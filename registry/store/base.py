@@ -79,24 +79,13 @@ class Store(ABC):
         self.url = url
         self.fs = fs
         self.root = root.rstrip("/")
-        #: what listings skipped (a link or special file on local disk), one
-        #: message each, in order, without repeats: commands show them.
-        self.skipped: list[str] = []
-
-    def skip(self, message: str) -> None:
-        """Note an entry a listing skipped (see :attr:`skipped`)."""
-        if message not in self.skipped:
-            self.skipped.append(message)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
     def path(self, key: str) -> str:
-        """The backend path of ``key`` (no leading slash, no empty, ``.`` or
-        ``..`` segment: UnsafeEntryError)."""
-        from registry.store.confine import parts
-
-        return "/".join([self.root, *parts(key, where=self.url)]) if key else self.root
+        """The backend path of ``key`` (no leading slash on the key)."""
+        return f"{self.root}/{key}" if key else self.root
 
     def url_of(self, key: str) -> str:
         """A URL a user can paste back into the CLI for ``key``."""

@@ -34,7 +34,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
-from registry.store import confine, s3upload
+from registry.store import s3upload
 from registry.store.base import CHUNK, ObjectInfo, Store
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, timeouts
@@ -131,10 +131,7 @@ class S3Store(Store):
     # -- raw calls ---------------------------------------------------------------
 
     def _key(self, key: str) -> str:
-        """The object key of ``key``: the one key function of every request
-        (a ``..``, ``.`` or empty segment is refused: UnsafeEntryError)."""
-        segs = confine.parts(key, where=self.url)
-        return "/".join([self.prefix, *segs] if self.prefix else segs)
+        return f"{self.prefix}/{key}" if self.prefix else key
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         fs = self.fs
@@ -435,7 +432,7 @@ class S3Store(Store):
     def _list(self, prefix: str, delimiter: str) -> Iterator[dict[str, Any]]:
         """Every page of a ListObjectsV2 of ``prefix/``. An error is raised,
         never an empty answer: only a listing the server answered is empty."""
-        base = self._key(prefix)
+        base = self._key(prefix).strip("/")
         args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
         if delimiter:
             args["Delimiter"] = delimiter
@@ -463,7 +460,7 @@ class S3Store(Store):
 
     def walk_files(self, prefix: str) -> dict[str, int]:
         """Folder markers (keys ending in ``/``) are skipped."""
-        base = self._key(prefix)
+        base = self._key(prefix).strip("/")
         cut = len(base) + 1 if base else 0
         out = {}
         for page in self._list(prefix, ""):
@@ -473,7 +470,7 @@ class S3Store(Store):
         return dict(sorted(out.items()))
 
     def walk_versions(self, prefix: str) -> dict[str, tuple[int, str | None]]:
-        base = self._key(prefix)
+        base = self._key(prefix).strip("/")
         cut = len(base) + 1 if base else 0
         out: dict[str, tuple[int, str | None]] = {}
         for page in self._list(prefix, ""):
