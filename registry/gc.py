@@ -112,6 +112,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     Raises:
         StorageError: the store failed (the clock probe included).
     """
+    # Listed first: a store that does not exist is an error, never created
+    # by the clock probe (which writes an object).
+    top = _folders(store)
     clock = store_time(store)
     now = clock.now
     hold = clock.skewed()
@@ -120,7 +123,7 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
                         "clocks agree (fix the host's time: NTP)")
         break_claims = False
     doomed: list[tuple[str, bool]] = []
-    folders = [(f, False) for f in _folders(store)]
+    folders = [(f, False) for f in top]
     folders += [(t.strip("/"), True) for t in trees]
     for folder, loong in folders:
         entries = store.list_dir(folder)

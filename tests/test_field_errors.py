@@ -119,7 +119,7 @@ def test_denied_ledger_listing_fails_closed(s3_bucket: str, proxy: FaultProxy,
     assert not store.exists("models/tiny/refs/prod")
     r = run_cli("index", "rebuild", *s, *db, env=env)
     assert r.returncode == 6, r.stderr
-    r = run_cli("ls", "tiny", "--json", *db)
+    r = run_cli("ls", "tiny", "--json", *s, *db)  # ls reads signatures from the store
     assert r.returncode == 0 and "1" in r.stdout, r.stdout  # the old index is intact
     assert [q.op for q in proxy.log if q.op == "ListObjects"]  # the rule was exercised
     # Through the same proxy without the rule: the gate sees the revocation.

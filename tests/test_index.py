@@ -617,8 +617,10 @@ def test_rebuild_answers_every_query_identically(durable_store_url: str, db_url:
     drop_all_tables(db_url)
     r = run_cli("index", "rebuild", "--json", "--store", durable_store_url, "--db", db_url)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"models": 2, "releases": 7, "aliases": 3,
-                                    "checkpoints": 3, "revocations": 2}
+    counts = json.loads(r.stdout)
+    counts.pop("report")  # what rebuild skipped, kept or removed, with reasons (issue 31)
+    assert counts == {"models": 2, "releases": 7, "aliases": 3,
+                      "checkpoints": 3, "revocations": 2}
     after = cli_batch(qs)
     for q, a, b in zip(qs, before, after, strict=True):
         assert a == b, q
@@ -766,7 +768,7 @@ def test_policy_is_per_model(db_url: str, tmp_path: Path, clock: None) -> None:
 
 
 REQUIRES: list[tuple[str, ...]] = [(), ("accuracy>=0.85",), ("copy/accuracy<=0.95",),
-                                   ("f1>=0.1",), ("accuracy<=inf", "copy/loss<=1.5")]
+                                   ("f1>=0.1",), ("accuracy<=1e300", "copy/loss<=1.5")]
 
 
 def assert_index_agrees_with_gates(reg: Registry) -> set[tuple[str, str, bool]]:

@@ -168,10 +168,20 @@ def publish_converted(url: str, version: str, docs: Any, **kw: Any) -> Any:
     assert report.ok, report.to_dict()
     listed = {e.path for e in result.manifest.files}
     assert listed == set(source_files()) | ADDED
-    # Every file but the weights is carried byte for byte.
+    # Every file but the weights is carried byte for byte; config.json too,
+    # but for the released dtype it now says (issue 26 item 3: torch_dtype and
+    # dtype; int4 adds a quantization_config engines refuse).
     for rel, path in source_files().items():
-        if rel != "model.safetensors":
+        if rel not in ("model.safetensors", "config.json"):
             assert result.manifest.entry(rel).sha256 == sha256_file(path), rel
+    src_config = json.loads(Path(source_files()["config.json"]).read_text())
+    out_config = json.loads(store.read_bytes(join(prefix, "config.json")))
+    changed = {k for k in set(src_config) | set(out_config)
+               if src_config.get(k) != out_config.get(k)}
+    assert changed <= {"torch_dtype", "dtype", "quantization_config"}, changed
+    want = {"bf16": "bfloat16", "int4": None, "f32": "float32"}.get(kw.get("dtype") or "")
+    if want is not None:
+        assert out_config["torch_dtype"] == want and out_config.get("dtype", want) == want
     return result
 
 

@@ -166,7 +166,8 @@ def test_show_and_card_list_the_shards(pulled: dict[str, Path]) -> None:
     from fastapi.testclient import TestClient
 
     from registry.web import create_app
-    with Registry(url, db=db) as reg, TestClient(create_app(reg)) as client:
+    with Registry(url, db=db) as reg, \
+            TestClient(create_app(reg), base_url="http://localhost") as client:
         page = client.get("/models/llama/1-bf16").text
     table = re.search(r'<table id="weights">.*?</table>', page, re.S)
     assert table is not None

@@ -72,6 +72,25 @@ def temp_tag() -> str:
     return f"pid{os.getpid()}.{uuid.uuid4().hex[:12]}"
 
 
+#: suffix of a partial download's piece log (registry.pull.resume)
+LOG = ".pieces"
+#: seconds a dead writer's partial is kept for a resume
+KEEP_SECONDS = 7 * 24 * 3600
+
+
+def is_kept(path: Path, now: float) -> bool:
+    """A dead writer's partial (or its log) ``Cache.clean_stale`` keeps for a resume."""
+    name = path.name
+    partial = path.with_name(name[:-len(LOG)]) if name.endswith(LOG) else path
+    if not partial.name.endswith(INCOMPLETE):
+        return False
+    try:
+        return (partial.with_name(partial.name + LOG).exists()
+                and now - partial.stat().st_mtime < KEEP_SECONDS)
+    except FileNotFoundError:
+        return False
+
+
 class Cache:
     """A cache directory (created on first use).
 
@@ -117,8 +136,6 @@ class Cache:
         downloads kept for a resume (registry.pull.resume: a piece log beside
         them, younger than its KEEP_SECONDS); returns each with its size in
         bytes (0 if it vanished meanwhile)."""
-        from registry.pull.resume import is_kept  # registry.pull.resume imports this module
-
         removed = []
         now = time.time()
         for p in self.tmp.iterdir():

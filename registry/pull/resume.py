@@ -30,14 +30,19 @@ from pathlib import Path
 from registry import pieces as pc
 from registry.errors import IntegrityError
 from registry.manifest import FileEntry
-from registry.pull.cache import INCOMPLETE, Cache, owner_pid, pid_alive, temp_tag
+from registry.pull.cache import (  # noqa: F401 - LOG, KEEP_SECONDS, is_kept: re-exported
+    INCOMPLETE,
+    KEEP_SECONDS,
+    LOG,
+    Cache,
+    is_kept,
+    owner_pid,
+    pid_alive,
+    temp_tag,
+)
 from registry.store import Store
 from registry.verify import piece_error
 
-#: suffix of a partial's piece log
-LOG = ".pieces"
-#: seconds a dead writer's partial is kept for a resume
-KEEP_SECONDS = 7 * 24 * 3600
 _CHUNK = 4 * 1024 * 1024
 
 
@@ -98,19 +103,6 @@ def claim(cache: Cache, entry: FileEntry) -> tuple[Path, set[int]] | None:
         log.unlink(missing_ok=True)
         return new, have
     return None
-
-
-def is_kept(path: Path, now: float) -> bool:
-    """A dead writer's partial (or its log) ``Cache.clean_stale`` keeps for a resume."""
-    name = path.name
-    partial = path.with_name(name[:-len(LOG)]) if name.endswith(LOG) else path
-    if not partial.name.endswith(INCOMPLETE):
-        return False
-    try:
-        return (partial.with_name(partial.name + LOG).exists()
-                and now - partial.stat().st_mtime < KEEP_SECONDS)
-    except FileNotFoundError:
-        return False
 
 
 def _runs(ks: list[int]) -> list[list[int]]:
