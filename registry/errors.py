@@ -243,6 +243,26 @@ class SigningUnavailableError(UsageError):
     is not installed."""
 
 
+# -- events ----------------------------------------------------------------------
+
+
+class EventNotRecordedError(RegistryError):
+    """A write committed in the store, but appending its event to ``events/``
+    failed (issue 32 item 7). The write stands; ``registry events repair``
+    appends the events the store's records imply and the log lacks.
+
+    Attributes:
+        event: the event's name (``model_version.created``...).
+        cause: the error that stopped the append.
+    """
+
+    def __init__(self, what: str, event: str, cause: BaseException) -> None:
+        self.event = event
+        self.cause = cause
+        super().__init__(f"{what} committed, but its event {event!r} was not recorded in "
+                         f"events/ ({cause}); run `registry events repair` to append it")
+
+
 # -- the index ------------------------------------------------------------------
 
 

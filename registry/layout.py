@@ -12,7 +12,9 @@ each other. It imports nothing but the naming rule and ``join``::
     models/<model_id>/refs/<alias>              alias_key(model_id, alias)
     models/<model_id>/policy.json               policy_key(model_id)
     ledger/revocations/<source_id>.json         revocation_key(source_id)
-    events/                                     EVENTS (store-side events, DESIGN section 1)
+    ledger/aliases/<model_id>/<alias>/          alias_history_prefix(model_id, alias)
+    ledger/aliases/<m>/<a>/<seq>-<digest>.json  alias_entry_key(model_id, alias, seq, digest)
+    events/<seq>.json                           event_key(seq) (issue 32: the event log)
     <prefix>.claim                              claim_key(prefix)
     <prefix>.tmp-<tag>                          staging_prefix(prefix, tag)
 
@@ -27,6 +29,8 @@ the ``*_ROOT`` constants and the claim/staging helpers take keys already built.
 
 from __future__ import annotations
 
+import re
+
 from registry.names import check_name
 from registry.store.base import join
 
@@ -36,6 +40,11 @@ LEDGER = "ledger"
 EVENTS = "events"
 REFS = "refs"
 REVOCATIONS = "ledger/revocations"
+ALIAS_HISTORY = "ledger/aliases"
+#: digits of an event's sequence number in its key (``events/000000000042.json``).
+EVENT_DIGITS = 12
+#: digits of an alias move's sequence number in its history entry's key.
+ALIAS_SEQ_DIGITS = 8
 POLICY = "policy.json"
 LATEST = "LATEST"
 #: ``str.format`` pattern of a tinyllm step directory (seed 000: six digits at least).
@@ -102,6 +111,38 @@ def policy_key(model_id: str) -> str:
 def revocation_key(source_id: str) -> str:
     """Key of one revocation: ``ledger/revocations/<source_id>.json``."""
     return join(REVOCATIONS, f"{check_name(source_id, 'source_id')}.json")
+
+
+def alias_history_prefix(model_id: str, alias: str) -> str:
+    """Key of one alias's move history: ``ledger/aliases/<model_id>/<alias>``."""
+    return join(ALIAS_HISTORY, check_name(model_id, "model_id"), check_name(alias, "alias"))
+
+
+def alias_entry_key(model_id: str, alias: str, seq: int, digest: str) -> str:
+    """Key of one alias move's history entry:
+    ``ledger/aliases/<model_id>/<alias>/<seq:08d>-<digest>.json`` (``digest``: the
+    first 16 hex digits of the entry's sha256).
+
+    Raises:
+        ValueError: ``seq`` is negative or ``digest`` is not lowercase hex.
+    """
+    if seq < 0 or not re.fullmatch(r"[0-9a-f]{16}", digest):
+        raise ValueError(f"alias entry {seq}-{digest}: a sequence >= 0 and 16 hex digits")
+    return join(alias_history_prefix(model_id, alias),
+                f"{seq:0{ALIAS_SEQ_DIGITS}d}-{digest}.json")
+
+
+# -- events/ ----------------------------------------------------------------
+
+def event_key(seq: int) -> str:
+    """Key of the event numbered ``seq``: ``events/<seq:012d>.json``.
+
+    Raises:
+        ValueError: ``seq`` is below 1.
+    """
+    if seq < 1:
+        raise ValueError(f"event {seq}: events are numbered from 1")
+    return join(EVENTS, f"{seq:0{EVENT_DIGITS}d}.json")
 
 
 # -- claims and staging -----------------------------------------------------

@@ -35,6 +35,8 @@ EXIT_STORAGE = 6
 EXIT_INDEX = 8
 #: the store write is committed, but the index could not record it
 EXIT_NOT_INDEXED = 10
+#: the store write is committed, but its event could not be appended to events/
+EXIT_NOT_RECORDED = 11
 
 #: class -> exit code; looked up along the MRO, so subclasses inherit.
 EXIT_CODES: dict[type[E.RegistryError], int] = {
@@ -59,6 +61,7 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.UnknownModelError: 3,
     E.IndexDatabaseError: 8,
     E.IndexOutOfDateError: 9,
+    E.EventNotRecordedError: EXIT_NOT_RECORDED,
 }
 
 

@@ -1,0 +1,101 @@
+"""The store's event log (registry.events, issue 32 item 7): numbering, no event lost
+or duplicated under concurrent writer processes, damaged events, the append's error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry import errors as E
+from registry.actor import ACTOR_ENV, current_actor, describe
+from registry.events import EVENT_NAMES, append_event, iter_events, read_event
+from registry.events.log import event_numbers
+from registry.layout import event_key
+from registry.store import Store, open_store
+
+REPO = Path(__file__).resolve().parent.parent
+WRITER = REPO / "tests" / "support" / "event_writer.py"
+
+
+def test_actor_user_host_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ACTOR_ENV, "alice")
+    a = current_actor("ab" * 32)
+    assert a["user"] == "alice" and a["host"] and a["key"] == "ab" * 32
+    monkeypatch.delenv(ACTOR_ENV)
+    assert current_actor()["user"] and current_actor()["key"] is None
+    assert describe(a).startswith("alice@")
+
+
+def test_append_numbers_and_reads_back(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ACTOR_ENV, "bob")
+    ids = [append_event(store, "model_version.created", model_id="m", version=str(i),
+                        data={"n": i}) for i in range(3)]
+    assert len(set(ids)) == 3
+    assert event_numbers(store) == [1, 2, 3]
+    events = list(iter_events(store))
+    assert [e.id for e in events] == ids and [e.version for e in events] == ["0", "1", "2"]
+    assert events[0].actor["user"] == "bob" and events[0].data == {"n": 0}
+    assert [e.seq for e in iter_events(store, after=2)] == [3]
+    assert store.exists(event_key(3))
+
+
+def test_unknown_name_is_a_programming_error(store: Store) -> None:
+    with pytest.raises(ValueError):
+        append_event(store, "model.exploded")
+    assert "model_version.created" in EVENT_NAMES
+
+
+def test_damaged_event_named_not_skipped_silently(store: Store) -> None:
+    append_event(store, "policy.changed", model_id="m")
+    store.write_bytes(event_key(2), b"{not json")
+    append_event(store, "policy.changed", model_id="m")  # numbering goes on past it
+    with pytest.raises(E.DocumentError, match="000000000002.json"):
+        list(iter_events(store))
+    damaged: list[str] = []
+    assert [e.seq for e in iter_events(store, damaged=damaged)] == [1, 3]
+    assert "000000000002.json" in damaged[0]
+
+
+def test_copied_event_refused(store: Store) -> None:
+    append_event(store, "policy.changed", model_id="m")
+    store.write_bytes(event_key(5), store.read_bytes(event_key(1)))
+    with pytest.raises(E.DocumentError, match="seq 1 but the object is number 5"):
+        read_event(store, 5)
+
+
+def test_append_failure_says_the_write_committed(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "events").write_text("a file where the events folder goes")
+    store = open_store(str(root))
+    with pytest.raises(E.EventNotRecordedError) as info:
+        append_event(store, "model_version.created", model_id="m", version="1")
+    assert "m@1 committed" in str(info.value) and "registry events repair" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_concurrent_writer_processes_lose_and_duplicate_nothing(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    url = str(tmp_path / "store") if kind == "local" else \
+        f"s3://{request.getfixturevalue('s3_bucket')}/root"
+    writers, each = 4, 8
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, str(WRITER), url, f"w{w}", str(each)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in range(writers)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    with open_store(url) as store:
+        events = list(iter_events(store))
+    assert [e.seq for e in events] == list(range(1, writers * each + 1))  # no holes
+    seen = sorted((e.data["writer"], e.data["i"]) for e in events)
+    assert seen == sorted((f"w{w}", i) for w in range(writers) for i in range(each))
+    assert len({e.id for e in events}) == writers * each
+    for w in range(writers):  # each writer's own events in its own order
+        mine = [e.data["i"] for e in events if e.data["writer"] == f"w{w}"]
+        assert mine == list(range(each))
