@@ -74,7 +74,8 @@ from tests.release_util import head, ledger_row, summary, summary2
 W = np.random.default_rng(7).standard_normal((8, 64), dtype=np.float32)
 B = np.linspace(-1, 1, 8, dtype=np.float32)
 TABLES = {"models", "releases", "release_files", "ledger_sources", "release_sources",
-          "revocations", "eval_results", "aliases", "policies", "checkpoints"}
+          "revocations", "eval_results", "aliases", "policies", "checkpoints",
+          "yanks", "tombstones", "release_tags"}
 
 
 # -- helpers -------------------------------------------------------------------------

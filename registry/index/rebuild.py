@@ -201,7 +201,8 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
     counts: dict[str, Any] = {}
 
     def work(s: Session) -> None:
-        for table in (t.Policy, t.Alias, t.EvalResult, t.ReleaseSource, t.ReleaseFile,
+        for table in (t.ReleaseTag, t.Yank, t.Tombstone, t.Policy, t.Alias, t.EvalResult,
+                      t.ReleaseSource, t.ReleaseFile,
                       t.Release, t.LedgerSource, t.Model, t.Checkpoint, t.Revocation):
             s.execute(delete(table))
         counts.clear()

@@ -149,3 +149,42 @@ class Checkpoint(Base):
     manifest_sha256: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[str] = mapped_column(String(32))
+
+
+class Yank(Base):
+    """A yanked release (``models/<m>/.yanks/<version>.json``, issue 32 item 1):
+    it fails the ``yanked`` gate. ``actor`` is the JSON of who yanked it."""
+
+    __tablename__ = "yanks"
+    release_pk: Mapped[int] = mapped_column(ForeignKey("releases.id", ondelete="CASCADE"),
+                                            primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    yanked_at: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(Text)
+
+
+class Tombstone(Base):
+    """A deleted release (``models/<m>/.tombstones/<version>.json``, issue 32
+    item 2): its version name is never reused. Outlives the release's row."""
+
+    __tablename__ = "tombstones"
+    model_pk: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    version: Mapped[str] = mapped_column(String(128), primary_key=True)
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    deleted_at: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(Text)
+
+
+class ReleaseTag(Base):
+    """One mutable tag of a release (``models/<m>/.tags/<version>.json``, issue
+    32 item 3), indexed by ``(key, value)`` for ``registry query --tag``."""
+
+    __tablename__ = "release_tags"
+    __table_args__ = (Index("ix_release_tags_key_value", "key", "value"),)
+    release_pk: Mapped[int] = mapped_column(ForeignKey("releases.id", ondelete="CASCADE"),
+                                            primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
