@@ -59,6 +59,14 @@ class ConditionalWritesUnsupportedError(StorageError):
     cannot guard commits, claims and pointers against a second writer."""
 
 
+class UnsafeEntryError(StorageError):
+    """An entry of a store, a pull cache, a release or a source directory that
+    the registry will not follow or touch: a symbolic link (or one leading out
+    of a source directory), a FIFO, socket or device, a mount point, a key with
+    ``..``, or a cache file another user owns or can write
+    (registry.store.confine)."""
+
+
 class InvalidStoreURLError(StorageError, ValueError):
     """The store URL cannot be opened (unknown protocol, missing bucket)."""
 

@@ -54,6 +54,7 @@ EXIT_CODES: dict[type[E.RegistryError], int] = {
     E.PointerError: 5,
     E.StorageError: 6,
     E.InvalidStoreURLError: 2,
+    E.UnsafeEntryError: 6,  # a link, special file or mount inside a root
     E.StoragePermissionError: 6,
     E.InsufficientSpaceError: 6,
     E.CheckpointError: 7,

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from registry.errors import InvalidStoreURLError, UsageError
 from registry.store.base import CHUNK, ObjectInfo, Store, join
@@ -51,22 +51,66 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
         UsageError: ``memory://`` from the command line (:func:`refuse_memory_stores`).
     """
     url = url or os.environ.get("REGISTRY_STORE") or DEFAULT_STORE
+    scheme, root, canonical = parse_store_url(url)
+    if scheme == "file":
+        return LocalStore(url, root)
+    if scheme == "s3":
+        from registry.store.s3 import S3Store  # s3fs loads only when S3 is used
+
+        return S3Store(canonical, root, **storage_options)
+    if not _MEMORY_ALLOWED.get():
+        raise UsageError(f"{url}: memory:// stores live only inside one process; the "
+                         "command line needs a folder, file:// or s3:// URL")
+    return MemoryStore(url, root)
+
+
+def parse_store_url(url: str) -> tuple[str, str, str]:
+    """The one reading of a store URL: ``(scheme, root, canonical URL)``, where
+    scheme is ``file``, ``s3`` or ``memory``.
+
+    Every spelling of one place gives one root (docs/confinement.md): a local
+    path is made absolute (``~`` expanded, relative to the current directory);
+    ``file://`` takes an absolute path (``file:///srv/a%20b`` is ``/srv/a b``:
+    percent-escapes are decoded, as RFC 8089 says); ``s3://bucket//prefix``,
+    ``s3://bucket/prefix/`` and ``s3://bucket/prefix//`` are all
+    ``s3://bucket/prefix`` (empty segments dropped: S3 listings would strip
+    them, existence checks would not).
+
+    Raises:
+        InvalidStoreURLError: an unknown protocol; ``s3://`` without a bucket;
+            a ``.`` or ``..`` segment in an S3 prefix; ``file://`` with a host
+            other than ``localhost`` or a relative path; an empty path.
+    """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
-        path = parts.path if scheme == "file" else url
-        return LocalStore(url, os.path.expanduser(path))
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        if not url.strip():
+            raise InvalidStoreURLError("store URL: empty")
+        root = os.path.abspath(os.path.expanduser(url))
+        return "file", root, root
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidStoreURLError(
+                f"{url}: a file:// URL needs an absolute path (file:///srv/store); "
+                f"{parts.netloc!r} would be a host name")
+        path = unquote(parts.path)
+        if not path.startswith("/") or "\0" in path:
+            raise InvalidStoreURLError(f"{url}: a file:// URL needs an absolute path")
+        root = os.path.normpath(path)
+        return "file", root, "file://" + root
     if scheme in ("s3", "s3a"):
         if not parts.netloc:
             raise InvalidStoreURLError(f"{url}: an s3:// URL needs a bucket")
-        from registry.store.s3 import S3Store  # s3fs loads only when S3 is used
-
-        return S3Store(url, f"{parts.netloc}{parts.path}", **storage_options)
+        segs = [p for p in parts.path.split("/") if p]
+        if any(p in (".", "..") for p in segs):
+            raise InvalidStoreURLError(f"{url}: a '.' or '..' segment in an S3 prefix names "
+                                       "no single prefix (S3 keys are literal)")
+        if parts.query or parts.fragment:
+            raise InvalidStoreURLError(f"{url}: an s3:// URL takes no '?' or '#' part")
+        root = "/".join([parts.netloc, *segs])
+        return "s3", root, f"s3://{root}"
     if scheme == "memory":
-        if not _MEMORY_ALLOWED.get():
-            raise UsageError(f"{url}: memory:// stores live only inside one process; the "
-                             "command line needs a folder, file:// or s3:// URL")
-        return MemoryStore(url, f"{parts.netloc}{parts.path}")
+        return "memory", f"{parts.netloc}{parts.path}", url
     raise InvalidStoreURLError(f"{url}: unsupported store protocol {scheme!r} "
                                "(use a local path, file://, s3:// or memory://)")
 
@@ -80,4 +124,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CHUNK", "DEFAULT_STORE", "LocalStore", "MemoryStore", "ObjectInfo", "S3Store",
-           "Store", "join", "open_store", "refuse_memory_stores"]
+           "Store", "join", "open_store", "parse_store_url", "refuse_memory_stores"]

@@ -30,7 +30,7 @@ from typing import IO, Any
 import fsspec
 
 from registry import limits
-from registry.errors import DocumentError, ObjectNotFoundError, StorageError
+from registry.errors import DocumentError, ObjectNotFoundError, StorageError, UnsafeEntryError
 from registry.store.translate import translated
 
 #: bytes read per call when streaming a file (large enough to amortize calls,
@@ -56,6 +56,24 @@ def join(*parts: str) -> str:
 def content_token(data: bytes) -> str:
     """The version token of a small object whose backend has no ETag."""
     return hashlib.sha256(data).hexdigest()
+
+
+def key_parts(key: str, *, where: str) -> list[str]:
+    """The segments of the store key ``key``: the one key rule of every backend
+    (issue 29 item 3). A key names one entry under its root, one way only.
+
+    Raises:
+        UnsafeEntryError: an empty, ``.`` or ``..`` segment (so also a leading
+            or trailing ``/`` and ``//``), or a NUL; ``where`` (the store URL)
+            starts the message.
+    """
+    if not key:
+        return []
+    segs = key.split("/")
+    if any(s in ("", ".", "..") or "\0" in s for s in segs):
+        raise UnsafeEntryError(f"{where}/{key}: not a key under the root (an empty, '.' or "
+                               "'..' segment, or a leading '/')", key=key)
+    return segs
 
 
 class Store(ABC):
@@ -84,8 +102,9 @@ class Store(ABC):
         return f"{type(self).__name__}({self.url!r})"
 
     def path(self, key: str) -> str:
-        """The backend path of ``key`` (no leading slash on the key)."""
-        return f"{self.root}/{key}" if key else self.root
+        """The backend path of ``key`` (:func:`key_parts`: UnsafeEntryError for
+        a leading slash, an empty, ``.`` or ``..`` segment)."""
+        return "/".join([self.root, *key_parts(key, where=self.url)]) if key else self.root
 
     def url_of(self, key: str) -> str:
         """A URL a user can paste back into the CLI for ``key``."""

@@ -24,7 +24,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
-from registry.store.base import ObjectInfo, Store, content_token
+from registry.store.base import ObjectInfo, Store, content_token, key_parts
 from registry.store.durable import (
     DIRECT_AFTER,
     DIRECT_BUFFER,
@@ -78,7 +78,7 @@ class LocalStore(Store):
         super().__init__(url, fsspec.filesystem("file"), os.path.abspath(root))
 
     def path(self, key: str) -> str:
-        return os.path.join(self.root, *key.split("/")) if key else self.root
+        return os.path.join(self.root, *key_parts(key, where=self.url)) if key else self.root
 
     def local_path(self, key: str) -> str:
         return self.path(key)

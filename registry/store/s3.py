@@ -35,7 +35,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.store import s3upload
-from registry.store.base import CHUNK, ObjectInfo, Store
+from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, timeouts
 from registry.store.translate import s3_error_code, translate, translated
@@ -131,7 +131,12 @@ class S3Store(Store):
     # -- raw calls ---------------------------------------------------------------
 
     def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
+        """The object key of ``key``: the one key function of every request
+        (registry.store.base.key_parts: a ``..``, ``.`` or empty segment is
+        refused, UnsafeEntryError; the prefix was normalized by
+        registry.store.parse_store_url)."""
+        segs = key_parts(key, where=self.url)
+        return "/".join([self.prefix, *segs] if self.prefix else segs)
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         fs = self.fs
@@ -332,7 +337,7 @@ class S3Store(Store):
         501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
         the operation, and nothing is aborted.
         """
-        base = self._key("").strip("/")
+        base = self._key("")
         args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
         now = time.time()
         out = []
@@ -432,7 +437,7 @@ class S3Store(Store):
     def _list(self, prefix: str, delimiter: str) -> Iterator[dict[str, Any]]:
         """Every page of a ListObjectsV2 of ``prefix/``. An error is raised,
         never an empty answer: only a listing the server answered is empty."""
-        base = self._key(prefix).strip("/")
+        base = self._key(prefix)
         args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
         if delimiter:
             args["Delimiter"] = delimiter
@@ -460,7 +465,7 @@ class S3Store(Store):
 
     def walk_files(self, prefix: str) -> dict[str, int]:
         """Folder markers (keys ending in ``/``) are skipped."""
-        base = self._key(prefix).strip("/")
+        base = self._key(prefix)
         cut = len(base) + 1 if base else 0
         out = {}
         for page in self._list(prefix, ""):
@@ -470,7 +475,7 @@ class S3Store(Store):
         return dict(sorted(out.items()))
 
     def walk_versions(self, prefix: str) -> dict[str, tuple[int, str | None]]:
-        base = self._key(prefix).strip("/")
+        base = self._key(prefix)
         cut = len(base) + 1 if base else 0
         out: dict[str, tuple[int, str | None]] = {}
         for page in self._list(prefix, ""):
