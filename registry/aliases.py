@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+from registry import limits
 from registry.errors import (
     AmbiguousRefError,
     InvalidNameError,
@@ -140,7 +141,7 @@ def set_alias(store: Store, model_id: str, alias: str, version: str) -> str | No
     try:
         current = read_pointer(store, key)
     except PointerError:
-        current = store.read_bytes(key).decode("utf-8", "replace").strip() or None
+        current = store.read_bytes(key, limit=limits.MAX_POINTER_BYTES).decode("utf-8", "replace").strip() or None
     move_pointer(store, key, version, expected=current, check_expected=True)
     return current
 

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from registry import limits
 from registry import numbers
 from registry.claim import Claim, ClaimLost
 from registry.errors import (
@@ -291,7 +292,8 @@ class DirectoryWriter:
             CommitConflictError: the committed manifest or a file is not ours.
         """
         try:
-            there = self.store.read_bytes(join(self.prefix, MANIFEST))
+            there = self.store.read_bytes(join(self.prefix, MANIFEST),
+                                          limit=limits.MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             there = b""
         listed = self.store.walk_versions(self.prefix)

@@ -79,6 +79,12 @@ class UsageError(RegistryError, ValueError):
     layout, duration, an empty reason)."""
 
 
+class UnsafeFileModeError(UsageError):
+    """A file or folder the registry must trust (a host's trusted keys, CAs,
+    revocations) can be changed by another local user: owned by them, or
+    writable by group or other (:mod:`registry.filemodes`). Exit code 2."""
+
+
 class InvalidNameError(RegistryError, ValueError):
     """A model id, version, run id or alias breaks the naming rule."""
 

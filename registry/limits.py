@@ -14,6 +14,7 @@ named beside it.
 from __future__ import annotations
 
 import os
+import re
 
 
 def _env_bytes(name: str, default: int) -> int:
@@ -40,6 +41,30 @@ MAX_JSON_BYTES = _env_bytes("REGISTRY_MAX_JSON_BYTES", 16 << 20)
 MAX_RENDERED_BYTES = _env_bytes("REGISTRY_MAX_RENDERED_BYTES", 1 << 20)
 #: a pull record or stamp of the serving-host cache
 MAX_RECORD_BYTES = _env_bytes("REGISTRY_MAX_RECORD_BYTES", 16 << 20)
+#: a pointer, alias, claim, lease or commit marker: one short line or a small
+#: JSON object (a store writer's 200 MB "pointer" is refused unread)
+MAX_POINTER_BYTES = _env_bytes("REGISTRY_MAX_POINTER_BYTES", 64 << 10)
+#: a signature bundle (``model.sig``: a DSSE envelope and a certificate chain)
+MAX_SIGNATURE_BYTES = _env_bytes("REGISTRY_MAX_SIGNATURE_BYTES", 16 << 20)
+#: values (objects, arrays, strings, numbers) in one JSON document, counted
+#: before it is parsed: within :data:`MAX_JSON_BYTES`, ``[{},{},...]`` would
+#: otherwise build millions of objects (hundreds of MB)
+MAX_JSON_VALUES = _env_bytes("REGISTRY_MAX_JSON_VALUES", 2_000_000)
+#: tensors in one safetensors header, and entries of one
+#: ``model.safetensors.index.json`` weight_map (the largest public checkpoints
+#: hold about 100,000 tensors in all)
+MAX_TENSORS = _env_bytes("REGISTRY_MAX_TENSORS", 500_000)
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def json_values_at_most(data: bytes) -> int:
+    """An upper bound on the number of values in the JSON text ``data``,
+    counted without parsing it: one more than the commas, brackets and braces
+    outside strings. Linear, in C (two regex/bytes passes)."""
+    bare = _JSON_STRING.sub(b'""', data)
+    return 1 + bare.count(b",") + bare.count(b"[") + bare.count(b"{")
 
 
 def read_local(path: str | os.PathLike[str], limit: int) -> bytes:
@@ -59,16 +84,3 @@ def read_local(path: str | os.PathLike[str], limit: int) -> bytes:
                                              "(registry.limits)")
     return data
 
-
-def load_local_json(path: str | os.PathLike[str], limit: int | None = None) -> object:
-    """:func:`read_local` parsed as strict JSON (``registry.schemas.load_json``),
-    at most ``limit`` bytes (default :data:`MAX_RECORD_BYTES`).
-
-    Raises:
-        OSError: unreadable.
-        DocumentError: too long, not UTF-8 JSON, too deeply nested, a bad number.
-    """
-    from registry.schemas import load_json
-
-    cap = MAX_RECORD_BYTES if limit is None else limit
-    return load_json(read_local(path, cap), path=os.fspath(path))

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry import cert_trust, certs
+from registry import cert_trust, certs, limits
 from registry.errors import IntegrityError, SignatureError
 from registry.keys import PublicKey, check_private_key, require_signing, unavailable
 from registry.manifest import MANIFEST, FileEntry, Manifest
@@ -57,7 +57,7 @@ from registry.trust import Trust
 SIGNATURE = "model.sig"
 #: a bundle larger than this (bytes) is refused unread: an attacker's file must not
 #: make a serving host read gigabytes into memory.
-MAX_SIGNATURE_BYTES = 16 * 1024 * 1024
+MAX_SIGNATURE_BYTES = limits.MAX_SIGNATURE_BYTES
 IGNORED = (SIGNATURE, MANIFEST)
 
 
@@ -430,7 +430,7 @@ def read_signature(store: Store, prefix: str, manifest: Manifest) -> bytes | Non
     if entry.size > MAX_SIGNATURE_BYTES:
         raise SignatureError(where, f"{entry.size} bytes: larger than any signature bundle "
                                     f"({MAX_SIGNATURE_BYTES} bytes at most)")
-    data = store.read_bytes(join(prefix, SIGNATURE))
+    data = store.read_bytes(join(prefix, SIGNATURE), limit=MAX_SIGNATURE_BYTES)
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != entry.size or digest != entry.sha256:
         raise IntegrityError(where, expected_size=entry.size, actual_size=len(data),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from registry import limits
 from registry.errors import (
     ObjectNotFoundError,
     PointerConflictError,
@@ -41,7 +42,7 @@ def read_pointer(store: Store, key: str, *, pattern: re.Pattern[str] | None = No
             would point outside its folder), or not matching ``pattern``.
     """
     try:
-        raw = store.read_bytes(key)
+        raw = store.read_bytes(key, limit=limits.MAX_POINTER_BYTES)
     except ObjectNotFoundError:
         return None
     return parse_pointer(raw, path=store.url_of(key), pattern=pattern, strip=strip)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from registry import limits
 from registry.errors import SafetensorsError
 from registry.optimizer_state import check_optimizer_state
 from registry.safetensors_format import (
@@ -121,6 +122,11 @@ def read_header(fileobj: SeekableReader, *, path: str, file_size: int) -> Safete
         raise SafetensorsError(path, f"header is not valid UTF-8 (byte {8 + exc.start})") from None
     if not text.startswith("{"):
         raise SafetensorsError(path, "header is not a JSON object (does not start with '{')")
+    if text.count('"data_offsets"') > limits.MAX_TENSORS:
+        # counted before parsing: millions of tiny entries inside the 100 MB
+        # header would cost gigabytes of Python objects
+        raise SafetensorsError(path, f"header lists more than {limits.MAX_TENSORS} tensors "
+                                     "(REGISTRY_MAX_TENSORS)")
     document = _parse_json(text, path)
 
     metadata = document.pop("__metadata__", {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import re
 from collections.abc import Iterable
 from importlib.resources.abc import Traversable
@@ -23,12 +24,13 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 
-from registry import numbers
+from registry import limits, numbers
 from registry.errors import DocumentError, SchemaValidationError
 from registry.resources import resource_dir
 
 __all__ = [
     "load_json",
+    "load_local_json",
     "load_schema",
     "schema_path",
     "validate",
@@ -148,12 +150,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-def load_json(data: bytes, *, path: str) -> Any:
-    """Parse strict UTF-8 JSON: no NaN/Infinity constants, no duplicate object keys.
+def load_json(data: bytes, *, path: str, max_values: int | None = None) -> Any:
+    """Parse strict UTF-8 JSON: no NaN/Infinity constants, no duplicate object keys,
+    at most ``max_values`` values.
 
     Args:
         data: the raw bytes of the file.
         path: the file or object key the bytes came from; it starts the message.
+        max_values: the most values (objects, arrays, strings, numbers) the
+            document may hold, counted before it is parsed (default
+            :data:`registry.limits.MAX_JSON_VALUES`): what a hostile document
+            costs in memory is bounded by a count, not only by its bytes.
 
     Returns:
         The parsed value (dict, list, str, int, float, bool or None).
@@ -164,8 +171,12 @@ def load_json(data: bytes, *, path: str) -> Any:
             ``"not valid JSON: <rule>"`` for a duplicate key, a ``NaN``/``Infinity``
             constant, or nesting too deep; or ``"<field>: <number> is not a finite
             64-bit number"`` for a float that overflows binary64 (``1e400``) or an
-            integer outside the index's 64-bit range (:mod:`registry.numbers`).
+            integer outside the index's 64-bit range (:mod:`registry.numbers`); or
+            ``"more than N JSON values"`` over ``max_values``.
     """
+    cap = limits.MAX_JSON_VALUES if max_values is None else max_values
+    if limits.json_values_at_most(data) > cap:
+        raise DocumentError(path, f"more than {cap} JSON values (REGISTRY_MAX_JSON_VALUES)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -181,6 +192,18 @@ def load_json(data: bytes, *, path: str) -> Any:
         raise DocumentError(path, f"not valid JSON: {exc}") from None
     numbers.check_numbers(doc, path=path)
     return doc
+
+
+def load_local_json(path: str | os.PathLike[str], limit: int | None = None) -> object:
+    """:func:`registry.limits.read_local` parsed as strict JSON (``registry.schemas.load_json``),
+    at most ``limit`` bytes (default :data:`registry.limits.MAX_RECORD_BYTES`).
+
+    Raises:
+        OSError: unreadable.
+        DocumentError: too long, not UTF-8 JSON, too deeply nested, a bad number.
+    """
+    cap = limits.MAX_RECORD_BYTES if limit is None else limit
+    return load_json(limits.read_local(path, cap), path=os.fspath(path))
 
 
 def validate_ledger(rows: Any, *, path: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from registry import numbers
 from registry.certs import Certificate, load_certificates
 from registry.errors import DocumentError, UsageError
+from registry.filemodes import check_trusted_path
 from registry.keys import PublicKey, load_public_key
 from registry.manifest import utc_now
 
@@ -73,7 +74,10 @@ def _folder(folder: str | os.PathLike[str] | None, suffixes: tuple[str, ...],
     root = Path(folder)
     if not root.is_dir():
         raise UsageError(f"{root}: {what} is not a directory")
+    check_trusted_path(root, what)
     files = sorted(p for p in root.iterdir() if p.suffix in suffixes and p.is_file())
+    for p in files:
+        check_trusted_path(p, f"file of the {what}")
     return files, read_revoked(root), read_revoked_ids(root)
 
 
@@ -84,8 +88,14 @@ def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
     """The host's trust from ``--trusted-key`` files, a keys folder,
     ``--trusted-ca`` files and a CA folder (``revoked.json`` of both folders).
 
+    Every file and folder used must be changeable by this user or root
+    only (:func:`registry.filemodes.check_trusted_path`): another local user
+    who could add a key or un-revoke one would decide what this host places.
+
     Raises:
         UsageError: no key and no CA at all, or a folder is not a directory.
+        UnsafeFileModeError: a key, certificate, folder or ``revoked.json``
+            another local user can change (a ``UsageError``).
         DocumentError: a key or certificate file, or ``revoked.json``, is malformed.
     """
     keys: dict[str, PublicKey] = {}
@@ -94,12 +104,16 @@ def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
     ca_paths, ca_revoked, ca_ids = _folder(ca_folder, (".pem", ".crt"),
                                            "trusted CAs folder (REGISTRY_TRUSTED_CAS)")
     for p in [Path(p) for p in key_files] + paths:
+        if p.exists():
+            check_trusted_path(p, "trusted key")
         k = load_public_key(p)
         keys.setdefault(k.fingerprint, k)
     cas: dict[str, Certificate] = {}
     ca_paths = [Path(p) for p in ca_files] + ca_paths
     if ca_paths:
         for p in ca_paths:
+            if p.exists():
+                check_trusted_path(p, "trusted CA certificate")
             for c in load_certificates(p, what="CA certificate"):
                 cas.setdefault(c.fingerprint, c)
     if not keys and not cas:
@@ -117,6 +131,7 @@ def read_revoked(folder: str | os.PathLike[str]) -> dict[str, str]:
     """
     path = Path(folder) / REVOKED
     try:
+        check_trusted_path(path, "revocation list")
         data = path.read_bytes()
     except FileNotFoundError:
         return {}

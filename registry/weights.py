@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from registry import numbers
+from registry import limits, numbers
 from registry.errors import DocumentError
 from registry.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 from registry.store import Store, join
@@ -224,6 +224,9 @@ def read_index(data: bytes, *, path: str) -> dict[str, Any]:
     if len(data) > MAX_INDEX_BYTES:
         raise DocumentError(path, f"index is {len(data)} bytes, over the "
                                   f"{MAX_INDEX_BYTES}-byte limit")
+    if limits.json_values_at_most(data) > 2 * limits.MAX_TENSORS + 1000:
+        raise DocumentError(path, f"index names more than {limits.MAX_TENSORS} tensors "
+                                  "(REGISTRY_MAX_TENSORS)")
     try:
         doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates(path))
     except UnicodeDecodeError:

@@ -107,7 +107,7 @@ def test_pull_records_and_stamps_are_bounded(tmp_path: Path,
     deep.write_text("[" * 100_000 + "]" * 100_000)
     monkeypatch.setattr(limits, "MAX_RECORD_BYTES", 100)
     with pytest.raises(DocumentError, match="100-byte limit"):
-        limits.load_local_json(big, limits.MAX_RECORD_BYTES)
+        schemas.load_local_json(big, limits.MAX_RECORD_BYTES)
     assert records._read_json(big) is None  # a record it cannot use is absent, not a crash
     monkeypatch.setattr(limits, "MAX_RECORD_BYTES", 1 << 20)
     assert records._read_json(deep) is None

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from registry import limits
 from registry import schemas
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.loongsage_data import DataSourceState, DataStateLookup, read_data_state
@@ -275,7 +276,7 @@ def _verify_entries(store: Store, prefix: str, manifest: Manifest, under: str) -
 
 
 def _json_file(store: Store, prefix: str, rel: str) -> Any:
-    return schemas.load_json(store.read_bytes(join(prefix, rel)),
+    return schemas.load_json(store.read_bytes(join(prefix, rel), limit=limits.MAX_JSON_BYTES),
                              path=store.url_of(join(prefix, rel)))
 
 

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from registry import limits
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
 from registry.checkpoint.loongsage_data import dumps_pt, loads_pt
 from registry.checkpoint.loongsage_format import derive_run_id
@@ -196,7 +197,7 @@ class RolloutData:
         marker = self._key(marker_name(step))
         where = self.store.url_of(marker)
         try:
-            raw = self.store.read_bytes(marker)
+            raw = self.store.read_bytes(marker, limit=limits.MAX_POINTER_BYTES)
         except ObjectNotFoundError:
             half = f" ({data_name(step)} exists: a write that did not finish)" \
                 if self.store.exists(self._key(data_name(step))) else ""

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from registry import limits
 from registry import numbers
 from registry import schemas
 from registry.checkpoint.layout import TINYLLM, Layout
@@ -477,14 +478,16 @@ class CheckpointManager:
         optimizer = meta.get("optimizer", "")
         check_optimizer_state(opt, {k: v.shape for k, v in model.items()}, optimizer=optimizer,
                               path=f"{url}/optimizer.safetensors")
-        state = schemas.load_json(store.read_bytes(join(prefix, "trainer_state.json")),
+        state = schemas.load_json(store.read_bytes(join(prefix, "trainer_state.json"),
+                                                  limit=limits.MAX_JSON_BYTES),
                                   path=f"{url}/trainer_state.json")
         schemas.validate(state, "trainer-state", path=f"{url}/trainer_state.json")
-        config = config_dict(store.read_bytes(join(prefix, "config.json")),
+        config = config_dict(store.read_bytes(join(prefix, "config.json"), limit=limits.MAX_JSON_BYTES),
                              what=f"{url}/config.json")
         gen = tok = None
         if manifest.entry("generation_config.json"):
-            gen = schemas.load_json(store.read_bytes(join(prefix, "generation_config.json")),
+            gen = schemas.load_json(store.read_bytes(join(prefix, "generation_config.json"),
+                                                    limit=limits.MAX_JSON_BYTES),
                                     path=f"{url}/generation_config.json")
         if manifest.entry("tokenizer.json"):
             tok = store.read_bytes(join(prefix, "tokenizer.json"))

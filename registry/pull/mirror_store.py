@@ -17,7 +17,6 @@ Keys the mirror cannot serve (the ledger, policies, checkpoints) are absent
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -25,7 +24,8 @@ from collections.abc import Iterator
 from typing import IO, Any
 from urllib.parse import quote
 
-from registry.errors import IntegrityError, ObjectNotFoundError, StorageError
+from registry import limits, schemas
+from registry.errors import DocumentError, IntegrityError, ObjectNotFoundError, StorageError
 from registry.store.base import CHUNK, ObjectInfo, Store
 
 #: seconds to wait for the mirror to connect or answer
@@ -96,7 +96,11 @@ class MirrorStore(Store):
         url = (f"{self.url}/api/models/{self._repo(model_id)}/revision/"
                f"{quote(revision, safe='')}")
         with self._request(url) as r:
-            doc: dict[str, Any] = json.loads(r.read())
+            data = r.read(limits.MAX_JSON_BYTES + 1)
+        if len(data) > limits.MAX_JSON_BYTES:
+            raise DocumentError(url, f"model info larger than {limits.MAX_JSON_BYTES} bytes "
+                                     "(REGISTRY_MAX_JSON_BYTES)")
+        doc: dict[str, Any] = schemas.load_json(data, path=url)
         return doc
 
     def _file_url(self, key: str) -> str:

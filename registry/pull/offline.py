@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from registry import limits
 from registry.errors import IntegrityError, NotCommittedError, ObjectNotFoundError, StorageError
 from registry.manifest import MANIFEST, Manifest, parse_manifest
 from registry.names import check_name
@@ -73,14 +74,14 @@ def recall(cache: Cache, model_id: str, name: str) -> tuple[str, Manifest]:
     check_name(name, "version or alias")
     ref = cache.root / "refs" / model_id / name
     try:
-        version, digest = ref.read_text(encoding="utf-8").split()
+        version, digest = limits.read_local(ref, limits.MAX_POINTER_BYTES).decode().split()
     except (OSError, ValueError, UnicodeDecodeError):
         raise NotCommittedError(f"{model_id}@{name}: never pulled into {cache.root} (an "
                                 "offline pull places only what an earlier pull of the same "
                                 "ref recorded)", path=str(ref)) from None
     path = cache.root / "manifests" / f"{digest}.json"
     try:
-        data = path.read_bytes()
+        data = limits.read_local(path, limits.MAX_MANIFEST_BYTES)
     except OSError:
         raise NotCommittedError(f"{path}: the manifest of {model_id}@{version} is gone from "
                                 "the cache", path=str(path)) from None

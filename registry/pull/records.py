@@ -40,7 +40,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from filelock import FileLock
 
-from registry import limits, numbers
+from registry import numbers, schemas
 from registry.manifest import Manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 
@@ -75,7 +75,7 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def _read_json(path: str | Path) -> dict[str, Any] | None:
     try:
-        doc = limits.load_local_json(path)
+        doc = schemas.load_local_json(path)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None

@@ -27,6 +27,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from registry import limits
 from registry import pieces as pc
 from registry.errors import IntegrityError
 from registry.manifest import FileEntry
@@ -72,7 +73,7 @@ class PieceLog:
 
 def _read_log(path: Path) -> set[int]:
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(limits.read_local(path, limits.MAX_RECORD_BYTES))
         return {int(k) for k in doc} if isinstance(doc, list) else set()
     except (OSError, ValueError, TypeError):
         return set()

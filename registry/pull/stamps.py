@@ -23,7 +23,7 @@ treated as absent (the files are re-hashed).
 
 from __future__ import annotations
 
-from registry import limits, numbers
+from registry import numbers, schemas
 
 import hashlib
 import os
@@ -63,7 +63,7 @@ class Stamps:
     def blob_unchanged(self, blob: Path) -> bool:
         """The blob's stamp equals the one recorded when it was verified."""
         try:
-            recorded = tuple(limits.load_local_json(self.blobs / blob.name))
+            recorded = tuple(schemas.load_local_json(self.blobs / blob.name))
             return recorded == stamp(blob)
         except (OSError, ValueError, TypeError):
             return False
@@ -91,7 +91,7 @@ class Stamps:
     def blake3_only(self, target: Path, manifest_sha256: str) -> set[str]:
         """The files of ``target``'s record checked by BLAKE3 only."""
         try:
-            doc = limits.load_local_json(self._dir_record(target))
+            doc = schemas.load_local_json(self._dir_record(target))
             if doc.get("manifest_sha256") != manifest_sha256:
                 return set()
             return set(doc.get("blake3_only", []))
@@ -101,7 +101,7 @@ class Stamps:
     def dir_stamps(self, target: Path, manifest_sha256: str) -> dict[str, Stamp]:
         """The recorded stamps of ``target`` for this manifest ({} when none)."""
         try:
-            doc = limits.load_local_json(self._dir_record(target))
+            doc = schemas.load_local_json(self._dir_record(target))
             if doc.get("target") != str(target) or \
                     doc.get("manifest_sha256") != manifest_sha256:
                 return {}
@@ -124,7 +124,7 @@ class Stamps:
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
             try:
-                doc = limits.load_local_json(entry.path)
+                doc = schemas.load_local_json(entry.path)
                 out[str(doc["target"])] = str(doc["manifest_sha256"])
             except (OSError, ValueError, TypeError, KeyError):
                 continue

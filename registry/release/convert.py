@@ -28,6 +28,7 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 
+from registry import limits
 from registry.errors import UsageError
 from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
 from registry.words import count
@@ -305,7 +306,8 @@ def _config_dtype(store: Any, prefix: str, files: Mapping[str, int]) -> str | No
     if files.get("config.json", 1 << 30) > 1 << 20:
         return None
     try:
-        doc = schemas.load_json(store.read_bytes(join(prefix, "config.json")),
+        doc = schemas.load_json(store.read_bytes(join(prefix, "config.json"),
+                                                     limit=limits.MAX_JSON_BYTES),
                                 path="config.json")
     except RegistryError:
         return None

@@ -341,7 +341,7 @@ class ModelRelease:
             where = os.path.abspath(where)
         shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
         signer = signature_gate.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
-        config_raw = (src_store.read_bytes(join(src, "config.json"))
+        config_raw = (src_store.read_bytes(join(src, "config.json"), limit=limits.MAX_JSON_BYTES)
                       if "config.json" in names else b"{}")
         config = schemas.load_json(config_raw, path=f"{where}/config.json")
         if not isinstance(config, dict):

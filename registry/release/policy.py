@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from registry import limits
 from registry import numbers
 from registry import schemas
 from registry.errors import DocumentError
@@ -41,7 +42,7 @@ def thresholds(store: Store, model_id: str, *,
     key = policy_key(model_id)
     out = []
     try:
-        doc = schemas.load_json(store.read_bytes(key), path=store.url_of(key))
+        doc = schemas.load_json(store.read_bytes(key, limit=limits.MAX_JSON_BYTES), path=store.url_of(key))
     except FileNotFoundError:
         doc = {"require": []}
     items = doc.get("require") if isinstance(doc, dict) else None
@@ -75,7 +76,7 @@ def signed_by(store: Store, model_id: str) -> list[PublicKey | Certificate]:
     key = policy_key(model_id)
     where = store.url_of(key)
     try:
-        doc = schemas.load_json(store.read_bytes(key), path=where)
+        doc = schemas.load_json(store.read_bytes(key, limit=limits.MAX_JSON_BYTES), path=where)
     except FileNotFoundError:
         return []
     items = doc.get("signed_by", []) if isinstance(doc, dict) else None
@@ -130,7 +131,7 @@ def forbids_code(store: Store, model_id: str) -> bool:
     """
     key = policy_key(model_id)
     try:
-        doc = schemas.load_json(store.read_bytes(key), path=store.url_of(key))
+        doc = schemas.load_json(store.read_bytes(key, limit=limits.MAX_JSON_BYTES), path=store.url_of(key))
     except FileNotFoundError:
         return False
     value = doc.get("forbid_code", False) if isinstance(doc, dict) else False

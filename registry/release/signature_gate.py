@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from registry import limits
 from registry import certs
 from registry.commit import DirectoryWriter
 from registry.errors import GateFailedError, IntegrityError, SignatureError, UsageError
@@ -152,7 +153,7 @@ def seal(w: DirectoryWriter, signer: Signer | None, store: Store, model_id: str,
     if SIGNATURE not in w.entries:
         return results
     where = store.url_of(join(w.prefix, SIGNATURE))
-    data = store.read_bytes(join(w.staging, SIGNATURE))
+    data = store.read_bytes(join(w.staging, SIGNATURE), limit=limits.MAX_SIGNATURE_BYTES)
     inspect_bytes(data, w.entries.values(), model_id=model_id, version=version, where=where)
     keys = policy.signed_by(store, model_id)
     if not keys:
