@@ -24,18 +24,33 @@ from __future__ import annotations
 
 import re
 
+import hashlib
+import os
+from typing import Any
+
 from registry import limits
+from registry.actor import current_actor
+from registry.alias_history import ENTRY_SCHEMA, AliasHead, AliasMove, encode, read_head
+from registry.alias_sign import key_fingerprint, protected_keys, sign_move
 from registry.errors import (
     AmbiguousRefError,
     InvalidNameError,
     NameTakenError,
     NotCommittedError,
+    ObjectNotFoundError,
     PointerError,
+    SignatureError,
 )
-from registry.layout import alias_key, model_root, refs_prefix, release_prefix
-from registry.manifest import MANIFEST
+from registry.events import (
+    MODEL_VERSION_ALIAS_CREATED,
+    MODEL_VERSION_ALIAS_DELETED,
+    append_event,
+)
+from registry.layout import alias_entry_key, alias_key, model_root, policy_key, refs_prefix, \
+    release_prefix
+from registry.manifest import MANIFEST, utc_now
 from registry.names import check_name
-from registry.pointer import move_pointer, read_pointer
+from registry.schemas import load_json
 from registry.store import Store, join
 from registry.verify import is_committed
 
@@ -109,18 +124,96 @@ def resolve(store: Store, model_id: str, name: str) -> str:
                 f"alias predates the rule that they never share a name); remove "
                 f"{store.url_of(key)} or use another alias", name=f"{model_id}@{name}")
         return name
-    target = read_pointer(store, key)
+    target = read_head(store, model_id, name).version
     if target is None:
         raise NotCommittedError(f"{store.url_of(model_root(model_id))}: no version or "
                                 f"alias named {name!r}", path=release_prefix(model_id, name))
+    return target
+
+
+def _protection(store: Store, model_id: str, alias: str) -> list[str] | None:
+    """The key fingerprints the model's policy lists for ``alias`` (None: unprotected)."""
+    key = policy_key(model_id)
     try:
-        return check_name(target, "version")
-    except InvalidNameError as e:
-        raise PointerError(store.url_of(key), str(e)) from None
+        raw = store.read_bytes(key)
+    except ObjectNotFoundError:
+        return None
+    return protected_keys(load_json(raw, path=store.url_of(key)), alias,
+                          where=store.url_of(key))
 
 
-def set_alias(store: Store, model_id: str, alias: str, version: str) -> str | None:
-    """Point ``alias`` at ``version`` (compare-and-swap); returns the previous version.
+def move_alias(store: Store, model_id: str, alias: str, version: str | None, *,
+               sign_key: str | os.PathLike[str] | None = None,
+               actor: dict[str, Any] | None = None) -> tuple[AliasHead, AliasMove | None]:
+    """Move ``alias`` to ``version`` (None: remove it), recording the move in its
+    history (:mod:`registry.alias_history`); returns the head it replaced and
+    the move made (None when the alias already held ``version``).
+
+    Args:
+        sign_key: private key that signs the move (needed for a protected alias).
+        actor: who moves it (default: :func:`registry.actor.current_actor`
+            with the signing key's fingerprint).
+
+    Raises:
+        NotCommittedError: ``version`` is not a committed release, or there is
+            no alias to remove.
+        PointerConflictError: another writer moved the alias meanwhile.
+        SignatureError: the policy protects the alias and ``sign_key`` is
+            missing or not one of the keys it lists.
+        DocumentError, SigningUnavailableError: policy.json or the key is unusable.
+
+    Notes:
+        Entry first (conditional create), then the pointer's compare-and-swap
+        to the same bytes: a crash or a lost race leaves at most an entry no
+        pointer names, never a move without history.
+    """
+    key = alias_key(model_id, alias)
+    manifest_sha256 = None
+    if version is not None:
+        check_name(version, "version")
+        prefix = release_prefix(model_id, version)
+        if not is_committed(store, prefix):
+            raise NotCommittedError(f"{store.url_of(prefix)}: no such committed release",
+                                    path=prefix)
+        manifest_sha256 = hashlib.sha256(store.read_bytes(join(prefix, MANIFEST))).hexdigest()
+    try:
+        head = read_head(store, model_id, alias)
+    except PointerError:  # garbled: replaced by the move, compare-and-swap still holds
+        if store.info(key).size > limits.MAX_POINTER_BYTES:
+            raise
+        raw, token = store.read_versioned(key)
+        head = AliasHead(None, None, raw, token)
+    if version is None and head.version is None:
+        raise NotCommittedError(f"{store.url_of(key)}: {model_id} has no alias {alias!r}",
+                                path=key)
+    if head.version == version:
+        return head, None
+    allowed = _protection(store, model_id, alias)
+    fingerprint = key_fingerprint(sign_key) if sign_key is not None else None
+    if allowed is not None and fingerprint not in allowed:
+        raise SignatureError(store.url_of(key), f"alias {alias!r} of {model_id} is protected "
+                             "by its policy: sign the move with --sign-key of one of "
+                             f"{', '.join(f[:16] for f in allowed)}", fingerprint=fingerprint)
+    doc: dict[str, Any] = {
+        "schema_version": ENTRY_SCHEMA, "model_id": model_id, "alias": alias,
+        "seq": head.seq + 1, "old": head.version, "new": version,
+        "manifest_sha256": manifest_sha256, "time": utc_now(),
+        "actor": actor if actor is not None else current_actor(fingerprint),
+        "prev": head.move.name if head.move else None, "signature": None}
+    if sign_key is not None:
+        doc["signature"] = sign_move(doc, sign_key)
+    raw = encode(doc)
+    move = AliasMove(raw, doc)
+    entry = alias_entry_key(model_id, alias, move.seq, move.name[9:25])
+    store.create(entry, raw)
+    store.swap(key, raw, head.token)
+    return head, move
+
+
+def set_alias(store: Store, model_id: str, alias: str, version: str, *,
+              sign_key: str | os.PathLike[str] | None = None) -> str | None:
+    """Point ``alias`` at ``version`` (compare-and-swap, recorded in its history,
+    and an event ``model_version_alias.created``); returns the previous version.
 
     The caller checks the gates first (``registry alias set`` refuses a failing
     version unless ``--force``).
@@ -131,19 +224,42 @@ def set_alias(store: Store, model_id: str, alias: str, version: str) -> str | No
         InvalidNameError: a bad model id, alias or version, or an alias
             shaped like a version.
         NameTakenError: a version of the model has the alias's name.
+        SignatureError: the alias is protected and the move is not signed by
+            a key its policy lists (:func:`move_alias`).
+        EventNotRecordedError: the move stands, its event was not appended.
     """
-    key = alias_key(model_id, alias)
     check_alias_name(store, model_id, alias)
-    check_name(version, "version")
-    if not is_committed(store, release_prefix(model_id, version)):
-        raise NotCommittedError(f"{store.url_of(release_prefix(model_id, version))}: "
-                                "no such committed release", path=release_prefix(model_id, version))
-    try:
-        current = read_pointer(store, key)
-    except PointerError:
-        current = store.read_bytes(key, limit=limits.MAX_POINTER_BYTES).decode("utf-8", "replace").strip() or None
-    move_pointer(store, key, version, expected=current, check_expected=True)
-    return current
+    head, move = move_alias(store, model_id, alias, version, sign_key=sign_key)
+    if move is not None:
+        alias_event(store, move)
+    return head.version
+
+
+def remove_alias(store: Store, model_id: str, alias: str, *,
+                 sign_key: str | os.PathLike[str] | None = None) -> str:
+    """Remove ``alias`` (its pointer becomes a removal: the history goes on, and
+    the name stays reserved against versions); returns the version it held.
+
+    Raises:
+        NotCommittedError: the model has no such alias.
+        PointerConflictError, SignatureError, EventNotRecordedError: as
+            :func:`set_alias`.
+    """
+    check_name(alias, "alias")
+    head, move = move_alias(store, model_id, alias, None, sign_key=sign_key)
+    if move is not None:
+        alias_event(store, move)
+    return str(head.version)
+
+
+def alias_event(store: Store, move: AliasMove) -> str:
+    """Append the event of ``move`` (``model_version_alias.created`` or
+    ``.deleted``); returns its id. Raises EventNotRecordedError."""
+    doc = move.doc
+    name = MODEL_VERSION_ALIAS_CREATED if move.new is not None else MODEL_VERSION_ALIAS_DELETED
+    return append_event(store, name, model_id=doc["model_id"], version=move.new or move.old,
+                        data={"alias": doc["alias"], "previous": move.old, "seq": move.seq,
+                              "entry": move.name}, actor=doc["actor"])
 
 
 def list_aliases(store: Store, model_id: str) -> dict[str, str]:
@@ -154,8 +270,8 @@ def list_aliases(store: Store, model_id: str) -> dict[str, str]:
         if is_dir or name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
             continue
         try:
-            value = read_pointer(store, join(prefix, name))
-        except PointerError:
+            value = read_head(store, model_id, name).version
+        except (PointerError, InvalidNameError):
             continue
         if value is not None:
             out[name] = value

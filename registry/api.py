@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from registry.aliases import check_alias_name, parse_ref, resolve, set_alias
+from registry.alias_history import AliasMove, walk
+from registry.names import check_name
+from registry.aliases import alias_event, check_alias_name, move_alias, parse_ref, resolve
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
@@ -40,6 +42,7 @@ from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
 from registry.pull.cache_admin import PullCache
+from registry.index.alias_moves import record_move
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
@@ -174,23 +177,49 @@ class Registry:
         return self._releaser().publish(model_dir, model_id, version, **kw)
 
     def set_alias(self, model_id: str, alias: str, version: str, *,
-                  force: bool = False) -> str | None:
-        """Point ``alias`` at ``version`` (must pass the gates unless ``force``).
+                  force: bool = False, sign_key: str | os.PathLike[str] | None = None
+                  ) -> str | None:
+        """Point ``alias`` at ``version`` (must pass the gates unless ``force``),
+        recorded in the alias's history, the index and the event log.
 
         Raises:
             GateFailedError: the version fails a gate and ``force`` is False.
             InvalidNameError, NameTakenError: an alias shaped like a version, or
                 named like one of the model's versions (see registry.aliases).
-            NotCommittedError, PointerConflictError: see :func:`registry.aliases.set_alias`.
+            NotCommittedError, PointerConflictError, SignatureError: see
+                :func:`registry.aliases.move_alias` (a protected alias needs
+                ``sign_key`` of a key its policy lists).
+            EventNotRecordedError: the move and its index row stand; its event
+                was not appended (``registry events repair``).
         """
         check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
         results = self.gate_check(model_id, version)
         if not passed(results) and not force:
             raise GateFailedError(f"{model_id}@{version}", results)
-        previous = set_alias(self.store, model_id, alias, version)
+        head, move = move_alias(self.store, model_id, alias, version, sign_key=sign_key)
         self._record(f"alias {model_id}@{alias}",
-                     lambda s: record_alias(s, model_id, alias, version))
-        return previous
+                     lambda s: _index_move(s, model_id, alias, version, move))
+        if move is not None:
+            alias_event(self.store, move)
+        return head.version
+
+    def remove_alias(self, model_id: str, alias: str, *,
+                     sign_key: str | os.PathLike[str] | None = None) -> str:
+        """Remove ``alias`` (:func:`registry.aliases.remove_alias`), then the index
+        row, then the event; returns the version it held. Raises as :meth:`set_alias`."""
+        check_name(alias, "alias")
+        head, move = move_alias(self.store, model_id, alias, None, sign_key=sign_key)
+        self._record(f"alias {model_id}@{alias}",
+                     lambda s: _index_move(s, model_id, alias, None, move))
+        if move is not None:
+            alias_event(self.store, move)
+        return str(head.version)
+
+    def alias_log(self, model_id: str, alias: str) -> tuple[list[AliasMove], list[str]]:
+        """The alias's moves newest first, read from the store, and a note for
+        a broken link of its history (:func:`registry.alias_history.walk`)."""
+        broken: list[str] = []
+        return list(walk(self.store, model_id, alias, broken=broken)), broken
 
     def revoke(self, source_id: str, reason: str) -> tuple[Revocation, bool]:
         """Revoke a data source: store (``ledger/``) first, then the index."""
@@ -440,3 +469,10 @@ class Registry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _index_move(s: Session, model_id: str, alias: str, version: str | None,
+                move: AliasMove | None) -> None:
+    record_alias(s, model_id, alias, version)
+    if move is not None:
+        record_move(s, move)

@@ -85,6 +85,9 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("gate-check-unknown", ["gate", "check", "tiny@9"], 3, ["'9'"]),
     ("alias-ls-unknown-model", ["alias", "ls", "nosuch"], 3, ["nosuch", "no such model"]),
     ("alias-set-unknown-version", ["alias", "set", "tiny", "x", "9"], 3, ["tiny/9"]),
+    ("alias-rm-unknown-alias", ["alias", "rm", "tiny", "nosuch"], 3, ["no alias 'nosuch'"]),
+    ("alias-log-bad-time", ["alias", "log", "tiny", "prod", "--at", "noon"], 2,
+     ["--at 'noon'", "2026-12-01"]),
     ("policy-show-unknown-model", ["policy", "show", "nosuch"], 3, ["nosuch"]),
     ("policy-set-unknown-model", ["policy", "set", "nosuch", "--require", "a>=1"], 3,
      ["nosuch"]),
@@ -382,7 +385,7 @@ def test_nothing_was_committed_by_refused_commands(results: dict[str, Any]) -> N
             ".sequence", "1", "10"]
         assert sorted(p.name for p in (w / "artifacts/models/rel").iterdir()) == [
             ".sequence", "10"]
-        assert (w / "artifacts/models/tiny/refs/stable").read_text() == "1\n"
+        assert json.loads((w / "artifacts/models/tiny/refs/stable").read_text())["new"] == "1"
         assert not (w / "artifacts/models/tiny/refs/beta").exists()
         assert not (w / "p").exists()
         assert (w / "damaged.db").exists()  # only `index rebuild` moves it aside

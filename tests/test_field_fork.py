@@ -9,6 +9,7 @@ import multiprocessing
 import traceback
 from pathlib import Path
 
+from registry.alias_history import read_head
 from registry.api import Registry
 from registry.commit import DirectoryWriter
 from registry.store import Store
@@ -73,5 +74,5 @@ def test_registry_works_after_fork(durable_store_url: str, tmp_path: Path) -> No
     child.start()
     child.join(120)
     assert child.exitcode == 0 and errors.empty(), errors.get()
-    assert reg.store.read_bytes("models/tiny/refs/prod") == b"1\n"
+    assert read_head(reg.store, "tiny", "prod").version == "1"
     reg.close()

@@ -56,6 +56,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, MetaData, create_engine, inspect, select, text
 
+from registry.alias_history import read_head
 from registry.api import IndexWriteWarning, Registry
 from registry.commit import DirectoryWriter
 from registry.errors import IndexOutOfDateError
@@ -75,7 +76,7 @@ W = np.random.default_rng(7).standard_normal((8, 64), dtype=np.float32)
 B = np.linspace(-1, 1, 8, dtype=np.float32)
 TABLES = {"models", "releases", "release_files", "ledger_sources", "release_sources",
           "revocations", "eval_results", "aliases", "policies", "checkpoints",
-          "yanks", "tombstones", "release_tags"}
+          "yanks", "tombstones", "release_tags", "alias_moves"}
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -499,7 +500,7 @@ def test_failing_index_write_keeps_the_store_commit(db_url: str, tmp_path: Path,
     with pytest.warns(IndexWriteWarning, match="policy of tiny"):
         reg.set_policy("tiny", ["accuracy>=0.85"])
     assert len(reg.index_errors) == (5 if is_postgres(db_url) else 6)
-    assert store.read_bytes("models/tiny/refs/prod") == b"1\n"
+    assert read_head(store, "tiny", "prod").version == "1"
     assert store.exists("ledger/revocations/books.json")
     assert verify_directory(store, "models/tiny/2", full=True).ok
     reg.close()
@@ -512,7 +513,8 @@ def test_failing_index_write_keeps_the_store_commit(db_url: str, tmp_path: Path,
     r = run_cli("index", "rebuild", "--json", "--store", store_url, "--db", broken_url)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"models": 1, "releases": 2, "aliases": 1,
-                                    "checkpoints": 1, "revocations": 1, "report": []}
+                                    "checkpoints": 1, "revocations": 1, "alias_moves": 1,
+                                    "report": []}
     r = run_cli("query", "tiny", "--passing", "--json", "--store", store_url,
                 "--db", broken_url)
     assert r.returncode == 0, r.stderr
@@ -621,7 +623,7 @@ def test_rebuild_answers_every_query_identically(durable_store_url: str, db_url:
     counts = json.loads(r.stdout)
     counts.pop("report")  # what rebuild skipped, kept or removed, with reasons (issue 31)
     assert counts == {"models": 2, "releases": 7, "aliases": 3,
-                      "checkpoints": 3, "revocations": 2}
+                      "checkpoints": 3, "revocations": 2, "alias_moves": 4}
     after = cli_batch(qs)
     for q, a, b in zip(qs, before, after, strict=True):
         assert a == b, q

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from registry.alias_history import read_head
 from registry.store import open_store
 from registry.verify import verify_directory
 from tests.conftest import run_cli
@@ -19,7 +20,7 @@ def check_outcome(store_url: str, work: Path, stdout: str) -> None:
     store = open_store(store_url)
     for prefix in ("models/tiny-lm/1.0", "models/tiny-lm/1.1", "models/all-minilm-l6-v2/1"):
         assert verify_directory(store, prefix, full=True).ok, prefix
-    assert store.read_bytes("models/tiny-lm/refs/prod") == b"1.1\n"
+    assert read_head(store, "tiny-lm", "prod").version == "1.1"
     assert store.exists("ledger/revocations/synth-b.json")
     for model in ("tiny-lm", "all-minilm-l6-v2"):
         served = work / "serving" / model

@@ -18,7 +18,7 @@ PATH = "runs/r1/ckpt/step-000001/doc.json"
 SHA = "0123456789abcdef" * 4
 SCHEMA_NAMES = [
     "manifest", "trainer-state", "generation-config", "ledger-row", "eval-result", "linear-head",
-    "cli-error", "cache-ls", "cache-prune", "cache-verify", "actor", "event",
+    "cli-error", "cache-ls", "cache-prune", "cache-verify", "actor", "event", "alias-entry",
 ]
 DELETE = object()
 

@@ -62,6 +62,10 @@ SignCertOpt = Annotated[str | None, typer.Option(
 CertChainOpt = Annotated[list[str] | None, typer.Option(
     "--cert-chain", metavar="PATH",
     help="CA certificates (PEM) above --sign-cert, carried in model.sig (repeatable).")]
+MoveKeyOpt = Annotated[str | None, typer.Option(
+    "--sign-key", metavar="PATH",
+    help="EC private key (PEM): sign the alias move (required for an alias the "
+         "model's policy protects; hosts pulling with trusted keys require it).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", metavar="METRIC>=VALUE",
     help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
@@ -254,11 +258,12 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
               version: Annotated[str, typer.Argument(help="Committed version.")],
               force: Annotated[bool, typer.Option("--force", help="Allow a version that "
                                                                   "fails the gates.")] = False,
+              sign_key: MoveKeyOpt = None,
               store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Point ALIAS of MODEL_ID at VERSION (compare-and-swap); it must pass the gates."""
+    """Point ALIAS of MODEL_ID at VERSION (compare-and-swap, recorded); it must pass the gates."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
-        previous = reg.set_alias(model_id, alias, version, force=force)
+        previous = reg.set_alias(model_id, alias, version, force=force, sign_key=sign_key)
     if as_json:
         print_json({"model_id": model_id, "alias": alias, "version": version,
                     "previous": previous})

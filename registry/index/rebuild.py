@@ -27,6 +27,7 @@ from registry.checkpoint import CheckpointTree
 from registry.confirm import manifest_absent, verify_confirmed
 from registry.errors import InvalidNameError, ObjectNotFoundError, RegistryError, StorageError
 from registry.index import schema as t
+from registry.index.alias_moves import record_move
 from registry.index.db import Index
 from registry.index.record import (
     record_alias,
@@ -41,7 +42,7 @@ from registry.ledger import _read as read_revocation
 from registry.ledger import revocations
 from registry.manifest import Manifest
 from registry.names import check_name
-from registry.pointer import read_pointer
+from registry.alias_history import AliasMove, history_aliases, read_head, walk
 from registry.release.policy import thresholds
 from registry.sequence import sequence_of
 from registry.store import Store, join
@@ -58,6 +59,7 @@ class _Plan:
     policies: dict[str, Any] = field(default_factory=dict)
     checkpoints: dict[tuple[str, int], tuple[str, Manifest]] = field(default_factory=dict)
     revocations: dict[str, Any] = field(default_factory=dict)
+    alias_moves: list[AliasMove] = field(default_factory=list)
     report: list[dict[str, str]] = field(default_factory=list)
 
     def note(self, action: str, what: str, reason: str) -> None:
@@ -134,6 +136,11 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     for model_id in models:
         for alias, version in list_aliases(store, model_id).items():
             plan.aliases[(model_id, alias)] = version
+        for alias in history_aliases(store, model_id):
+            broken: list[str] = []
+            plan.alias_moves.extend(walk(store, model_id, alias, broken=broken))
+            for note in broken:
+                plan.note("damaged", f"{model_id}@{alias}", note)
         try:
             plan.policies[model_id] = thresholds(store, model_id)
         except StorageError:
@@ -143,7 +150,7 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys()):
         if model_id not in models:
             continue
-        value = read_pointer(store, join(MODELS, model_id, "refs", alias))
+        value = read_head(store, model_id, alias).version
         if value is not None:
             plan.aliases[(model_id, alias)] = value
     for run_id in store.subdirs_confirmed(RUNS):
@@ -201,7 +208,7 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
     counts: dict[str, Any] = {}
 
     def work(s: Session) -> None:
-        for table in (t.ReleaseTag, t.Yank, t.Tombstone, t.Policy, t.Alias, t.EvalResult,
+        for table in (t.AliasMove, t.ReleaseTag, t.Yank, t.Tombstone, t.Policy, t.Alias, t.EvalResult,
                       t.ReleaseSource, t.ReleaseFile,
                       t.Release, t.LedgerSource, t.Model, t.Checkpoint, t.Revocation):
             s.execute(delete(table))
@@ -217,6 +224,9 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
         for (model_id, alias), version in sorted(plan.aliases.items()):
             record_alias(s, model_id, alias, version)
             counts["aliases"] += 1
+        for move in plan.alias_moves:
+            record_move(s, move)
+        counts["alias_moves"] = len(plan.alias_moves)
         for model_id, policy in plan.policies.items():
             record_policy(s, model_id, policy)
         counts["models"] = len(models)

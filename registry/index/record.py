@@ -136,10 +136,12 @@ def keep_only_checkpoints(s: Session, run_id: str, steps: list[int]) -> None:
                                        Checkpoint.step.not_in(steps)))
 
 
-def record_alias(s: Session, model_id: str, alias: str, version: str) -> None:
+def record_alias(s: Session, model_id: str, alias: str, version: str | None) -> None:
+    """The alias's row: ``version`` now, or none (``version`` None: removed)."""
     mpk = model_pk(s, model_id)
     s.execute(delete(Alias).where(Alias.model_pk == mpk, Alias.alias == alias))
-    s.add(Alias(model_pk=mpk, alias=alias, version=version))
+    if version is not None:
+        s.add(Alias(model_pk=mpk, alias=alias, version=version))
 
 
 def record_revocation(s: Session, rev: StoreRevocation) -> None:

@@ -188,3 +188,21 @@ class ReleaseTag(Base):
                                             primary_key=True)
     key: Mapped[str] = mapped_column(String(128), primary_key=True)
     value: Mapped[str] = mapped_column(String(256))
+
+
+class AliasMove(Base):
+    """One recorded move of an alias (``ledger/aliases/<m>/<alias>/``, issue 32
+    item 4); ``new`` is None for a removal, ``signed_by`` the signing key's
+    fingerprint, ``actor`` the JSON of who moved it."""
+
+    __tablename__ = "alias_moves"
+    model_pk: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    alias: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    old: Mapped[str | None] = mapped_column(String(128))
+    new: Mapped[str | None] = mapped_column(String(128))
+    moved_at: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(Text)
+    signed_by: Mapped[str | None] = mapped_column(String(64))
+    entry: Mapped[str] = mapped_column(String(64))

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from registry.aliases import alias_key, resolve
+from registry.aliases import resolve
 from registry.errors import (
     AmbiguousRefError,
     InvalidNameError,
@@ -34,7 +34,7 @@ from registry.errors import (
 )
 from registry.manifest import MANIFEST, Manifest
 from registry.names import check_name
-from registry.pointer import read_pointer
+from registry.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
 from registry.verify import read_manifest
@@ -175,7 +175,7 @@ class HubPolicy:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
                            "this commit id")
         try:
-            if revision == "main" and read_pointer(self.store, alias_key(model_id, "main")) \
+            if revision == "main" and read_head(self.store, model_id, "main").version \
                     is None and not self.store.exists(join("models", model_id, "main", MANIFEST)):
                 newest = self._newest_passing(model_id)
                 if newest is None:
