@@ -4,6 +4,8 @@ Run from the repository root::
 
     python bench/dcp_bench.py                    # 1 GiB model + 2 GiB AdamW, a few minutes
     python bench/dcp_bench.py --model-mib 128    # a quick run
+    python bench/dcp_bench.py --model-mib 256 --ranks 2,1 --repeat 3
+                                                 # both world sizes in one run
 
 The targets (issue 18 item 7, revised by issue 27 item 8), measured side by
 side in this one run, on a local-disk store:
@@ -24,7 +26,11 @@ save_hf (2 ranks)
     of the parameters it owns) against plain ``dcp.save`` followed by a
     hand-written HF export: every parameter gathered to rank 0
     (``full_tensor``) and written with ``safetensors.torch.save_file`` (and
-    fsynced), reported as a ratio;
+    fsynced), and against plain ``dcp.save`` followed by
+    torch.distributed.checkpoint's own HF export (``dcp.save`` of the model
+    through ``HuggingFaceStorageWriter(save_distributed=True,
+    enable_consolidation=True)``: each rank writes its shards, then they are
+    consolidated into full-tensor files), each reported as a ratio;
 async blocked / sync
     the time the training loop spends in ``maybe_save`` with ``async_save``
     (copying the shards into a snapshot, scheduling) plus ``on_step_start`` is
@@ -41,6 +47,8 @@ timed region. ``--s3-mib`` adds the S3 probe behind
 docs/decisions.md: DCP's fsspec writer straight into the store against
 staging on local disk then uploading each rank's files (moto server). The
 result is a JSON document (``--out``) and a table on stdout; exit 0 either way.
+``--ranks 2,1`` runs both world sizes one after the other in the same run
+(results-dcp.json, results-dcp1.json, and both in results-dcp-ranks.json).
 """
 
 from __future__ import annotations
@@ -147,7 +155,7 @@ def rank_main(a: argparse.Namespace, work: Path) -> dict[str, Any]:
                                    optimizer_sharding_type="fully_reshardable")
     res: dict[str, list[float]] = {"plain": [], "ours_sync": [], "async_blocked": [],
                                    "async_write": [], "plain_sha256": [], "ours_hf": [],
-                                   "plain_hf": []}
+                                   "plain_hf": [], "plain_dcp_hf": []}
     step = 0
     tree = work / "store" / "exp"
     for rnd in range(a.warmup + a.repeat):
@@ -177,6 +185,15 @@ def rank_main(a: argparse.Namespace, work: Path) -> dict[str, Any]:
                 prune(work / "plain", None)
             return t
 
+        def run_plain_dcp_hf() -> float:
+            def save_and_export() -> None:
+                dcp.save(plain_sd, checkpoint_id=str(plain_dir))
+                dcp_hf_export(model, plain_dir / "hf")
+            t = timed(save_and_export)
+            if rank == 0:
+                prune(work / "plain", None)
+            return t
+
         def run_with(ck: Any) -> Any:
             def run_ours() -> float:
                 t = timed(lambda: ck.maybe_save(step, model=model, optimizer_state=opt))
@@ -190,7 +207,8 @@ def rank_main(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         arms = [("plain", run_plain), ("ours_sync", run_with(sync)),
                 ("plain_sha256", run_plain_hashed)]
         if a.hf:
-            arms += [("ours_hf", run_with(hf)), ("plain_hf", run_plain_hf)]
+            arms += [("ours_hf", run_with(hf)), ("plain_hf", run_plain_hf),
+                     ("plain_dcp_hf", run_plain_dcp_hf)]
         k = rnd % len(arms)  # the order rotates: no arm always follows another
         got = {}
         for name, fn in arms[k:] + arms[:k]:
@@ -250,6 +268,17 @@ def gather_save_file(model: dict[str, Any], folder: Path, rank: int) -> None:
     del full
 
 
+def dcp_hf_export(model: dict[str, Any], folder: Path) -> None:
+    """torch.distributed.checkpoint's own HF export: ``dcp.save`` through
+    ``HuggingFaceStorageWriter`` (every rank writes its shards, then the
+    shards are consolidated into full-tensor safetensors files)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    writer = HuggingFaceStorageWriter(str(folder), save_distributed=True,
+                                      enable_consolidation=True)
+    dcp.save(dict(model), storage_writer=writer)
+
+
 def s3_probe(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """DCP's fsspec writer into S3 vs local staging + upload (both hashed)."""
     from registry.checkpoint.dist import storage_writer
@@ -288,35 +317,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--s3-mib", type=int, default=0)
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--no-hf", dest="hf", action="store_false",
-                    help="skip the save_hf arms")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results-dcp.json"))
-    a = ap.parse_args()
-    server = None
-    if a.s3_mib:
-        import logging
-
-        import boto3
-
-        from tests.support.s3server import S3Server
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-        server = S3Server(serialize=False).start()
-        os.environ.update(server.env())
-        boto3.client("s3").create_bucket(Bucket="dcpbench")
-        os.environ["BENCH_S3_URL"] = "s3://dcpbench/root"
+def run_world(a: argparse.Namespace, world: int) -> tuple[dict[str, Any], list[float],
+                                                            list[float]] | None:
+    """Fork ``world`` ranks, run the rounds; (rank 0's result, loadavg before, after)."""
     work = Path(tempfile.mkdtemp(prefix="dcp-bench-", dir=os.environ.get("BENCH_DIR")))
     port = free_port()
     before = loadavg()
-    world = a.ranks
     pids = []
     for rank in range(world):
         pid = os.fork()
@@ -344,13 +350,18 @@ def main() -> int:
         pids.append(pid)
     codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
     after = loadavg()
-    if server is not None:
-        server.stop()
     if any(codes):
-        print(f"ranks failed: {codes}", file=sys.stderr)
-        return 1
+        print(f"{world} ranks failed: {codes}", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+        return None
     raw = json.loads((work / "result.json").read_text())
     shutil.rmtree(work, ignore_errors=True)
+    return raw, before, after
+
+
+def report(a: argparse.Namespace, world: int, raw: dict[str, Any], before: list[float],
+           after: list[float]) -> dict[str, Any]:
+    """The result document of one world size (medians, ratios, targets)."""
     loc = raw["local"]
     med = {k: statistics.median(v) for k, v in loc.items()}
     ratio = med["ours_sync"] / med["plain"]
@@ -388,6 +399,12 @@ def main() -> int:
             "ours": med["ours_hf"], "peer": "dcp.save + gather to rank 0 + save_file",
             "ratio": med["ours_hf"] / med["plain_hf"],
             "ratio_paired": paired_of("ours_hf", "plain_hf"), "target": "(reported)"}
+        if "plain_dcp_hf" in med:
+            doc["targets"][f"{world}-rank save_checkpoint + save_hf vs DCP's HF export, s"] = {
+                "ours": med["ours_hf"],
+                "peer": "dcp.save + dcp.save(HuggingFaceStorageWriter, consolidated)",
+                "ratio": med["ours_hf"] / med["plain_dcp_hf"],
+                "ratio_paired": paired_of("ours_hf", "plain_dcp_hf"), "target": "(reported)"}
         doc["targets"][f"{world}-rank save_hf cost over a checkpoint save, s"] = {
             "ours": med["ours_hf"] - med["ours_sync"], "peer": "hand-written export cost",
             "ratio": (med["ours_hf"] - med["ours_sync"]) / max(1e-9, med["plain_hf"]
@@ -399,12 +416,65 @@ def main() -> int:
         doc["targets"]["s3 DCP write: fsspec direct, s"] = {
             "ours": s3["fsspec_direct"], "peer": "stage locally + upload",
             "ratio": s3["fsspec_direct"] / s3["stage_then_upload"], "target": "(decision)"}
-    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
-    for key, t in doc["targets"].items():
-        extra = f" (paired {t['ratio_paired']:.3f})" if "ratio_paired" in t else ""
-        print(f"{key:50} {t['ours']:.3f}  vs {t['peer']}: ratio {t['ratio']:.3f}{extra} "
-              f"({t['target']})")
-    print(f"loadavg before {before} after {after}")
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-mib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--s3-mib", type=int, default=0)
+    ap.add_argument("--ranks", default="2",
+                    help="world sizes, comma-separated, run one after the other in this "
+                         "run (e.g. 2,1: the 2-rank and 1-rank targets side by side)")
+    ap.add_argument("--no-hf", dest="hf", action="store_false",
+                    help="skip the save_hf arms")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results-dcp.json"),
+                    help="the result of the first world size; the others go beside it "
+                         "(results-dcp<N>.json), all of them to results-dcp-ranks.json")
+    a = ap.parse_args()
+    worlds = [int(w) for w in str(a.ranks).split(",")]
+    server = None
+    if a.s3_mib:
+        import logging
+
+        import boto3
+
+        from tests.support.s3server import S3Server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+        server = S3Server(serialize=False).start()
+        os.environ.update(server.env())
+        boto3.client("s3").create_bucket(Bucket="dcpbench")
+        os.environ["BENCH_S3_URL"] = "s3://dcpbench/root"
+    docs = []
+    try:
+        for world in worlds:
+            got = run_world(a, world)
+            if got is None:
+                return 1
+            docs.append(report(a, world, *got))
+    finally:
+        if server is not None:
+            server.stop()
+    out = Path(a.out)
+    for i, doc in enumerate(docs):
+        path = out if i == 0 else out.with_name(f"{out.stem}{doc['ranks']}{out.suffix}")
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    if len(docs) > 1:
+        (out.with_name(f"{out.stem}-ranks{out.suffix}")).write_text(json.dumps(
+            {"model_mib": a.model_mib, "repeat": a.repeat,
+             "runs": {str(d["ranks"]): d for d in docs}}, indent=2) + "\n")
+    for doc in docs:
+        for key, t in doc["targets"].items():
+            extra = f" (paired {t['ratio_paired']:.3f})" if "ratio_paired" in t else ""
+            print(f"{key:58} {t['ours']:.3f}  vs {t['peer']}: ratio {t['ratio']:.3f}{extra} "
+                  f"({t['target']})")
+        m = doc["machine"]
+        print(f"{doc['ranks']} ranks: loadavg before {m['loadavg_before']} "
+              f"after {m['loadavg_after']}")
     return 0
 
 

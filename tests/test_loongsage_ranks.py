@@ -43,12 +43,16 @@ def same(saved: dict[str, np.ndarray], dumped: dict[str, object]) -> None:
 
 
 @pytest.mark.slow
-def test_dp_reshardable_resumes_at_other_dp_sizes_exactly(tmp_path: Path) -> None:
-    """2 -> 3 -> 1 -> 2 data parallel ranks: each resume holds every element
-    of the saved model and AdamW state (the DP pieces re-cut at the new DP
-    size); RNG is restored by the ranks whose DP position was saved and
-    skipped, with the seed's warning, on the new ones."""
-    url = str(tmp_path / "store")
+@pytest.mark.parametrize("url_kind", ["local", "s3"])
+def test_dp_reshardable_resumes_at_other_dp_sizes_exactly(
+        url_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """2 -> 3 -> 1 -> 2 data parallel ranks, on local disk and S3: each resume
+    holds every element of the saved model and AdamW state (the DP pieces
+    re-cut at the new DP size); RNG is restored by the ranks whose DP position
+    was saved and skipped, with the seed's warning, on the new ones."""
+    from tests.conftest import make_store_url
+
+    url = make_store_url(url_kind, request, tmp_path)
     hf = tmp_path / "hf"
     store = open_store(url)
     args = ["--dp", "--sharding", "dp_reshardable", "--sync"]
@@ -75,13 +79,18 @@ def test_dp_reshardable_resumes_at_other_dp_sizes_exactly(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_dp_reshardable_refuses_a_tp_change_and_key_mismatches(tmp_path: Path) -> None:
-    """A TP change of dp_reshardable state is refused naming the seed's rule
-    and fully_reshardable; a template entry the checkpoint lacks, a shape that
-    differs (DCP's BaseException under a process group) and a checkpoint entry
-    the templates lack are CheckpointErrors on every rank, never a traceback;
-    partial=True loads without the lacking entry."""
-    url = str(tmp_path / "store")
+@pytest.mark.parametrize("url_kind", ["local", "s3"])
+def test_dp_reshardable_refuses_a_tp_change_and_key_mismatches(
+        url_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """On local disk and S3: a TP change of dp_reshardable state is refused
+    naming the seed's rule and fully_reshardable; a template entry the
+    checkpoint lacks, a shape that differs (DCP's BaseException under a
+    process group) and a checkpoint entry the templates lack are
+    CheckpointErrors on every rank, never a traceback; partial=True loads
+    without the lacking entry."""
+    from tests.conftest import make_store_url
+
+    url = make_store_url(url_kind, request, tmp_path)
     hf = tmp_path / "hf"
     p = job(url, hf, 2, "--steps", "1", "--sharding", "dp_reshardable", "--sync")
     assert p.returncode == 0, p.stdout + p.stderr

@@ -191,6 +191,15 @@ def release_create(
     checkpoint_path: Annotated[str | None, typer.Option(
         "--checkpoint-path", metavar="PATH",
         help="LoongSage checkpoint_path, relative to the store.")] = None,
+    part: Annotated[str, typer.Option(
+        "--from", metavar="PART",
+        help="LoongSage: hf_model (the step's HF export), dist_ckpt (its torch DCP shards, "
+             "consolidated into HF safetensors shards, streaming; needs PyTorch) or auto "
+             "(hf_model when the step holds it).")] = "auto",
+    hf_model_path: Annotated[str | None, typer.Option(
+        "--hf-model-path", metavar="PATH",
+        help="With --from dist_ckpt: the HF model folder or URL whose config.json and "
+             "tokenizer files go with the weights (default: the step's hf_model/ ones).")] = None,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
     cert_chain: CertChainOpt = None, store: StoreOpt = None, db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -209,14 +218,17 @@ def release_create(
         loong = lay.name == "loongsage"
         if run is None and not loong:
             raise UsageError("--run is required with --layout tinyllm (runs/<run>/ckpt)")
+        if not loong and (part != "auto" or hf_model_path is not None):
+            raise UsageError("--from and --hf-model-path are for --layout loongsage")
         reg = _registry(store, db)
         result = reg.create_release(
             run, step, model_id, version, dtype=dtype, group_size=group_size,
             ledger=ledger, eval_summary=evals, heads=head or [], card_fields=fields,
             require=require or [], layout=lay,
             checkpoint_root=(checkpoint_path or "") if loong else None,
-            subdir="hf_model" if loong else "", sign_key=sign_key, sign_cert=sign_cert,
-            cert_chain=cert_chain or [], max_shard_size=max_shard_size)
+            subdir=part if loong else "", sign_key=sign_key, sign_cert=sign_cert,
+            cert_chain=cert_chain or [], max_shard_size=max_shard_size,
+            hf_model_path=hf_model_path)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 

@@ -106,7 +106,8 @@ def _qualifies(info: TensorInfo, group_size: int) -> bool:
 
 
 def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_size: int,
-         path: str, require_quantized: bool = True
+         path: str, require_quantized: bool = True,
+         reader: Callable[[str], np.ndarray] | None = None
          ) -> tuple[list[tuple[str, LazyTensor]], dict[str, str]]:
     """Declare the converted tensors of a source file, computed lazily from ``f``.
 
@@ -118,6 +119,9 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
         group_size: int4 group length along columns (even, >= 2).
         require_quantized: int4 with no qualifying tensor is refused; False for
             one shard of several (the caller checks the whole model).
+        reader: tensor name -> its data, in place of reading ``f`` at the
+            header's offsets (a source that is not a safetensors file, such as
+            a DCP checkpoint: ``header`` then only declares dtypes and shapes).
 
     Returns:
         ``(tensors, metadata)`` for :func:`registry.safetensors_io.write_safetensors`.
@@ -132,6 +136,8 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
         raise UsageError(f"group_size {group_size}: must be an even number >= 2")
 
     def load(name: str) -> Callable[[], np.ndarray]:
+        if reader is not None:
+            return lambda: reader(name)
         return lambda: read_tensor(f, header, name, path=path)
 
     out: list[tuple[str, LazyTensor]] = []

@@ -51,7 +51,9 @@ from registry.release.convert import (
     engines_accept,
     weights_groups,
 )
+from registry.release.dist_release import choose_part, dist_source
 from registry.release.step_source import check_step_source
+from registry.checkpoint.loongsage_format import DIST
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
 from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
@@ -166,7 +168,8 @@ class ModelRelease:
                sign_key: str | os.PathLike[str] | None = None,
                sign_cert: str | os.PathLike[str] | None = None,
                cert_chain: Iterable[str | os.PathLike[str]] = (),
-               max_shard_size: int | str | None = None) -> ReleaseResult:
+               max_shard_size: int | str | None = None,
+               hf_model_path: Any = None) -> ReleaseResult:
         """Release ``step`` of run ``run_id`` as ``model_id`` ``version``.
 
         Args:
@@ -191,7 +194,15 @@ class ModelRelease:
                 checkpoint's generation_config.json is carried when not given.
             require: extra thresholds (``"acc>=0.8"``) on top of the model's policy.
             layout, checkpoint_root, subdir: where the checkpoint lives
-                (LoongSage trees: ``subdir="hf_model"``).
+                (LoongSage trees: ``subdir="hf_model"``, ``"dist_ckpt"`` or
+                ``"auto"``: hf_model/ when the step lists it, else dist_ckpt/).
+                ``"dist_ckpt"`` consolidates the step's torch DCP shards
+                (``model.<name>`` -> ``<name>``, as ``save_hf`` exports them)
+                into the release's shards, streaming, tensor by tensor
+                (:mod:`registry.release.dcp_source`; needs PyTorch).
+            hf_model_path: with ``dist_ckpt``: the HF model folder or URL whose
+                config.json and tokenizer files go with the weights (default:
+                the step's own hf_model/ ones, else UsageError).
             sign_key: PEM EC private key: the release gets ``model.sig``
                 (OpenSSF model signing, see :mod:`registry.model_sig`), listed in
                 MANIFEST.json, made from the digests computed while writing.
@@ -219,6 +230,9 @@ class ModelRelease:
                 signing usage (all checked first).
             UsageError: ``sign_cert``/``cert_chain`` without ``sign_key``.
             SigningUnavailableError: ``sign_key`` without the ``[signing]`` extra.
+            CheckpointError: a ``dist_ckpt`` entry that cannot be mapped to a
+                Hugging Face tensor (one line naming it and the rule).
+            TorchUnavailableError: ``dist_ckpt`` without PyTorch.
         """
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = _inputs(ledger, eval_summary)
@@ -227,10 +241,24 @@ class ModelRelease:
             raise UsageError("run_id is required for a run's checkpoints (runs/<run>/ckpt)")
         tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
                               else run_root(check_name(run_id, "run_id")), layout)
-        src = join(tree.prefix(step), subdir)
         src_manifest = require_verified(self.store, tree.prefix(step), full=True)
         run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
+        if layout.name == "loongsage":
+            subdir = choose_part(subdir or "auto", src_manifest,
+                                 self.store.url_of(tree.prefix(step)))
+        if subdir == DIST:
+            src_store, src, names, digests, dcp = dist_source(
+                self.store, tree.prefix(step), src_manifest, hf_model_path)
+            return self._release(src_store, src, names, prefix, model_id, version,
+                                 source=source, digests=digests,
+                                 dtype=dtype, group_size=group_size, ledger=ledger,
+                                 evals=eval_summary, heads=heads, card=None,
+                                 card_fields=card_fields, generation_config=generation_config,
+                                 tokenizer_config=tokenizer_config, require=require,
+                                 copy_all=False, sign_key=sign_key, sign_cert=sign_cert,
+                                 cert_chain=cert_chain, max_shard_size=max_shard_size, dcp=dcp)
+        src = join(tree.prefix(step), subdir)
         names = {e.path[len(subdir) + 1:] if subdir else e.path: e.size
                  for e in src_manifest.files if not subdir or e.path.startswith(subdir + "/")}
         digests = {e.path[len(subdir) + 1:] if subdir else e.path: e.sha256
@@ -335,7 +363,7 @@ class ModelRelease:
                  cert_chain: Iterable[str | os.PathLike[str]] = (),
                  digests: Mapping[str, str] | None = None,
                  max_shard_size: int | str | None = None,
-                 forbid_code: bool = False) -> ReleaseResult:
+                 forbid_code: bool = False, dcp: Any = None) -> ReleaseResult:
         where = src_store.url_of(src)
         if "://" not in where:  # a local folder: name it whatever the working directory
             where = os.path.abspath(where)
@@ -346,9 +374,11 @@ class ModelRelease:
         config = schemas.load_json(config_raw, path=f"{where}/config.json")
         if not isinstance(config, dict):
             raise DocumentError(f"{where}/config.json", "must be a JSON object")
-        weights = load_weights(src_store, src, files=names, where=where)
+        # dcp: a dist_ckpt's tensors (registry.release.dcp_source), always written anew
+        weights = dcp if dcp is not None else load_weights(src_store, src, files=names,
+                                                            where=where)
         check_files(names, config, where=where, release=f"{model_id}@{version}")
-        as_is = dtype is None and shard_limit is None and all(
+        as_is = dcp is None and dtype is None and shard_limit is None and all(
             engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}
         if generation_config is not None:
@@ -361,9 +391,11 @@ class ModelRelease:
         head_docs = self._heads(heads, config)
         # What will be stored, per tensor group and file (int4 refuses a plan
         # with no quantized tensor here, before a byte is written).
-        shard_plan = None if as_is else ShardPlan(
-            src_store, src, weights, dtype=dtype, group_size=group_size,
-            max_shard_size=shard_limit or DEFAULT_MAX_SHARD_SIZE, where=where)
+        limit = shard_limit or DEFAULT_MAX_SHARD_SIZE
+        shard_plan = None if as_is else dcp.plan(
+            dtype=dtype, group_size=group_size, max_shard_size=limit) if dcp is not None \
+            else ShardPlan(src_store, src, weights, dtype=dtype, group_size=group_size,
+                           max_shard_size=limit, where=where)
         groups = (weights_groups(weights.described, weights.metadata) if shard_plan is None
                   else shard_plan.groups)
         new_config = released_config(config, dtype=dtype, groups=groups, group_size=group_size)

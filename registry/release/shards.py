@@ -114,16 +114,43 @@ class ShardPlan:
             base = meta if base is None else base
             units.extend(_units(tensors))
         assert base is not None
+        self._sources: Any = None
+        self._setup(units, base, dtype=dtype, group_size=group_size,
+                    max_shard_size=max_shard_size, first=weights.files[0],
+                    header=merged_header(weights))
+
+    @classmethod
+    def from_tensors(cls, header: SafetensorsHeader, reader: Callable[[str], Any], *,
+                     dtype: str | None, group_size: int, max_shard_size: int, where: str,
+                     sources: Any) -> ShardPlan:
+        """A plan over tensors that are not read from safetensors files (a DCP
+        checkpoint, :mod:`registry.release.dcp_source`): ``header`` declares
+        their dtypes and shapes in order, ``reader(name)`` returns one
+        tensor's data; ``sources.opened(stack)`` is called when writing
+        starts and ``sources.check()`` (verifying what was read, raising
+        IntegrityError) before :meth:`write` returns. Raises as the
+        constructor."""
+        self = cls.__new__(cls)
+        self.store, self.prefix, self.weights, self.where = None, "", None, where
+        self._stack, self._files, self._sources = None, {}, sources
+        tensors, meta = plan(header, None, dtype=dtype, group_size=group_size,  # type: ignore[arg-type]
+                             path=where, require_quantized=False, reader=reader)
+        self._setup(_units(tensors), meta, dtype=dtype, group_size=group_size,
+                    max_shard_size=max_shard_size, first="", header=header)
+        return self
+
+    def _setup(self, units: list[_Pack], base: dict[str, str], *, dtype: str | None,
+               group_size: int, max_shard_size: int, first: str,
+               header: SafetensorsHeader) -> None:
         self._meta = {k: v for k, v in base.items() if k != "tinyllm.quantized"}
         self.packs = _pack(units, max_shard_size)
         declared = {n: (t.dtype, tuple(t.shape)) for p in self.packs for n, t in p}
         if dtype == "int4" and not any(n.endswith(".qweight") for n in declared):
-            first = weights.files[0]
             raise UsageError(
-                f"{self.where}/{first}: --dtype int4 would quantize no tensor: none is a 2-D "
-                f"float matrix whose columns divide by group size {group_size} (columns: "
-                f"{_column_counts(merged_header(weights))}); pick a group size that divides "
-                "them, or another --dtype")
+                f"{self.where}{'/' + first if first else ''}: --dtype int4 would quantize no "
+                f"tensor: none is a 2-D float matrix whose columns divide by group size "
+                f"{group_size} (columns: {_column_counts(header)}); pick a group size that "
+                "divides them, or another --dtype")
         self.groups = weights_groups(declared, self._meta)
         self.names = [SINGLE] if len(self.packs) == 1 else [
             shard_name(i + 1, len(self.packs)) for i in range(len(self.packs))]
@@ -162,6 +189,8 @@ class ShardPlan:
         weight_map: dict[str, str] = {}
         total = 0
         with ExitStack() as self._stack:
+            if self._sources is not None:
+                self._sources.opened(self._stack)
             for name, pack in zip(self.names, self.packs):
                 meta = dict(self._meta)
                 quantized = [n[:-len(".qweight")] for n, _ in pack if n.endswith(".qweight")]
@@ -172,7 +201,9 @@ class ShardPlan:
                 for tensor, lazy in pack:
                     weight_map[tensor] = name
                     total += _nbytes(lazy)
-            for shard in self.weights.shards:
+            if self._sources is not None:
+                self._sources.check()
+            for shard in (self.weights.shards if self.weights is not None else ()):
                 key = join(self.prefix, shard.path)
                 expected = (digests or {}).get(shard.path) or stream_sha256(self.store, key)
                 lazy_file = self._files[shard.path]
@@ -182,7 +213,8 @@ class ShardPlan:
         self._stack = None
         if len(self.names) == 1:
             return list(self.names)
-        kept = {k: v for k, v in ((self.weights.index or {}).get("metadata") or {}).items()
+        index = self.weights.index if self.weights is not None else None
+        kept = {k: v for k, v in ((index or {}).get("metadata") or {}).items()
                 if k != "total_size"}
         w.write_bytes(INDEX, index_bytes(weight_map, total_size=total, metadata=kept))
         return [INDEX, *self.names]
