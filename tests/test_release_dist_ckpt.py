@@ -222,6 +222,12 @@ def _tamper_metadata(store: Store, change: str) -> None:
         for key, info in meta.storage_data.items():
             if key.fqn == "model.w":
                 info.relative_path = "../../elsewhere.distcp"
+    elif change == "records":
+        meta.storage_data = list(meta.storage_data.values())
+    elif change == "malformed":
+        md.size = [8, "4"]
+    elif change == "norecord":
+        meta.storage_data = {k: v for k, v in meta.storage_data.items() if k.fqn != "model.w"}
     elif change == "huge":
         info = meta.storage_data[MetadataIndex("model.w", [0, 0])]
         info.length = 10 << 20
@@ -233,6 +239,9 @@ def _tamper_metadata(store: Store, change: str) -> None:
     ("overlap", "overlap"),
     ("outside", "not a dist_ckpt file of the step's MANIFEST.json"),
     ("huge", "bytes of tensor data"),
+    ("records", "storage records are not mappings"),
+    ("malformed", "not those of a DCP tensor record"),
+    ("norecord", "no storage record"),
     ("foreign", "no model.<name> tensor"),
     ("bytes", "is not a tensor"),
     ("complex", "which safetensors cannot store"),
@@ -240,7 +249,8 @@ def _tamper_metadata(store: Store, change: str) -> None:
 def test_what_cannot_be_mapped_is_one_line_and_nothing_is_committed(
         case: str, needle: str, tmp_path: Path) -> None:
     """A store writer's .metadata (re-manifested) whose chunks leave a gap,
-    overlap, point outside the step or claim a huge record; a tree of another
+    overlap, point outside the step or claim a huge record, whose records are
+    not DCP's types or missing; a tree of another
     DCP program (adopted); a model. entry that is bytes; a dtype safetensors
     lacks: each one line naming .metadata and the rule, exit 7, no release."""
     import torch.distributed.checkpoint as dcp

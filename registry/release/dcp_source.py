@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
+    ChunkStorageMetadata,
     MetadataIndex,
     TensorStorageMetadata,
 )
@@ -83,6 +84,19 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.float8_e5m2:
         return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e5m2)
     return t.numpy()
+
+
+def _well_formed(md: Any) -> bool:
+    """A tensor record of plain DCP types (a store writer's pickle may hold others)."""
+    def dims(v: Any) -> bool:
+        return isinstance(v, torch.Size) and all(isinstance(d, int) for d in v)
+    props = getattr(md, "properties", None)
+    chunks = getattr(md, "chunks", None)
+    return (dims(getattr(md, "size", None)) and isinstance(getattr(props, "dtype", None),
+                                                           torch.dtype)
+            and isinstance(chunks, list) and all(
+                isinstance(c, ChunkStorageMetadata) and dims(getattr(c, "offsets", None))
+                and dims(getattr(c, "sizes", None)) for c in chunks))
 
 
 class _Window(io.RawIOBase):
@@ -161,9 +175,13 @@ class DcpWeights:
                                  reason="the bytes read differ from the step's MANIFEST.json; "
                                         "nothing was committed")
         self.dcp = load_metadata(io.BytesIO(data), path=shown)
+        if not isinstance(self.dcp.state_dict_metadata, dict) or not isinstance(
+                self.dcp.storage_data, dict):
+            raise CheckpointError(f"{shown}: not a DCP metadata file (its entries or storage "
+                                  "records are not mappings)")
         self.tensors: dict[str, tuple[str, TensorStorageMetadata]] = {}
         for key, md in self.dcp.state_dict_metadata.items():
-            if not key.startswith(MODEL_KEY):
+            if not isinstance(key, str) or not key.startswith(MODEL_KEY):
                 continue
             name = key[len(MODEL_KEY):]
             if isinstance(md, BytesStorageMetadata) or not isinstance(md, TensorStorageMetadata):
@@ -171,6 +189,9 @@ class DcpWeights:
                                       "maps only model.<name> tensors to Hugging Face weights")
             if not name:
                 raise CheckpointError(f"{shown}: entry {key!r} names no tensor")
+            if not _well_formed(md):
+                raise CheckpointError(f"{shown}: entry {key!r}: its size, dtype or chunks are "
+                                      "not those of a DCP tensor record")
             if md.properties.dtype not in _SAFETENSORS:
                 raise CheckpointError(f"{shown}: entry {key!r} has dtype {md.properties.dtype}, "
                                       "which safetensors cannot store")
@@ -259,8 +280,10 @@ class DcpWeights:
         for c in md.chunks:
             info = self.dcp.storage_data.get(MetadataIndex(key, c.offsets))
             where = f"{self.where}/{METADATA}: entry {key!r} chunk {list(c.offsets)}"
-            if info is None:
-                raise CheckpointError(f"{where}: no storage record")
+            if info is None or not isinstance(getattr(info, "relative_path", None), str) \
+                    or not all(isinstance(getattr(info, f, None), int)
+                               for f in ("offset", "length")):
+                raise CheckpointError(f"{where}: no storage record (file, offset, length)")
             if getattr(info, "transform_descriptors", None):
                 raise CheckpointError(f"{where}: stored with transforms "
                                       f"{list(info.transform_descriptors)}, which a release "
