@@ -135,10 +135,10 @@ def _hf_dir(tmp_path: Path) -> Path:
 
 
 def _release(url: str, tmp_path: Path, *extra: str, root: str = "exp",
-             version: str = "1") -> subprocess.CompletedProcess[str]:
+             version: str = "1", part: str = "dist_ckpt") -> subprocess.CompletedProcess[str]:
     return run_cli("release", "create", "--layout", "loongsage", "--checkpoint-path", root,
                    "--step", "1", "--model-id", "toy", "--version", version, *_docs(tmp_path),
-                   "--from", "dist_ckpt", "--store", url, *extra)
+                   "--from", part, "--store", url, *extra)
 
 
 def _plant(store: Store, files: dict[str, bytes]) -> None:
@@ -179,8 +179,8 @@ def test_a_dist_ckpt_release_takes_config_from_hf_model_path_or_the_step(
     p = _release(url, tmp_path)
     _one_line_nothing_committed(p, 2, "--hf-model-path", "hf_model/config.json", url=url)
     hf = _hf_dir(tmp_path)
-    p = _release(url, tmp_path, "--hf-model-path", str(hf), "--json")
-    assert p.returncode == 0, p.stderr
+    p = _release(url, tmp_path, "--hf-model-path", str(hf), "--json", part="auto")
+    assert p.returncode == 0, p.stderr  # auto: no hf_model/ in the step, so dist_ckpt
     store = open_store(url)
     assert _config(store, "models/toy/1") == json.loads((hf / "config.json").read_text())
     got = {n: a for _, n, a in iter_tensors(store, "models/toy/1",
@@ -194,6 +194,30 @@ def test_a_dist_ckpt_release_takes_config_from_hf_model_path_or_the_step(
     assert p.returncode == 0, p.stderr
     assert _config(store, "models/toy/2") == json.loads(
         store.read_bytes("exp2/train_step_1/hf_model/config.json"))
+
+
+def test_from_and_hf_model_path_are_loongsage_options_and_need_torch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--from / --hf-model-path with --layout tinyllm, and an unknown --from,
+    are one line, exit 2; without torch a dist_ckpt release is a
+    TorchUnavailableError naming dist_ckpt and the extra, nothing committed."""
+    from registry.errors import TorchUnavailableError
+    from registry.release.model_release import ModelRelease
+
+    url = str(tmp_path / "store")
+    _save(url, _model())
+    p = run_cli("release", "create", "--run", "r1", "--step", "1", "--model-id", "toy",
+                "--version", "1", *_docs(tmp_path), "--from", "dist_ckpt", "--store", url)
+    _one_line_nothing_committed(p, 2, "--from and --hf-model-path are for --layout loongsage",
+                                url=url)
+    p = _release(url, tmp_path, part="optimizer")
+    _one_line_nothing_committed(p, 2, "--from 'optimizer'", "auto, hf_model, dist_ckpt", url=url)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    with pytest.raises(TorchUnavailableError, match=r"dist_ckpt.*modeldir-registry\[torch\]"):
+        ModelRelease(url).create(None, 1, "toy", "1", ledger=[ledger_row()],
+                                 eval_summary=summary(), layout=LOONGSAGE,
+                                 checkpoint_root="exp", hf_model_path=str(_hf_dir(tmp_path)))
+    assert not open_store(url).exists("models/toy/1/MANIFEST.json")
 
 
 def _config(store: Store, prefix: str) -> dict[str, object]:
