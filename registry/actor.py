@@ -67,6 +67,30 @@ def read_actor(value: object) -> dict[str, Any] | None:
             "key": key[:_MAX] if isinstance(key, str) else None}
 
 
+#: keys of a release manifest's ``metadata`` (string facts) that hold its actor.
+META_PREFIX = "actor."
+
+
+def actor_metadata(actor: dict[str, Any]) -> dict[str, str]:
+    """An actor as a manifest's ``metadata`` strings: ``actor.schema`` (``"1"``),
+    ``actor.user``, ``actor.host`` and ``actor.key`` when signed. Manifests
+    written before have none of them and read as having no actor."""
+    out = {f"{META_PREFIX}schema": str(ACTOR_SCHEMA), f"{META_PREFIX}user": actor["user"],
+           f"{META_PREFIX}host": actor["host"]}
+    if actor.get("key"):
+        out[f"{META_PREFIX}key"] = actor["key"]
+    return out
+
+
+def actor_of_metadata(metadata: object) -> dict[str, Any] | None:
+    """The actor a manifest's ``metadata`` records, or None (an older manifest)."""
+    if not isinstance(metadata, dict) or f"{META_PREFIX}user" not in metadata:
+        return None
+    return read_actor({"user": metadata.get(f"{META_PREFIX}user"),
+                       "host": metadata.get(f"{META_PREFIX}host", ""),
+                       "key": metadata.get(f"{META_PREFIX}key")})
+
+
 def describe(actor: dict[str, Any] | None) -> str:
     """``alice@build-7`` (``alice@build-7 key 3f9a...``) for a listing; ``-`` for none."""
     if not actor:

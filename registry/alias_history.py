@@ -244,3 +244,19 @@ def version_at(moves: list[AliasMove], when: str) -> tuple[str | None, AliasMove
         if move.time <= when:
             return move.new, move
     return None, None
+
+
+def log_document(store: Store, model_id: str, alias: str, *, at: str | None = None
+                 ) -> dict[str, Any]:
+    """``registry alias log --json`` (and the web's): ``{"model_id", "alias",
+    "moves": [entry + "entry", ...] newest first, "broken": [note, ...]}``, plus
+    ``"at", "version", "move"`` when ``at`` (a time in the registry's format) is
+    given. Raises PointerError for a garbled pointer."""
+    broken: list[str] = []
+    moves = list(walk(store, model_id, alias, broken=broken))
+    doc: dict[str, Any] = {"model_id": model_id, "alias": alias,
+                           "moves": [m.to_dict() for m in moves], "broken": broken}
+    if at is not None:
+        version, move = version_at(moves, at)
+        doc.update(at=at, version=version, move=move.to_dict() if move else None)
+    return doc

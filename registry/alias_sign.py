@@ -27,9 +27,12 @@ import base64
 import os
 from typing import Any
 
-from registry.alias_history import AliasMove, signed_bytes
+from registry.alias_history import AliasMove, read_head, signed_bytes
 from registry.errors import DocumentError, SignatureError
 from registry.keys import check_private_key
+from registry.layout import alias_key, policy_key
+from registry.schemas import load_json
+from registry.store import Store
 from registry.trust import Trust
 
 
@@ -116,3 +119,44 @@ def protected_keys(policy_doc: object, alias: str, *, where: str) -> list[str] |
         raise DocumentError(where, "protected_aliases: expected {alias: [key fingerprint, ...]}")
     keys = table.get(alias)
     return list(keys) if keys is not None else None
+
+
+def trusted_alias_version(store: Store, model_id: str, alias: str, trust: Trust) -> str:
+    """The version ``alias`` designates, for a host that trusts ``trust``: only if
+    its current move is signed by a trusted, unrevoked key (one the model's
+    policy lists for the alias, when it lists any) and names the digest of the
+    release's manifest as it is now.
+
+    Raises:
+        SignatureError: the move is unsigned (or the pointer predates
+            histories), signed by another key, tampered with, or the release's
+            manifest is not the one the move was signed for.
+        NotCommittedError: no such alias (or it was removed).
+        PointerError, DocumentError: the pointer or policy.json is garbled.
+    """
+    from registry.errors import NotCommittedError
+    from registry.layout import release_prefix
+    from registry.verify import read_manifest
+
+    key = alias_key(model_id, alias)
+    where = store.url_of(key)
+    head = read_head(store, model_id, alias)
+    if head.version is None:
+        raise NotCommittedError(f"{where}: {model_id} has no alias {alias!r}", path=key)
+    if head.move is None:
+        raise SignatureError(where, f"alias {alias!r} of {model_id} was set before moves were "
+                                    "signed; this host trusts only signed moves (move it again "
+                                    "with --sign-key)")
+    policy = policy_key(model_id)
+    try:
+        doc = load_json(store.read_bytes(policy), path=store.url_of(policy))
+    except FileNotFoundError:
+        doc = None
+    verify_move(head.move, trust, allowed=protected_keys(doc, alias, where=store.url_of(policy)),
+                where=where)
+    digest = read_manifest(store, release_prefix(model_id, head.version)).digest
+    if digest != head.move.doc["manifest_sha256"]:
+        raise SignatureError(where, f"move {head.move.seq} of {model_id}@{alias} was signed for "
+                                    f"manifest {head.move.doc['manifest_sha256'][:16]}, but "
+                                    f"{model_id}@{head.version}'s is {digest[:16]}")
+    return head.version

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 
-import hashlib
 import os
 from typing import Any
 
@@ -52,7 +51,7 @@ from registry.manifest import MANIFEST, utc_now
 from registry.names import check_name
 from registry.schemas import load_json
 from registry.store import Store, join
-from registry.verify import is_committed
+from registry.verify import is_committed, read_manifest
 
 
 #: names that look like versions, reserved for versions: a digit first, or v + digit.
@@ -175,7 +174,7 @@ def move_alias(store: Store, model_id: str, alias: str, version: str | None, *,
         if not is_committed(store, prefix):
             raise NotCommittedError(f"{store.url_of(prefix)}: no such committed release",
                                     path=prefix)
-        manifest_sha256 = hashlib.sha256(store.read_bytes(join(prefix, MANIFEST))).hexdigest()
+        manifest_sha256 = read_manifest(store, prefix).digest
     try:
         head = read_head(store, model_id, alias)
     except PointerError:  # garbled: replaced by the move, compare-and-swap still holds
@@ -252,14 +251,15 @@ def remove_alias(store: Store, model_id: str, alias: str, *,
     return str(head.version)
 
 
-def alias_event(store: Store, move: AliasMove) -> str:
+def alias_event(store: Store, move: AliasMove, *, repaired: bool = False) -> str:
     """Append the event of ``move`` (``model_version_alias.created`` or
     ``.deleted``); returns its id. Raises EventNotRecordedError."""
     doc = move.doc
     name = MODEL_VERSION_ALIAS_CREATED if move.new is not None else MODEL_VERSION_ALIAS_DELETED
     return append_event(store, name, model_id=doc["model_id"], version=move.new or move.old,
                         data={"alias": doc["alias"], "previous": move.old, "seq": move.seq,
-                              "entry": move.name}, actor=doc["actor"])
+                              "entry": move.name, **({"repaired": True} if repaired else {})},
+                        actor=doc["actor"])
 
 
 def list_aliases(store: Store, model_id: str) -> dict[str, str]:

@@ -42,6 +42,7 @@ from registry.gates import GateResult, Threshold, passed
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
 from registry.pull.cache_admin import PullCache
+from registry.events import POLICY_CHANGED, SOURCE_REVOKED, append_event
 from registry.index.alias_moves import record_move
 from registry.index.rebuild import rebuild
 from registry.index.record import (
@@ -57,6 +58,7 @@ from registry.certs import Certificate
 from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
+from registry.release.events import release_event
 from registry.release.failing import failing_gates
 from registry.release.code import code_files
 from registry.release.model_release import stored_code_gate
@@ -164,6 +166,7 @@ class Registry:
         rel = ModelRelease(self.store)
         rel.on_commit.append(lambda r: self._record(
             r.url, lambda s: record_release(s, self.store, r.model_id, r.version)))
+        rel.on_commit.append(lambda r: release_event(self.store, r))
         return rel
 
     def create_release(self, run_id: str, step: int, model_id: str, version: str,
@@ -222,20 +225,32 @@ class Registry:
         return list(walk(self.store, model_id, alias, broken=broken)), broken
 
     def revoke(self, source_id: str, reason: str) -> tuple[Revocation, bool]:
-        """Revoke a data source: store (``ledger/``) first, then the index."""
+        """Revoke a data source: store (``ledger/``) first, then the index, then
+        the event ``source.revoked`` (a repeated revocation appends none).
+        Raises EventNotRecordedError after both stand when the event fails."""
         rev, created = revoke(self.store, source_id, reason)
         self._record(f"revocation of {source_id}", lambda s: record_revocation(s, rev))
+        if created:
+            append_event(self.store, SOURCE_REVOKED, data={"source_id": source_id,
+                         "reason": rev.revocation_reason}, actor=rev.actor)
         return rev, created
 
     def set_policy(self, model_id: str, require: Iterable[str],
                    signed_by: Iterable[PublicKey | Certificate] = (), *,
-                   forbid_code: bool = False) -> list[Threshold]:
+                   forbid_code: bool = False,
+                   protected_aliases: dict[str, list[str]] | None = None) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
         and CA certificates (``registry.certs.load_anchor``) one of which must
-        have signed every release (the ``signature`` gate), and ``forbid_code``
-        (the ``code`` gate: no pickle, no remote code)."""
-        parsed = set_policy(self.store, model_id, require, signed_by, forbid_code=forbid_code)
+        have signed every release (the ``signature`` gate), ``forbid_code``
+        (the ``code`` gate: no pickle, no remote code) and protected aliases
+        (alias -> key fingerprints, :mod:`registry.alias_sign`); then the index
+        and the event ``policy.changed`` (EventNotRecordedError if it fails)."""
+        parsed = set_policy(self.store, model_id, require, signed_by, forbid_code=forbid_code,
+                            protected_aliases=protected_aliases)
         self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
+        append_event(self.store, POLICY_CHANGED, model_id=model_id,
+                     data={"require": [str(t) for t in parsed],
+                           "protected_aliases": sorted(protected_aliases or {})})
         return parsed
 
     def rebuild_index(self) -> dict[str, Any]:

@@ -4,7 +4,10 @@ A revocation is an immutable fact written with a conditional create, so it is
 in the store before any index hears of it, and ``registry index rebuild``
 loses nothing::
 
-    ledger/revocations/<source_id>.json   {"source_id", "revoked_at", "revocation_reason"}
+    ledger/revocations/<source_id>.json   {"source_id", "revoked_at", "revocation_reason",
+                                           "actor"}
+
+``actor`` (:mod:`registry.actor`) is absent from revocations written before it was recorded.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry import limits, numbers, schemas
+from registry.actor import current_actor, read_actor
 from registry.errors import DocumentError, ObjectExistsError, UsageError
 from registry.layout import REVOCATIONS, revocation_key
 from registry.manifest import utc_now
@@ -27,10 +31,15 @@ class Revocation:
     source_id: str
     revoked_at: str
     revocation_reason: str
+    #: who revoked it (registry.actor); None in revocations written before actors
+    actor: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source_id": self.source_id, "revoked_at": self.revoked_at,
-                "revocation_reason": self.revocation_reason}
+        doc: dict[str, Any] = {"source_id": self.source_id, "revoked_at": self.revoked_at,
+                               "revocation_reason": self.revocation_reason}
+        if self.actor is not None:
+            doc["actor"] = self.actor
+        return doc
 
 
 def revoke(store: Store, source_id: str, reason: str) -> tuple[Revocation, bool]:
@@ -46,7 +55,7 @@ def revoke(store: Store, source_id: str, reason: str) -> tuple[Revocation, bool]
     check_name(source_id, "source_id")
     if not reason.strip():
         raise UsageError("a revocation needs a reason")
-    rev = Revocation(source_id, utc_now(), reason.strip())
+    rev = Revocation(source_id, utc_now(), reason.strip(), current_actor())
     key = revocation_key(source_id)
     try:
         store.create(key, (numbers.dumps(rev.to_dict(), sort_keys=True) + "\n").encode())
@@ -68,7 +77,8 @@ def _read(store: Store, key: str) -> Revocation:
     if not isinstance(doc, dict) or not all(isinstance(doc.get(f), str) for f in fields):
         raise DocumentError(where, "a revocation must be a JSON object with the strings "
                                    + ", ".join(fields))
-    return Revocation(doc["source_id"], doc["revoked_at"], doc["revocation_reason"])
+    return Revocation(doc["source_id"], doc["revoked_at"], doc["revocation_reason"],
+                      read_actor(doc.get("actor")))
 
 
 def revocation_of(store: Store, source_id: str) -> dict[str, Any]:

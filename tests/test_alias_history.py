@@ -166,7 +166,7 @@ def test_cli_rm_log_at_and_rebuild_reproduces_history(durable_store_url: str, tm
     r = run_cli("alias", "rm", "m", "prod", *s)
     assert r.returncode == 3 and "no alias 'prod'" in r.stderr
     r = run_cli("alias", "log", "m", "prod", "--json", "--store", durable_store_url)
-    log = json.loads(r.stdout)
+    log = json.loads(r.stdout)["moves"]
     assert [(m["seq"], m["old"], m["new"], m["actor"]["user"]) for m in log] == [
         (3, "2", None, "dave"), (2, "1", "2", "dave"), (1, None, "1", "dave")]
     r = run_cli("alias", "log", "m", "prod", "--store", durable_store_url)
@@ -185,3 +185,22 @@ def test_cli_rm_log_at_and_rebuild_reproduces_history(durable_store_url: str, tm
         reg.rebuild_index()
         assert reg.index.read(lambda q: alias_moves(q, "m", "prod")) == indexed
         assert [m.seq for m in reg.alias_log("m", "prod")[0]] == [3, 2, 1]
+
+
+def test_web_page_and_api_what_was_prod_at(durable_store_url: str, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from registry.web import create_app
+
+    store = open_store(durable_store_url)
+    releases(store, tmp_path, "1", "2")
+    set_alias(store, "m", "prod", "1")
+    set_alias(store, "m", "prod", "2")
+    first = list(walk(store, "m", "prod"))[1]
+    with Registry(durable_store_url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg, \
+            TestClient(create_app(reg), base_url="http://localhost") as c:
+        doc = c.get("/api/v1/models/m/aliases/prod/log", params={"at": first.time}).json()
+        assert doc["version"] == "1" and [m["seq"] for m in doc["moves"]] == [2, 1]
+        page = c.get("/models/m/aliases/prod", params={"at": first.time})
+        assert page.status_code == 200 and "<b>1</b> (move 1" in page.text
+        assert c.get("/models/m/aliases/prod", params={"at": "noon"}).status_code == 400

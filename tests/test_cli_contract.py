@@ -86,6 +86,12 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("alias-ls-unknown-model", ["alias", "ls", "nosuch"], 3, ["nosuch", "no such model"]),
     ("alias-set-unknown-version", ["alias", "set", "tiny", "x", "9"], 3, ["tiny/9"]),
     ("alias-rm-unknown-alias", ["alias", "rm", "tiny", "nosuch"], 3, ["no alias 'nosuch'"]),
+    ("events-ls-bad-since", ["events", "ls", "--since", "soon"], 2, ["--since 'soon'"]),
+    ("events-tail-bad-since", ["events", "tail", "--since", "x"], 2, ["--since 'x'"]),
+    ("events-deliver-bad-url", ["events", "deliver", "--webhook", "ftp://h/x", "--secret-file",
+                                "{w}/nosecret"], 2, ["http://"]),
+    ("events-repair-no-store", ["events", "repair", "--store", "{w}/nostore"], 6,
+     ["nostore", "does not exist"]),
     ("alias-log-bad-time", ["alias", "log", "tiny", "prod", "--at", "noon"], 2,
      ["--at 'noon'", "2026-12-01"]),
     ("policy-show-unknown-model", ["policy", "show", "nosuch"], 3, ["nosuch"]),
@@ -438,6 +444,8 @@ def test_every_command_prints_one_json_document_on_success(tmp_path: Path) -> No
     assert docs["pull tiny@prod"]["passing"] is False
     assert docs["pull tiny@prod"]["failing_gates"][0]["gate"] == "ledger"
     # ledger revoke lists the aliases now pointing at failing versions
+    # (each revocation records who revoked it, registry.actor; docs/lifecycle.md)
+    assert all(r.pop("actor")["user"] for r in docs["ledger"])
     assert docs["ledger"] == [{"source_id": "books", "revoked_at": docs["ledger"][0]["revoked_at"],
                                "revocation_reason": "withdrawn"},
                               {"source_id": "news", "revoked_at": docs["ledger"][1]["revoked_at"],

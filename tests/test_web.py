@@ -61,6 +61,7 @@ API_VS_CLI = [
     ("/api/v1/models/tiny/passing?latest=true&require=copy/loss<=1.3",
      ["query", "tiny", "--passing", "--latest", "--require", "copy/loss<=1.3"], False),
     ("/api/v1/models/tiny/aliases", ["alias", "ls", "tiny"], True),
+    ("/api/v1/models/tiny/aliases/prod/log", ["alias", "log", "tiny", "prod"], True),
     ("/api/v1/models/tiny/diff?a=1&b=prod", ["diff", "tiny@1", "tiny@prod"], False),
     ("/api/v1/releases/tiny/1", ["show", "tiny@1"], False),
     ("/api/v1/releases/tiny/prod", ["show", "tiny@prod"], False),

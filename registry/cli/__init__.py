@@ -25,7 +25,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     serve,
     verify,
 )
-from registry.cli import aliases  # noqa: F401,E402  (after release: alias rm, alias log)
+from registry.cli import aliases, events  # noqa: F401,E402  (after release: alias rm, log)
 from registry.cli.app import app
 from registry.cli.errors import error_document
 from registry.cli.usage import usage_line

@@ -62,29 +62,26 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
                        "of that day, UTC) instead of listing the moves.")] = None,
               store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """The moves of ALIAS of MODEL_ID, newest first: when, from, to, who, signing key."""
-    from registry.alias_history import version_at, walk
+    from registry.alias_history import AliasMove, log_document
     from registry.store import open_store
 
     with error_boundary(as_json):
         when = parse_time(at) if at is not None else None
-        broken: list[str] = []
-        moves = list(walk(open_store(store), model_id, alias, broken=broken))
-    for note in broken:
+        doc = log_document(open_store(store), model_id, alias, at=when)
+    for note in doc["broken"]:
         echo(f"warning: {note}", err=True)
+    if as_json:
+        print_json(doc)
+        return
     if when is not None:
-        version, move = version_at(moves, when)
-        if as_json:
-            print_json({"model_id": model_id, "alias": alias, "at": when, "version": version,
-                        "move": move.to_dict() if move else None})
-        elif move is None:
+        move = doc["move"]
+        if move is None:
             echo(f"{model_id}@{alias} had no recorded move by {when}", err=True)
         else:
-            echo(f"{model_id}@{alias} at {when}: {version or '(removed)'} (move {move.seq} "
-                 f"at {move.time} by {actor.describe(move.doc['actor'])})")
+            echo(f"{model_id}@{alias} at {when}: {doc['version'] or '(removed)'} (move "
+                 f"{move['seq']} at {move['time']} by {actor.describe(move['actor'])})")
         return
-    if as_json:
-        print_json([m.to_dict() for m in moves])
-        return
+    moves = [AliasMove(b"", m) for m in doc["moves"]]
     for m in moves:
         sig = m.doc["signature"]
         echo(f"{m.seq}\t{m.time}\t{m.old or '-'} -> {m.new or '(removed)'}\t"

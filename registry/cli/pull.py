@@ -128,7 +128,7 @@ def pull(
             s: Store = CacheStore(c, model_id, version, manifest)
             failed: list[GateResult] = []
         else:
-            s, version, failed = _source(mirror, hub_namespace, store, model_id, name)
+            s, version, failed = _source(mirror, hub_namespace, store, model_id, name, trust)
         if failed and require_passing:
             raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing)",
                                   failed)
@@ -167,7 +167,7 @@ def pull(
 
 
 def _source(mirror: str | None, namespace: str, store: str | None, model_id: str,
-            name: str) -> tuple[Store, str, list[GateResult]]:
+            name: str, trust: Any = None) -> tuple[Store, str, list[GateResult]]:
     """The store to pull from, the version ``name`` resolves to there, and the
     gates it fails now. Through a mirror, the mirror evaluates the gates (it
     refuses failing releases unless started with --allow-failing); a mirror
@@ -191,7 +191,9 @@ def _source(mirror: str | None, namespace: str, store: str | None, model_id: str
                 GateResult("gates", False, "the mirror reports it fails its gates now")]
             return ms, resolve(ms, model_id, version), failed
     s = open_store(store)
-    version = resolve(s, model_id, name)
+    from registry.pull import resolve_for_pull
+
+    version = resolve_for_pull(s, model_id, name, trust)  # with trust: signed alias moves only
     return s, version, failing_gates(s, model_id, version)
 
 

@@ -319,8 +319,13 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
                                          "file (the code gate: alias moves, pull "
                                          "--require-passing and queries refuse them).")
                ] = False,
+               protect: Annotated[list[str] | None, typer.Option(
+                   "--protect", metavar="ALIAS=PUBKEY",
+                   help="Protect ALIAS: its moves must be signed by the key whose public "
+                        "half (PEM) is PUBKEY (repeatable; several keys for one alias allowed); "
+                        "hosts pulling with trusted keys refuse unsigned moves.")] = None,
                store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Replace MODEL_ID's policy: thresholds, signing keys, forbid_code (none given: clear them)."""
+    """Replace MODEL_ID's policy: thresholds, signing keys, forbid_code, protected aliases."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         _require_model(reg.store, model_id)
@@ -329,8 +334,9 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
             from registry.certs import load_anchor
 
             keys = [k for p in require_signed_by for k in load_anchor(p)]
+        protected = _protected(protect or [])
         parsed = reg.set_policy(model_id, require or [], signed_by=keys,
-                                forbid_code=forbid_code)
+                                forbid_code=forbid_code, protected_aliases=protected)
     if as_json:
         print_json({"model_id": model_id, "require": [str(t) for t in parsed],
                     "signed_by": [_anchor(k) for k in keys], "forbid_code": forbid_code})
@@ -339,6 +345,20 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
              + "".join(f"; signed by {_anchor_text(k)}" for k in keys)
              + ("; no pickle or remote code" if forbid_code else ""))
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
+
+
+def _protected(items: list[str]) -> dict[str, list[str]]:
+    """``--protect ALIAS=PUBKEY`` values as alias -> fingerprints. Raises UsageError."""
+    from registry.keys import load_public_key
+    from registry.names import check_name
+
+    out: dict[str, list[str]] = {}
+    for item in items:
+        alias, sep, path = item.partition("=")
+        if not sep or not path:
+            raise UsageError(f"--protect {item!r}: expected ALIAS=PUBKEY (a public key file)")
+        out.setdefault(check_name(alias, "alias"), []).append(load_public_key(path).fingerprint)
+    return out
 
 
 @policy_app.command("show")

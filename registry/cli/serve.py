@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -92,6 +93,13 @@ def serve(
                                "name a proxy forwards). Requests whose Host header is not the "
                                "--host address, localhost, a loopback address or one of these "
                                "get 421 (refuses DNS rebinding).")] = None,
+    webhook: Annotated[str | None, typer.Option(
+        "--webhook", metavar="URL",
+        help="Also deliver the store's events to URL while serving (as `registry events "
+             "deliver --follow`; needs --webhook-secret-file).")] = None,
+    webhook_secret_file: Annotated[str | None, typer.Option(
+        "--webhook-secret-file", metavar="PATH",
+        help="File holding the --webhook's HMAC-SHA256 secret.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Serve web pages, a JSON API (/api/v1) and the Hugging Face Hub download API, read-only.
@@ -130,6 +138,7 @@ def serve(
             hosts = allowed_hosts(host, allowed_host or ())
         except ValueError as e:
             raise UsageError(str(e)) from None
+        hook = _webhook(webhook, webhook_secret_file)
         reg = Registry(store, db)
         policy = HubPolicy(reg.store, namespace=hub_namespace, allow_failing=allow_failing,
                            trust=trust)
@@ -163,7 +172,41 @@ def serve(
     else:
         echo(f"serving {reg.store.url} and {reg.index} read-only at {url} "
                    "(API: /api/v1, docs: /api/v1/docs); Ctrl-C stops")
+    stop = threading.Event()
+    if hook is not None:
+        threading.Thread(target=_deliver_forever, args=(reg.store, *hook, stop),
+                         name="webhook", daemon=True).start()
     try:
         server.run(sockets=[sock])
     finally:
+        stop.set()
         reg.close()
+
+
+def _webhook(url: str | None, secret_file: str | None) -> tuple[str, bytes] | None:
+    """``--webhook`` and its secret, checked before serving. Raises UsageError."""
+    if url is None:
+        if secret_file is not None:
+            raise UsageError("--webhook-secret-file: give the --webhook URL too")
+        return None
+    from registry.events.deliver import check_url, read_secret
+
+    if secret_file is None:
+        raise UsageError("--webhook: give its secret with --webhook-secret-file")
+    return check_url(url), read_secret(secret_file)
+
+
+def _deliver_forever(store: Any, url: str, secret: bytes, stop: threading.Event) -> None:
+    """The serve process's webhook thread: deliver, and on an error say it on
+    stderr and start again from the cursor a little later."""
+    from registry.errors import RegistryError
+    from registry.events.deliver import Cursor, default_cursor, deliver
+
+    cursor = Cursor(default_cursor(store.url, url))
+    while not stop.is_set():
+        try:
+            deliver(store, url, secret, cursor, max_attempts=0, follow=True,
+                    stop=stop.is_set)
+        except (RegistryError, OSError) as e:
+            echo(f"warning: webhook {url}: {e}; retrying", err=True)
+            stop.wait(5.0)

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.layout import release_prefix
-from registry.manifest import FileEntry, Manifest
+from registry.manifest import MANIFEST, FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.offline import remember
 from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.pull.records import gives_up_leases, record_pull, take_lease
-from registry.store import Store
+from registry.store import Store, join
 from registry.verify import default_workers, read_manifest
 
 if TYPE_CHECKING:
@@ -231,6 +231,17 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
     return transferred
 
 
+def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None) -> str:
+    """The version to pull: with ``trust``, an alias only through a move signed
+    by a trusted key (:func:`registry.alias_sign.trusted_alias_version`, whose
+    errors it raises); else :func:`registry.aliases.resolve`."""
+    if trust is None or store.exists(join(release_prefix(model_id, name), MANIFEST)):
+        return resolve(store, model_id, name)
+    from registry.alias_sign import trusted_alias_version
+
+    return trusted_alias_version(store, model_id, name, trust)
+
+
 @gives_up_leases
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
@@ -295,7 +306,10 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         CommitConflictError: the target holds other content (files of another
             release, or files the release does not list), or this release
             with a file changed since it was pulled, and not ``force``.
-        SignatureError: ``trust`` given and the signature is missing,
+        SignatureError: ``trust`` given and ``name`` is an alias whose current
+            move is unsigned, signed by a key ``trust`` lacks (or the model's
+            policy does not list for it), or signed for another manifest
+            (registry.alias_sign); or ``trust`` given and the signature is missing,
             malformed, made by an untrusted or revoked key (or a certificate
             of another CA, expired, not yet valid, revoked), bound to another
             release, or not covering exactly the files; nothing is placed.
@@ -329,7 +343,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         raise UsageError(f"--range-threshold-mib: {range_threshold} bytes: must not be "
                          "negative (0: any file may be split)")
     blobs = blob_mode(store) if blobs is None else blobs
-    version = resolve(store, model_id, name)
+    version = resolve_for_pull(store, model_id, name, trust)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     signature = _start_signature_check(store, prefix, manifest, model_id, version, trust)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from registry.actor import actor_metadata, current_actor
 from registry import limits, numbers
 from registry import gates, schemas
 from registry.aliases import check_version_name
@@ -452,6 +453,8 @@ class ModelRelease:
             # The store's order, not this host's clock (registry.sequence):
             # taken last, under the claim, right before the commit marker.
             w.meta["metadata"] = {**w.meta.get("metadata", {}),
+                                  **actor_metadata(current_actor(
+                                      signer.public.fingerprint if signer else None)),
                                   sequence.FIELD: str(sequence.next_sequence(
                                       self.store, model_id, publishing=version))}
             manifest = w.commit()

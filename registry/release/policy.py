@@ -11,6 +11,9 @@ Stored in the store (the source of truth) as ``models/<model_id>/policy.json``::
 ``signed_by`` (optional) lists the keys and CA certificates one of which must
 have signed every release (a key directly, a CA through a signing
 certificate it issued): the ``signature`` gate, :mod:`registry.release.signature_gate`.
+``protected_aliases`` (optional, ``{"prod": ["<fingerprint>", ...]}``) names
+aliases whose moves must be signed by one of the listed keys
+(:mod:`registry.alias_sign`); ``actor`` says who wrote the policy.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from registry import limits
 from registry import numbers
 from registry import schemas
+from registry.actor import current_actor
 from registry.errors import DocumentError
 from registry.gates import Threshold
 from registry.keys import PublicKey, fingerprint_of
@@ -142,9 +146,13 @@ def forbids_code(store: Store, model_id: str) -> bool:
 
 def set_policy(store: Store, model_id: str, require: Iterable[str],
                signed_by: Iterable[PublicKey | Certificate] = (), *,
-               forbid_code: bool = False) -> list[Threshold]:
+               forbid_code: bool = False,
+               protected_aliases: dict[str, list[str]] | None = None) -> list[Threshold]:
     """Replace the model's policy (thresholds, signing keys and CA
-    certificates, ``forbid_code``); returns the thresholds parsed.
+    certificates, ``forbid_code``, protected aliases: alias -> key
+    fingerprints that must sign its moves, :mod:`registry.alias_sign`);
+    returns the thresholds parsed. The document records who wrote it
+    (``actor``, :mod:`registry.actor`).
 
     Raises:
         UsageError: a threshold does not parse (it is an argument, not a document).
@@ -156,5 +164,8 @@ def set_policy(store: Store, model_id: str, require: Iterable[str],
         doc["signed_by"] = keys
     if forbid_code:
         doc["forbid_code"] = True
+    if protected_aliases:
+        doc["protected_aliases"] = {a: list(fps) for a, fps in sorted(protected_aliases.items())}
+    doc["actor"] = current_actor()
     store.write_bytes(policy_key(model_id), (numbers.dumps(doc, indent=2) + "\n").encode())
     return parsed

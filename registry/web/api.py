@@ -6,6 +6,7 @@
 | ``/api/v1/models/{model_id}/releases`` | ``registry ls MODEL_ID`` |
 | ``/api/v1/models/{model_id}/passing`` | ``registry query MODEL_ID --passing [--require] [--latest]`` |
 | ``/api/v1/models/{model_id}/aliases`` | ``registry alias ls MODEL_ID`` |
+| ``/api/v1/models/{model_id}/aliases/{alias}/log[?at=]`` | ``registry alias log MODEL_ID ALIAS [--at TIME]`` (the moves under ``moves``) |
 | ``/api/v1/models/{model_id}/diff?a=&b=`` | ``registry diff MODEL_ID@A MODEL_ID@B`` |
 | ``/api/v1/releases/{model_id}/{ref}`` | ``registry show MODEL_ID@REF`` |
 | ``/api/v1/releases/{model_id}/{ref}/gates`` | ``registry gate check MODEL_ID@REF [--require]`` |
@@ -66,6 +67,18 @@ def passing(request: Request, model_id: str, require: RequireQ = None,
             summary="Aliases of a model (registry alias ls MODEL_ID --json)")
 def aliases(request: Request, model_id: str) -> dict[str, str]:
     return documents.alias_map(_reg(request).store, model_id)
+
+
+@router.get("/models/{model_id}/aliases/{alias}/log",
+            summary="An alias's moves newest first, and with ?at=TIME what it designated "
+                    "then (registry alias log MODEL_ID ALIAS [--at TIME] --json)")
+def alias_log(request: Request, model_id: str, alias: str,
+              at: Annotated[str | None, Query(max_length=64)] = None) -> dict[str, Any]:
+    from registry.alias_history import log_document
+    from registry.cli.aliases import parse_time
+
+    return log_document(_reg(request).store, check_name(model_id, "model_id"),
+                        check_name(alias, "alias"), at=parse_time(at) if at else None)
 
 
 @router.get("/models/{model_id}/diff",

@@ -31,6 +31,7 @@ from registry.errors import (
     InvalidNameError,
     NotCommittedError,
     RegistryError,
+    SignatureError,
 )
 from registry.manifest import MANIFEST, Manifest
 from registry.names import check_name
@@ -182,7 +183,14 @@ class HubPolicy:
                     raise HubError(404, "RevisionNotFound", f"{repo_id}@main: no alias 'main' "
                                    "and no release passing its gates")
                 return newest
+            if self.trust is not None:  # an alias only through a signed move (alias_sign)
+                from registry.pull import resolve_for_pull
+
+                return resolve_for_pull(self.store, model_id,
+                                        check_name(revision, "revision"), self.trust)
             return resolve(self.store, model_id, check_name(revision, "revision"))
+        except SignatureError as e:
+            raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: {e}") from None
         except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: {e}") from None
         except (RegistryError, OSError) as e:

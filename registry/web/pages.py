@@ -34,6 +34,19 @@ def model(request: Request, model_id: str, before: CursorQ = None,
     return HTMLResponse(render("model.html", title=model_id, **v))
 
 
+@router.get("/models/{model_id}/aliases/{alias}")
+def alias_log(request: Request, model_id: str, alias: str,
+              at: Annotated[str | None, Query(max_length=64)] = None) -> HTMLResponse:
+    from registry.alias_history import log_document
+    from registry.cli.aliases import parse_time
+    from registry.names import check_name
+
+    doc = log_document(_reg(request).store, check_name(model_id, "model_id"),
+                       check_name(alias, "alias"), at=parse_time(at) if at else None)
+    return HTMLResponse(render("alias.html", title=f"{model_id}@{alias} history",
+                               asked=at or "", **doc))
+
+
 @router.get("/models/{model_id}/{ref}")
 def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
     v = views.version_view(_reg(request), model_id, ref, request.app.state.release_files)
