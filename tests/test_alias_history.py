@@ -150,11 +150,11 @@ def test_legacy_pointer_reads_and_moves(durable_store_url: str, tmp_path: Path) 
     assert (move.seq, move.old, move.new, move.doc["prev"]) == (1, "1", "2", None)
 
 
-def test_cli_rm_log_at_and_rebuild_reproduces_history(durable_store_url: str, tmp_path: Path
-                                                      ) -> None:
+def test_cli_rm_log_at_and_rebuild_reproduces_history(durable_store_url: str, tmp_path: Path,
+                                                      db_url: str) -> None:
     store = open_store(durable_store_url)
     releases(store, tmp_path, "1", "2")
-    db = f"sqlite:///{tmp_path / 'index.db'}"
+    db = db_url
     s = ["--store", durable_store_url, "--db", db]
     env = {"REGISTRY_ACTOR": "dave"}
     assert run_cli("alias", "set", "m", "prod", "1", "--force", *s, env=env).returncode == 0
