@@ -238,7 +238,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     for g in reg.gate_check(MODEL, "1.0"):
         if not g.passed:
             say(f"  {MODEL}@1.0 fails {g.name}: {g.reason}")
-    reg.set_alias(MODEL, "prod", after[0])
+    reg.set_alias(MODEL, "prod", after[0], sign_key=sign_key)  # pulls with trusted keys need it
     say(f"{MODEL}@prod -> {after[0]}")
 
     serving = work / "serving"
