@@ -17,7 +17,7 @@ drops an index row because a listing did not show something.
 
 from __future__ import annotations
 
-from registry.errors import ObjectNotFoundError
+from registry.errors import ObjectNotFoundError, UnsafeEntryError
 from registry.manifest import MANIFEST
 from registry.store import Store, join
 from registry.verify import VerifyReport, verify_directory, verify_entries
@@ -60,6 +60,9 @@ def verify_confirmed(store: Store, prefix: str) -> VerifyReport:
             try:
                 sizes[entry.path] = store.info(join(prefix, entry.path)).size
             except ObjectNotFoundError:
+                sizes.pop(entry.path, None)
+            except UnsafeEntryError as e:  # a link or special file: a problem, named
+                store.skip(str(e))
                 sizes.pop(entry.path, None)
     problems = verify_entries(store, prefix, report.manifest.files, full=False, sizes=sizes)
     return VerifyReport(prefix, False, report.manifest, None, tuple(problems), report.extras)

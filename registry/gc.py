@@ -8,7 +8,9 @@ wherever their ``checkpoint_path`` says, so they are scanned only when named
 (``trees``), and there only step-shaped names are candidates
 (``train_step_<N>``, ``train_step_<N>.tmp*``, ``*.claim``): anything else a
 user keeps beside them is left alone. A committed directory is never
-touched: it is re-checked right before deletion.
+touched: it is re-checked right before deletion. A link or special file in
+the store is never followed nor entered (registry.store.confine): it is
+skipped, and named in ``store.skipped``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM
 from registry.claim import Claim, read_state
 from registry.commit import delete_directory
-from registry.errors import ObjectExistsError, UsageError
+from registry.errors import ObjectExistsError, UnsafeEntryError, UsageError
 from registry.layout import CLAIM_SUFFIX, LATEST, MODELS, POLICY, REFS, RUNS, TMP_MARK, run_root
 from registry.store import Store, join
 from registry.storeclock import store_time
@@ -126,7 +128,11 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     folders = [(f, False) for f in top]
     folders += [(t.strip("/"), True) for t in trees]
     for folder, loong in folders:
-        entries = store.list_dir(folder)
+        try:
+            entries = store.list_dir(folder)
+        except UnsafeEntryError as e:  # a link where the folder should be: never followed
+            store.skip(str(e))
+            continue
         claims = {name[:-len(CLAIM_SUFFIX)]: name for name, is_dir in entries
                   if not is_dir and name.endswith(CLAIM_SUFFIX)}
         states = {base: read_state(store, join(folder, name), now=now)

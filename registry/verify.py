@@ -114,6 +114,19 @@ def _check_size(entry: FileEntry, sizes: dict[str, int]) -> IntegrityError | Non
     return None
 
 
+def _skipped(store: Store, key: str, entry: FileEntry) -> IntegrityError | None:
+    """The error of a listed file the store's listing skipped (a link or a
+    special file at ``key`` or above it: registry.store.confine), naming it."""
+    segs = key.split("/")
+    for i in range(len(segs), 0, -1):
+        mark = f"/{'/'.join(segs[:i])}: "
+        for why in store.skipped:
+            if mark in why:
+                return IntegrityError(entry.path, expected_size=entry.size, actual_size=None,
+                                      reason=why.split(": ", 1)[1])
+    return None
+
+
 def _check_whole(store: Store, key: str, entry: FileEntry) -> IntegrityError | None:
     digest = _hash_object(store, key)
     if digest != entry.sha256:
@@ -226,6 +239,8 @@ def verify_entries(store: Store, prefix: str, entries: Any, *, full: bool = True
     checks: list[tuple[int, Callable[[], Any]]] = []
     for i, e in enumerate(entries):
         bad = _check_size(e, sizes)
+        if bad is not None and e.path not in sizes:
+            bad = _skipped(store, join(prefix, e.path), e) or bad
         if bad is not None:
             errors[i] = bad
         elif full:

@@ -188,7 +188,7 @@ import os, sys, time
 import registry.store.local as local
 from registry.store import open_store
 real = os.replace
-def stall(src, dst):
+def stall(src, dst, **dir_fds):
     print("WRITTEN", flush=True)
     time.sleep(600)  # SIGKILLed here: the temp file is written, not renamed
 local.os.replace = stall

@@ -69,8 +69,11 @@ def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = F
         counts = reg.rebuild_index()
     if as_json:
         # the counts document keeps its shape; a repair adds the file it moved
-        print_json({**counts, **({"moved_aside": aside} if aside else {})})
+        print_json({**counts, **({"moved_aside": aside} if aside else {}),
+                    **({"skipped": reg.store.skipped} if reg.store.skipped else {})})
         return
+    for why in reg.store.skipped:  # links and special files: never followed, not indexed
+        typer.echo(f"warning: skipped {why}", err=True)
     if aside is not None:
         echo(f"moved the damaged index aside to {aside}")
     echo(", ".join(f"{v} {k}" for k, v in counts.items() if k != "report"))

@@ -424,10 +424,12 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
                           warn=notes.append)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run,
-                    "warnings": notes})
+                    "warnings": notes, "skipped": s.skipped})
     else:
         for note in notes:
             echo(f"warning: {note}", err=True)
+        for why in s.skipped:
+            echo(f"warning: skipped {why}", err=True)
         for k in removed:
             echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
         if not removed:

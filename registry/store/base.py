@@ -97,6 +97,14 @@ class Store(ABC):
         self.url = url
         self.fs = fs
         self.root = root.rstrip("/")
+        #: what listings skipped (a link or special file on local disk), one
+        #: message each, in order, without repeats: commands show them.
+        self.skipped: list[str] = []
+
+    def skip(self, message: str) -> None:
+        """Note an entry a listing skipped (see :attr:`skipped`)."""
+        if message not in self.skipped:
+            self.skipped.append(message)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

@@ -14,6 +14,7 @@ import ctypes.util
 import errno
 import mmap
 import os
+import stat
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -26,23 +27,30 @@ _renameat2 = getattr(_libc, "renameat2", None)
 _AT_FDCWD = -100
 
 
-def rename_noreplace(src: str, dst: str) -> None:
-    """rename(2) that fails with FileExistsError if ``dst`` exists.
+def rename_noreplace(src: str, dst: str, *, src_dir_fd: int | None = None,
+                     dst_dir_fd: int | None = None) -> None:
+    """rename(2) that fails with FileExistsError if ``dst`` exists; ``src`` and
+    ``dst`` relative to the directory descriptors when given (renameat).
 
     Uses Linux ``renameat2(RENAME_NOREPLACE)``; where that is unavailable, a
     plain rename, which still fails onto a non-empty directory (a committed
     directory is never empty: it holds MANIFEST.json).
     """
+    sfd = _AT_FDCWD if src_dir_fd is None else src_dir_fd
+    dfd = _AT_FDCWD if dst_dir_fd is None else dst_dir_fd
     if _renameat2 is not None:
-        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
-                      _RENAME_NOREPLACE) == 0:
+        if _renameat2(sfd, os.fsencode(src), dfd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
             return
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS):  # unsupported by the filesystem
             raise OSError(err, os.strerror(err), dst)
-    if os.path.lexists(dst) and not os.path.isdir(dst):
+    try:
+        st = os.lstat(dst, dir_fd=dst_dir_fd)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
         raise FileExistsError(errno.EEXIST, "exists", dst)
-    os.rename(src, dst)
+    os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
 
 def fsync_path(path: str) -> None:
@@ -87,9 +95,13 @@ class _DurableFile:
     """
 
     def __init__(self, path: str, mode: str, *,
-                 write_path: Callable[[], WritePath] | None = None) -> None:
-        self._f = open(path, mode)  # noqa: SIM115 - closed in close()
+                 write_path: Callable[[], WritePath] | None = None,
+                 opener: Callable[[str, int], int] | None = None,
+                 unlink: Callable[[], None] | None = None) -> None:
+        self._f = open(path, mode, opener=opener)  # noqa: SIM115 - closed in close()
         self.name = path
+        #: removes the file when it is discarded (a store's confined unlink).
+        self._unlink = unlink or (lambda: os.unlink(path))
         self._choose = write_path  # asked once, by the first large write
         self._written = 0
         self._flushed = 0
@@ -272,7 +284,9 @@ class _DurableFile:
             return None
         self._f.flush()
         try:
-            fd = os.open(self.name, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+            # the file this object has open, not whatever its name now resolves to
+            fd = os.open(f"/proc/self/fd/{self._f.fileno()}" if os.path.isdir("/proc/self/fd")
+                         else self.name, os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
         except OSError as e:
             if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
                 return None
@@ -332,7 +346,7 @@ class _DurableFile:
         except OSError:
             pass
         try:
-            os.unlink(self.name)
+            self._unlink()
         except FileNotFoundError:
             pass
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-import sys
 import uuid
+from collections.abc import Iterator
 from typing import IO
 
 import fsspec
@@ -24,6 +23,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
+from registry.store import confine
 from registry.store.base import ObjectInfo, Store, content_token, key_parts
 from registry.store.durable import (
     DIRECT_AFTER,
@@ -41,33 +41,46 @@ __all__ = ["DIRECT_AFTER", "DIRECT_BUFFER", "LocalStore", "_DurableFile", "fsync
            "rename_noreplace"]
 
 
-def _rmtree(path: str) -> None:
-    """``shutil.rmtree`` for which an entry that vanished meanwhile (another
-    process deleting the same tree) is not an error; any other error is."""
-    def vanished_ok(_func: object, _path: str, exc: BaseException) -> None:
-        if not isinstance(exc, FileNotFoundError):
-            raise exc
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=vanished_ok)
-    else:
-        shutil.rmtree(path, onerror=lambda f, p, info: vanished_ok(f, p, info[1]))
+def _fsync_dir(path: str) -> None:
+    """Fsync the folder ``path`` through :func:`fsync_path` (looked up here at
+    each call: the fsync-before-manifest tests spy on this module's name)."""
+    fsync_path(path)
 
 
-def _remove_dead_temps(path: str) -> None:
-    """Remove ``<path>.tmp-*`` left by a pointer swap killed between writing its
-    temp file and renaming it (call with the pointer's lock held)."""
-    folder, name = os.path.split(path)
+@contextlib.contextmanager
+def _named(root: str, key: str) -> Iterator[None]:
+    """OSErrors of descriptor-relative calls carry the entry's name only: give
+    them the full path under ``root``, so that every message names the file
+    (``<store>/models/m/1/MANIFEST.json: read-only file system ...``)."""
+    try:
+        yield
+    except OSError as e:
+        if not isinstance(e.filename, str) or not os.path.isabs(e.filename):
+            e.filename = os.path.join(root, *key.split("/")) if key else root
+        raise
+
+
+def _remove_dead_temps(folder_fd: int, name: str) -> None:
+    """Remove ``<name>.tmp-*`` in the folder ``folder_fd`` left by a pointer swap
+    killed between writing its temp file and renaming it (call with the
+    pointer's lock held)."""
     stem = name + ".tmp-"
-    with os.scandir(folder) as entries:
-        dead = [e.path for e in entries if e.name.startswith(stem) and e.is_file()]
-    for p in dead:
+    with os.scandir(folder_fd) as entries:
+        dead = [e.name for e in entries if e.name.startswith(stem)
+                and e.is_file(follow_symlinks=False)]
+    for n in dead:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
+            os.unlink(n, dir_fd=folder_fd)
 
 
 class LocalStore(Store):
-    """A store in a local folder. Writes are fsynced; ``rename_dir`` is atomic."""
+    """A store in a local folder. Writes are fsynced; ``rename_dir`` is atomic.
+
+    Every key is resolved under the root by registry.store.confine: no
+    symbolic link below the root is followed and no special file is opened,
+    by any reader, writer or deleter (UnsafeEntryError); listings skip them
+    with a warning.
+    """
 
     atomic_rename = True
     #: one file per core, up to 4: each file's sha256 runs on one core, and
@@ -81,57 +94,50 @@ class LocalStore(Store):
         return os.path.join(self.root, *key_parts(key, where=self.url)) if key else self.root
 
     def local_path(self, key: str) -> str:
-        return self.path(key)
+        """The path of ``key``, checked: no link or special file on the way
+        (UnsafeEntryError). Prefer the store's own primitives, which hold the
+        check for the whole operation."""
+        with translated(key), _named(self.root, key):
+            return confine.checked_path(self.root, key, where=self.url)
 
     def open_read(self, key: str) -> IO[bytes]:
         try:
-            with translated(key):
-                return open(self.path(key), "rb")
+            with translated(key), _named(self.root, key):
+                return open(self.path(key), "rb",
+                            opener=confine.opener(self.root, key, where=self.url))
         except ObjectNotFoundError:
             self._require_root()
             raise
 
-    def _make_parents(self, path: str) -> None:
-        """Create the missing folders above ``path``, fsyncing the parent of
-        each one created, so that its entry survives a power loss (the files
-        inside are made durable by their own fsync and the commit's
-        :meth:`fsync_dir` of every folder, issue 13 item 6)."""
-        missing = []
-        folder = os.path.dirname(path)
-        while not os.path.isdir(folder):
-            missing.append(folder)
-            parent = os.path.dirname(folder)
-            if parent == folder:
-                break
-            folder = parent
-        for folder in reversed(missing):
-            try:
-                os.mkdir(folder)
-            except FileExistsError:
-                continue  # another writer made it (and fsyncs its parent)
-            fsync_path(os.path.dirname(folder))
+    def _writer(self, key: str, mode: str, **kw: object) -> _DurableFile:
+        return _DurableFile(self.path(key), mode,
+                            opener=confine.opener(self.root, key, where=self.url,
+                                                  create_parents=True, fsync_dir=_fsync_dir),
+                            unlink=lambda: confine.unlink(self.root, key, where=self.url),
+                            **kw)  # type: ignore[arg-type]
 
     def open_write(self, key: str, *, exclusive: bool = False,
                    size: int | None = None) -> IO[bytes]:
-        path = self.path(key)
-        with translated(key):
-            self._make_parents(path)
-            return _DurableFile(path, "wb",  # type: ignore[return-value]
+        with translated(key), _named(self.root, key):
+            return self._writer(key, "wb",  # type: ignore[return-value]
                                 write_path=lambda: write_path(self.root))
+
+    def _parent_fd(self, key: str, *, create: bool = True) -> tuple[int, str]:
+        segs = confine.parts(key, where=self.url)
+        return confine.open_dir(self.root, segs[:-1], where=self.url, create=create,
+                                fsync_dir=_fsync_dir), segs[-1]
 
     def create(self, key: str, data: bytes) -> None:
         # O_EXCL is the atomic check-and-create; fsspec's local
         # pipe_file(mode="create") checks then writes, which races.
-        path = self.path(key)
-        with translated(key):
-            self._make_parents(path)
+        with translated(key), _named(self.root, key):
             try:
-                f = _DurableFile(path, "xb")
+                f = self._writer(key, "xb")
             except FileExistsError:
                 raise ObjectExistsError(f"{key}: already exists", key=key) from None
             with f:
                 f.write(data)
-        fsync_path(os.path.dirname(path))
+            fsync_path(os.path.dirname(self.path(key)))  # its parent, opened just above
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         data = self.read_bytes(key)
@@ -145,31 +151,35 @@ class LocalStore(Store):
         swaps killed between their write and their rename are removed first:
         under the lock no other swap of ``<name>`` is between the two."""
         path = self.path(key)
-        with translated(key):
-            self._make_parents(path)
-            with LeaseLock(path + ".lock"):
-                _remove_dead_temps(path)
-                try:
-                    current: str | None = content_token(self.read_bytes(key))
-                except ObjectNotFoundError:
-                    current = None
-                if current != expected:
-                    raise PointerConflictError(key, expected=expected, actual=current)
-                tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-                try:
-                    with _DurableFile(tmp, "wb") as f:
-                        f.write(data)
-                    os.replace(tmp, path)
-                except BaseException:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-                    raise
-                fsync_path(os.path.dirname(path))
+        with translated(key), _named(self.root, key):
+            fd, name = self._parent_fd(key)
+            try:
+                with LeaseLock(path + ".lock"):  # in the folder just checked
+                    _remove_dead_temps(fd, name)
+                    try:
+                        current: str | None = content_token(self.read_bytes(key))
+                    except ObjectNotFoundError:
+                        current = None
+                    if current != expected:
+                        raise PointerConflictError(key, expected=expected, actual=current)
+                    tmp_key = f"{key}.tmp-{uuid.uuid4().hex[:12]}"
+                    tmp = tmp_key.rsplit("/", 1)[-1]
+                    try:
+                        with self._writer(tmp_key, "wb") as f:
+                            f.write(data)
+                        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                    except BaseException:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(tmp, dir_fd=fd)
+                        raise
+                    fsync_path(os.path.dirname(path))  # the folder of fd
+            finally:
+                os.close(fd)
 
     def info(self, key: str) -> ObjectInfo:
         try:
-            with translated(key):
-                st = os.stat(self.path(key))
+            with translated(key), _named(self.root, key):
+                st = confine.entry_stat(self.root, key, where=self.url)
         except ObjectNotFoundError:
             self._require_root()
             raise
@@ -184,61 +194,57 @@ class LocalStore(Store):
                                "check the store path", key="")
 
     def ensure_root(self) -> None:
-        with translated(""):
-            self._make_parents(os.path.join(self.root, "x"))
+        with translated(""), _named(self.root, ""):
+            confine.make_root(self.root, fsync_dir=_fsync_dir)
 
     def list_dir(self, prefix: str) -> list[tuple[str, bool]]:
         try:
-            with translated(prefix):
-                entries = list(os.scandir(self.path(prefix)))
+            with translated(prefix), _named(self.root, prefix):
+                entries = [(n, d) for n, d, _ in confine.scan(self.root, prefix, where=self.url,
+                                                               skipped=self.skip)]
         except ObjectNotFoundError:
             self._require_root()
             return []
-        return sorted((e.name, e.is_dir()) for e in entries)
+        return sorted(entries)
 
     def walk_files(self, prefix: str) -> dict[str, int]:
-        base = self.path(prefix)
-        if not os.path.isdir(base):
+        try:
+            with translated(prefix), _named(self.root, prefix):
+                found = confine.walk(self.root, prefix, where=self.url, skipped=self.skip)
+        except ObjectNotFoundError:
             self._require_root()
-        out: dict[str, int] = {}
-
-        def fail(err: OSError) -> None:  # os.walk swallows errors unless told
-            if not isinstance(err, (FileNotFoundError, NotADirectoryError)) or \
-                    err.filename != base:
-                raise err
-
-        with translated(prefix):
-            for dirpath, _dirs, files in os.walk(base, onerror=fail):
-                rel = os.path.relpath(dirpath, base)
-                for name in files:
-                    relpath = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                    with translated(relpath):
-                        out[relpath] = os.stat(os.path.join(dirpath, name)).st_size
-        return dict(sorted(out.items()))
+            return {}
+        return {k: st.st_size for k, st in sorted(found.items())}
 
     def delete(self, key: str) -> None:
-        try:
-            os.unlink(self.path(key))
-        except FileNotFoundError:
-            pass
+        with translated(key), _named(self.root, key):
+            confine.unlink(self.root, key, where=self.url)
 
     def delete_prefix(self, prefix: str) -> None:
-        path = self.path(prefix)
-        if os.path.isdir(path):
-            with translated(prefix):
-                _rmtree(path)
-        else:
-            self.delete(prefix)
+        with translated(prefix), _named(self.root, prefix):
+            confine.remove_tree(self.root, prefix, where=self.url)
 
     def rename_dir(self, src: str, dst: str) -> None:
-        with translated(dst):
+        with translated(dst), _named(self.root, dst):
+            sfd, sname = self._parent_fd(src, create=False)
             try:
-                rename_noreplace(self.path(src), self.path(dst))
-            except OSError as e:
-                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise ObjectExistsError(f"{dst}: already exists", key=dst) from None
-                raise
+                dfd, dname = self._parent_fd(dst)
+                try:
+                    confine.entry_stat(self.root, src, where=self.url)
+                    rename_noreplace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+                except OSError as e:
+                    if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise ObjectExistsError(f"{dst}: already exists", key=dst) from None
+                    raise
+                finally:
+                    os.close(dfd)
+            finally:
+                os.close(sfd)
 
     def fsync_dir(self, prefix: str) -> None:
-        with translated(prefix):
+        with translated(prefix), _named(self.root, prefix):
+            # checked (no link on the way, a directory), then synced by path
+            fd = confine.open_dir(self.root, confine.parts(prefix, where=self.url),
+                                  where=self.url)
+            os.close(fd)
             fsync_path(self.path(prefix))
