@@ -21,7 +21,9 @@ Pointers (step 4) live in :mod:`registry.pointer`; deletion in :func:`delete_dir
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +38,7 @@ from registry.errors import (
     ObjectExistsError,
     RegistryError,
     StorageError,
+    UnsafeEntryError,
 )
 from registry.hashing import HashingWriter
 from registry.layout import CLAIM_SUFFIX, TMP_MARK, claim_key, staging_prefix  # noqa: F401 (re-exported)
@@ -46,6 +49,8 @@ from registry.manifest import (
     check_path,
     list_local_files,
 )
+from registry.sourcecheck import LocalState, check_local
+from registry.sourcedir import SourceRule
 from registry.store import Store, join
 from registry.store.translate import translate, translated
 
@@ -178,11 +183,35 @@ class DirectoryWriter:
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str]) -> FileEntry:
         """Copy a local file in, streaming, hashing each chunk as it passes
-        (see :meth:`HashingWriter.copy_from`)."""
-        with translated(os.fspath(local_path)):
-            src = open(local_path, "rb", buffering=0)  # noqa: SIM115 - closed below
-        with src, self.open(relpath, size=os.fstat(src.fileno()).st_size) as w:
-            w.copy_from(src)
+        (see :meth:`HashingWriter.copy_from`). ``local_path``'s last component
+        is opened without following a link (callers resolve a source
+        directory's links first, registry.sourcedir).
+
+        Raises:
+            SourceChangedError: the file's size, mtime, ctime or inode changed
+                while it was copied (registry.sourcecheck); the partial copy
+                is discarded with the rest of the directory.
+            UnsafeEntryError: it is a link, FIFO, socket or device.
+        """
+        path = os.fspath(local_path)
+        with translated(path):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise UnsafeEntryError(f"{path}: a symbolic link; a source file is opened "
+                                       "as the file it is", key=path) from None
+            before = LocalState.of(os.fstat(fd))
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise UnsafeEntryError(f"{path}: not a regular file (a FIFO, socket or device "
+                                       "cannot be part of a model directory)", key=path)
+            os.set_blocking(fd, True)
+            src = os.fdopen(fd, "rb", buffering=0)
+        with src, self.open(relpath, size=before.size) as w:
+            copied = w.copy_from(src)
+            check_local(path, before, src.fileno(), copied)
         return self.entries[relpath]
 
     # -- committing ------------------------------------------------------------
@@ -382,14 +411,18 @@ def commit_local_directory(store: Store, local_dir: str | os.PathLike[str], pref
         UnsafePathError: a file name breaks the manifest path rules.
         UsageError: an entry is a FIFO, socket or device (nothing is written).
         ObjectNotFoundError: a symlink points nowhere (nothing is written).
+        UnsafeEntryError: a symlink leads out of ``local_dir`` (registry.sourcedir).
+        SourceChangedError: a file changed while it was copied (nothing committed).
         InsufficientSpaceError: the store's disk filled up (nothing committed).
         StorageError: reading the source or writing the store failed, or the
             staged files changed before the commit.
     """
-    files = list_local_files(local_dir)
+    rule = SourceRule(os.fspath(local_dir))
+    files = list_local_files(local_dir, rule=rule)
     for rel in files:
         check_path(rel, source=str(local_dir))
-    paths = {rel: os.path.join(local_dir, *rel.split("/")) for rel in files}
+    # links inside the directory resolved once more (registry.sourcedir)
+    paths = {rel: rule.check(os.path.join(local_dir, *rel.split("/"))) for rel in files}
     largest_first = sorted(files, key=lambda rel: -os.path.getsize(paths[rel]))
     with DirectoryWriter(store, prefix, kind=kind, meta=meta) as w:
         workers = min(store.files_in_flight, len(files))

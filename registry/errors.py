@@ -67,6 +67,14 @@ class UnsafeEntryError(StorageError):
     (registry.store.confine)."""
 
 
+class SourceChangedError(StorageError):
+    """A file of the source changed while publish (or a commit) copied it: its
+    size, mtime, ctime or inode on disk, or its ETag, version or checksum on
+    S3, differs after the copy from before it (registry.sourcecheck). Nothing
+    was committed: what a release holds is what its source held at one
+    instant."""
+
+
 class InvalidStoreURLError(StorageError, ValueError):
     """The store URL cannot be opened (unknown protocol, missing bucket)."""
 

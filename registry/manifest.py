@@ -22,6 +22,7 @@ from typing import IO, Any
 from registry import limits, numbers
 from registry import schemas
 from registry.pieces import ChainHasher, Pieces
+from registry.sourcedir import SourceRule
 from registry.errors import (
     DocumentError,
     ManifestError,
@@ -332,22 +333,32 @@ def hash_entry(path: str | os.PathLike[str], rel: str, *, blake3: bool = False) 
     return FileEntry(rel, h.size, h.hexdigest(), h.pieces, h.blake3)
 
 
-def list_local_files(root: str | os.PathLike[str]) -> list[str]:
+def list_local_files(root: str | os.PathLike[str], *,
+                     rule: SourceRule | None = None) -> list[str]:
     """Every regular file under ``root`` as sorted relative POSIX paths,
-    excluding ``MANIFEST.json`` at the top. Symlinks are followed.
+    excluding ``MANIFEST.json`` at the top. Symlinks that stay inside the
+    source directory are followed (``rule``, registry.sourcedir: default the
+    directory's own rule, links leaving it refused).
 
     Raises:
         ObjectNotFoundError: a symlink points nowhere.
+        UnsafeEntryError: a symlink leads out of the directory (registry.sourcedir),
+            named with its target.
         UsageError: an entry is not a regular file once symlinks are followed
             (a FIFO, a socket, a device): it could block a reader forever or
             never end, so nothing is committed; or a symlinked directory leads
             back to itself or an enclosing directory (a loop), named once.
     """
+    rule = rule or SourceRule(os.fspath(root))
+    bounds = rule.bounds
     out = []
     for dirpath, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()
         rel = os.path.relpath(dirpath, root)
         _refuse_loops(dirpath, dirs, root)
+        for d in dirs:
+            if os.path.islink(os.path.join(dirpath, d)):
+                rule.check(os.path.join(dirpath, d), bounds)
         for name in files:
             p = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
             if p == MANIFEST:
@@ -360,6 +371,8 @@ def list_local_files(root: str | os.PathLike[str]) -> list[str]:
                                           key=path) from None
             except OSError as e:
                 raise StorageError(f"{path}: {e.strerror or e}", key=path) from None
+            if os.path.islink(path):
+                rule.check(path, bounds)
             if not stat.S_ISREG(mode):
                 raise UsageError(f"{path}: not a regular file (a FIFO, socket or device "
                                  f"cannot be part of a model directory)")

@@ -152,6 +152,13 @@ def publish(
                               "pickle files (*.bin, *.pt, *.pth, *.pkl, *.ckpt, ...) or remote "
                               "code (*.py, auto_map in config.json); the model policy's "
                               "forbid_code does the same.")] = False,
+    follow_symlinks: Annotated[bool, typer.Option(
+        "--follow-symlinks", help="Read symbolic links that lead out of the model directory "
+                                  "too (each is named on stderr, and in --json as "
+                                  "followed_symlinks); without it such a link is refused, exit "
+                                  "6. Links inside it (a Hugging Face cache snapshot's links "
+                                  "into its blobs/) are always read; see "
+                                  "docs/confinement.md.")] = False,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
@@ -163,7 +170,10 @@ def publish(
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
-            forbid_code=forbid_code)
+            forbid_code=forbid_code, follow_symlinks=follow_symlinks)
+    for link, target in result.followed:
+        echo(f"warning: followed {link} -> {target}, outside the model directory "
+             "(--follow-symlinks)", err=True)
     _report(result, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 

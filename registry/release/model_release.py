@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -59,7 +60,10 @@ from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
 from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
 from registry.model_sig import SIGNATURE
-from registry.store import Store, join, open_store
+from registry.sourcecheck import check_object
+from registry.sourcedir import SourceRule
+from registry.store import LocalStore, Store, join, open_store
+from registry.store.source import SourceDirStore
 from registry.verify import read_manifest, require_verified
 
 CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -75,12 +79,18 @@ class ReleaseResult:
     url: str
     manifest: Manifest
     gates: tuple[GateResult, ...] = field(default=())
+    #: ``(link, target)`` of each symbolic link publish followed out of its
+    #: source directory (``follow_symlinks``, registry.sourcedir).
+    followed: tuple[tuple[str, str], ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "version": self.version, "url": self.url,
-                "manifest_sha256": self.manifest.digest, "files": len(self.manifest.files),
-                "bytes": self.manifest.total_size, "source": self.manifest.meta.get("source"),
-                "gates": [g.to_dict() for g in self.gates]}
+        out = {"model_id": self.model_id, "version": self.version, "url": self.url,
+               "manifest_sha256": self.manifest.digest, "files": len(self.manifest.files),
+               "bytes": self.manifest.total_size, "source": self.manifest.meta.get("source"),
+               "gates": [g.to_dict() for g in self.gates]}
+        if self.followed:
+            out["followed_symlinks"] = [{"link": a, "target": b} for a, b in self.followed]
+        return out
 
 
 def load_doc(value: Any, *, what: str) -> tuple[Any, str]:
@@ -282,7 +292,7 @@ class ModelRelease:
                 sign_cert: str | os.PathLike[str] | None = None,
                 cert_chain: Iterable[str | os.PathLike[str]] = (),
                 max_shard_size: int | str | None = None,
-                forbid_code: bool = False) -> ReleaseResult:
+                forbid_code: bool = False, follow_symlinks: bool = False) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
         Every file of ``model_dir`` is carried (the weights, one
@@ -309,6 +319,13 @@ class ModelRelease:
         own CLI, say) is carried only if it names ``model_id@version`` and
         covers exactly the release's files and digests (SignatureError
         otherwise, nothing committed); its key is checked on pull.
+
+        Symbolic links in a local ``model_dir`` are read as the files they name
+        when they stay inside it (a Hugging Face cache snapshot's links into
+        its repository's ``blobs/`` included); one leading out of it is
+        UnsafeEntryError naming the link and its target, nothing written,
+        unless ``follow_symlinks``: then it is read, and listed in the result's
+        ``followed`` (registry.sourcedir, docs/confinement.md).
         """
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = _inputs(ledger, eval_summary)
@@ -316,11 +333,15 @@ class ModelRelease:
         url = os.fspath(model_dir)
         check_step_source(url)  # inside a checkpoint step: only from a committed one
         src_store = open_store(url)
-        local_root = src_store.local_path("")
+        local_root = src_store.root if isinstance(src_store, LocalStore) else None
         if local_root is not None and not os.path.isdir(local_root):
             raise ObjectNotFoundError(f"{url}: no such model directory", key=url)
+        followed: list[tuple[str, str]] = []
         if local_root is not None:
-            list_local_files(local_root)  # refuses FIFOs, sockets, dangling symlinks
+            rule = SourceRule(local_root, follow_symlinks,
+                              lambda link, target: followed.append((link, target)))
+            src_store = SourceDirStore(src_store.url, local_root, rule)
+            list_local_files(local_root, rule=rule)  # refuses FIFOs, sockets, links out
         names = src_store.walk_files("")
         if not names and local_root is None:
             raise ObjectNotFoundError(f"{url}: no such model directory (nothing stored there)",
@@ -337,13 +358,16 @@ class ModelRelease:
         elif "MODEL_CARD.md" in names:
             card_text = src_store.read_bytes("MODEL_CARD.md").decode("utf-8", "replace")
         uri = url if "://" in url else os.path.abspath(url)
-        return self._release(src_store, "", names, prefix, model_id, version,
+        result = self._release(src_store, "", names, prefix, model_id, version,
                              source={"uri": uri}, dtype=dtype, group_size=group_size,
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
                              sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
                              max_shard_size=max_shard_size, forbid_code=forbid_code)
+        if not followed:
+            return result
+        return dataclasses.replace(result, followed=tuple(dict.fromkeys(followed)))
 
     def _refuse_existing(self, prefix: str) -> None:
         self.store.ensure_root()  # the first release may create a new local store
@@ -567,11 +591,15 @@ def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
     """
     local = src_store.local_path(key)
     if local is not None:
-        w.put_file(relpath, local)
+        w.put_file(relpath, local)  # checked before and after: registry.sourcecheck
     else:
+        state = getattr(src_store, "object_state", None)  # S3: ETag, version, checksum
+        before = state(key) if state is not None else None
         with src_store.open_read(key) as f, \
                 w.open(relpath, size=src_store.info(key).size) as out:
             _pump(f, out)
+        if state is not None and before is not None:  # inside the writer: nothing committed
+            check_object(src_store.url_of(key), before, state(key), w.entries[relpath].sha256)
     expected = (digests or {}).get(relpath)
     entry = w.entries[relpath]
     if expected is not None and entry.sha256 != expected:

@@ -34,6 +34,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
+from registry.sourcecheck import object_state
 from registry.store import s3upload
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
@@ -428,6 +429,13 @@ class S3Store(Store):
         except ObjectExistsError as e:
             if not self._own_after(e, key, data):
                 raise PointerConflictError(key, expected=expected, actual="(changed)") from None
+
+    def object_state(self, key: str) -> dict[str, str | None]:
+        """ETag, VersionId and whole-object SHA-256 of ``key`` (one HEAD with
+        ``ChecksumMode=ENABLED``; registry.sourcecheck.object_state)."""
+        with self._translated(key):
+            resp = self.call("head_object", Key=self._key(key), ChecksumMode="ENABLED")
+        return object_state(resp)
 
     def info(self, key: str) -> ObjectInfo:
         with self._translated(key):
