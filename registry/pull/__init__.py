@@ -348,6 +348,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     manifest = read_manifest(store, prefix)
     signature = _start_signature_check(store, prefix, manifest, model_id, version, trust)
     c = Cache(cache)
+    c.recheck = trust is not None  # a signed pull re-hashes every blob it did not download
     target = Path(to).expanduser().resolve() if to is not None else (
         c.models / model_id / version)
     _refuse_overlap(target, c, store, c.models / model_id / version)

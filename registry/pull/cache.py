@@ -10,6 +10,9 @@ Layout (under ``$REGISTRY_CACHE``, default ``~/.cache/model-registry``)::
     └── models/<model_id>/<version>/   materialized model directories (when no --to)
         └── MANIFEST.json              (reflinks or copies of blobs, never hardlinks)
 
+The cache is private to its user (registry.pull.privacy): created ``0700``
+whatever the umask, refused when another user could write it.
+
 A blob enters ``blobs/`` only by an atomic rename after its size and sha256
 matched the manifest, so a blob's presence means it was verified once; it is
 checked again every time it is placed (registry.pull.materialize), because a
@@ -20,12 +23,17 @@ their writer: a later pull deletes those whose writer is gone.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import time
 import uuid
 from pathlib import Path
 
-from registry.errors import StorageError, UsageError
+from registry.errors import StorageError, UnsafeEntryError, UsageError
+from registry.pull import privacy
 from registry.pull.stamps import Stamps
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 DEFAULT_CACHE = Path("~/.cache/model-registry")
 INCOMPLETE = ".incomplete"
@@ -104,28 +112,64 @@ class Cache:
         self.blobs = self.root / "blobs" / "sha256"
         self.tmp = self.root / "tmp"
         self.models = self.root / "models"
-        self.stamps = Stamps(self.root / "stamps")
+        #: the group that may read the cache (registry.pull.privacy), or None.
+        self.group = privacy.cache_group()
+        self.stamps = Stamps(self.root / "stamps", self.group)
+        #: a signed pull sets it: no blob is placed unread but those in
+        #: :attr:`fresh` (downloaded and verified by this pull).
+        self.recheck = False
+        self.fresh: set[str] = set()
         try:
-            for d in (self.blobs, self.tmp, self.models):
-                d.mkdir(parents=True, exist_ok=True)
+            privacy.make_private_dir(self.root, self.group)
+            privacy.check_dir(self.root, self.group)
+            for d in (self.root / "blobs", self.blobs, self.tmp, self.models,
+                      self.stamps.root, self.root / "records", self.root / "leases"):
+                privacy.make_private_dir(d, self.group)
+                privacy.check_dir(d, self.group)
+        except UnsafeEntryError:
+            raise
         except OSError as e:
             raise StorageError(f"{self.root}: cannot use as the cache directory "
                                f"({e.strerror or e})", key=str(self.root)) from None
 
     def blob(self, sha256: str) -> Path:
+        """The path of the blob named ``sha256`` (64 lower-case hex digits,
+        else UnsafeEntryError: a name from a record cannot leave blobs/)."""
+        if not _SHA256.fullmatch(sha256):
+            raise UnsafeEntryError(f"{self.blobs}/{sha256!r}: not a blob name (64 hex digits)",
+                                   key=sha256)
         return self.blobs / sha256
 
+    def usable(self, sha256: str) -> bool:
+        """The blob is a regular file this user alone could have written."""
+        return privacy.usable(self.blob(sha256), self.group)
+
     def has(self, sha256: str, size: int) -> bool:
-        """A blob of this digest and size is present (verified when it entered;
-        its bytes are checked again when placed)."""
+        """A usable blob of this digest and size is present (verified when it
+        entered; its bytes are checked again when placed). One another user
+        could have written, or that is not a regular file, is absent: the
+        pull downloads it again, over it."""
         try:
-            return self.blob(sha256).stat().st_size == size
+            st = os.lstat(self.blob(sha256))
         except FileNotFoundError:
             return False
+        return (stat.S_ISREG(st.st_mode) and st.st_size == size
+                and privacy.problem(st, self.group) is None)
+
+    def unread_ok(self, sha256: str) -> bool:
+        """The blob may be placed without reading it: its stamp is the one
+        recorded when it was verified, and (in a signed pull) it was
+        downloaded by this pull."""
+        if self.recheck and sha256 not in self.fresh:
+            return False
+        return self.usable(sha256) and self.stamps.blob_unchanged(self.blob(sha256))
 
     def drop(self, sha256: str) -> None:
-        """Remove a blob found changed, and its stamp: the next pull downloads it."""
-        self.blob(sha256).unlink(missing_ok=True)
+        """Remove a blob found changed (or not a regular file), and its stamp:
+        the next pull downloads it."""
+        if "/" in sha256 or sha256 in ("", ".", "..") or "\0" in sha256:
+            raise UnsafeEntryError(f"{self.blobs}/{sha256!r}: not a blob name", key=sha256)
+        privacy.evict(self.blobs / sha256)  # listed in blobs/: one component
         self.stamps.forget_blob(sha256)
 
     def new_temp(self, sha256: str) -> Path:

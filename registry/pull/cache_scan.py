@@ -14,6 +14,7 @@ than it says.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -175,8 +176,28 @@ def _materialized(rec: PullRecord, placed: dict[str, str], models: str) -> list[
             state = "missing"
         else:
             state = "placed" if placed.get(t) == rec.manifest_sha256 else "replaced"
-        out.append(Materialized(t, t.startswith(models), state))
+        out.append(Materialized(t, in_cache_dir(t, models), state))
     return out
+
+
+def in_cache_dir(target: str, models: str) -> bool:
+    """``target`` is a folder below ``models`` (the cache's ``models/``) reached
+    without a link, ``..`` or an empty segment: the only kind of directory
+    ``cache prune`` deletes (a record is untrusted input: a forged
+    ``models/../../home`` or a link ``models/evil -> /home`` is not one)."""
+    if not target.startswith(models.rstrip(os.sep) + os.sep):
+        return False
+    here = models.rstrip(os.sep)
+    for seg in target[len(here) + 1:].split(os.sep):
+        if seg in ("", ".", ".."):
+            return False
+        here = os.path.join(here, seg)
+        try:
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def open_existing(path: str | os.PathLike[str] | None) -> Cache | None:

@@ -1,8 +1,10 @@
 """``registry cache verify``: re-hash every blob of the pull cache, remove the bad ones.
 
 A blob is bad when the sha256 of its bytes is not its name (bit rot, an edit
-by a process with enough rights, a truncation), or when its name is not a
-sha256 at all. A bad blob is removed (with its stamp), so the next pull of a
+by a process with enough rights, a truncation), when its name is not a
+sha256 at all, or when it is not a regular file this user alone could have
+written (a folder, a link, a FIFO, another user's file: registry.pull.privacy;
+reported with ``actual_sha256`` null, never read). A bad blob is removed (with its stamp), so the next pull of a
 release that uses it downloads it again; the report names it, its size, the
 digest its bytes have and the cached releases that use it. A good blob whose
 stat stamp changed (touched, not changed) gets a fresh stamp, so the next
@@ -25,6 +27,7 @@ from typing import Any
 
 from registry.errors import UsageError
 from registry.manifest import hash_file
+from registry.pull import privacy
 from registry.pull.cache import Cache
 from registry.pull.cache_scan import scan
 from registry.pull.records import cache_lock, live_leases
@@ -79,7 +82,13 @@ class VerifyReport:
 def _check(cache: Cache, name: str) -> tuple[str, Stamp | None, int, str | None]:
     """(name, stamp before hashing, size, digest); digest None when unreadable,
     stamp None when the blob was gone or changed while being hashed."""
-    path = cache.blob(name)
+    path = cache.blobs / name  # a name listed in blobs/: one component
+    if not privacy.usable(path, cache.group):
+        # a folder, a link, a FIFO, another user's file: bad, never read
+        try:
+            return name, stamp(path), 0, None
+        except OSError:
+            return name, None, 0, None
     try:
         before = stamp(path)
         size, digest = hash_file(path)
@@ -140,7 +149,8 @@ def verify_cache(cache: Cache, *, workers: int | None = None) -> VerifyReport:
                     same = False
                 remove = same and n not in leased
                 if remove:
-                    cache.drop(n)
+                    privacy.evict(cache.blobs / n)
+                    cache.stamps.forget_blob(n)
                 bad.append(BadBlob(n, size, digest, users, remove))
     return VerifyReport(str(cache.root), len(names), total, tuple(bad),
                         time.perf_counter() - t0)

@@ -569,11 +569,18 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             # content, and a pull copying from it keeps a stable stamp.
             os.link(tmp, blob)
         except FileExistsError:
-            return got
+            if cache.usable(entry.sha256):
+                cache.fresh.add(entry.sha256)  # verified by a pull as it entered
+                return got
+            # not a regular file of this user's (a folder, a link, another
+            # user's file: registry.pull.privacy): repaired by this download
+            cache.drop(entry.sha256)
+            os.replace(tmp, blob)
         except OSError:  # a filesystem without hardlinks
             os.replace(tmp, blob)
         Path(tmp).unlink(missing_ok=True)  # changes the inode's ctime: stamp after
         cache.stamps.record_blob(blob)
+        cache.fresh.add(entry.sha256)
         return got
     except OSError as e:
         if e.errno == 28:

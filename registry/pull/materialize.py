@@ -96,6 +96,10 @@ def reflink(src_fd: int, dst_fd: int) -> bool:
     return True
 
 
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
 def place_file(cache: Cache, entry: FileEntry, dest: Path, *, fsync: bool = True) -> str:
     """Create ``dest`` with the bytes of ``entry``'s blob, checked; read-only.
 
@@ -109,7 +113,9 @@ def place_file(cache: Cache, entry: FileEntry, dest: Path, *, fsync: bool = True
         OSError: reading or writing failed (ENOSPC...); ``dest`` is removed.
     """
     blob = cache.blob(entry.sha256)
-    with open(blob, "rb", buffering=0) as src:
+    if not cache.usable(entry.sha256):  # not a regular file of this user's: never read
+        raise FileNotFoundError(errno.ENOENT, "not a usable cache blob", str(blob))
+    with open(blob, "rb", buffering=0, opener=_nofollow) as src:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             cloned = reflink(src.fileno(), fd)
@@ -119,7 +125,7 @@ def place_file(cache: Cache, entry: FileEntry, dest: Path, *, fsync: bool = True
             os.close(fd)
         if cloned:
             how = "reflink"
-            if not cache.stamps.blob_unchanged(blob):
+            if not cache.unread_ok(entry.sha256):
                 size, digest = hash_file(dest)  # the clone's bytes are the blob's
                 if (size, digest) != (entry.size, entry.sha256):
                     dest.unlink(missing_ok=True)
@@ -139,7 +145,7 @@ def _copy(cache: Cache, entry: FileEntry, src: IO[bytes], dest: Path, *, fsync: 
     refused (BlobChangedError, ``dest`` removed) when its bytes differ."""
     raw = _DurableFile(str(dest), "wb") if fsync else open(dest, "wb")  # noqa: SIM115
     try:
-        if cache.stamps.blob_unchanged(cache.blob(entry.sha256)):
+        if cache.unread_ok(entry.sha256):
             size, digest = _copy_unread(src, raw), entry.sha256
         else:
             w = HashingWriter(raw)
@@ -235,7 +241,9 @@ def check_target(target: Path, manifest: Manifest, cache: Cache, *,
     """
     if current_digest(target) != manifest.digest:
         return False, []
-    recorded = cache.stamps.dir_stamps(target, manifest.digest)
+    # a signed pull trusts no stamp: it re-checks every byte it did not
+    # download itself (issue 29 item 4)
+    recorded = {} if cache.recheck else cache.stamps.dir_stamps(target, manifest.digest)
     if need_sha256:
         for path in cache.stamps.blake3_only(target, manifest.digest):
             recorded.pop(path, None)

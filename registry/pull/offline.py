@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from pathlib import Path
 from typing import IO
 
@@ -33,6 +34,7 @@ from registry import limits
 from registry.errors import IntegrityError, NotCommittedError, ObjectNotFoundError, StorageError
 from registry.manifest import MANIFEST, Manifest, parse_manifest
 from registry.names import check_name
+from registry.pull import privacy
 from registry.pull.cache import Cache, temp_tag
 from registry.store.base import ObjectInfo, Store
 
@@ -44,10 +46,10 @@ def offline_from_env() -> bool:
     return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write(path: Path, data: bytes, group: int | None = None) -> None:
+    privacy.make_private_dir(path.parent, group)
     tmp = path.with_name(f".{path.name}.{temp_tag()}.tmp")
-    tmp.write_bytes(data)
+    privacy.write_private(tmp, data, group)
     os.replace(tmp, path)
 
 
@@ -55,10 +57,11 @@ def remember(cache: Cache, model_id: str, names: tuple[str, ...], version: str,
              manifest: Manifest) -> None:
     """Record that ``names`` of ``model_id`` resolved to ``version`` (whose
     manifest is ``manifest``) at this pull (atomic renames; the last pull wins)."""
-    _write(cache.root / "manifests" / f"{manifest.digest}.json", manifest.to_bytes())
+    _write(cache.root / "manifests" / f"{manifest.digest}.json", manifest.to_bytes(),
+           cache.group)
     for name in dict.fromkeys((*names, version)):
         _write(cache.root / "refs" / model_id / name,
-               f"{version} {manifest.digest}\n".encode())
+               f"{version} {manifest.digest}\n".encode(), cache.group)
 
 
 def recall(cache: Cache, model_id: str, name: str) -> tuple[str, Manifest]:
@@ -74,7 +77,11 @@ def recall(cache: Cache, model_id: str, name: str) -> tuple[str, Manifest]:
     check_name(name, "version or alias")
     ref = cache.root / "refs" / model_id / name
     try:
+        if not privacy.usable(ref, cache.group):  # another user's ref: untrusted
+            raise PermissionError(str(ref))
         version, digest = limits.read_local(ref, limits.MAX_POINTER_BYTES).decode().split()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ValueError(digest)
     except (OSError, ValueError, UnicodeDecodeError):
         raise NotCommittedError(f"{model_id}@{name}: never pulled into {cache.root} (an "
                                 "offline pull places only what an earlier pull of the same "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from filelock import FileLock
 
 from registry import numbers, schemas
 from registry.manifest import Manifest
+from registry.pull import privacy
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 
 P = ParamSpec("P")
@@ -63,22 +65,45 @@ def parse_time(text: str) -> float:
 
 def cache_lock(cache: Cache) -> FileLock:
     """The cache's lock (``<cache>/cache.lock``); hold it only briefly."""
-    return FileLock(str(cache.root / "cache.lock"))
+    return FileLock(str(cache.root / "cache.lock"), mode=privacy.file_mode(cache.group))
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_json(path: Path, doc: dict[str, Any], group: int | None = None) -> None:
+    """Write ``doc`` privately (registry.pull.privacy) under a temp name, then
+    rename it onto ``path``."""
+    privacy.make_private_dir(path.parent, group)
     tmp = path.with_name(f".{path.name}.{temp_tag()}.tmp")
-    tmp.write_bytes(numbers.dumps(doc, sort_keys=True).encode())
+    privacy.write_private(tmp, numbers.dumps(doc, sort_keys=True).encode(), group)
     os.replace(tmp, path)
 
 
-def _read_json(path: str | Path) -> dict[str, Any] | None:
+def _read_json(path: str | Path, group: int | None = None) -> dict[str, Any] | None:
+    """The JSON object at ``path``; None when it is absent, malformed, or a
+    file another user could have written (untrusted input: ignored)."""
+    if not privacy.usable(Path(path), group):
+        return None
     try:
         doc = schemas.load_local_json(path)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _digest(value: Any) -> str:
+    if not isinstance(value, str) or not _HEX64.fullmatch(value):
+        raise ValueError(f"{value!r}: not a sha256 digest")
+    return value
+
+
+def _target(value: Any) -> str:
+    """A record's target: an absolute, normalized path (no ``..``, no ``//``)."""
+    if not isinstance(value, str) or not os.path.isabs(value) or \
+            os.path.normpath(value) != value or "\0" in value:
+        raise ValueError(f"{value!r}: not an absolute, normalized path")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +142,16 @@ class PullRecord:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> PullRecord:
-        """Raises KeyError, TypeError or ValueError on a malformed document."""
-        files = tuple((str(f["path"]), int(f["size"]), str(f["sha256"])) for f in doc["files"])
-        return cls(str(doc["model_id"]), str(doc["version"]), str(doc["manifest_sha256"]),
+        """Raises KeyError, TypeError or ValueError on a malformed document (a
+        record is untrusted input: digests must be sha256 hex, sizes
+        non-negative, targets absolute normalized paths)."""
+        files = tuple((str(f["path"]), int(f["size"]), _digest(f["sha256"]))
+                      for f in doc["files"])
+        if any(size < 0 for _p, size, _h in files):
+            raise ValueError("a negative size")
+        return cls(str(doc["model_id"]), str(doc["version"]), _digest(doc["manifest_sha256"]),
                    files, str(doc["first_pulled"]), str(doc["last_pulled"]),
-                   tuple(str(t) for t in doc.get("targets", ())))
+                   tuple(_target(t) for t in doc.get("targets", ())))
 
     @classmethod
     def of_manifest(cls, manifest: Manifest, *, when: str,
@@ -149,17 +179,19 @@ def read_records(cache: Cache) -> dict[str, PullRecord]:
     for entry in entries:
         if not entry.name.endswith(".json") or entry.name.startswith("."):
             continue
-        doc = _read_json(entry.path)
+        doc = _read_json(entry.path, cache.group)
         try:
             rec = PullRecord.from_doc(doc or {})
         except (KeyError, TypeError, ValueError):
             continue
+        if entry.name != f"{rec.manifest_sha256}.json":
+            continue  # a record is named by its manifest's digest
         out[rec.manifest_sha256] = rec
     return out
 
 
 def write_record(cache: Cache, rec: PullRecord) -> None:
-    _write_json(record_path(cache, rec.manifest_sha256), rec.to_doc())
+    _write_json(record_path(cache, rec.manifest_sha256), rec.to_doc(), cache.group)
 
 
 def forget_record(cache: Cache, manifest_sha256: str) -> None:
@@ -200,7 +232,7 @@ def live_leases(cache: Cache, *, remove_dead: bool = False) -> list[Lease]:
             if remove_dead:
                 Path(entry.path).unlink(missing_ok=True)
             continue
-        doc = _read_json(Path(entry.path)) or {}
+        doc = _read_json(Path(entry.path), cache.group) or {}
         out.append(Lease(Path(entry.path), str(doc.get("model_id", "")),
                          str(doc.get("version", "")), str(doc.get("manifest_sha256", "")),
                          frozenset(str(b) for b in doc.get("blobs", ()))))
@@ -231,7 +263,7 @@ def take_lease(cache: Cache, manifest: Manifest) -> Lease:
     with cache_lock(cache):
         _write_json(path, {"pid": os.getpid(), "model_id": lease.model_id,
                            "version": lease.version, "manifest_sha256": lease.manifest_sha256,
-                           "blobs": sorted(blobs)})
+                           "blobs": sorted(blobs)}, cache.group)
     taken.append(path)
     return lease
 
@@ -274,7 +306,7 @@ def record_pull(cache: Cache, manifest: Manifest, target: Path) -> PullRecord:
     now and is materialized at ``target``; returns the new record."""
     when = now_rfc3339()
     with cache_lock(cache):
-        old = _read_json(record_path(cache, manifest.digest))
+        old = _read_json(record_path(cache, manifest.digest), cache.group)
         try:
             prev = PullRecord.from_doc(old) if old else None
         except (KeyError, TypeError, ValueError):

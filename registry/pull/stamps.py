@@ -18,7 +18,8 @@ the release's files and MANIFEST.json):
 
 Records are written to a unique temp name and renamed into place, so
 concurrent pulls never read a torn record; a record that cannot be parsed is
-treated as absent (the files are re-hashed).
+treated as absent (the files are re-hashed), and so is one another user could
+have written (registry.pull.privacy).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+from typing import Any
+
+from registry.pull import privacy
 
 Stamp = tuple[int, int, int, int, int]
 
@@ -39,18 +43,29 @@ def stamp(path: str | os.PathLike[str]) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_atomic(path: Path, data: bytes, group: int | None = None) -> None:
+    """Write ``data`` under a unique temp name (private: registry.pull.privacy)
+    and rename it onto ``path``."""
+    privacy.make_private_dir(path.parent, group)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_bytes(data)
+    privacy.write_private(tmp, data, group)
     os.replace(tmp, path)
+
+
+def _load(path: str | os.PathLike[str], group: int | None) -> Any:
+    """A stamp record's JSON, only when this user alone could have written it
+    (else OSError: treated as absent, the files re-hashed)."""
+    if not privacy.usable(Path(path), group):
+        raise PermissionError(f"{path}: not a private record of this cache")
+    return schemas.load_local_json(path)
 
 
 class Stamps:
     """The stamp records of one cache (``root`` = ``<cache>/stamps``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, group: int | None = None) -> None:
         self.root = root
+        self.group = group
         self.blobs = root / "blobs"
         self.dirs = root / "dirs"
 
@@ -58,12 +73,13 @@ class Stamps:
 
     def record_blob(self, blob: Path) -> None:
         """Record the stamp of a blob whose bytes were just verified."""
-        _write_atomic(self.blobs / blob.name, numbers.dumps(stamp(blob)).encode())
+        _write_atomic(self.blobs / blob.name, numbers.dumps(stamp(blob)).encode(),
+                      self.group)
 
     def blob_unchanged(self, blob: Path) -> bool:
         """The blob's stamp equals the one recorded when it was verified."""
         try:
-            recorded = tuple(schemas.load_local_json(self.blobs / blob.name))
+            recorded = tuple(_load(self.blobs / blob.name, self.group))
             return recorded == stamp(blob)
         except (OSError, ValueError, TypeError):
             return False
@@ -86,12 +102,12 @@ class Stamps:
         files = {p: list(stamp(target / p)) for p in paths}
         doc = {"target": str(target), "manifest_sha256": manifest_sha256, "files": files,
                "blake3_only": sorted(blake3_only)}
-        _write_atomic(self._dir_record(target), numbers.dumps(doc).encode())
+        _write_atomic(self._dir_record(target), numbers.dumps(doc).encode(), self.group)
 
     def blake3_only(self, target: Path, manifest_sha256: str) -> set[str]:
         """The files of ``target``'s record checked by BLAKE3 only."""
         try:
-            doc = schemas.load_local_json(self._dir_record(target))
+            doc = _load(self._dir_record(target), self.group)
             if doc.get("manifest_sha256") != manifest_sha256:
                 return set()
             return set(doc.get("blake3_only", []))
@@ -101,7 +117,7 @@ class Stamps:
     def dir_stamps(self, target: Path, manifest_sha256: str) -> dict[str, Stamp]:
         """The recorded stamps of ``target`` for this manifest ({} when none)."""
         try:
-            doc = schemas.load_local_json(self._dir_record(target))
+            doc = _load(self._dir_record(target), self.group)
             if doc.get("target") != str(target) or \
                     doc.get("manifest_sha256") != manifest_sha256:
                 return {}
@@ -124,7 +140,7 @@ class Stamps:
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
             try:
-                doc = schemas.load_local_json(entry.path)
+                doc = _load(entry.path, self.group)
                 out[str(doc["target"])] = str(doc["manifest_sha256"])
             except (OSError, ValueError, TypeError, KeyError):
                 continue
