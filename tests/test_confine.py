@@ -267,3 +267,27 @@ def test_a_local_store_refuses_special_files_by_every_primitive(tmp_path: Path) 
     assert store.walk_files("") == {}
     assert Path("/etc/hostname").read_bytes() != b"x"
     s.close()
+
+
+def test_another_user_cannot_hardlink_a_root_only_file_into_a_store() -> None:
+    """A hardlink is the file itself (no name of it is "outside"), so the store
+    cannot refuse one by where it points; what stops a store writer from
+    hardlinking the victim's secret in is the kernel's fs.protected_hardlinks
+    (a user may hardlink only files it owns or may read and write). Checked
+    here as nobody, so a host without it is noticed (docs/confinement.md)."""
+    require_other_user()
+    try:
+        with open("/proc/sys/fs/protected_hardlinks") as f:
+            protected = f.read().strip() == "1"
+    except OSError:
+        protected = False
+    if not protected:
+        pytest.skip("fs.protected_hardlinks is off on this host: a store writer on the same "
+                    "filesystem could hardlink files it cannot read into the store")
+    with shared_dir() as d, victim_files() as home:
+        store = d / "store"
+        store.mkdir()
+        give(store)
+        p = as_nobody("ln", str(home / "secret"), str(store / "stolen"), check=False)
+        assert p.returncode != 0 and "Operation not permitted" in p.stderr, p
+        assert not (store / "stolen").exists()
