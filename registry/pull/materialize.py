@@ -241,9 +241,10 @@ def check_target(target: Path, manifest: Manifest, cache: Cache, *,
     """
     if current_digest(target) != manifest.digest:
         return False, []
-    # a signed pull trusts no stamp: it re-checks every byte it did not
-    # download itself (issue 29 item 4)
-    recorded = {} if cache.recheck else cache.stamps.dir_stamps(target, manifest.digest)
+    # stamps are the private cache's own (registry.pull.privacy: one another
+    # user could have written is ignored); a signed pull trusts only those
+    # recorded after a sha256 check (need_sha256 below)
+    recorded = cache.stamps.dir_stamps(target, manifest.digest)
     if need_sha256:
         for path in cache.stamps.blake3_only(target, manifest.digest):
             recorded.pop(path, None)

@@ -22,6 +22,7 @@ See docs/confinement.md.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import shutil
@@ -91,12 +92,13 @@ def make_private_dir(path: Path, group: int | None) -> None:
 
 def check_dir(path: Path, group: int | None) -> None:
     """Raise UnsafeEntryError unless ``path`` is a folder (not a link) that is
-    this user's alone (:func:`problem`)."""
+    this user's alone (:func:`problem`); NotADirectoryError for a file there."""
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise UnsafeEntryError(f"{path}: {what}; the pull cache's folders must be folders of "
-                               "its own", key=str(path))
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeEntryError(f"{path}: a symbolic link to {os.readlink(path)}; the pull "
+                               "cache's folders must be folders of its own", key=str(path))
+    if not stat.S_ISDIR(st.st_mode):  # a file in the way: the caller's "cannot use" error
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
     why = problem(st, group)
     if why:
         raise UnsafeEntryError(
