@@ -151,3 +151,28 @@ def test_the_rules_of_a_trusted_path(world: Path) -> None:
     with pytest.raises(UnsafeFileModeError):
         f.chmod(0o666)
         load_trust([link])
+
+
+def test_a_link_another_user_can_replace_is_refused(world: Path) -> None:
+    """The folder holding a symbolic link is checked too, not only the target's:
+    in a folder others can write (no sticky bit), or as a link another user
+    owns, the link can be swapped to name any file of this user or root."""
+    safe = world / "safe"
+    safe.mkdir()
+    f = safe / "k.pem"
+    f.write_text("x")
+    f.chmod(0o644)
+    drop = world / "drop"
+    drop.mkdir()
+    drop.chmod(0o777)
+    p = as_nobody("ln", "-s", str(f), str(drop / "k.pem"))  # the other user's link
+    assert p.returncode == 0, p.stderr
+    with pytest.raises(UnsafeFileModeError, match=str(drop)):
+        check_trusted_path(drop / "k.pem", "trusted key")
+    drop.chmod(0o1777)  # sticky: the link is still nobody's to swap
+    with pytest.raises(UnsafeFileModeError, match="owned by uid 65534"):
+        check_trusted_path(drop / "k.pem", "trusted key")
+    keys = world / "keys"
+    keys.symlink_to(safe)  # root's own link in a root folder: fine
+    check_trusted_path(keys / "k.pem", "trusted key")
+    check_trusted_path(keys, "trusted keys folder")
