@@ -36,6 +36,8 @@ def test_a_bucket_alone_is_the_bucket_root(url: str) -> None:
 @pytest.mark.parametrize("url,why", [
     ("s3:///r", "needs a bucket"), ("s3://b/r/../x", "'..' segment"),
     ("s3://b/./r", "'.' or '..'"), ("s3://b/r?versionId=1", "no '?'"),
+    ("s3://b/r?", "no '?'"), ("s3://b/r#", "no '?'"), ("file:///srv/s?x=1", "no '?'"),
+    ("file:///srv/s#v2", "no '?'"), ("file:///srv/s?", "no '?'"),
     ("file://host/srv/x", "would be a host name"), ("file://relative", "host name"),
     ("file:relative/x", "absolute path"), ("ftp://x/y", "unsupported store protocol"),
     ("   ", "empty")])
@@ -116,6 +118,15 @@ def test_file_url_percent_escapes_name_the_decoded_folder(tmp_path: Path) -> Non
     assert p.returncode == 0, p.stderr
     p = run_cli("gc", "--store", "file://relative/x", "--older-than", "0s")
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "host name" in p.stderr
+
+
+def test_a_file_url_with_a_query_is_refused_not_cut(tmp_path: Path) -> None:
+    """``file:///x/s?v=2`` once published into ``/x/s``: the query was dropped
+    silently, so the release landed in a store the URL did not name."""
+    src = _source(tmp_path)
+    p = _publish(src, f"file://{tmp_path}/s?v=2", tmp_path, "1")
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and "'?'" in p.stderr, p.stderr
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize("key", ["../x", "a/../../x", "a//b", "./a", "a/.", "/a", "a/", "a\0b"])

@@ -78,7 +78,8 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
 
     Raises:
         InvalidStoreURLError: an unknown protocol; ``s3://`` without a bucket;
-            a ``.`` or ``..`` segment in an S3 prefix; ``file://`` with a host
+            a ``.`` or ``..`` segment in an S3 prefix; a ``?`` or ``#`` in a
+            ``file://`` or ``s3://`` URL (never dropped); ``file://`` with a host
             other than ``localhost`` or a relative path; an empty path.
     """
     parts = urlsplit(url)
@@ -88,6 +89,9 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
             raise InvalidStoreURLError("store URL: empty")
         root = os.path.abspath(os.path.expanduser(url))
         return "file", root, root
+    if scheme in ("file", "s3", "s3a") and ("?" in url or "#" in url):
+        raise InvalidStoreURLError(f"{url}: a {scheme}:// URL takes no '?' or '#' part "
+                                   "(write a literal one as %3F or %23)")
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise InvalidStoreURLError(
@@ -105,8 +109,6 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
         if any(p in (".", "..") for p in segs):
             raise InvalidStoreURLError(f"{url}: a '.' or '..' segment in an S3 prefix names "
                                        "no single prefix (S3 keys are literal)")
-        if parts.query or parts.fragment:
-            raise InvalidStoreURLError(f"{url}: an s3:// URL takes no '?' or '#' part")
         root = "/".join([parts.netloc, *segs])
         return "s3", root, f"s3://{root}"
     if scheme == "memory":
