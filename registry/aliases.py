@@ -47,6 +47,7 @@ from registry.events import (
 )
 from registry.layout import alias_entry_key, alias_key, model_root, policy_key, refs_prefix, \
     release_prefix
+from registry.lifecycle.tombstone import is_deleted, refuse_deleted
 from registry.manifest import MANIFEST, utc_now
 from registry.names import check_name
 from registry.schemas import load_json
@@ -74,6 +75,10 @@ def check_alias_name(store: Store, model_id: str, alias: str) -> str:
         raise NameTakenError(f"{store.url_of(release_prefix(model_id, alias))}: a version "
                              f"named {alias!r} exists; an alias cannot take its name",
                              path=release_prefix(model_id, alias))
+    if is_deleted(store, model_id, alias):
+        raise NameTakenError(f"{store.url_of(release_prefix(model_id, alias))}: a deleted "
+                             f"version was named {alias!r}; its name is never reused, not "
+                             "even by an alias", path=release_prefix(model_id, alias))
     return alias
 
 
@@ -125,6 +130,7 @@ def resolve(store: Store, model_id: str, name: str) -> str:
         return name
     target = read_head(store, model_id, name).version
     if target is None:
+        refuse_deleted(store, model_id, name)
         raise NotCommittedError(f"{store.url_of(model_root(model_id))}: no version or "
                                 f"alias named {name!r}", path=release_prefix(model_id, name))
     return target
@@ -222,16 +228,39 @@ def set_alias(store: Store, model_id: str, alias: str, version: str, *,
         PointerConflictError: another writer moved the alias meanwhile.
         InvalidNameError: a bad model id, alias or version, or an alias
             shaped like a version.
-        NameTakenError: a version of the model has the alias's name.
+        NameTakenError: a version of the model has the alias's name (or had:
+            a deleted version's name is never reused).
+        ReleaseDeletedError: ``version`` was deleted (or is being deleted:
+            a move that raced a delete is undone, the undo recorded too).
         SignatureError: the alias is protected and the move is not signed by
             a key its policy lists (:func:`move_alias`).
         EventNotRecordedError: the move stands, its event was not appended.
     """
     check_alias_name(store, model_id, alias)
+    check_name(version, "version")
+    refuse_deleted(store, model_id, version)  # deleted, or a delete in progress
     head, move = move_alias(store, model_id, alias, version, sign_key=sign_key)
+    undo = undo_if_deleted(store, model_id, alias, version, head, move, sign_key=sign_key)
     if move is not None:
         alias_event(store, move)
+    if undo is not None:
+        alias_event(store, undo)
+        refuse_deleted(store, model_id, version)
     return head.version
+
+
+def undo_if_deleted(store: Store, model_id: str, alias: str, version: str, head: AliasHead,
+                    move: AliasMove | None, *,
+                    sign_key: str | os.PathLike[str] | None = None) -> AliasMove | None:
+    """After ``move`` pointed ``alias`` at ``version``: if a delete of
+    ``version`` made its tombstone meanwhile (after the caller's check, before
+    the move), move the alias back to what ``head`` held (a move of its own in
+    the history) and return that undo; else None. With
+    :mod:`registry.lifecycle.delete`, which looks at the aliases after its
+    tombstone, no alias is left pointing at a deleted release."""
+    if move is None or not is_deleted(store, model_id, version):
+        return None
+    return move_alias(store, model_id, alias, head.version, sign_key=sign_key)[1]
 
 
 def remove_alias(store: Store, model_id: str, alias: str, *,

@@ -26,7 +26,16 @@ from sqlalchemy.orm import Session
 
 from registry.alias_history import AliasMove, walk
 from registry.names import check_name
-from registry.aliases import alias_event, check_alias_name, move_alias, parse_ref, resolve
+from registry.api_lifecycle import LifecycleMixin
+from registry.aliases import (
+    alias_event,
+    check_alias_name,
+    move_alias,
+    parse_ref,
+    resolve,
+    undo_if_deleted,
+)
+from registry.lifecycle.tombstone import refuse_deleted
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
@@ -86,7 +95,7 @@ def _thresholds(require: Iterable[Threshold | str]) -> list[Threshold]:
 WEIGHTS = SINGLE
 
 
-class Registry:
+class Registry(LifecycleMixin):
     """A store plus its SQL index.
 
     Args:
@@ -200,10 +209,20 @@ class Registry:
         if not passed(results) and not force:
             raise GateFailedError(f"{model_id}@{version}", results)
         head, move = move_alias(self.store, model_id, alias, version, sign_key=sign_key)
-        self._record(f"alias {model_id}@{alias}",
-                     lambda s: _index_move(s, model_id, alias, version, move))
+        undo = undo_if_deleted(self.store, model_id, alias, version, head, move,
+                               sign_key=sign_key)
+        if undo is not None:  # raced a delete of the release (registry.lifecycle.delete)
+            self._record(f"alias {model_id}@{alias}", lambda s: (
+                _index_move(s, model_id, alias, version, move),
+                _index_move(s, model_id, alias, head.version, undo)))
+        else:
+            self._record(f"alias {model_id}@{alias}",
+                         lambda s: _index_move(s, model_id, alias, version, move))
         if move is not None:
             alias_event(self.store, move)
+        if undo is not None:
+            alias_event(self.store, undo)
+            refuse_deleted(self.store, model_id, version)
         return head.version
 
     def remove_alias(self, model_id: str, alias: str, *,

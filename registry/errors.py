@@ -198,6 +198,32 @@ class VersionExistsError(CommitConflictError):
     """A release with this model id and version already exists; releases are immutable."""
 
 
+class ReleaseDeletedError(NotCommittedError):
+    """The release was deleted (``registry release delete``): its tombstone
+    (``ledger/tombstones/<model_id>/<version>.json``) says who, when and why.
+
+    Attributes:
+        tombstone: the tombstone document.
+    """
+
+    def __init__(self, message: str, *, path: str = "",
+                 tombstone: dict[str, Any] | None = None) -> None:
+        super().__init__(message, path=path)
+        self.tombstone = dict(tombstone or {})
+
+
+class ReleaseInUseError(CommitConflictError):
+    """A release cannot be deleted while an alias points at it.
+
+    Attributes:
+        aliases: the aliases that point at it.
+    """
+
+    def __init__(self, message: str, *, path: str = "", aliases: tuple[str, ...] = ()) -> None:
+        super().__init__(message, path=path)
+        self.aliases = aliases
+
+
 # -- pointers ------------------------------------------------------------------
 
 
@@ -238,6 +264,12 @@ class GateFailedError(RegistryError):
         self.results = tuple(results)
         failed = "; ".join(f"{r.name}: {r.reason}" for r in self.results if not r.passed)
         super().__init__(f"{where}: fails the release gates ({failed})")
+
+
+class ReleaseYankedError(GateFailedError):
+    """A plain pull of a yanked release (``registry yank``), refused unless
+    ``allow_yanked`` / ``--allow-yanked``; ``results`` holds the failing
+    ``yanked`` gate."""
 
 
 # -- signatures ------------------------------------------------------------------

@@ -15,6 +15,9 @@ each other. It imports nothing but the naming rule and ``join``::
     ledger/aliases/<model_id>/<alias>/          alias_history_prefix(model_id, alias)
     ledger/aliases/<m>/<a>/<seq>-<digest>.json  alias_entry_key(model_id, alias, seq, digest)
     events/<seq>.json                           event_key(seq) (issue 32: the event log)
+    ledger/yanks/<model_id>/<version>.json      yank_key(model_id, version) (issue 32 item 1)
+    ledger/tombstones/<model_id>/<version>.json tombstone_key(model_id, version) (item 2)
+    ledger/tags/<model_id>/<version>.json       tags_key(model_id, version) (item 3)
     <prefix>.claim                              claim_key(prefix)
     <prefix>.tmp-<tag>                          staging_prefix(prefix, tag)
 
@@ -41,6 +44,9 @@ EVENTS = "events"
 REFS = "refs"
 REVOCATIONS = "ledger/revocations"
 ALIAS_HISTORY = "ledger/aliases"
+YANKS = "ledger/yanks"
+TOMBSTONES = "ledger/tombstones"
+TAGS = "ledger/tags"
 #: digits of an event's sequence number in its key (``events/000000000042.json``).
 EVENT_DIGITS = 12
 #: digits of an alias move's sequence number in its history entry's key.
@@ -130,6 +136,23 @@ def alias_entry_key(model_id: str, alias: str, seq: int, digest: str) -> str:
         raise ValueError(f"alias entry {seq}-{digest}: a sequence >= 0 and 16 hex digits")
     return join(alias_history_prefix(model_id, alias),
                 f"{seq:0{ALIAS_SEQ_DIGITS}d}-{digest}.json")
+
+
+def yank_key(model_id: str, version: str) -> str:
+    """Key of a release's yank record: ``ledger/yanks/<model_id>/<version>.json``."""
+    return join(YANKS, check_name(model_id, "model_id"), f"{check_name(version, 'version')}.json")
+
+
+def tombstone_key(model_id: str, version: str) -> str:
+    """Key of a deleted release's tombstone:
+    ``ledger/tombstones/<model_id>/<version>.json``."""
+    return join(TOMBSTONES, check_name(model_id, "model_id"),
+                f"{check_name(version, 'version')}.json")
+
+
+def tags_key(model_id: str, version: str) -> str:
+    """Key of a release's mutable tags: ``ledger/tags/<model_id>/<version>.json``."""
+    return join(TAGS, check_name(model_id, "model_id"), f"{check_name(version, 'version')}.json")
 
 
 # -- events/ ----------------------------------------------------------------

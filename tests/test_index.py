@@ -514,7 +514,7 @@ def test_failing_index_write_keeps_the_store_commit(db_url: str, tmp_path: Path,
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"models": 1, "releases": 2, "aliases": 1,
                                     "checkpoints": 1, "revocations": 1, "alias_moves": 1,
-                                    "report": []}
+                                    "tombstones": 0, "yanks": 0, "tagged": 0, "report": []}
     r = run_cli("query", "tiny", "--passing", "--json", "--store", store_url,
                 "--db", broken_url)
     assert r.returncode == 0, r.stderr
@@ -623,7 +623,8 @@ def test_rebuild_answers_every_query_identically(durable_store_url: str, db_url:
     counts = json.loads(r.stdout)
     counts.pop("report")  # what rebuild skipped, kept or removed, with reasons (issue 31)
     assert counts == {"models": 2, "releases": 7, "aliases": 3,
-                      "checkpoints": 3, "revocations": 2, "alias_moves": 4}
+                      "checkpoints": 3, "revocations": 2, "alias_moves": 4, "tombstones": 0,
+                      "yanks": 0, "tagged": 0}
     after = cli_batch(qs)
     for q, a, b in zip(qs, before, after, strict=True):
         assert a == b, q

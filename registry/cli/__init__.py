@@ -18,6 +18,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     ckpt,
     index,
     keys,
+    lifecycle,
     loongsage,
     pull,
     quickstart,
@@ -75,7 +76,8 @@ def main() -> None:
 #: commands that write the index after the store: interrupted between the two,
 #: the store holds a write the index lacks until `registry index rebuild`
 _INDEX_WRITERS = {"publish", "release create", "alias set", "ledger revoke", "policy set",
-                  "quickstart"}
+                  "quickstart", "yank", "unyank", "release delete", "release gc", "tag set",
+                  "tag rm"}
 
 
 def _interrupted(args: list[str], as_json: bool) -> None:

@@ -57,6 +57,11 @@ def prune(
         help="Then prune least recently pulled versions until the cache fits "
              "(50G, 512M; powers of 1024).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List, delete nothing.")] = False,
+    store: Annotated[str | None, typer.Option(
+        "--store", envvar="REGISTRY_STORE", metavar="URL",
+        help="The store the releases came from: cached releases it deleted (`registry "
+             "release delete`, a tombstone with their manifest digest) are pruned too, "
+             "whatever the other options say.")] = None,
     cache: CacheOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Remove cached releases and the blobs only they use; unreferenced blobs always.
@@ -69,8 +74,13 @@ def prune(
         at_least("--keep-last", keep_last, 0)
         seconds = None if older_than is None else parse_duration(older_than,
                                                                  what="--older-than")
+        s = None
+        if store is not None:
+            from registry.store import open_store
+
+            s = open_store(store)
         report = PullCache(cache).prune(keep_last=keep_last, older_than=seconds,
-                                        max_size=max_size, dry_run=dry_run)
+                                        max_size=max_size, dry_run=dry_run, store=s)
     if as_json:
         print_json(report.to_dict())
         return

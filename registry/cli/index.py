@@ -134,13 +134,32 @@ def query(
     latest: Annotated[bool, typer.Option("--latest", help="Only the newest.")] = False,
     source: Annotated[str | None, typer.Option("--source", metavar="SOURCE_ID",
                                                help="Releases trained on this "
-                                                    "data source.")] = None,
+                                                    "data source (with --tag, --since or "
+                                                    "--dtype: also a source run id or URI).")
+                      ] = None,
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", metavar="KEY=VALUE", help="Releases carrying this tag (KEY alone: any "
+                                           "value; repeatable, all must match).")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="WHEN", help="Releases created at or after WHEN: a date or time "
+                                        "(2026-11-30, 2026-11-30T12:00:00Z) or a duration "
+                                        "back from now (7d, 12h).")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        "--dtype", help="Releases whose stored dtype is (or includes) this: f32, bf16, "
+                        "f16, int4.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Ask the index: MODEL_ID --passing [--require M>=V] [--latest], or --source ID."""
+    """Ask the index: MODEL_ID --passing [--require M>=V] [--latest], --source ID, or a
+    search: [MODEL_ID] with any of --tag, --since, --dtype, --source (all must match)."""
+    searching = bool(tag) or since is not None or dtype is not None
     with error_boundary(as_json):
         reg = _registry(store, db)
-        if source is not None:
+        if searching and passing:
+            raise UsageError("query: --passing does not combine with --tag, --since, --dtype")
+        if searching:
+            rows = reg.search(model_id=model_id, tags=tag or [], since=since, dtype=dtype,
+                              source=source)
+        elif source is not None:
             rows = reg.releases_for_source(source)
         elif model_id is not None and passing:
             rows = reg.passing(model_id, require=require or [], latest=latest)
@@ -148,6 +167,14 @@ def query(
             raise UsageError("query: give MODEL_ID --passing, or --source SOURCE_ID")
     if as_json:
         print_json(rows)
+        return
+    if searching:
+        for r in rows:
+            tags = " ".join(f"{k}={v}" for k, v in r["tags"].items())
+            echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['dtype']}\t"
+                 f"{'YANKED' if r['yanked'] else '-'}\t{tags or '-'}")
+        if not rows:
+            echo("no release in the index matches", err=True)
         return
     if not rows and source is not None:
         echo(f"no release in the index was trained on source {source}", err=True)
@@ -204,6 +231,8 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
         from registry.release.code import describe as describe_code
 
         echo(f"  code: {shown(describe_code(code))}")
+    if doc.get("tags"):
+        echo("  tags: " + " ".join(f"{k}={v}" for k, v in doc["tags"].items()))
     for g in doc["gates"]:
         echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
     for r in doc["evals"]["results"]:

@@ -63,6 +63,10 @@ def pull(
     require_passing: Annotated[bool, typer.Option(
         "--require-passing", help="Refuse (exit 1, nothing downloaded) a release that fails "
                                   "its gates now (revoked source, policy).")] = False,
+    allow_yanked: Annotated[bool, typer.Option(
+        "--allow-yanked", help="Pull a yanked release (`registry yank`) anyway; without it "
+                               "a yanked release is refused (exit 1, nothing downloaded). "
+                               "--require-passing refuses it whatever this says.")] = False,
     trusted_key: Annotated[list[str] | None, typer.Option(
         "--trusted-key", metavar="PATH",
         help="Public key (PEM) this host trusts (repeatable): the release must be signed "
@@ -141,7 +145,7 @@ def pull(
                              verify=verify, force=force, fsync=not no_fsync,
                              blobs=True if blobs else (False if no_blobs else None),
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
-                             ref=name,
+                             ref=name, allow_yanked=allow_yanked or offline,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:

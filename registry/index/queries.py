@@ -9,6 +9,7 @@ makes a version stop passing at once. A test checks these queries agree with
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
@@ -28,7 +29,9 @@ from registry.index.schema import (
     Release,
     ReleaseFile,
     ReleaseSource,
+    ReleaseTag,
     Revocation,
+    Yank,
 )
 
 
@@ -52,6 +55,11 @@ def _revoked() -> ColumnElement[bool]:
     return (exists().where(ReleaseSource.release_pk == Release.id,
                            ReleaseSource.source_pk == LedgerSource.id,
                            LedgerSource.source_id == Revocation.source_id))
+
+
+def _yanked() -> ColumnElement[bool]:
+    """The release is yanked (issue 32 item 1): it fails the ``yanked`` gate."""
+    return exists().where(Yank.release_pk == Release.id)
 
 
 def _meets_policy() -> ColumnElement[bool]:
@@ -85,7 +93,8 @@ def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
     """
     q = (select(Release.version, Release.created_at, Release.manifest_sha256, Release.dtype,
                 Release.bytes, Release.uri)
-         .where(Release.card_ok, Release.ledger_ok, Release.evals_passed, ~_revoked()))
+         .where(Release.card_ok, Release.ledger_ok, Release.evals_passed, ~_revoked(),
+                ~_yanked()))
     # the newest: read backwards along the release-order index, stopping at the
     # first that passes; all of them: from the models row (Postgres would scan
     # the whole table for a model primary key it cannot see at planning time)
@@ -116,8 +125,10 @@ def _release(s: Session, model_id: str, version: str) -> Any:
     """The ``releases`` row (its columns as attributes; a plain row, not an
     ORM object: loading one costs more than the query on a page)."""
     rel = s.connection().execute(
-        select(Release.__table__).join(Model).where(Model.model_id == model_id,
-                                                    Release.version == version)).first()
+        select(Release.__table__, Yank.reason.label("yank_reason"),
+               Yank.yanked_at.label("yank_at"), Yank.actor.label("yank_actor"))
+        .join(Model).outerjoin(Yank, Yank.release_pk == Release.id)
+        .where(Model.model_id == model_id, Release.version == version)).first()
     if rel is None:
         raise NotCommittedError(f"{model_id}@{version}: not in the index (a release that "
                                 "exists in the store is added by `registry index rebuild`)",
@@ -159,8 +170,8 @@ def release_gates(s: Session, rels: Sequence[Any], model: int, *,
                   policy: list[Threshold] | None = None) -> dict[int, list[GateResult]]:
     """The gates of releases ``rels`` of one model (rows with
     :data:`GATE_COLUMNS`; ``model`` its primary key), by release primary key:
-    three queries (live revocations, eval results, policy) for any number of
-    releases; one when the caller already read the page's eval results
+    four queries (live revocations, yanks, eval results, policy) for any number
+    of releases; two when the caller already read the page's eval results
     (``evals``: rows of release_pk, task, metric, value, in ``eval_results.id``
     order) and the model's ``policy`` (``require`` is then ignored)."""
     pks = [r.id for r in rels]
@@ -182,12 +193,15 @@ def release_gates(s: Session, rels: Sequence[Any], model: int, *,
         by_release.setdefault(e.release_pk, []).append((e.task, e.metric, e.value))
     if policy is None:
         policy = _policy(s, model, require)
-    return {r.id: _gates(r, revoked.get(r.id, []), by_release.get(r.id, []), policy)
+    yanks = {pk: (why, at) for pk, why, at in s.execute(
+        select(Yank.release_pk, Yank.reason, Yank.yanked_at).where(Yank.release_pk.in_(pks)))}
+    return {r.id: _gates(r, revoked.get(r.id, []), by_release.get(r.id, []), policy,
+                         yanks.get(r.id))
             for r in rels}
 
 
 def _gates(rel: Any, revoked: list[tuple[str, str]], evals: list[tuple[str, str, float]],
-           policy: list[Threshold]) -> list[GateResult]:
+           policy: list[Threshold], yank: tuple[str, str] | None = None) -> list[GateResult]:
     card = GateResult("model_card", rel.card_ok, "MODEL_CARD.md present" if rel.card_ok
                       else "MODEL_CARD.md is missing or empty")
     if rel.ledger_ok and revoked:
@@ -206,12 +220,15 @@ def _gates(rel: Any, revoked: list[tuple[str, str]], evals: list[tuple[str, str,
         results.append(GateResult(name, not bad, f"{t.metric}={bad[0]:g}, required {t.op} "
                                   f"{t.value:g}" if bad else
                                   f"{t.metric}={values[0]:g} {t.op} {t.value:g}"))
+    if yank is not None:  # listed only when yanked, as registry.lifecycle.yank.yank_gate
+        results.append(GateResult("yanked", False, f"yanked at {yank[1]}: {yank[0]}"))
     return results
 
 
 def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
-    """Manifest summary, gates with reasons, evals and sources of one release
-    (six queries: the gates are computed from the rows read for the rest)."""
+    """Manifest summary, gates with reasons, evals, sources, tags and yank of
+    one release (seven queries: the gates are computed from the rows read for
+    the rest; the yank comes with the release's row)."""
     rel = _release(s, model_id, version)
     files = s.execute(select(ReleaseFile.path, ReleaseFile.bytes, ReleaseFile.sha256)
                       .where(ReleaseFile.release_pk == rel.id).order_by(ReleaseFile.path)).all()
@@ -229,13 +246,19 @@ def show(s: Session, model_id: str, version: str) -> dict[str, Any]:
     aliases = s.scalars(select(Alias.alias).where(Alias.model_pk == rel.model_pk,
                                                   Alias.version == version)
                         .order_by(Alias.alias)).all()
+    tags = dict(s.execute(select(ReleaseTag.key, ReleaseTag.value)
+                          .where(ReleaseTag.release_pk == rel.id).order_by(ReleaseTag.key)).all())
     gates = _gates(rel, [(r.source_id, r.reason) for r in sources if r.reason is not None],
                    [(e.task, e.metric, e.value) for e in evals],
-                   _policy(s, rel.model_pk, ()))
+                   _policy(s, rel.model_pk, ()),
+                   (rel.yank_reason, rel.yank_at) if rel.yank_at is not None else None)
     return {
         "model_id": model_id, "version": version, "uri": rel.uri,
         "manifest_sha256": rel.manifest_sha256, "bytes": rel.bytes, "files": len(files),
         "dtype": rel.dtype, "created_at": rel.created_at, "aliases": list(aliases),
+        "tags": tags,
+        "yanked": ({"reason": rel.yank_reason, "at": rel.yank_at,
+                    "actor": json.loads(rel.yank_actor)} if rel.yank_at is not None else None),
         "source": {"run_id": rel.source_run_id, "step": rel.source_step, "uri": rel.source_uri,
                    "manifest_sha256": rel.source_manifest_sha256},
         "passed": all(g.passed for g in gates), "gates": [g.to_dict() for g in gates],
@@ -267,7 +290,7 @@ def _models_summary() -> Select[Any]:
                 .correlate(Model).scalar_subquery())
     return select(Model.model_id, Model.release_count, newest(),
                   newest(Release.card_ok, Release.ledger_ok, Release.evals_passed,
-                         ~_revoked(), _meets_policy())).order_by(Model.model_id)
+                         ~_revoked(), ~_yanked(), _meets_policy())).order_by(Model.model_id)
 
 
 def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
@@ -289,12 +312,19 @@ def ls(s: Session, model_id: str | None = None) -> list[dict[str, Any]]:
     for alias, version in s.execute(select(Alias.alias, Alias.version).join(Model)
                                     .where(Model.model_id == model_id)):
         aliases.setdefault(version, []).append(alias)
-    rows = s.execute(select(Release.version, Release.created_at, Release.dtype, Release.bytes,
-                            Release.manifest_sha256).join(Model)
+    rows = s.execute(select(Release.id, Release.version, Release.created_at, Release.dtype,
+                            Release.bytes, Release.manifest_sha256).join(Model)
                      .where(Model.model_id == model_id)
                      .order_by(Release.seq.desc(), Release.version.desc())).all()
-    return [{**dict(r._mapping), "passing": r.version in ok,
-             "aliases": sorted(aliases.get(r.version, []))} for r in rows]
+    pks = [r.id for r in rows]
+    tags: dict[int, dict[str, str]] = {}
+    for pk, k, v in s.execute(select(ReleaseTag.release_pk, ReleaseTag.key, ReleaseTag.value)
+                              .where(ReleaseTag.release_pk.in_(pks)).order_by(ReleaseTag.key)):
+        tags.setdefault(pk, {})[k] = v
+    yanked = set(s.scalars(select(Yank.release_pk).where(Yank.release_pk.in_(pks))))
+    return [{**{k: v for k, v in r._mapping.items() if k != "id"},
+             "passing": r.version in ok, "aliases": sorted(aliases.get(r.version, [])),
+             "tags": tags.get(r.id, {}), "yanked": r.id in yanked} for r in rows]
 
 
 def diff(s: Session, model_id: str, a: str, b: str) -> dict[str, Any]:

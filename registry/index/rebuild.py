@@ -36,7 +36,11 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
-from registry.layout import CLAIM_SUFFIX, MODELS, RUNS, TMP_MARK, run_root
+from registry.index.record_lifecycle import record_tags, record_tombstone, record_yank
+from registry.layout import CLAIM_SUFFIX, MODELS, RUNS, TMP_MARK, TOMBSTONES, run_root
+from registry.lifecycle.tags import tagged
+from registry.lifecycle.tombstone import tombstones
+from registry.lifecycle.yank import yanked
 from registry.ledger import PREFIX as REVOCATIONS
 from registry.ledger import _read as read_revocation
 from registry.ledger import revocations
@@ -60,6 +64,9 @@ class _Plan:
     checkpoints: dict[tuple[str, int], tuple[str, Manifest]] = field(default_factory=dict)
     revocations: dict[str, Any] = field(default_factory=dict)
     alias_moves: list[AliasMove] = field(default_factory=list)
+    yanks: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    tags: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    tombstones: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     report: list[dict[str, str]] = field(default_factory=list)
 
     def note(self, action: str, what: str, reason: str) -> None:
@@ -132,6 +139,7 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     seen = {(r["what"].split("@", 1)[0], r["what"].split("@", 1)[1]) for r in plan.report}
     for model_id, version in sorted(indexed["releases"] - plan.releases.keys() - seen):
         _release(plan, store, model_id, version, listed=False, indexed=True)
+    _lifecycle(plan, store)
     models = sorted({m for m, _ in plan.releases} | set(listed_models))
     for model_id in models:
         for alias, version in list_aliases(store, model_id).items():
@@ -168,6 +176,33 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
         except ObjectNotFoundError:
             pass
     return plan
+
+
+def _lifecycle(plan: _Plan, store: Store) -> None:
+    """Tombstones, yanks and tags (issue 32). A release with a tombstone is
+    deleted whatever files are left (a delete stopped half way): it is not
+    indexed, and reported."""
+    for model_id in sorted(set(store.subdirs(TOMBSTONES)) | {m for m, _ in plan.releases}):
+        try:
+            check_name(model_id, "model_id")
+        except InvalidNameError:
+            continue
+        for version, doc in tombstones(store, model_id).items():
+            if doc.get("model_id") != model_id or doc.get("version") != version:
+                plan.note("damaged", f"{model_id}@{version}", "its tombstone names "
+                          f"{doc.get('model_id')}@{doc.get('version')}")
+                continue
+            plan.tombstones[(model_id, version)] = doc
+            if plan.releases.pop((model_id, version), None) is not None:
+                plan.note("skipped", f"{model_id}@{version}", "deleted (a tombstone), files "
+                          "left: `registry release delete` again removes them")
+    for model_id in sorted({m for m, _ in plan.releases}):
+        for version, doc in yanked(store, model_id).items():
+            if (model_id, version) in plan.releases:
+                plan.yanks[(model_id, version)] = doc
+        for version, values in tagged(store, model_id).items():
+            if (model_id, version) in plan.releases:
+                plan.tags[(model_id, version)] = values
 
 
 def _checkpoint(plan: _Plan, store: Store, run_id: str, step: int) -> None:
@@ -208,8 +243,8 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
     counts: dict[str, Any] = {}
 
     def work(s: Session) -> None:
-        for table in (t.AliasMove, t.ReleaseTag, t.Yank, t.Tombstone, t.Policy, t.Alias, t.EvalResult,
-                      t.ReleaseSource, t.ReleaseFile,
+        for table in (t.AliasMove, t.ReleaseTag, t.Yank, t.Tombstone, t.Policy, t.Alias,
+                      t.EvalResult, t.ReleaseSource, t.ReleaseFile,
                       t.Release, t.LedgerSource, t.Model, t.Checkpoint, t.Revocation):
             s.execute(delete(table))
         counts.clear()
@@ -236,6 +271,14 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
         for rev in plan.revocations.values():
             record_revocation(s, rev)
             counts["revocations"] += 1
+        for doc in plan.tombstones.values():
+            record_tombstone(s, doc)
+        for (model_id, version), doc in sorted(plan.yanks.items()):
+            record_yank(s, model_id, version, doc)
+        for (model_id, version), values in sorted(plan.tags.items()):
+            record_tags(s, model_id, version, values)
+        counts.update(tombstones=len(plan.tombstones), yanks=len(plan.yanks),
+                      tagged=len(plan.tags))
         counts["report"] = plan.report + damaged
 
     index.run(work)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.layout import release_prefix
+from registry.lifecycle.guard import refuse_retired
 from registry.manifest import MANIFEST, FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
@@ -249,7 +250,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          on_start: Callable[[int], None] | None = None,
          range_threshold: int | None = None, fsync: bool = True,
          trust: Trust | None = None, blobs: bool | None = None,
-         ref: str | None = None) -> PullResult:
+         ref: str | None = None, allow_yanked: bool = False) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -290,6 +291,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         ref: the name the user asked for (an alias the caller resolved to
             ``name`` already), remembered for ``--offline`` pulls
             (registry.pull.offline) beside ``name`` itself.
+        allow_yanked: pull a yanked release anyway (issue 32: a plain pull
+            refuses one, :mod:`registry.lifecycle.guard`).
 
     Returns:
         A PullResult.
@@ -297,6 +300,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     Raises:
         NotCommittedError, ManifestError: the release is not committed or its
             manifest is invalid (including unsafe paths).
+        ReleaseDeletedError: the release was deleted (its tombstone).
+        ReleaseYankedError: the release is yanked and not ``allow_yanked``;
+            nothing is read of it.
         IntegrityError: a stored file's size or sha256 differs from the
             manifest; nothing is placed under a final name. A cache blob found
             changed when placed is dropped and downloaded again, once
@@ -344,6 +350,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                          "negative (0: any file may be split)")
     blobs = blob_mode(store) if blobs is None else blobs
     version = resolve_for_pull(store, model_id, name, trust)
+    refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     signature = _start_signature_check(store, prefix, manifest, model_id, version, trust)

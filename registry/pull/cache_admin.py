@@ -21,6 +21,7 @@ from registry.pull.cache import cache_dir
 from registry.pull.cache_prune import PruneReport, parse_size, prune
 from registry.pull.cache_scan import CacheReport, empty_report, open_existing, scan
 from registry.pull.cache_verify import VerifyReport, verify_cache
+from registry.store import Store
 
 
 class PullCache:
@@ -47,10 +48,12 @@ class PullCache:
 
     def prune(self, *, keep_last: int | None = None, older_than: float | str | None = None,
               max_size: int | str | None = None, dry_run: bool = False,
-              now: float | None = None) -> PruneReport:
+              now: float | None = None, store: Store | None = None) -> PruneReport:
         """Prune (registry.pull.cache_prune.prune). ``older_than`` may be
         seconds (a number) or a duration with its unit (``"30d"``; a bare
         ``"5"`` is refused), ``max_size`` bytes or a size (``"50G"``).
+        ``store``: the store the releases came from; cached releases it
+        deleted (a tombstone with their manifest digest) are pruned too.
 
         Raises:
             UsageError: a malformed, negative, NaN or infinite option, a duration
@@ -69,8 +72,9 @@ class PullCache:
         if cache is None:
             return PruneReport(str(self.path), dry_run, (), (), 0, 0, 0, 0,
                                None if limit is None else True)
+        deleted = frozenset() if store is None else deleted_in(store, scan(cache))
         return prune(cache, keep_last=keep_last, older_than=seconds, max_size=limit,
-                     dry_run=dry_run, now=now)
+                     dry_run=dry_run, now=now, deleted=deleted)
 
     def verify(self, *, workers: int | None = None) -> VerifyReport:
         """Re-hash every blob, remove the bad ones (registry.pull.cache_verify)."""
@@ -78,6 +82,28 @@ class PullCache:
         if cache is None:
             return VerifyReport(str(self.path), 0, 0, (), 0.0)
         return verify_cache(cache, workers=workers)
+
+
+def deleted_in(store: Store, report: CacheReport) -> frozenset[str]:
+    """Manifest digests of the cached releases ``store`` deleted: a tombstone
+    of the same model and version naming the same digest (a tombstone of
+    other bytes, or a garbled one, deletes nothing here).
+
+    Raises:
+        StorageError: the store cannot be read.
+    """
+    from registry.errors import DocumentError
+    from registry.lifecycle.tombstone import read_tombstone
+
+    out = set()
+    for v in report.versions:
+        try:
+            doc = read_tombstone(store, v.model_id, v.version)
+        except DocumentError:
+            continue
+        if doc is not None and doc.get("manifest_sha256") == v.manifest_sha256:
+            out.add(v.manifest_sha256)
+    return frozenset(out)
 
 
 def _check_option(name: str, value: object, kinds: type | tuple[type, ...]) -> None:

@@ -7,6 +7,10 @@ What is pruned (docs/decisions.md, "Pull cache: ls, prune, verify"):
   a version goes when it is older than S *and* not among its model's last N.
 * ``max_size=B``: then, while the cache is over B bytes, the least recently
   pulled version left goes (never one of the last N kept by ``keep_last``).
+* ``deleted``: versions the store deleted (``registry release delete``: a
+  tombstone with the same manifest digest), whatever the other options say
+  (issue 32 item 2); :meth:`registry.pull.cache_admin.PullCache.prune` finds
+  them when given the store.
 * Always: blobs no cached release and no pull in progress uses (left by a
   failed pull, or by releases pruned before), dead pulls' temp files and leases.
 
@@ -134,14 +138,17 @@ def _protected(versions: tuple[CachedVersion, ...], keep_last: int | None) -> se
 
 
 def plan(report: CacheReport, *, keep_last: int | None, older_than: float | None,
-         max_size: int | None, now: float) -> tuple[dict[str, list[str]], list[str], int]:
-    """Choose what to prune: ({manifest sha256: reasons}, in-use skipped, size after)."""
-    keep = _protected(report.versions, keep_last)
-    chosen: dict[str, list[str]] = {}
+         max_size: int | None, now: float,
+         deleted: frozenset[str] = frozenset()) -> tuple[dict[str, list[str]], list[str], int]:
+    """Choose what to prune: ({manifest sha256: reasons}, in-use skipped, size after).
+    ``deleted``: manifest digests of releases the store deleted."""
+    keep = _protected(report.versions, keep_last) - deleted
+    chosen: dict[str, list[str]] = {v.manifest_sha256: ["deleted"] for v in report.versions
+                                    if v.manifest_sha256 in deleted}
     skipped: list[str] = []
     if keep_last is not None or older_than is not None:
         for v in report.versions:
-            if v.manifest_sha256 in keep:
+            if v.manifest_sha256 in keep or v.manifest_sha256 in chosen:
                 continue
             if older_than is not None and now - parse_time(v.last_pulled) <= older_than:
                 continue
@@ -201,7 +208,7 @@ def _clean_trash(trash: Path, mine: list[Path]) -> None:
 
 def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | None = None,
           max_size: int | None = None, dry_run: bool = False,
-          now: float | None = None) -> PruneReport:
+          now: float | None = None, deleted: frozenset[str] = frozenset()) -> PruneReport:
     """Prune ``cache`` (what goes: the module's docstring).
 
     Args:
@@ -210,6 +217,8 @@ def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | Non
         max_size: bytes the cache may hold afterwards.
         dry_run: decide and report, delete nothing.
         now: the current time, seconds since the epoch (default: the clock).
+        deleted: manifest digests of releases the store deleted: pruned
+            (reason ``deleted``) whatever the other options say.
 
     Returns:
         A PruneReport.
@@ -238,7 +247,7 @@ def prune(cache: Cache, *, keep_last: int | None = None, older_than: float | Non
     with cache_lock(cache):
         report = scan(cache, leases=live_leases(cache, remove_dead=not dry_run))
         chosen, skipped, size_after = plan(report, keep_last=keep_last, older_than=older_than,
-                                           max_size=max_size, now=now)
+                                           max_size=max_size, now=now, deleted=deleted)
         kept_blobs = {sha for v in report.versions if v.manifest_sha256 not in chosen
                       for sha in v.record.blobs} | {sha for lease in report.leases
                                                     for sha in lease.blobs}

@@ -41,6 +41,8 @@ from registry.errors import (
 from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
 from registry.layout import release_prefix, run_root
 from registry.ledger import revoked_reasons
+from registry.lifecycle.tombstone import check_version_free, refuse_deleted
+from registry.lifecycle.yank import yank_gate
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
@@ -376,6 +378,7 @@ class ModelRelease:
         if self.store.exists(join(prefix, MANIFEST)):
             raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
                                      "are immutable, publish a new version", path=prefix)
+        check_version_free(self.store, model_id, version)  # after the manifest: see there
 
     def _release(self, src_store: Store, src: str, names: dict[str, int], prefix: str,
                  model_id: str, version: str, *, source: dict[str, Any], dtype: str | None,
@@ -512,12 +515,19 @@ class ModelRelease:
     def check(self, model_id: str, version: str,
               require: Iterable[Threshold | str] = ()) -> list[GateResult]:
         """Re-evaluate every gate of a committed release against the live ledger
-        and the model's policy (plus ``require``)."""
+        and the model's policy (plus ``require``).
+
+        Raises:
+            ReleaseDeletedError: the release was deleted (its tombstone).
+            NotCommittedError, ManifestError: it is not committed.
+        """
+        refuse_deleted(self.store, model_id, version)
         facts = self.facts(model_id, version)
         thresholds = policy.thresholds(self.store, model_id, extra=require)
         results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
         return (results + signature_gate.stored_gate(self.store, model_id, version)
-                + stored_code_gate(self.store, model_id, version))
+                + stored_code_gate(self.store, model_id, version)
+                + yank_gate(self.store, model_id, version))
 
 
 def stored_code(store: Store, model_id: str, version: str) -> dict[str, Any]:

@@ -108,6 +108,18 @@ def gates(request: Request, model_id: str, ref: str,
                                 require=require or [])
 
 
+@router.get("/search", summary="Releases matching every filter given: tags (KEY=VALUE or "
+                                "KEY, repeatable), since, dtype, source "
+                                "(registry query --tag --since --dtype --source --json)")
+def search(request: Request, tag: Annotated[list[str] | None, Query(max_length=400)] = None,
+           since: Annotated[str | None, Query(max_length=64)] = None,
+           dtype: Annotated[str | None, Query(max_length=32)] = None,
+           source: Annotated[str | None, Query(max_length=300)] = None,
+           model: Annotated[str | None, Query(max_length=128)] = None) -> list[dict[str, Any]]:
+    return _reg(request).search(model_id=check_name(model, "model_id") if model else None,
+                                tags=tag or [], since=since, dtype=dtype, source=source)
+
+
 @router.get("/sources/{source_id}/releases",
             summary="Releases trained on a data source (registry query --source --json)")
 def source_releases(request: Request, source_id: str) -> list[dict[str, Any]]:

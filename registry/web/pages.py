@@ -27,6 +27,17 @@ def index(request: Request) -> HTMLResponse:
                                **views.index_view(reg)))
 
 
+@router.get("/search")
+def search(request: Request, tag: Annotated[str | None, Query(max_length=400)] = None,
+           since: Annotated[str | None, Query(max_length=64)] = None,
+           dtype: Annotated[str | None, Query(max_length=32)] = None,
+           source: Annotated[str | None, Query(max_length=300)] = None,
+           model: Annotated[str | None, Query(max_length=128)] = None) -> HTMLResponse:
+    v = views.search_view(_reg(request), tag=tag, since=since, dtype=dtype, source=source,
+                          model=model)
+    return HTMLResponse(render("search.html", title="Search", **v))
+
+
 @router.get("/models/{model_id}")
 def model(request: Request, model_id: str, before: CursorQ = None,
           after: CursorQ = None) -> HTMLResponse:

@@ -194,6 +194,28 @@ def version_view(reg: Registry, model_id: str, ref: str,
             "pull": pull}
 
 
+def search_view(reg: Registry, *, tag: str | None = None, since: str | None = None,
+                dtype: str | None = None, source: str | None = None,
+                model: str | None = None) -> dict[str, Any]:
+    """The search page (issue 32 item 3): releases matching every filter
+    given; ``tag`` holds one or more ``KEY=VALUE`` (or ``KEY``) separated by
+    spaces. No filter: the newest releases.
+
+    Raises:
+        UsageError, InvalidNameError: a malformed filter (a 400 page).
+    """
+    from registry.index.search import MAX_ROWS
+
+    tags = (tag or "").split()
+    model_id = check_name(model.strip(), "model_id") if model and model.strip() else None
+    rows = reg.search(model_id=model_id, tags=tags, since=(since or "").strip() or None,
+                      dtype=(dtype or "").strip() or None,
+                      source=(source or "").strip() or None)
+    return {"rows": rows, "truncated": len(rows) >= MAX_ROWS,
+            "query": {"tag": tag or "", "since": since or "", "dtype": dtype or "",
+                      "source": source or "", "model": model or ""}}
+
+
 def _signature(sig: dict[str, Any]) -> dict[str, Any]:
     """The signer row of a signed release (``model.sig``, OpenSSF model signing):
     the signing key's fingerprint, and whether the model's policy keys verified

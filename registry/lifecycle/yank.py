@@ -1,0 +1,159 @@
+"""Yank: take a release out of service without deleting it (issue 32 item 1).
+
+A yank is a record beside the immutable release, moved by compare-and-swap::
+
+    ledger/yanks/<model_id>/<version>.json
+        {"schema": 1, "model_id", "version", "manifest_sha256", "yanked": true,
+         "reason", "at", "actor"}
+
+``registry unyank`` swaps in ``"yanked": false`` (with who and when, and the
+yank it lifted in ``"lifted"``), so the record says the last transition and the
+event log (``model_version.yanked`` / ``model_version.unyanked``) says all of
+them. The release's bytes never change.
+
+A yanked release fails the ``yanked`` gate (:func:`yank_gate`) wherever gates
+are checked from the store (:meth:`registry.release.ModelRelease.check`: alias
+moves, ``pull --require-passing``, ``gate check``, the web and the Hub API) and
+in the index (the ``yanks`` table); a plain pull refuses it unless told
+``allow_yanked`` (:func:`registry.pull.pull`). A record that cannot be read
+(garbled by a store writer) fails the gate too: a reader never takes an
+unreadable record as "not yanked".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.errors import DocumentError, PointerConflictError, RegistryError
+from registry.gates import GateResult
+from registry.layout import YANKS, release_prefix, yank_key
+from registry.lifecycle import records
+from registry.manifest import utc_now
+from registry.names import check_name
+from registry.store import Store, join
+from registry.verify import read_manifest
+
+GATE = "yanked"
+
+
+def _swap(store: Store, model_id: str, version: str, want: bool, reason: str,
+          actor: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    key = yank_key(model_id, version)
+    manifest = read_manifest(store, release_prefix(model_id, version))
+    store.ensure_root()
+    for attempt in range(records.MAX_ATTEMPTS):
+        current, token = records.load_versioned(store, key)
+        if current is not None and bool(current.get("yanked")) == want:
+            return current, False
+        if current is None and not want:
+            return {"schema": records.RECORD_SCHEMA, "model_id": model_id,
+                    "version": version, "yanked": False}, False
+        doc: dict[str, Any] = {
+            "schema": records.RECORD_SCHEMA, "model_id": model_id, "version": version,
+            "manifest_sha256": manifest.digest, "yanked": want, "reason": reason,
+            "at": utc_now(), "actor": actor}
+        if not want and current is not None:
+            doc["lifted"] = {k: current.get(k) for k in ("reason", "at", "actor")}
+        try:
+            store.swap(key, records.dump(doc), token)
+            return doc, True
+        except PointerConflictError:
+            records.backoff(attempt)
+    raise PointerConflictError(store.url_of(key), expected="the yank record",
+                               actual=f"changed {records.MAX_ATTEMPTS} times")
+
+
+def yank(store: Store, model_id: str, version: str, reason: str, *,
+         actor: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+    """Yank the committed release ``model_id@version``; returns ``(record, changed)``.
+
+    Yanking a yanked release changes nothing (``changed`` False: the first
+    yank's record, reason and actor stay).
+
+    Raises:
+        InvalidNameError: a bad model id or version.
+        UsageError: an empty reason, or one that is not one printable line.
+        NotCommittedError: no such committed release.
+        DocumentError: the existing record is garbled (repair: delete it).
+        PointerConflictError: the record kept changing (64 tries).
+        EventNotRecordedError: the yank committed, its event did not.
+
+    Notes:
+        Atomic against concurrent yanks and unyanks (compare-and-swap on the
+        record): each sees the other's result, none is lost. Durable on return.
+    """
+    why = records.check_reason(reason, f"yank of {model_id}@{version}")
+    who = records.actor_of(actor)
+    doc, changed = _swap(store, model_id, version, True, why, who)
+    if changed:
+        from registry.events import MODEL_VERSION_YANKED
+
+        records.event(store, MODEL_VERSION_YANKED, model_id, version,
+                      {"reason": why, "manifest_sha256": doc["manifest_sha256"]}, who)
+    return doc, changed
+
+
+def unyank(store: Store, model_id: str, version: str, *, reason: str | None = None,
+           actor: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+    """Lift the yank of ``model_id@version``; returns ``(record, changed)``
+    (``changed`` False: it was not yanked). Raises as :func:`yank` (the
+    reason is optional here)."""
+    why = (records.check_reason(reason, f"unyank of {model_id}@{version}")
+           if reason is not None else "")
+    who = records.actor_of(actor)
+    doc, changed = _swap(store, model_id, version, False, why, who)
+    if changed:
+        from registry.events import MODEL_VERSION_UNYANKED
+
+        records.event(store, MODEL_VERSION_UNYANKED, model_id, version,
+                      {"reason": why, "manifest_sha256": doc["manifest_sha256"]}, who)
+    return doc, changed
+
+
+def yank_record(store: Store, model_id: str, version: str) -> dict[str, Any] | None:
+    """The yank record of a yanked release, else None (never yanked, or unyanked).
+
+    Raises:
+        DocumentError: the record is garbled.
+    """
+    doc = records.load(store, yank_key(model_id, version))
+    return doc if doc is not None and doc.get("yanked") is True else None
+
+
+def describe(doc: dict[str, Any]) -> str:
+    """``yanked at <time> by <user>@<host>: <reason>``."""
+    from registry.actor import describe as who, read_actor
+
+    return (f"yanked at {doc.get('at')} by {who(read_actor(doc.get('actor')))}: "
+            f"{doc.get('reason')}")
+
+
+def yank_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
+    """``[GateResult("yanked", False, why)]`` for a yanked release (or one
+    whose yank record cannot be read), ``[]`` otherwise: like the ``code``
+    gate, the ``yanked`` gate is listed only where it has something to say."""
+    try:
+        doc = yank_record(store, model_id, version)
+    except DocumentError as e:
+        return [GateResult(GATE, False, f"the yank record cannot be read ({e}); a record "
+                           "nobody can read is not taken as 'not yanked'")]
+    return [] if doc is None else [GateResult(GATE, False, describe(doc))]
+
+
+def yanked(store: Store, model_id: str) -> dict[str, dict[str, Any]]:
+    """version -> yank record, for every yanked release of ``model_id`` (for
+    ``index rebuild``). Garbled records are left out (the gate reports them)."""
+    folder = join(YANKS, check_name(model_id, "model_id"))
+    out = {}
+    for name, is_dir in store.list_dir(folder):
+        version = name.removesuffix(".json")
+        if is_dir or not name.endswith(".json") or ".tmp" in name:
+            continue
+        try:
+            check_name(version, "version")
+            doc = yank_record(store, model_id, version)
+        except RegistryError:
+            continue
+        if doc is not None:
+            out[version] = doc
+    return out

@@ -1,0 +1,178 @@
+"""Tags of releases and searching the index (issue 32 items 3 and 8).
+
+On local disk and S3 (a real moto server), CLI (real processes) and API;
+writers tagging one release at once as real processes lose no update; the
+index rebuilt from the store reproduces the tags (SQLite and Postgres).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from registry.api import Registry
+from registry.errors import DocumentError, NotCommittedError, ReleaseDeletedError, UsageError
+from registry.layout import tags_key
+from registry.lifecycle.tags import read_tags
+from registry.store import open_store
+from tests.conftest import run_cli
+from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish
+
+
+def _db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'i.db'}"
+
+
+def test_tag_set_rm_ls_show(durable_store_url: str, tmp_path: Path) -> None:
+    db, url = _db(tmp_path), durable_store_url
+    with Registry(url, db=db) as reg:
+        publish(reg, tmp_path, "1", "2")
+        reg.set_alias("m", "prod", "2")
+    doc = cli_ok(run_cli("tag", "set", "m@prod", "team=nlp", "stage=canary", "--json",
+                         "--store", url, "--db", db))
+    assert doc == {"model_id": "m", "version": "2",
+                   "tags": {"stage": "canary", "team": "nlp"}}
+    store = open_store(url)
+    rec = json.loads(store.read_bytes(tags_key("m", "2")))
+    assert rec["tags"] == {"stage": "canary", "team": "nlp"} and rec["actor"]["user"]
+    assert cli_ok(run_cli("tag", "set", "m@2", "stage=prod", "--store", url, "--db",
+                          db)).splitlines() == ["stage=prod", "team=nlp"]
+    assert cli_ok(run_cli("tag", "ls", "m@2", "--store", url)).splitlines() == \
+        ["stage=prod", "team=nlp"]
+    show = cli_ok(run_cli("show", "m@2", "--json", "--store", url, "--db", db))
+    assert show["tags"] == {"stage": "prod", "team": "nlp"}
+    assert "tags: stage=prod team=nlp" in cli_ok(run_cli("show", "m@2", "--store", url,
+                                                          "--db", db))
+    rows = cli_ok(run_cli("ls", "m", "--json", "--store", url, "--db", db))
+    assert [r["tags"] for r in rows] == [{"stage": "prod", "team": "nlp"}, {}]
+    cli_error(run_cli("tag", "rm", "m@2", "owner", "--store", url, "--db", db), 2,
+              "no tag owner")
+    assert cli_ok(run_cli("tag", "rm", "m@2", "stage", "--json", "--store", url,
+                          "--db", db))["tags"] == {"team": "nlp"}
+    assert event_names(store) [-4:] == ["model_version_tag.set", "model_version_tag.set",
+                                        "model_version_tag.set", "model_version_tag.deleted"]
+    # bad input: one line, exit 2, nothing written
+    for bad in (["team"], ["-x=1"], ["a=b\x1b[2K"], ["k=" + "v" * 300], ["a=1", "a=2"]):
+        cli_error(run_cli("tag", "set", "m@2", *bad, "--store", url, "--db", db), 2)
+    cli_error(run_cli("tag", "set", "m@9", "a=1", "--store", url, "--db", db), 3)
+    assert read_tags(store, "m", "2") == {"team": "nlp"}
+
+
+def test_tags_api_and_deleted_release(durable_store_url: str, tmp_path: Path) -> None:
+    with Registry(durable_store_url, db=_db(tmp_path)) as reg:
+        publish(reg, tmp_path, "1", "2")
+        assert reg.set_tags("m", "1", {"a": "1", "b": ""}) == {"a": "1", "b": ""}
+        assert reg.tags("m", "1") == {"a": "1", "b": ""}
+        assert reg.remove_tags("m", "1", ["b"]) == {"a": "1"}
+        with pytest.raises(UsageError, match="at least one"):
+            reg.set_tags("m", "1", {})
+        with pytest.raises(UsageError, match="at most 64"):
+            reg.set_tags("m", "1", {f"k{i}": "v" for i in range(64)})
+        assert reg.tags("m", "1") == {"a": "1"}
+        with pytest.raises(NotCommittedError):
+            reg.set_tags("m", "3", {"a": "1"})
+        reg.delete_release("m", "2", "gone")
+        with pytest.raises(ReleaseDeletedError):
+            reg.set_tags("m", "2", {"a": "1"})
+        # a store writer's garbage is refused, bounded, never a traceback
+        reg.store.write_bytes(tags_key("m", "1"), b'{"schema": 1, "tags": [1]}')
+        with pytest.raises(DocumentError, match="tags"):
+            reg.tags("m", "1")
+        cli_error(run_cli("tag", "ls", "m@1", "--store", durable_store_url), 5, "tags/m/1.json")
+
+
+def test_concurrent_taggers_lose_no_update(durable_store_url: str, db_url: str,
+                                           tmp_path: Path) -> None:
+    """Four processes each set five tags of their own on one release at once:
+    all twenty land in the store and the index, each with its event."""
+    with Registry(durable_store_url, db=db_url) as reg:
+        publish(reg, tmp_path, "1")
+    runs = children(*[[durable_store_url, db_url, "tag", "m", "1", f"w{i}", "5"]
+                      for i in range(4)])
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    want = {f"w{i}-{j}": str(j) for i in range(4) for j in range(5)}
+    store = open_store(durable_store_url)
+    assert read_tags(store, "m", "1") == want
+    assert event_names(store).count("model_version_tag.set") == 20
+    with Registry(durable_store_url, db=db_url) as reg:
+        assert reg.show("m", "1")["tags"] == want
+
+
+def test_query_search(durable_store_url: str, db_url: str, tmp_path: Path) -> None:
+    url = durable_store_url
+    with Registry(url, db=db_url) as reg:
+        publish(reg, tmp_path, "1", "2", "3")
+        publish(reg, tmp_path, "1", model_id="other")
+        reg.set_tags("m", "1", {"team": "nlp", "stage": "eval"})
+        reg.set_tags("m", "3", {"team": "nlp"})
+        reg.set_tags("other", "1", {"team": "vision"})
+        reg.yank("m", "3", "bad")
+        created = {r["version"]: r["created_at"] for r in reg.ls("m")}
+
+    def q(*args: str) -> list[str]:
+        rows = cli_ok(run_cli("query", *args, "--json", "--store", url, "--db", db_url))
+        return [f"{r['model_id']}@{r['version']}" for r in rows]
+
+    assert q("--tag", "team=nlp") == ["m@3", "m@1"]
+    assert q("--tag", "team") == ["m@3", "m@1", "other@1"]
+    assert q("--tag", "team=nlp", "--tag", "stage=eval") == ["m@1"]
+    assert q("other", "--tag", "team") == ["other@1"]
+    assert q("--tag", "team=nobody") == []
+    assert q("--dtype", "f32", "m") == ["m@3", "m@2", "m@1"]
+    assert q("--dtype", "bf16") == []
+    assert q("--since", created["2"], "m") == ["m@3", "m@2"]
+    assert q("--since", "1d", "--tag", "team=vision") == ["other@1"]
+    assert q("--since", "2099-01-01") == []
+    assert q("--tag", "team=nlp", "--source", "wiki") == ["m@3", "m@1"]
+    assert q("--tag", "team=nlp", "--source", "books") == []
+    rows = cli_ok(run_cli("query", "--tag", "team=nlp", "--json", "--store", url,
+                          "--db", db_url))
+    assert [r["yanked"] for r in rows] == [True, False]
+    assert rows[1]["tags"] == {"stage": "eval", "team": "nlp"}
+    text = cli_ok(run_cli("query", "--tag", "stage=eval", "--store", url, "--db", db_url))
+    assert text.split("\t")[0] == "m@1" and "stage=eval team=nlp" in text
+    cli_error(run_cli("query", "--since", "yesterday", "--store", url, "--db", db_url), 2,
+              "--since")
+    cli_error(run_cli("query", "--tag", "-bad", "--store", url, "--db", db_url), 2, "tag key")
+    cli_error(run_cli("query", "m", "--passing", "--tag", "a", "--store", url, "--db",
+                      db_url), 2, "--passing")
+    # the index rebuilt from the store answers the same
+    before = [q("--tag", "team"), q("--tag", "stage=eval")]
+    cli_ok(run_cli("index", "rebuild", "--json", "--store", url, "--db", db_url))
+    assert [q("--tag", "team"), q("--tag", "stage=eval")] == before
+
+
+def test_web_search_box_tags_and_yanks(tmp_path: Path) -> None:
+    """The web's search box, the version page's tags and yank, the JSON API; a
+    store writer's tag value is shown escaped, never as markup."""
+    from fastapi.testclient import TestClient
+
+    from registry.web import create_app
+
+    url, db = str(tmp_path / "store"), _db(tmp_path)
+    with Registry(url, db=db) as reg:
+        publish(reg, tmp_path, "1", "2")
+        reg.set_tags("m", "1", {"team": "nlp", "note": "<script>alert(1)</script>"})
+        reg.yank("m", "2", "licence <b>withdrawn</b>")
+        with TestClient(create_app(reg), base_url="http://localhost") as c:
+            home = c.get("/")
+            assert home.status_code == 200 and 'action="/search"' in home.text
+            r = c.get("/search", params={"tag": "team=nlp"})
+            assert r.status_code == 200 and 'href="/models/m/1"' in r.text
+            assert 'href="/models/m/2"' not in r.text
+            assert "<script>" not in r.text and "&lt;script&gt;" in r.text
+            r = c.get("/search", params={"dtype": "f32"})
+            assert 'href="/models/m/1"' in r.text and "yanked" in r.text
+            assert c.get("/search", params={"since": "yesterday"}).status_code == 400
+            page = c.get("/models/m/2").text
+            assert 'id="yanked"' in page and "licence &lt;b&gt;withdrawn&lt;/b&gt;" in page
+            assert "<b>withdrawn" not in page
+            assert 'id="tags"' in c.get("/models/m/1").text
+            api = c.get("/api/v1/search", params=[("tag", "team"), ("tag", "note")]).json()
+            assert [(r["model_id"], r["version"]) for r in api] == [("m", "1")]
+            assert c.get("/api/v1/releases/m/1").json()["tags"]["team"] == "nlp"
+            gates = c.get("/api/v1/releases/m/2/gates").json()
+            assert gates["passed"] is False and gates["gates"][-1]["gate"] == "yanked"
