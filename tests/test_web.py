@@ -106,7 +106,8 @@ def test_openapi_documents_every_api_route(client: TestClient) -> None:
         "/api/v1/models/{model_id}/passing", "/api/v1/models/{model_id}/aliases",
         "/api/v1/models/{model_id}/aliases/{alias}/log", "/api/v1/models/{model_id}/diff", "/api/v1/releases/{model_id}/{ref}",
         "/api/v1/releases/{model_id}/{ref}/gates", "/api/v1/sources/{source_id}/releases",
-        "/api/v1/revocations", "/api/v1/runs/{run_id}/checkpoints", "/api/v1/hub/stats"}
+        "/api/v1/revocations", "/api/v1/runs/{run_id}/checkpoints", "/api/v1/hub/stats",
+        "/api/v1/search"}
     assert all(set(ops) == {"get"} for ops in spec["paths"].values())
     assert client.get("/api/v1/docs").status_code == 200
 
