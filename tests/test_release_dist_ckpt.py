@@ -255,6 +255,15 @@ def _tamper_metadata(store: Store, change: str) -> None:
     elif change == "huge":
         info = meta.storage_data[MetadataIndex("model.w", [0, 0])]
         info.length = 10 << 20
+    elif change == "vast":  # 4 TiB of float32 claimed over the step's few hundred bytes
+        record = next(v for k, v in meta.storage_data.items() if k.fqn == "model.w")
+        half = 1 << 19
+        md.size = torch.Size([2 * half, 2 * half])
+        md.chunks[:] = [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([half, 2 * half])),
+                        ChunkStorageMetadata(torch.Size([half, 0]), torch.Size([half, 2 * half]))]
+        meta.storage_data = {k: v for k, v in meta.storage_data.items() if k.fqn != "model.w"}
+        for c in md.chunks:
+            meta.storage_data[MetadataIndex("model.w", c.offsets)] = record
     _plant(store, {"dist_ckpt/.metadata": pickle.dumps(meta)})
 
 
@@ -263,6 +272,7 @@ def _tamper_metadata(store: Store, change: str) -> None:
     ("overlap", "overlap"),
     ("outside", "not a dist_ckpt file of the step's MANIFEST.json"),
     ("huge", "bytes of tensor data"),
+    ("vast", "more tensor data than"),
     ("records", "storage records are not mappings"),
     ("malformed", "not those of a DCP tensor record"),
     ("norecord", "no storage record"),

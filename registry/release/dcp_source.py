@@ -148,7 +148,8 @@ class DcpWeights:
 
     Raises:
         CheckpointError: ``dist_ckpt/.metadata`` is not in the manifest, or an
-            entry cannot be mapped to a Hugging Face tensor (see the module).
+            entry cannot be mapped to a Hugging Face tensor (see the module), or
+            the model tensors claim more bytes than the step's chunk files hold.
         UnsafeCheckpointError: ``.metadata`` needs a class outside the DCP
             allow-list, or is larger than the cap.
         IntegrityError: the ``.metadata`` bytes read differ from the manifest.
@@ -211,6 +212,12 @@ class DcpWeights:
             infos[name] = TensorInfo(name, dtype, tuple(int(d) for d in md.size), offset,
                                      offset + nbytes)
             offset += nbytes
+        stored = sum(e.size for e in manifest.files if e.path.startswith(f"{DIST}/")
+                     and "/" not in e.path[len(DIST) + 1:] and e.path != f"{DIST}/{METADATA}")
+        if offset > stored:  # before any plan or buffer is sized by the claim
+            raise CheckpointError(f"{shown}: its model tensors claim {offset} bytes, more tensor "
+                                  f"data than the {stored} bytes of the step's chunk files "
+                                  "(DCP stores tensors uncompressed)")
         self.header = SafetensorsHeader(tensors=infos, metadata=dict(self.metadata),
                                         data_start=0)
         self._sources: dict[str, HashedSource] = {}
