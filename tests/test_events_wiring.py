@@ -79,3 +79,24 @@ def test_cli_publish_event_and_exit_11_then_repair(tmp_path: Path) -> None:
     assert got == [("model_version.created", "m", "1"), ("model_version_alias.created", "m", "1")]
     r = run_cli("events", "repair", "--store", url)
     assert r.returncode == 0 and "no event missing" in r.stderr
+
+
+def test_repair_skips_what_a_store_writer_garbled_and_repairs_the_rest(tmp_path: Path) -> None:
+    """One garbled alias pointer (a store writer's) once stopped the whole repair
+    (exit 5, nothing appended): now it is named on stderr and skipped."""
+    url = str(tmp_path / "store")
+    s = ["--store", url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
+    r = run_cli("publish", str(model_dir(tmp_path)), "--model-id", "m", "--version", "1",
+                *docs(tmp_path), *s)
+    assert r.returncode == 0, r.stderr
+    shutil.rmtree(tmp_path / "store" / "events")  # the event was lost
+    refs = tmp_path / "store" / "models" / "m" / "refs"
+    refs.mkdir(parents=True, exist_ok=True)
+    (refs / "bad").write_text('{"x": 1}')
+    r = run_cli("events", "repair", "--json", "--store", url)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["appended"] == ["model_version.created m@1"]
+    assert len(doc["skipped"]) == 1 and "refs/bad" in doc["skipped"][0]
+    assert "refs/bad" in r.stderr and "Traceback" not in r.stderr
+    assert names(url) == [("model_version.created", "m", "1")]

@@ -159,10 +159,13 @@ def events_repair(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     from registry.events.repair import repair
     from registry.store import open_store
 
+    damaged: list[str] = []
     with error_boundary(as_json):
-        added = repair(open_store(store))
+        added = repair(open_store(store), damaged=damaged)
+    for note in damaged:
+        echo(f"warning: skipped, cannot be read: {note}", err=True)
     if as_json:
-        print_json({"appended": added})
+        print_json({"appended": added, "skipped": damaged})
         return
     for line in added:
         echo(f"appended {line}")
