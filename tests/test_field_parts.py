@@ -53,9 +53,13 @@ def _uploads(endpoint: str, bucket: str) -> list[str]:
 
 
 def _part_lengths(proxy_log: list[Request]) -> list[int]:
+    """The UploadPart bodies' lengths in part-number order (parts are sent in
+    parallel, so the proxy logs them in the order they arrive)."""
+    parts = sorted(((int(r.query.get("partNumber", ["0"])[0]), r) for r in proxy_log
+                    if r.op == "UploadPart"), key=lambda p: p[0])
     return [int(r.headers.get("Content-Length") or r.headers.get("content-length") or
                 r.headers.get("x-amz-decoded-content-length") or 0)
-            for r in proxy_log if r.op == "UploadPart"]
+            for _, r in parts]
 
 
 def test_a_bounded_stream_is_sent_in_equal_parts(small_parts: str,
