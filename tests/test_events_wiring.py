@@ -100,3 +100,17 @@ def test_repair_skips_what_a_store_writer_garbled_and_repairs_the_rest(tmp_path:
     assert len(doc["skipped"]) == 1 and "refs/bad" in doc["skipped"][0]
     assert "refs/bad" in r.stderr and "Traceback" not in r.stderr
     assert names(url) == [("model_version.created", "m", "1")]
+
+
+def test_events_ls_text_has_no_python_reprs(tmp_path: Path) -> None:
+    """A first alias move has no previous version: the text says ``-``,
+    never Python's ``None`` (issue 33 item 4)."""
+    url = str(tmp_path / "store")
+    with Registry(url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg:
+        publish_api(reg, tmp_path, "1")
+        reg.set_alias("m", "prod", "1")
+    first = [e for e in iter_events(open_store(url)) if e.name == "model_version_alias.created"]
+    assert first and "previous" in first[0].data and first[0].data["previous"] is None
+    p = run_cli("events", "ls", "--store", url)
+    assert p.returncode == 0, p.stderr
+    assert "None" not in p.stdout and "previous=-" in p.stdout, p.stdout

@@ -49,8 +49,8 @@ def _line(e: object) -> str:
 
     assert isinstance(e, Event)
     what = f"{e.model_id}@{e.version}" if e.model_id and e.version else (e.model_id or "-")
-    extra = " ".join(f"{k}={v}" for k, v in sorted(e.data.items()) if k in (
-        "alias", "previous", "source_id", "reason", "key", "value"))
+    extra = " ".join(f"{k}={'-' if v is None else v}" for k, v in sorted(e.data.items())
+                     if k in ("alias", "previous", "source_id", "reason", "key", "value"))
     return f"{e.seq}\t{e.time}\t{e.name}\t{what}\t{actor.describe(e.actor)}" + (
         f"\t{extra}" if extra else "")
 
