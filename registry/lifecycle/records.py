@@ -20,12 +20,16 @@ from __future__ import annotations
 import random
 import time
 import unicodedata
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from registry import limits, numbers
-from registry.errors import DocumentError, ObjectNotFoundError, UsageError
+from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, UsageError
 from registry.schemas import load_json
-from registry.store import Store
+from registry.names import check_name
+from registry.store import Store, join
+
+T = TypeVar("T")
 
 #: version of the records' shape.
 RECORD_SCHEMA = 1
@@ -121,3 +125,28 @@ def actor_of(actor: dict[str, Any] | None) -> dict[str, Any]:
     from registry.actor import current_actor
 
     return dict(actor) if actor is not None else current_actor()
+
+
+def per_version(store: Store, root: str, model_id: str,
+                read: Callable[[str], T | None]) -> dict[str, T]:
+    """version -> ``read(version)`` for every ``<root>/<model_id>/<version>.json``
+    record (for ``index rebuild``): temporary files, folders, bad version names,
+    records ``read`` refuses (any ``RegistryError``) and those it returns None
+    for are left out.
+
+    Raises:
+        InvalidNameError: a bad ``model_id``.
+        StorageError: the folder could not be listed.
+    """
+    out: dict[str, T] = {}
+    for name, is_dir in store.list_dir(join(root, check_name(model_id, "model_id"))):
+        version = name.removesuffix(".json")
+        if is_dir or not name.endswith(".json") or ".tmp" in name:
+            continue
+        try:
+            doc = read(check_name(version, "version"))
+        except RegistryError:
+            continue
+        if doc is not None:
+            out[version] = doc
+    return out

@@ -25,13 +25,13 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from registry.errors import PointerConflictError, RegistryError, UsageError
+from registry.errors import PointerConflictError, UsageError
 from registry.layout import TAGS, release_prefix, tags_key
 from registry.lifecycle import records
 from registry.lifecycle.tombstone import refuse_deleted
 from registry.manifest import utc_now
 from registry.names import check_name
-from registry.store import Store, join
+from registry.store import Store
 from registry.verify import read_manifest
 
 KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -186,19 +186,9 @@ def read_tags(store: Store, model_id: str, version: str) -> dict[str, str]:
 def tagged(store: Store, model_id: str) -> dict[str, dict[str, str]]:
     """version -> tags for every tagged release of ``model_id`` (for ``index
     rebuild``); garbled records and tags breaking the rules are left out."""
-    folder = join(TAGS, check_name(model_id, "model_id"))
-    out = {}
-    for name, is_dir in store.list_dir(folder):
-        version = name.removesuffix(".json")
-        if is_dir or not name.endswith(".json") or ".tmp" in name:
-            continue
-        try:
-            check_name(version, "version")
-            tags = read_tags(store, model_id, version)
-            for k, v in tags.items():
-                check_tag(k, v)
-        except RegistryError:
-            continue
-        if tags:
-            out[version] = tags
-    return out
+    def checked(version: str) -> dict[str, str] | None:
+        tags = read_tags(store, model_id, version)
+        for k, v in tags.items():
+            check_tag(k, v)
+        return tags or None
+    return records.per_version(store, TAGS, model_id, checked)

@@ -23,8 +23,7 @@ from typing import Any
 from registry.errors import ReleaseDeletedError, RegistryError, VersionExistsError
 from registry.layout import TOMBSTONES, release_prefix, tombstone_key
 from registry.lifecycle import records
-from registry.names import check_name
-from registry.store import Store, join
+from registry.store import Store
 
 
 def read_tombstone(store: Store, model_id: str, version: str) -> dict[str, Any] | None:
@@ -87,17 +86,5 @@ def check_version_free(store: Store, model_id: str, version: str) -> None:
 def tombstones(store: Store, model_id: str) -> dict[str, dict[str, Any]]:
     """version -> tombstone of every deleted release of ``model_id`` (for
     ``index rebuild``); garbled ones are left out."""
-    folder = join(TOMBSTONES, check_name(model_id, "model_id"))
-    out = {}
-    for name, is_dir in store.list_dir(folder):
-        version = name.removesuffix(".json")
-        if is_dir or not name.endswith(".json") or ".tmp" in name:
-            continue
-        try:
-            check_name(version, "version")
-            doc = read_tombstone(store, model_id, version)
-        except RegistryError:
-            continue
-        if doc is not None:
-            out[version] = doc
-    return out
+    return records.per_version(store, TOMBSTONES, model_id,
+                               lambda v: read_tombstone(store, model_id, v))

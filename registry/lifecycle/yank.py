@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.errors import DocumentError, PointerConflictError, RegistryError
+from registry.errors import DocumentError, PointerConflictError
 from registry.gates import GateResult
 from registry.layout import YANKS, release_prefix, yank_key
 from registry.lifecycle import records
 from registry.manifest import utc_now
-from registry.names import check_name
-from registry.store import Store, join
+from registry.store import Store
 from registry.verify import read_manifest
 
 GATE = "yanked"
@@ -143,17 +142,5 @@ def yank_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
 def yanked(store: Store, model_id: str) -> dict[str, dict[str, Any]]:
     """version -> yank record, for every yanked release of ``model_id`` (for
     ``index rebuild``). Garbled records are left out (the gate reports them)."""
-    folder = join(YANKS, check_name(model_id, "model_id"))
-    out = {}
-    for name, is_dir in store.list_dir(folder):
-        version = name.removesuffix(".json")
-        if is_dir or not name.endswith(".json") or ".tmp" in name:
-            continue
-        try:
-            check_name(version, "version")
-            doc = yank_record(store, model_id, version)
-        except RegistryError:
-            continue
-        if doc is not None:
-            out[version] = doc
-    return out
+    return records.per_version(store, YANKS, model_id,
+                               lambda v: yank_record(store, model_id, v))
