@@ -1,25 +1,37 @@
-"""An object-store-backed artifact registry for ML model directories."""
+"""An object-store-backed artifact registry for ML model directories.
+
+The names below load on first use (:mod:`registry.lazy`): ``import registry``
+costs almost nothing, and a command imports only what it runs.
+"""
 
 from __future__ import annotations
 
-from registry.commit import DirectoryWriter, commit_local_directory, delete_directory
-from registry.manifest import FileEntry, Manifest, build_manifest, parse_manifest
-from registry.store import Store, open_store
-from registry.verify import VerifyReport, is_committed, verify_directory
+from typing import TYPE_CHECKING
+
+from registry.lazy import exports
+
+if TYPE_CHECKING:
+    from registry.commit import DirectoryWriter, commit_local_directory, delete_directory
+    from registry.manifest import FileEntry, Manifest, build_manifest, parse_manifest
+    from registry.store import Store, open_store
+    from registry.verify import VerifyReport, is_committed, verify_directory
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DirectoryWriter",
-    "FileEntry",
-    "Manifest",
-    "Store",
-    "VerifyReport",
-    "build_manifest",
-    "commit_local_directory",
-    "delete_directory",
-    "is_committed",
-    "open_store",
-    "parse_manifest",
-    "verify_directory",
-]
+_FROM = {
+    "DirectoryWriter": "registry.commit",
+    "commit_local_directory": "registry.commit",
+    "delete_directory": "registry.commit",
+    "FileEntry": "registry.manifest",
+    "Manifest": "registry.manifest",
+    "build_manifest": "registry.manifest",
+    "parse_manifest": "registry.manifest",
+    "Store": "registry.store",
+    "open_store": "registry.store",
+    "VerifyReport": "registry.verify",
+    "is_committed": "registry.verify",
+    "verify_directory": "registry.verify",
+}
+__getattr__, __dir__ = exports(__name__, _FROM)
+
+__all__ = sorted(_FROM)

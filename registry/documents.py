@@ -9,15 +9,16 @@ the store). A test compares every API document with the CLI's output.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.aliases import list_aliases, parse_ref, resolve
-from registry.checkpoint import CheckpointTree
 from registry.errors import InvalidNameError
 from registry.gates import GateResult, Threshold, passed
 from registry.ledger import revocations
-from registry.release import ModelRelease
 from registry.store import Store
+
+if TYPE_CHECKING:
+    from registry.checkpoint.tree import CheckpointTree
 
 
 def checkpoint_list(tree: CheckpointTree, *, full: bool = False) -> dict[str, Any]:
@@ -47,6 +48,8 @@ def gate_check(store: Store, ref: str, *,
         NotCommittedError: no such version or alias.
         UsageError: a threshold does not parse.
     """
+    from registry.release.model_release import ModelRelease  # the builder: numpy
+
     rel = ModelRelease(store)
     model_id, name = parse_ref(ref)
     if name is None:

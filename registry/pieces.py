@@ -46,7 +46,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from registry.errors import UsageError
 from registry.fastdigest import Blake3Side
@@ -136,6 +135,8 @@ class Pieces:
 
 
 def _addr(data: Any) -> tuple[int, int, Any]:
+    import numpy as np  # here: a CLI call that hashes nothing does not load numpy
+
     arr = np.frombuffer(data, dtype=np.uint8)
     return arr.ctypes.data, arr.size, arr
 

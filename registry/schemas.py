@@ -20,10 +20,6 @@ from collections.abc import Iterable
 from importlib.resources.abc import Traversable
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-from referencing import Registry, Resource
-
 from registry import limits, numbers
 from registry.errors import DocumentError, SchemaValidationError
 from registry.resources import resource_dir
@@ -88,7 +84,10 @@ def load_schema(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _validator(name: str, defs: str | None) -> Draft202012Validator:
+def _validator(name: str, defs: str | None) -> Any:
+    from jsonschema import Draft202012Validator  # loaded by the first validation
+    from referencing import Registry, Resource
+
     schema = _schema(name)
     if defs is not None and defs not in schema.get("$defs", {}):
         raise KeyError(f"schema {name!r} has no $defs/{defs}")
@@ -128,6 +127,8 @@ def validate(document: Any, schema: str, *, path: str, defs: str | None = None) 
         FileNotFoundError: no schema of that name is shipped.
         KeyError: the schema has no ``$defs/<defs>``.
     """
+    from jsonschema.exceptions import best_match
+
     error = best_match(_validator(schema, defs).iter_errors(document))
     if error is None:
         return

@@ -57,6 +57,22 @@ SEAWEED_MODULES = frozenset({
 })
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package and the test helpers to bytecode once, before the
+    workers start. The suite starts some two thousand Python processes (CLI
+    calls, publishers, ranks); where ``PYTHONDONTWRITEBYTECODE`` is set (as on
+    some CI images) an editable install is otherwise compiled from source by
+    every one of them, about 0.4 s of CPU each. Python still reads bytecode
+    with that variable set; it only does not write it."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    import compileall
+
+    for folder in ("registry", "tests", "modeldir_registry"):
+        if (REPO / folder).is_dir():
+            compileall.compile_dir(str(REPO / folder), quiet=1, workers=1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the ``seaweed`` variants of the store fixtures to SEAWEED_MODULES."""
     keep, drop = [], []

@@ -63,7 +63,7 @@ from registry.errors import IndexOutOfDateError
 from registry.gates import passed
 from registry.index import Index
 from registry.index import schema as t
-from registry.index.db import _alembic_config, head_revision
+from registry.index.db import SCHEMA_HEAD, _alembic_config, head_revision
 from registry.index.queries import checkpoints
 from registry.release import ModelRelease
 from registry.store import Store, open_store
@@ -258,6 +258,9 @@ def test_one_head_and_a_clean_downgrade_upgrade_cycle(db_url: str) -> None:
     script = ScriptDirectory.from_config(_alembic_config(None))
     heads = script.get_heads()
     assert heads == [head_revision()]
+    # The index opens a database stamped SCHEMA_HEAD without loading alembic:
+    # a new migration must move it, or databases would stay unmigrated.
+    assert heads == [SCHEMA_HEAD]
     chain = list(script.walk_revisions())
     assert chain[-1].down_revision is None  # one line of history down to base
     assert len({r.revision for r in chain}) == len(chain)

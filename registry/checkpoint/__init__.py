@@ -1,26 +1,46 @@
-"""Training checkpoints: layouts, trees, the CheckpointManager (seeds 000 and 003)."""
+"""Training checkpoints: layouts, trees, the CheckpointManager (seeds 000 and 003).
+
+The names load on first use (:mod:`registry.lazy`): code that needs only the
+key shapes of :mod:`registry.checkpoint.layout` does not load the writers.
+"""
 
 from __future__ import annotations
 
-from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout
-from registry.checkpoint.manager import CheckpointManager, ResumeState, SaveResult
-from registry.checkpoint.lease import WriterLease
-from registry.checkpoint.tree import (
-    CheckpointSkippedWarning,
-    CheckpointTree,
-    RetentionSkippedWarning,
-    StepInfo,
-)
-from registry.checkpoint.loongsage import (
-    LoongSageCheckpointer,
-    LoongSaveResult,
-    TrainingState,
-    load_dist_ckpt,
-    load_training_state,
-)
-from registry.layout import run_root
+from typing import TYPE_CHECKING
 
-__all__ = ["LAYOUTS", "LOONGSAGE", "TINYLLM", "CheckpointManager", "CheckpointSkippedWarning",
-           "CheckpointTree", "Layout", "LoongSageCheckpointer", "LoongSaveResult", "ResumeState",
-           "RetentionSkippedWarning", "SaveResult", "StepInfo", "TrainingState", "WriterLease",
-           "get_layout", "load_dist_ckpt", "load_training_state", "run_root"]
+from registry.lazy import exports
+
+if TYPE_CHECKING:
+    from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout
+    from registry.checkpoint.lease import WriterLease
+    from registry.checkpoint.loongsage import (
+        LoongSageCheckpointer,
+        LoongSaveResult,
+        TrainingState,
+        load_dist_ckpt,
+        load_training_state,
+    )
+    from registry.checkpoint.manager import CheckpointManager, ResumeState, SaveResult
+    from registry.checkpoint.tree import (
+        CheckpointSkippedWarning,
+        CheckpointTree,
+        RetentionSkippedWarning,
+        StepInfo,
+    )
+    from registry.layout import run_root
+
+_MODULES = {
+    "registry.checkpoint.layout": ("LAYOUTS", "LOONGSAGE", "TINYLLM", "Layout", "get_layout"),
+    "registry.checkpoint.lease": ("WriterLease",),
+    "registry.checkpoint.loongsage": ("LoongSageCheckpointer", "LoongSaveResult",
+                                      "TrainingState", "load_dist_ckpt",
+                                      "load_training_state"),
+    "registry.checkpoint.manager": ("CheckpointManager", "ResumeState", "SaveResult"),
+    "registry.checkpoint.tree": ("CheckpointSkippedWarning", "CheckpointTree",
+                                 "RetentionSkippedWarning", "StepInfo"),
+    "registry.layout": ("run_root",),
+}
+_FROM = {name: module for module, names in _MODULES.items() for name in names}
+__getattr__, __dir__ = exports(__name__, _FROM)
+
+__all__ = sorted(_FROM)

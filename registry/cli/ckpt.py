@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from registry.numbers import INT_MAX
-from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, StepInfo, get_layout
-from registry.checkpoint.loongsage import adopt
+from registry.checkpoint.layout import LOONGSAGE, TINYLLM, get_layout
+from registry.checkpoint.tree import CheckpointTree, StepInfo
 from registry.checkpoint.lease import describe as describe_holder
 from registry.cli.app import JsonOpt, StoreOpt, RegistryTyper, app, nothing_stored, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
@@ -265,6 +265,8 @@ def ckpt_adopt(checkpoint_path: Annotated[str, typer.Argument(
     with error_boundary(as_json):
         tree = open_tree(checkpoint_path, store, "loongsage")
         _require_tree(tree, checkpoint_path)
+        from registry.checkpoint.loongsage import adopt  # the LoongSage stack: numpy
+
         result = adopt(tree.store, tree.root, run_id=run_id)
     if as_json:
         print_json(result.to_dict())

@@ -13,7 +13,6 @@ from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo, shown
 from registry.errors import RegistryError, UsageError
-from registry.release.failing import failing_aliases
 from registry.store import open_store
 from registry.documents import revocation_list
 from registry.words import count
@@ -89,6 +88,8 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         rev, created = reg.revoke(source_id, reason)
+    from registry.release.failing import failing_aliases  # loads the release builder
+
     try:  # the revocation is committed: a failing alias scan must not hide that
         failing, unchecked = failing_aliases(reg.store), None
     except RegistryError as e:

@@ -39,7 +39,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from filelock import FileLock
 
 from registry import numbers, schemas
 from registry.manifest import Manifest
@@ -63,8 +62,11 @@ def parse_time(text: str) -> float:
         return 0.0
 
 
-def cache_lock(cache: Cache) -> FileLock:
-    """The cache's lock (``<cache>/cache.lock``); hold it only briefly."""
+def cache_lock(cache: Cache) -> Any:
+    """The cache's lock (``<cache>/cache.lock``, a ``filelock.FileLock``);
+    hold it only briefly."""
+    from filelock import FileLock  # ~60 ms to import: only where a lock is taken
+
     return FileLock(str(cache.root / "cache.lock"), mode=privacy.file_mode(cache.group))
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jinja2
-
 from registry.resources import resource_dir
 
 
@@ -27,6 +25,8 @@ def render_card(facts: dict[str, Any]) -> str:
         jinja2.UndefinedError: a fact the template needs is missing (a bug).
     """
     template_text = (resource_dir("templates") / "MODEL_CARD.md").read_text(encoding="utf-8")
+    import jinja2  # only a publish renders a card
+
     env = jinja2.Environment(undefined=jinja2.ChainableUndefined, keep_trailing_newline=True,
                              autoescape=False, trim_blocks=False)
     return env.from_string(template_text).render(**facts)
