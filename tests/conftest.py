@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import subprocess
@@ -158,6 +159,49 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "registry", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+#: Runs CLI commands through ``registry.cli.main`` (the console script's entry
+#: point: parsing, the usage-error line, the error boundary, exit codes) one
+#: after another in one fresh process: a JSON list of argv in on stdin, a JSON
+#: list of [exit code, stdout, stderr] out.
+CLI_BATCH = r'''
+import contextlib, io, json, sys, traceback
+from registry.cli import main
+
+out = []
+for argv in json.loads(sys.stdin.read()):
+    stdout, stderr, code = io.StringIO(), io.StringIO(), None
+    sys.argv = ["registry", *argv]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = -1
+    out.append([code, stdout.getvalue(), stderr.getvalue()])
+print(json.dumps(out))
+'''
+
+
+def run_cli_batch(commands: list[list[str]], *, env: dict[str, str] | None = None,
+                  cwd: str | Path | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """Each of ``commands`` (argv lists) run by :data:`CLI_BATCH` in one real
+    process; one CompletedProcess per command, as :func:`run_cli` gives.
+
+    For read-only commands whose process lifetime does not matter (queries,
+    listings, refusals): each pays no interpreter start of its own, which is
+    most of a CLI call's cost. ``env`` replaces the environment when given."""
+    p = subprocess.run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
+                       capture_output=True, text=True, timeout=600, cwd=cwd,
+                       env=env if env is not None else dict(os.environ))
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = json.loads(p.stdout)
+    return [subprocess.CompletedProcess(["registry", *argv], code, out, err)
+            for argv, (code, out, err) in zip(commands, results, strict=True)]
 
 
 POSTGRES = os.environ.get("REGISTRY_TEST_POSTGRES",

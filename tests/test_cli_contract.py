@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from registry.api import Registry
 from registry.checkpoint import CheckpointManager
 from registry.cli.errors import EXIT_CODES, EXIT_NOT_INDEXED
 from tests.ckpt_util import save
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli_batch
 from tests.release_util import head, ledger_row, summary
 
 #: Each case: (id, argv, exit code, words stderr must hold in text mode).
@@ -248,26 +247,6 @@ REPORTS_ON_STDOUT = {"verify-uncommitted", "ckpt-verify-damaged", "ckpt-latest-d
                      "revoke-not-indexed", "policy-not-indexed", "release-not-indexed",
                      "publish-failing-gate"}
 
-BATCH = r'''
-import contextlib, io, json, sys, traceback
-from registry.cli import main
-
-out = []
-for argv in json.loads(sys.stdin.read()):
-    stdout, stderr, code = io.StringIO(), io.StringIO(), None
-    sys.argv = ["registry", *argv]
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = -1
-    out.append([code, stdout.getvalue(), stderr.getvalue()])
-print(json.dumps(out))
-'''
 
 
 def _world(w: Path) -> None:
@@ -315,10 +294,7 @@ def _run(w: Path, cases: list[list[str]]) -> list[tuple[int, str, str]]:
     # a module-scoped caller runs before the per-test REGISTRY_CACHE is set:
     # never let a pull fill the user's ~/.cache/model-registry
     env.setdefault("REGISTRY_CACHE", str(w.parent / f"{w.name}-pull-cache"))
-    p = subprocess.run([sys.executable, "-c", BATCH], input=json.dumps(cases), cwd=w, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return [tuple(r) for r in json.loads(p.stdout)]  # type: ignore[misc]
+    return [(r.returncode, r.stdout, r.stderr) for r in run_cli_batch(cases, env=env, cwd=w)]
 
 
 @pytest.fixture(scope="module")

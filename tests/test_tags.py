@@ -8,6 +8,7 @@ index rebuilt from the store reproduces the tags (SQLite and Postgres).
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from registry.errors import DocumentError, NotCommittedError, ReleaseDeletedErro
 from registry.layout import tags_key
 from registry.lifecycle.tags import read_tags
 from registry.store import open_store
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_batch
 from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish
 
 
@@ -112,37 +113,49 @@ def test_query_search(durable_store_url: str, db_url: str, tmp_path: Path) -> No
         reg.yank("m", "3", "bad")
         created = {r["version"]: r["created_at"] for r in reg.ls("m")}
 
-    def q(*args: str) -> list[str]:
-        rows = cli_ok(run_cli("query", *args, "--json", "--store", url, "--db", db_url))
-        return [f"{r['model_id']}@{r['version']}" for r in rows]
+    # The read-only queries of each step run in one process (run_cli_batch):
+    # each through the console script's main(), as a fresh process would.
+    def store_db(*args: str) -> list[str]:
+        return ["query", *args, "--store", url, "--db", db_url]
 
-    assert q("--tag", "team=nlp") == ["m@3", "m@1"]
-    assert q("--tag", "team") == ["m@3", "m@1", "other@1"]
-    assert q("--tag", "team=nlp", "--tag", "stage=eval") == ["m@1"]
-    assert q("other", "--tag", "team") == ["other@1"]
-    assert q("--tag", "team=nobody") == []
-    assert q("--dtype", "f32", "m") == ["m@3", "m@2", "m@1"]
-    assert q("--dtype", "bf16") == []
-    assert q("--since", created["2"], "m") == ["m@3", "m@2"]
-    assert q("--since", "1d", "--tag", "team=vision") == ["other@1"]
-    assert q("--since", "2099-01-01") == []
-    assert q("--tag", "team=nlp", "--source", "wiki") == ["m@3", "m@1"]
-    assert q("--tag", "team=nlp", "--source", "books") == []
-    rows = cli_ok(run_cli("query", "--tag", "team=nlp", "--json", "--store", url,
-                          "--db", db_url))
+    def names(p: subprocess.CompletedProcess[str]) -> list[str]:
+        return [f"{r['model_id']}@{r['version']}" for r in cli_ok(p)]
+
+    expected = [
+        (("--tag", "team=nlp"), ["m@3", "m@1"]),
+        (("--tag", "team"), ["m@3", "m@1", "other@1"]),
+        (("--tag", "team=nlp", "--tag", "stage=eval"), ["m@1"]),
+        (("other", "--tag", "team"), ["other@1"]),
+        (("--tag", "team=nobody"), []),
+        (("--dtype", "f32", "m"), ["m@3", "m@2", "m@1"]),
+        (("--dtype", "bf16"), []),
+        (("--since", created["2"], "m"), ["m@3", "m@2"]),
+        (("--since", "1d", "--tag", "team=vision"), ["other@1"]),
+        (("--since", "2099-01-01"), []),
+        (("--tag", "team=nlp", "--source", "wiki"), ["m@3", "m@1"]),
+        (("--tag", "team=nlp", "--source", "books"), []),
+    ]
+    refused = [(("--since", "yesterday"), "--since"), (("--tag", "-bad"), "tag key"),
+               (("m", "--passing", "--tag", "a"), "--passing")]
+    again = [("--tag", "team"), ("--tag", "stage=eval")]
+    got = run_cli_batch([store_db(*a, "--json") for a, _ in expected]
+                        + [store_db("--tag", "team=nlp", "--json"),
+                           store_db("--tag", "stage=eval")]
+                        + [store_db(*a) for a, _ in refused]
+                        + [store_db(*a, "--json") for a in again])
+    for (args, want), p in zip(expected, got, strict=False):
+        assert names(p) == want, args
+    rows = cli_ok(got[len(expected)])
     assert [r["yanked"] for r in rows] == [True, False]
     assert rows[1]["tags"] == {"stage": "eval", "team": "nlp"}
-    text = cli_ok(run_cli("query", "--tag", "stage=eval", "--store", url, "--db", db_url))
+    text = cli_ok(got[len(expected) + 1])
     assert text.split("\t")[0] == "m@1" and "stage=eval team=nlp" in text
-    cli_error(run_cli("query", "--since", "yesterday", "--store", url, "--db", db_url), 2,
-              "--since")
-    cli_error(run_cli("query", "--tag", "-bad", "--store", url, "--db", db_url), 2, "tag key")
-    cli_error(run_cli("query", "m", "--passing", "--tag", "a", "--store", url, "--db",
-                      db_url), 2, "--passing")
+    for (_, needle), p in zip(refused, got[len(expected) + 2:], strict=False):
+        cli_error(p, 2, needle)
+    before = [names(p) for p in got[-len(again):]]
     # the index rebuilt from the store answers the same
-    before = [q("--tag", "team"), q("--tag", "stage=eval")]
     cli_ok(run_cli("index", "rebuild", "--json", "--store", url, "--db", db_url))
-    assert [q("--tag", "team"), q("--tag", "stage=eval")] == before
+    assert [names(p) for p in run_cli_batch([store_db(*a, "--json") for a in again])] == before
 
 
 def test_web_search_box_tags_and_yanks(tmp_path: Path) -> None:
