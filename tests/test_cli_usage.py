@@ -23,7 +23,7 @@ from registry.cli import app
 from registry.cli.errors import EXIT_CODES
 from registry.cli.reference import _walk
 from tests.conftest import REPO
-from tests.test_cli_contract import BATCH
+from tests.conftest import CLI_BATCH as BATCH
 from tests.test_index_readonly import volume  # noqa: F401  (fixture)
 
 USAGE = EXIT_CODES[E.UsageError]

@@ -9,8 +9,6 @@ from typing import Annotated
 import typer
 
 from registry.numbers import INT_MAX
-from registry.checkpoint.loongsage_refs import check_weight_sources
-from registry.checkpoint.loongsage_rollout import RolloutData
 from registry.cli.app import JsonOpt, StoreOpt, print_json
 from registry.cli.ckpt import _is_location, ckpt_app
 from registry.cli.errors import at_least, error_boundary
@@ -38,6 +36,8 @@ def ckpt_rollout(rollout_data_path: Annotated[str, typer.Argument(
                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Verify rollout data: each committed step_<step>.pt against its manifest
     (size and sha256, read in full); list step, bytes, sha256."""
+    from registry.checkpoint.loongsage_rollout import RolloutData  # torch, on use
+
     with error_boundary(as_json):
         if step is not None:
             at_least("--step", step, 0)
@@ -104,6 +104,8 @@ def ckpt_refs(ref_dist_ckpt_path: Annotated[str | None, typer.Option(
         if not config and not teachers:
             raise UsageError("name --ref-dist-ckpt-path, --ref-hf-model-path or --teacher")
         config["opd"] = {"teachers": teachers}
+        from registry.checkpoint.loongsage_refs import check_weight_sources
+
         sources = check_weight_sources(config)
     if as_json:
         print_json(sources.to_dict())

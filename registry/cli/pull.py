@@ -21,7 +21,6 @@ from registry.cli.errors import at_least, error_boundary
 from registry.cli.output import echo
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
-from registry.release.failing import describe, failing_gates
 from registry.gates import GateResult
 from registry.store import Store, open_store
 from registry.words import count
@@ -157,7 +156,7 @@ def pull(
                    "pull); gates not re-evaluated", err=True)
     if failed:
         echo(f"warning: {model_id}@{result.version} fails its gates now "
-                   f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
+                   f"({_describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
     mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
     if not quiet:
         echo(f"pulled {model_id}@{result.version} to {result.path}: "
@@ -198,7 +197,15 @@ def _source(mirror: str | None, namespace: str, store: str | None, model_id: str
     from registry.pull import resolve_for_pull
 
     version = resolve_for_pull(s, model_id, name, trust)  # with trust: signed alias moves only
+    from registry.release.failing import failing_gates  # the gates read release documents
+
     return s, version, failing_gates(s, model_id, version)
+
+
+def _describe(failed: list[Any]) -> str:
+    from registry.release.failing import describe
+
+    return describe(failed)
 
 
 def _signer(check: dict[str, Any]) -> str:

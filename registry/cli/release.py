@@ -36,7 +36,6 @@ from registry.certs import Certificate
 from registry.cli.output import echo
 from registry.keys import PublicKey
 from registry.layout import model_root
-from registry.release import ReleaseResult
 from registry.release.policy import signed_by, thresholds
 from registry.store import Store, open_store
 from registry.words import count
@@ -73,6 +72,7 @@ RequireOpt = Annotated[list[str] | None, typer.Option(
 
 if TYPE_CHECKING:
     from registry.api import Registry
+    from registry.release import ReleaseResult
 
 
 def _registry(store: str | None, db: str | None) -> Registry:
