@@ -163,14 +163,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
 
 #: Runs CLI commands through ``registry.cli.main`` (the console script's entry
 #: point: parsing, the usage-error line, the error boundary, exit codes) one
-#: after another in one fresh process: a JSON list of argv in on stdin, a JSON
-#: list of [exit code, stdout, stderr] out.
+#: after another in one fresh process: a JSON list of argv in on stdin (or of
+#: {"argv": [...], "env": {...}}: variables set for that command alone), a
+#: JSON list of [exit code, stdout, stderr] out.
 CLI_BATCH = r'''
-import contextlib, io, json, sys, traceback
+import contextlib, io, json, os, sys, traceback
 from registry.cli import main
 
 out = []
 for argv in json.loads(sys.stdin.read()):
+    saved = dict(os.environ)
+    if isinstance(argv, dict):
+        os.environ.update(argv["env"])
+        argv = argv["argv"]
     stdout, stderr, code = io.StringIO(), io.StringIO(), None
     sys.argv = ["registry", *argv]
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -182,26 +187,31 @@ for argv in json.loads(sys.stdin.read()):
         except BaseException:
             traceback.print_exc()
             code = -1
+    os.environ.clear()
+    os.environ.update(saved)
     out.append([code, stdout.getvalue(), stderr.getvalue()])
 print(json.dumps(out))
 '''
 
 
-def run_cli_batch(commands: list[list[str]], *, env: dict[str, str] | None = None,
+def run_cli_batch(commands: list[list[str]] | list[Any], *, env: dict[str, str] | None = None,
                   cwd: str | Path | None = None) -> list[subprocess.CompletedProcess[str]]:
     """Each of ``commands`` (argv lists) run by :data:`CLI_BATCH` in one real
     process; one CompletedProcess per command, as :func:`run_cli` gives.
 
     For read-only commands whose process lifetime does not matter (queries,
     listings, refusals): each pays no interpreter start of its own, which is
-    most of a CLI call's cost. ``env`` replaces the environment when given."""
+    most of a CLI call's cost. ``env`` replaces the environment when given; a
+    command given as ``{"argv": [...], "env": {...}}`` has those variables
+    set for it alone."""
     p = subprocess.run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
                        capture_output=True, text=True, timeout=600, cwd=cwd,
                        env=env if env is not None else dict(os.environ))
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(p.stdout)
+    argvs = [c["argv"] if isinstance(c, dict) else c for c in commands]
     return [subprocess.CompletedProcess(["registry", *argv], code, out, err)
-            for argv, (code, out, err) in zip(commands, results, strict=True)]
+            for argv, (code, out, err) in zip(argvs, results, strict=True)]
 
 
 POSTGRES = os.environ.get("REGISTRY_TEST_POSTGRES",

@@ -81,7 +81,7 @@ from registry.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
 from registry.store.s3 import S3Store
 from registry.verify import verify_directory
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_batch
 from tests.release_util import ledger_row, summary
 
 MODEL = "tiny"
@@ -1354,15 +1354,14 @@ def test_default_blob_mode_follows_the_store(durable_store_url: str, durable: St
 def test_bad_blob_mode_variable_is_refused(durable_store_url: str, durable: Store,
                                            tmp_path: Path) -> None:
     publish(durable, tmp_path, "1", release_files())
-    for bad in ("sometimes", "1", "yes"):
-        p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "t"), "--cache",
-                    str(tmp_path / "c"), "--store", durable_store_url,
-                    env={"REGISTRY_PULL_BLOBS": bad})
-        assert_cli_error(p, 2, "REGISTRY_PULL_BLOBS", repr(bad), "auto, always or never")
-        assert not (tmp_path / "t").exists()
-    p = run_cli("pull", f"{MODEL}@1", "--to", str(tmp_path / "t"), "--cache",
-                str(tmp_path / "c"), "--store", durable_store_url, "--blobs", "--no-blobs")
-    assert_cli_error(p, 2, "--blobs and --no-blobs")
+    argv = ["pull", f"{MODEL}@1", "--to", str(tmp_path / "t"), "--cache", str(tmp_path / "c"),
+            "--store", durable_store_url]
+    bad = ("sometimes", "1", "yes")
+    got = run_cli_batch([{"argv": argv, "env": {"REGISTRY_PULL_BLOBS": b}} for b in bad]
+                        + [[*argv, "--blobs", "--no-blobs"]])
+    for b, p in zip(bad, got, strict=False):
+        assert_cli_error(p, 2, "REGISTRY_PULL_BLOBS", repr(b), "auto, always or never")
+    assert_cli_error(got[-1], 2, "--blobs and --no-blobs")
     assert not (tmp_path / "t").exists()
 
 
@@ -1499,10 +1498,11 @@ def test_bad_arguments_are_usage_errors(durable_store_url: str, durable: Store,
                        ({"range_threshold": -1}, "negative")):
         with pytest.raises(UsageError, match=needle):
             pull(durable, MODEL, "1", cache=cache, **kw)  # type: ignore[arg-type]
-    for args, needle in ((["--to", ""], "non-empty path"), (["--workers", "0"], "at least 1"),
-                         (["--range-threshold-mib", "-1"], "must not be negative")):
-        p = run_cli("pull", f"{MODEL}@1", "--cache", str(cache), "--store", durable_store_url,
-                    *args)
+    refusals = ((["--to", ""], "non-empty path"), (["--workers", "0"], "at least 1"),
+                (["--range-threshold-mib", "-1"], "must not be negative"))
+    got = run_cli_batch([["pull", f"{MODEL}@1", "--cache", str(cache), "--store",
+                          durable_store_url, *args] for args, _ in refusals])
+    for (_, needle), p in zip(refusals, got, strict=True):
         assert_cli_error(p, 2, needle)
     assert not (cache / "models" / MODEL).exists()
 
@@ -1541,11 +1541,12 @@ def test_unusable_cache_or_target_parent_is_one_clean_error(durable_store_url: s
     a_file.write_bytes(b"not a directory")
     with pytest.raises(StorageError, match="cannot use as the cache directory"):
         pull(durable, MODEL, "1", cache=a_file)
-    p = run_cli("pull", f"{MODEL}@1", "--cache", str(a_file), "--store", durable_store_url)
-    assert_cli_error(p, 6, str(a_file), "cannot use as the cache directory")
-    p = run_cli("pull", f"{MODEL}@1", "--to", str(a_file / "sub"), "--cache",
-                str(tmp_path / "cache"), "--store", durable_store_url)
-    assert_cli_error(p, 6, str(a_file), "cannot create the target's parent")
+    bad_cache, bad_parent = run_cli_batch([
+        ["pull", f"{MODEL}@1", "--cache", str(a_file), "--store", durable_store_url],
+        ["pull", f"{MODEL}@1", "--to", str(a_file / "sub"), "--cache", str(tmp_path / "cache"),
+         "--store", durable_store_url]])
+    assert_cli_error(bad_cache, 6, str(a_file), "cannot use as the cache directory")
+    assert_cli_error(bad_parent, 6, str(a_file), "cannot create the target's parent")
     assert a_file.read_bytes() == b"not a directory"
 
 
