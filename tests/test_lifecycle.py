@@ -28,7 +28,7 @@ from registry.layout import release_prefix, tags_key, tombstone_key, yank_key
 from registry.lifecycle.yank import yank_record
 from registry.manifest import MANIFEST
 from registry.store import open_store
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_batch
 from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish
 
 
@@ -56,11 +56,15 @@ def test_yank_fails_the_gate_everywhere_and_pull_refuses(durable_store_url: str,
     assert store.exists(f"{release_prefix('m', '2')}/{MANIFEST}")
 
     # gate check (store), query --passing and show (index), alias set, pull
-    p = run_cli("gate", "check", "m@2", "--store", url)
+    # (the three reads in one process: run_cli_batch)
+    p, query, show_p = run_cli_batch([
+        ["gate", "check", "m@2", "--store", url],
+        ["query", "m", "--passing", "--json", "--store", url, "--db", db],
+        ["show", "m@2", "--json", "--store", url, "--db", db]])
     assert p.returncode == 1 and "FAIL yanked: yanked at" in p.stdout and "alice@" in p.stdout
-    rows = cli_ok(run_cli("query", "m", "--passing", "--json", "--store", url, "--db", db))
+    rows = cli_ok(query)
     assert [r["version"] for r in rows] == ["1"]
-    show = cli_ok(run_cli("show", "m@2", "--json", "--store", url, "--db", db))
+    show = cli_ok(show_p)
     assert show["passed"] is False and show["yanked"]["reason"] == "licence withdrawn"
     assert {"gate": "yanked", "passed": False,
             "reason": show["gates"][-1]["reason"]} == show["gates"][-1]
