@@ -40,13 +40,16 @@ def test_tag_set_rm_ls_show(durable_store_url: str, tmp_path: Path) -> None:
     assert rec["tags"] == {"stage": "canary", "team": "nlp"} and rec["actor"]["user"]
     assert cli_ok(run_cli("tag", "set", "m@2", "stage=prod", "--store", url, "--db",
                           db)).splitlines() == ["stage=prod", "team=nlp"]
-    assert cli_ok(run_cli("tag", "ls", "m@2", "--store", url)).splitlines() == \
-        ["stage=prod", "team=nlp"]
-    show = cli_ok(run_cli("show", "m@2", "--json", "--store", url, "--db", db))
+    # the reads in one process (run_cli_batch)
+    tag_ls, show_json, show_text, ls = run_cli_batch([
+        ["tag", "ls", "m@2", "--store", url], ["show", "m@2", "--json", "--store", url, "--db", db],
+        ["show", "m@2", "--store", url, "--db", db], ["ls", "m", "--json", "--store", url,
+                                                      "--db", db]])
+    assert cli_ok(tag_ls).splitlines() == ["stage=prod", "team=nlp"]
+    show = cli_ok(show_json)
     assert show["tags"] == {"stage": "prod", "team": "nlp"}
-    assert "tags: stage=prod team=nlp" in cli_ok(run_cli("show", "m@2", "--store", url,
-                                                          "--db", db))
-    rows = cli_ok(run_cli("ls", "m", "--json", "--store", url, "--db", db))
+    assert "tags: stage=prod team=nlp" in cli_ok(show_text)
+    rows = cli_ok(ls)
     assert [r["tags"] for r in rows] == [{"stage": "prod", "team": "nlp"}, {}]
     cli_error(run_cli("tag", "rm", "m@2", "owner", "--store", url, "--db", db), 2,
               "no tag owner")
@@ -55,9 +58,12 @@ def test_tag_set_rm_ls_show(durable_store_url: str, tmp_path: Path) -> None:
     assert event_names(store) [-4:] == ["model_version_tag.set", "model_version_tag.set",
                                         "model_version_tag.set", "model_version_tag.deleted"]
     # bad input: one line, exit 2, nothing written
-    for bad in (["team"], ["-x=1"], ["a=b\x1b[2K"], ["k=" + "v" * 300], ["a=1", "a=2"]):
-        cli_error(run_cli("tag", "set", "m@2", *bad, "--store", url, "--db", db), 2)
-    cli_error(run_cli("tag", "set", "m@9", "a=1", "--store", url, "--db", db), 3)
+    bad = (["team"], ["-x=1"], ["a=b\x1b[2K"], ["k=" + "v" * 300], ["a=1", "a=2"])
+    refused = run_cli_batch([["tag", "set", "m@2", *b, "--store", url, "--db", db] for b in bad]
+                            + [["tag", "set", "m@9", "a=1", "--store", url, "--db", db]])
+    for p in refused[:-1]:
+        cli_error(p, 2)
+    cli_error(refused[-1], 3)
     assert read_tags(store, "m", "2") == {"team": "nlp"}
 
 
