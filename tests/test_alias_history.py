@@ -23,7 +23,7 @@ from registry.events import iter_events
 from registry.index.alias_moves import alias_moves
 from registry.index.schema import AliasMove as AliasMoveRow
 from registry.store import Store, open_store
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_batch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,21 +163,22 @@ def test_cli_rm_log_at_and_rebuild_reproduces_history(durable_store_url: str, tm
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"model_id": "m", "alias": "prod", "version": None,
                                     "previous": "2"}
-    r = run_cli("alias", "rm", "m", "prod", *s)
+    # the refusal and the reads in one process (run_cli_batch)
+    at = ["alias", "log", "m", "prod", "--store", durable_store_url, "--at"]
+    r, r_json, r_text, r_old, r_bad = run_cli_batch([
+        ["alias", "rm", "m", "prod", *s],
+        ["alias", "log", "m", "prod", "--json", "--store", durable_store_url],
+        ["alias", "log", "m", "prod", "--store", durable_store_url],
+        [*at, "1999-01-01"], [*at, "yesterday"]])
     assert r.returncode == 3 and "no alias 'prod'" in r.stderr
-    r = run_cli("alias", "log", "m", "prod", "--json", "--store", durable_store_url)
-    log = json.loads(r.stdout)["moves"]
+    log = json.loads(r_json.stdout)["moves"]
     assert [(m["seq"], m["old"], m["new"], m["actor"]["user"]) for m in log] == [
         (3, "2", None, "dave"), (2, "1", "2", "dave"), (1, None, "1", "dave")]
-    r = run_cli("alias", "log", "m", "prod", "--store", durable_store_url)
-    assert r.stdout.splitlines()[0].startswith("3\t") and "2 -> (removed)" in r.stdout
-    r = run_cli("alias", "log", "m", "prod", "--at", log[1]["time"], "--json",
-                "--store", durable_store_url)
+    assert r_text.stdout.splitlines()[0].startswith("3\t") and "2 -> (removed)" in r_text.stdout
+    assert r_old.returncode == 0 and "no recorded move" in r_old.stderr
+    assert r_bad.returncode == 2 and "--at 'yesterday'" in r_bad.stderr
+    r = run_cli(*at, log[1]["time"], "--json")
     assert json.loads(r.stdout)["version"] == "2"
-    r = run_cli("alias", "log", "m", "prod", "--at", "1999-01-01", "--store", durable_store_url)
-    assert r.returncode == 0 and "no recorded move" in r.stderr
-    r = run_cli("alias", "log", "m", "prod", "--at", "yesterday", "--store", durable_store_url)
-    assert r.returncode == 2 and "--at 'yesterday'" in r.stderr
     with Registry(durable_store_url, db=db) as reg:
         indexed = reg.index.read(lambda q: alias_moves(q, "m", "prod"))
         assert [(m["seq"], m["new"]) for m in indexed] == [(3, None), (2, "2"), (1, "1")]
