@@ -219,6 +219,9 @@ class Claim:
                 return None
             except ObjectExistsError:
                 pass
+            except BaseException:
+                self._drop_if_ours(body)
+                raise
             seen = read_state(self.store, self.key)
             if seen is None:
                 continue  # released meanwhile: create again
@@ -231,12 +234,33 @@ class Claim:
                 self.store.swap(self.key, body, token)  # one recoverer wins
             except PointerConflictError:
                 continue  # renewed or taken over meanwhile: look again
-            self._learn_token(body)
-            self._start()
+            except BaseException:
+                self._drop_if_ours(body)
+                raise
+            try:
+                self._learn_token(body)
+                self._start()
+            except BaseException:
+                self._drop_if_ours(body)
+                raise
             return state
         err = ObjectExistsError(f"{self.key}: claim keeps changing", key=self.key)
         err.state = None  # type: ignore[attr-defined]
         raise err
+
+    def _drop_if_ours(self, body: bytes) -> None:
+        """After ``take`` was interrupted (SIGINT, or SIGTERM raised as an
+        interrupt: registry.interrupt) or failed around its write: delete the
+        claim if it holds ``body``, so no claim outlives a writer that never
+        got to use it. Best effort: a failure here leaves the claim to lapse
+        and ``registry gc`` (the interrupt propagates either way)."""
+        try:
+            data, token = self.store.read_versioned(self.key)
+            if data == body:
+                self._token = token
+                self.release()
+        except Exception:  # noqa: BLE001 - the original error is what the caller sees
+            pass
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=self._beat, daemon=True,

@@ -104,7 +104,11 @@ class DirectoryWriter:
             # The staging directory's owner, for gc: never removed while live.
             self._lease = self._take_claim(claim_key(self.staging))
             if sole_writer:
-                store.delete_prefix(self.staging)
+                try:
+                    store.delete_prefix(self.staging)
+                except BaseException:  # interrupted before `with` could clean up
+                    self._lease.release()
+                    raise
         else:
             self.staging = self.prefix
             self._claim_object_store()
@@ -128,12 +132,15 @@ class DirectoryWriter:
 
     def _claim_object_store(self) -> None:
         self._lease = self._take_claim(self._claim)
-        # Re-check under the claim: a writer may have committed and released
-        # its claim between our first check and our create.
-        if self.store.exists(join(self.prefix, MANIFEST)):
+        try:
+            # Re-check under the claim: a writer may have committed and released
+            # its claim between our first check and our create.
+            if self.store.exists(join(self.prefix, MANIFEST)):
+                raise self._conflict("already committed")
+            self.store.delete_prefix(self.prefix)  # leftovers of a crashed writer
+        except BaseException:  # the conflict, or interrupted before `with` could clean up
             self._lease.release()
-            raise self._conflict("already committed")
-        self.store.delete_prefix(self.prefix)  # leftovers of a crashed writer
+            raise
 
     # -- writing ---------------------------------------------------------------
 

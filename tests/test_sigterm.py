@@ -173,3 +173,49 @@ def test_serve_sigterm_stops_with_143(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_SIGTERM, err
     assert err.endswith("error: registry serve: interrupted by SIGTERM\n"), err
+
+
+# -- an interrupt between taking a claim and the `with` that would release it ------------
+#
+# Found by test_publish_sigterm_mid_write_commits_nothing_and_leaves_nothing
+# (which signals as soon as anything appears under models/m, i.e. the claim):
+# a SIGTERM landing inside DirectoryWriter's constructor, after the claim was
+# created, left the claim behind, since `with` had not yet entered.
+
+
+@pytest.mark.parametrize("where", ["learn_token", "start"])
+def test_claim_interrupted_right_after_its_create_is_deleted(
+        durable_store_url: str, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.claim import Claim
+
+    store = open_store(durable_store_url)
+    store.ensure_root()
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Claim, f"_{where}", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Claim(store, "models/m/1.claim").take()
+    assert not store.exists("models/m/1.claim")
+
+
+@pytest.mark.parametrize("durable_store_url", ["local", "s3"], indirect=True)
+def test_writer_interrupted_in_its_constructor_leaves_no_claim(
+        durable_store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local: the staging claim (sole writer: while its staging is cleared);
+    S3: the directory's claim (while the leftovers of a crashed writer are
+    deleted)."""
+    from registry.commit import DirectoryWriter
+
+    store = open_store(durable_store_url)
+    store.ensure_root()
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(store), "delete_prefix", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        DirectoryWriter(store, "runs/r/ckpt/step_1", kind="checkpoint", meta={}, sole_writer=True)
+    monkeypatch.undo()
+    assert [k for k in store.walk_files("runs") if k.endswith(".claim")] == []
