@@ -45,6 +45,7 @@ from registry.errors import (
     IndexOutOfDateError,
     IndexReadOnlyError,
     InvalidNameError,
+    RegistryError,
     UnknownModelError,
 )
 from registry.gates import GateResult, Threshold, passed
@@ -205,7 +206,14 @@ class Registry(LifecycleMixin):
                 was not appended (``registry events repair``).
         """
         check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
-        results = self.gate_check(model_id, version)
+        try:
+            results = self.gate_check(model_id, version)
+        except RegistryError:
+            # a file of the release vanished or changed length while its gates
+            # were read (ObjectNotFoundError, IntegrityError): if a delete (which
+            # writes the tombstone first) raced this move, that is the answer
+            refuse_deleted(self.store, model_id, version)
+            raise
         if not passed(results) and not force:
             raise GateFailedError(f"{model_id}@{version}", results)
         head, move = move_alias(self.store, model_id, alias, version, sign_key=sign_key)

@@ -25,6 +25,7 @@ from registry.errors import (
     VersionExistsError,
 )
 from registry.layout import release_prefix, tags_key, tombstone_key, yank_key
+from registry.events import iter_events
 from registry.lifecycle.yank import yank_record
 from registry.manifest import MANIFEST
 from registry.store import open_store
@@ -153,9 +154,15 @@ def test_concurrent_yank_and_unyank_processes_lose_nothing(durable_store_url: st
     yanks, unyanks = names.count("model_version.yanked"), names.count("model_version.unyanked")
     # a yank that found the release yanked already changed nothing (no event)
     assert yanks == unyanks and 4 <= yanks <= 12
-    # strictly alternating: every transition was a swap against the one before
-    seq = [n for n in names if n.startswith("model_version.")]
-    assert all(a != b for a, b in zip(seq, seq[1:])), seq
+    # Strictly alternating in swap order: every transition was a swap against
+    # the one before. Events land after their swap, so concurrent writers'
+    # events may land in another order: the record's revision (1, 2, ...: in
+    # every transition's event, each exactly once) is the swap order.
+    moves = sorted((e.data["revision"], e.name) for e in iter_events(store)
+                   if e.name in ("model_version.yanked", "model_version.unyanked"))
+    assert [r for r, _ in moves] == list(range(1, len(moves) + 1)), moves
+    seq = [n for _, n in moves]
+    assert seq[0] == "model_version.yanked" and all(a != b for a, b in zip(seq, seq[1:])), seq
     assert yank_record(store, "m", "1") is None
     with Registry(durable_store_url, db=db) as reg:
         assert [r["version"] for r in reg.passing("m")] == ["1"]

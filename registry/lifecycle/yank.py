@@ -4,12 +4,15 @@ A yank is a record beside the immutable release, moved by compare-and-swap::
 
     ledger/yanks/<model_id>/<version>.json
         {"schema": 1, "model_id", "version", "manifest_sha256", "yanked": true,
-         "reason", "at", "actor"}
+         "reason", "at", "actor", "revision"}
 
 ``registry unyank`` swaps in ``"yanked": false`` (with who and when, and the
 yank it lifted in ``"lifted"``), so the record says the last transition and the
 event log (``model_version.yanked`` / ``model_version.unyanked``) says all of
-them. The release's bytes never change.
+them. The release's bytes never change. ``revision`` counts the record's
+transitions (1, 2, ...) and each event carries it in ``data.revision``: the
+event is appended after the swap, so events of concurrent writers may land in
+another order than their swaps; ``revision`` is the swap order.
 
 A yanked release fails the ``yanked`` gate (:func:`yank_gate`) wherever gates
 are checked from the store (:meth:`registry.release.ModelRelease.check`: alias
@@ -35,6 +38,14 @@ from registry.verify import read_manifest
 GATE = "yanked"
 
 
+def _revision(record: dict[str, Any] | None) -> int:
+    """The record's revision: 1 for its first transition, one more for each
+    swap after (0: no record, or one written before revisions, or a store
+    writer's garbage)."""
+    value = (record or {}).get("revision")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _swap(store: Store, model_id: str, version: str, want: bool, reason: str,
           actor: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     key = yank_key(model_id, version)
@@ -50,7 +61,7 @@ def _swap(store: Store, model_id: str, version: str, want: bool, reason: str,
         doc: dict[str, Any] = {
             "schema": records.RECORD_SCHEMA, "model_id": model_id, "version": version,
             "manifest_sha256": manifest.digest, "yanked": want, "reason": reason,
-            "at": utc_now(), "actor": actor}
+            "at": utc_now(), "actor": actor, "revision": _revision(current) + 1}
         if not want and current is not None:
             doc["lifted"] = {k: current.get(k) for k in ("reason", "at", "actor")}
         try:
@@ -88,7 +99,8 @@ def yank(store: Store, model_id: str, version: str, reason: str, *,
         from registry.events import MODEL_VERSION_YANKED
 
         records.event(store, MODEL_VERSION_YANKED, model_id, version,
-                      {"reason": why, "manifest_sha256": doc["manifest_sha256"]}, who)
+                      {"reason": why, "manifest_sha256": doc["manifest_sha256"],
+                       "revision": doc["revision"]}, who)
     return doc, changed
 
 
@@ -105,7 +117,8 @@ def unyank(store: Store, model_id: str, version: str, *, reason: str | None = No
         from registry.events import MODEL_VERSION_UNYANKED
 
         records.event(store, MODEL_VERSION_UNYANKED, model_id, version,
-                      {"reason": why, "manifest_sha256": doc["manifest_sha256"]}, who)
+                      {"reason": why, "manifest_sha256": doc["manifest_sha256"],
+                       "revision": doc["revision"]}, who)
     return doc, changed
 
 
