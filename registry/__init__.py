@@ -18,20 +18,9 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_FROM = {
-    "DirectoryWriter": "registry.commit",
-    "commit_local_directory": "registry.commit",
-    "delete_directory": "registry.commit",
-    "FileEntry": "registry.manifest",
-    "Manifest": "registry.manifest",
-    "build_manifest": "registry.manifest",
-    "parse_manifest": "registry.manifest",
-    "Store": "registry.store",
-    "open_store": "registry.store",
-    "VerifyReport": "registry.verify",
-    "is_committed": "registry.verify",
-    "verify_directory": "registry.verify",
-}
-__getattr__, __dir__ = exports(__name__, _FROM)
-
-__all__ = sorted(_FROM)
+__getattr__, __dir__, __all__ = exports(__name__, {
+    "registry.commit": ("DirectoryWriter", "commit_local_directory", "delete_directory"),
+    "registry.manifest": ("FileEntry", "Manifest", "build_manifest", "parse_manifest"),
+    "registry.store": ("Store", "open_store"),
+    "registry.verify": ("VerifyReport", "is_committed", "verify_directory"),
+})

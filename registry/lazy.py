@@ -4,25 +4,27 @@ submodule does not import the whole package.
 A command line call starts a fresh interpreter: ``registry ls`` should not pay
 for the checkpoint writer, the release builder and numpy because
 ``registry/__init__.py`` names them. A package lists what it exports and from
-where; :func:`exports` gives it the module ``__getattr__`` and ``__dir__``.
+where; :func:`exports` gives it the module ``__getattr__``, ``__dir__`` and
+``__all__``.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
-def exports(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any],
-                                                              Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: attribute ``name`` is
-    ``names[name]``'s attribute of that name, imported when first asked for
-    and then kept in the package's namespace.
+def exports(package: str, modules: Mapping[str, Iterable[str]]) -> tuple[
+        Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """``(__getattr__, __dir__, __all__)`` for ``package``, which exports each
+    name of ``modules[m]`` from module ``m``: imported when first asked for,
+    then kept in the package's namespace.
 
     Raises (from the returned ``__getattr__``):
         AttributeError: ``name`` is not exported (and is not a loaded submodule).
     """
+    names = {name: module for module, exported in modules.items() for name in exported}
 
     def __getattr__(name: str) -> Any:
         source = names.get(name)
@@ -35,4 +37,4 @@ def exports(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any
     def __dir__() -> list[str]:
         return sorted(set(vars(importlib.import_module(package))) | set(names))
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(names)

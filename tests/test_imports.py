@@ -191,3 +191,17 @@ def test_the_name_check_sees_a_lazy_import_of_a_moved_name(tmp_path: Path):
                     "    from registry.signing import x\n")
     assert missing_names(pkg, [user]) == [f"{user}:3: from registry.keys import load_trust",
                                           f"{user}:4: no module registry.signing"]
+
+
+def test_package_names_load_on_first_use_and_all_resolve():
+    # registry.lazy: `import registry` (and the two lazy subpackages) load none
+    # of what they export; every exported name then resolves to its module's.
+    out = _run("import json, sys, importlib, registry, registry.checkpoint, registry.release\n"
+               "before = sorted(m for m in sys.modules if m.startswith(('registry.', 'numpy')))\n"
+               "ok = all(getattr(p, n) is getattr(importlib.import_module(p.__name__), n)\n"
+               "         for p in (registry, registry.checkpoint, registry.release)\n"
+               "         for n in p.__all__)\n"
+               "print(json.dumps([before, ok, sorted(registry.checkpoint.__all__)]))")
+    before, ok, names = json.loads(out)
+    assert before == ["registry.checkpoint", "registry.lazy", "registry.release"], before
+    assert ok and "CheckpointManager" in names and "run_root" in names

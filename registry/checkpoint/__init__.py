@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     )
     from registry.layout import run_root
 
-_MODULES = {
+__getattr__, __dir__, __all__ = exports(__name__, {
     "registry.checkpoint.layout": ("LAYOUTS", "LOONGSAGE", "TINYLLM", "Layout", "get_layout"),
     "registry.checkpoint.lease": ("WriterLease",),
     "registry.checkpoint.loongsage": ("LoongSageCheckpointer", "LoongSaveResult",
@@ -39,8 +39,4 @@ _MODULES = {
     "registry.checkpoint.tree": ("CheckpointSkippedWarning", "CheckpointTree",
                                  "RetentionSkippedWarning", "StepInfo"),
     "registry.layout": ("run_root",),
-}
-_FROM = {name: module for module, names in _MODULES.items() for name in names}
-__getattr__, __dir__ = exports(__name__, _FROM)
-
-__all__ = sorted(_FROM)
+})

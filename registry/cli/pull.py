@@ -155,8 +155,10 @@ def pull(
         typer.echo(f"offline: {ref} resolved from the cache to {result.version} (as its last "
                    "pull); gates not re-evaluated", err=True)
     if failed:
+        from registry.release.failing import describe
+
         echo(f"warning: {model_id}@{result.version} fails its gates now "
-                   f"({_describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
+                   f"({describe(failed)}); pulled anyway (--require-passing refuses)", err=True)
     mbps = result.transferred / 1e6 / result.seconds if result.seconds > 0 else 0.0
     if not quiet:
         echo(f"pulled {model_id}@{result.version} to {result.path}: "
@@ -200,12 +202,6 @@ def _source(mirror: str | None, namespace: str, store: str | None, model_id: str
     from registry.release.failing import failing_gates  # the gates read release documents
 
     return s, version, failing_gates(s, model_id, version)
-
-
-def _describe(failed: list[Any]) -> str:
-    from registry.release.failing import describe
-
-    return describe(failed)
 
 
 def _signer(check: dict[str, Any]) -> str:

@@ -11,14 +11,7 @@ if TYPE_CHECKING:
     from registry.release.convert import RELEASE_DTYPES, dequantize_int4, quantize_int4
     from registry.release.model_release import ModelRelease, ReleaseResult, release_prefix
 
-_FROM = {
-    "RELEASE_DTYPES": "registry.release.convert",
-    "dequantize_int4": "registry.release.convert",
-    "quantize_int4": "registry.release.convert",
-    "ModelRelease": "registry.release.model_release",
-    "ReleaseResult": "registry.release.model_release",
-    "release_prefix": "registry.release.model_release",
-}
-__getattr__, __dir__ = exports(__name__, _FROM)
-
-__all__ = sorted(_FROM)
+__getattr__, __dir__, __all__ = exports(__name__, {
+    "registry.release.convert": ("RELEASE_DTYPES", "dequantize_int4", "quantize_int4"),
+    "registry.release.model_release": ("ModelRelease", "ReleaseResult", "release_prefix"),
+})
