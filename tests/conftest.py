@@ -18,6 +18,7 @@ import pytest
 
 from registry.store import Store, open_store
 from tests.support.faultproxy import FaultProxy
+from tests.support.forkclient import ForkServer
 from tests.support.s3server import S3Server
 from tests.support.seaweed import SeaweedServer, weed_binary
 
@@ -154,11 +155,31 @@ def _scratch_cwd(tmp_path_factory: pytest.TempPathFactory,
 
 def run_cli(*args: str, env: dict[str, str] | None = None,
             cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m registry ARGS`` in a real process; returns the completed process."""
+    """Run ``registry ARGS`` in a real process of its own; returns the completed
+    process. The process is forked from the worker's warm fork server
+    (:mod:`tests.support.forkserver`: the same entry point, exit code and
+    isolation, without importing the CLI again); ``REGISTRY_TEST_FORK=0``
+    starts a new interpreter for each call instead (``python -m registry``)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
+    if os.environ.get("REGISTRY_TEST_FORK", "1") != "0":
+        return _fork_server().run(list(args), env=full_env, cwd=cwd, timeout=300)
     return subprocess.run([sys.executable, "-m", "registry", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+#: The environment the session started with: the fork server's own, so that
+#: no test's variables are frozen into what it imports.
+_SESSION_ENV = dict(os.environ)
+_FORK_SERVER: ForkServer | None = None
+
+
+def _fork_server() -> ForkServer:
+    global _FORK_SERVER
+    if _FORK_SERVER is None or not _FORK_SERVER.alive():
+        _FORK_SERVER = ForkServer(_SESSION_ENV, cwd=REPO)
+        atexit.register(_FORK_SERVER.stop)
+    return _FORK_SERVER
 
 
 #: Runs CLI commands through ``registry.cli.main`` (the console script's entry
