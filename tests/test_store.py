@@ -15,6 +15,7 @@ from registry.errors import (
 )
 from registry.store import Store, open_store
 from registry.store import s3upload as s3mod
+from tests.support.forkclient import python_popen
 
 
 def test_write_read_info_delete(store: Store) -> None:
@@ -92,6 +93,20 @@ def test_swap_compare_and_swap(store: Store) -> None:
     with pytest.raises(PointerConflictError):
         store.swap("p/LATEST", b"step-000003\n", token)  # stale token
     assert store.read_bytes("p/LATEST") == b"step-000002\n"
+
+
+def test_a_swap_on_a_key_deleted_since_its_read_is_a_conflict(store: Store) -> None:
+    """A writer holding a token for an object another writer deleted (a claim
+    released by the winner while the loser was about to take it over) gets
+    the contract's PointerConflictError on every backend, not a missing
+    file: S3 answers such an If-Match with 404 NoSuchKey. Found by the race
+    test once its children started fast enough to hit it."""
+    store.swap("c/x.claim", b"winner\n", None)
+    _, token = store.read_versioned("c/x.claim")
+    store.delete("c/x.claim")
+    with pytest.raises(PointerConflictError):
+        store.swap("c/x.claim", b"loser\n", token)
+    assert not store.exists("c/x.claim")
 
 
 def test_listing(store: Store) -> None:
@@ -214,7 +229,7 @@ def test_a_swap_killed_before_its_rename_leaves_a_temp_the_next_swap_removes(
     root = tmp_path / "store"
     store = open_store(str(root))
     store.swap("run/LATEST", b"step-000001\n", None)
-    child = subprocess.Popen([sys.executable, "-c", _KILLED_SWAP, str(root)], cwd=REPO,
+    child = python_popen([sys.executable, "-c", _KILLED_SWAP, str(root)], cwd=REPO,
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "WRITTEN"

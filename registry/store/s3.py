@@ -423,12 +423,18 @@ class S3Store(Store):
         # first attempt is what made the precondition fail; only then is
         # finding our write token in place proof of success (equal bytes are
         # not: two writers moving a counter write the same next value).
+        # An If-Match on a key deleted meanwhile is a 404 (NoSuchKey) on AWS and
+        # moto: the object changed, as the contract says, not a missing file.
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
         try:
             self._conditional_put(key, data, **condition)
         except ObjectExistsError as e:
             if not self._own_after(e, key, data):
                 raise PointerConflictError(key, expected=expected, actual="(changed)") from None
+        except ObjectNotFoundError:
+            if expected is None:
+                raise
+            raise PointerConflictError(key, expected=expected, actual=None) from None
 
     def object_state(self, key: str) -> dict[str, str | None]:
         """ETag, VersionId and whole-object SHA-256 of ``key`` (one HEAD with
