@@ -18,7 +18,7 @@ import pytest
 
 from registry.store import Store, open_store
 from tests.support.faultproxy import FaultProxy
-from tests.support.forkclient import ForkServer
+from tests.support import forkclient
 from tests.support.s3server import S3Server
 from tests.support.seaweed import SeaweedServer, weed_binary
 
@@ -162,24 +162,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     starts a new interpreter for each call instead (``python -m registry``)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    if os.environ.get("REGISTRY_TEST_FORK", "1") != "0":
-        return _fork_server().run(list(args), env=full_env, cwd=cwd, timeout=300)
+    if forkclient.enabled():
+        return forkclient.cli_run(list(args), env=full_env, cwd=cwd, timeout=300)
     return subprocess.run([sys.executable, "-m", "registry", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd, timeout=300)
-
-
-#: The environment the session started with: the fork server's own, so that
-#: no test's variables are frozen into what it imports.
-_SESSION_ENV = dict(os.environ)
-_FORK_SERVER: ForkServer | None = None
-
-
-def _fork_server() -> ForkServer:
-    global _FORK_SERVER
-    if _FORK_SERVER is None or not _FORK_SERVER.alive():
-        _FORK_SERVER = ForkServer(_SESSION_ENV, cwd=REPO)
-        atexit.register(_FORK_SERVER.stop)
-    return _FORK_SERVER
 
 
 #: Runs CLI commands through ``registry.cli.main`` (the console script's entry
@@ -225,9 +211,9 @@ def run_cli_batch(commands: list[list[str]] | list[Any], *, env: dict[str, str] 
     most of a CLI call's cost. ``env`` replaces the environment when given; a
     command given as ``{"argv": [...], "env": {...}}`` has those variables
     set for it alone."""
-    p = subprocess.run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
-                       capture_output=True, text=True, timeout=600, cwd=cwd,
-                       env=env if env is not None else dict(os.environ))
+    p = forkclient.python_run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
+                              capture_output=True, text=True, timeout=600, cwd=cwd,
+                              env=env if env is not None else dict(os.environ))
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(p.stdout)
     argvs = [c["argv"] if isinstance(c, dict) else c for c in commands]

@@ -13,6 +13,7 @@ from registry.release import ModelRelease
 from registry.store import open_store
 from registry.verify import read_manifest
 from tests.release_util import ledger_row, summary
+from tests.support.forkclient import python_run
 
 REPO = Path(__file__).resolve().parent.parent
 #: piece size of the test releases: a tiny model's weights span several pieces
@@ -106,7 +107,7 @@ def client_env(base: str, hf_home: Path, **extra: str) -> dict[str, str]:
 def hub_client(base: str, hf_home: Path, kind: str, repo: str, revision: str,
                filename: str | None = None, **env: str) -> dict[str, Any]:
     """Run tests/support/hub_child.py in its own process; its JSON answer."""
-    p = subprocess.run([sys.executable, "-m", "tests.support.hub_child", kind, repo, revision,
+    p = python_run([sys.executable, "-m", "tests.support.hub_child", kind, repo, revision,
                         *([filename] if filename else [])], capture_output=True, text=True,
                        env=client_env(base, hf_home, **env), cwd=REPO, timeout=300)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]

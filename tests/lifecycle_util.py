@@ -13,6 +13,7 @@ from registry.events import iter_events
 from registry.store import Store
 from tests.release_util import ledger_row, summary
 from tests.test_aliases import model_dir
+from tests.support.forkclient import python_popen
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = REPO / "tests" / "support" / "lifecycle_child.py"
@@ -43,7 +44,7 @@ def event_names(store: Store) -> list[str]:
 
 def children(*argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
     """Run ``tests/support/lifecycle_child.py`` once per argv, all at once."""
-    procs = [subprocess.Popen([sys.executable, str(CHILD), *a], stdout=subprocess.PIPE,
+    procs = [python_popen([sys.executable, str(CHILD), *a], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=REPO,
                               env={**_env(), "PYTHONPATH": str(REPO)}) for a in argvs]
     out = []

@@ -24,6 +24,7 @@ from registry.index.alias_moves import alias_moves
 from registry.index.schema import AliasMove as AliasMoveRow
 from registry.store import Store, open_store
 from tests.conftest import run_cli, run_cli_batch
+from tests.support.forkclient import python_popen
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ def releases(store: Store, tmp_path: Path, *versions: str) -> None:
 
 
 def child(url: str, version: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.alias_child", url, "m",
+    return python_popen([sys.executable, "-m", "tests.support.alias_child", url, "m",
                              "prod", version, *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

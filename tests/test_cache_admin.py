@@ -50,6 +50,7 @@ from registry.release import release_prefix
 from registry.store import Store, open_store
 from registry.verify import verify_directory
 from tests.conftest import REPO, run_cli
+from tests.support.forkclient import python_popen, python_run
 
 CHILD = Path(__file__).resolve().parent / "support" / "cache_child.py"
 
@@ -358,7 +359,7 @@ def test_a_leased_version_is_skipped_and_a_dead_lease_protects_nothing(
         assert (cache / "models/tiny/2").is_dir()
     assert not list((cache / "leases").iterdir())  # given up when the pull ends
     # a lease left by a killed pull (its pid is gone) protects nothing and is removed
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+    dead = python_run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     lease = cache / "leases" / f"pid{dead}.abc.json"
     lease.write_text(json.dumps({"pid": int(dead), "model_id": "tiny", "version": "2",
@@ -384,9 +385,9 @@ def test_prune_never_takes_a_blob_from_a_pull_in_progress(tmp_path: Path) -> Non
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     stop = tmp_path / "stop"
-    pruner = subprocess.Popen([sys.executable, str(CHILD), "prune", str(cache), str(stop)],
+    pruner = python_popen([sys.executable, str(CHILD), "prune", str(cache), str(stop)],
                               env=env, stdout=subprocess.PIPE, text=True)
-    pullers = [subprocess.Popen([sys.executable, str(CHILD), "pull", store_url, str(cache),
+    pullers = [python_popen([sys.executable, str(CHILD), "pull", store_url, str(cache),
                                  str(tmp_path / f"serve-{i}"), "6", *versions],
                                 env=env, stdout=subprocess.PIPE, text=True) for i in range(2)]
     try:
@@ -482,7 +483,7 @@ def test_a_killed_pulls_partial_download_is_counted_and_freed(world: dict[str, A
     ``ls`` counts it in the size on disk, and ``prune`` removes it and counts it
     in the bytes freed (found by a break-test: ls said 11.8K beside 71M)."""
     cache = world["cache"]
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+    dead = python_run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     partial = cache / "tmp" / f"{'ab' * 32}.pid{dead}.0123456789ab.incomplete"
     partial.write_bytes(b"\0" * 100_000)

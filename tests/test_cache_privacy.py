@@ -34,6 +34,7 @@ from registry.store import Store, open_store
 from tests.conftest import run_cli
 from tests.support.attacker import NOBODY, as_nobody, require_other_user, shared_dir, victim_files
 from tests.test_pull import publish, release_files
+from tests.support.forkclient import python_run
 
 
 def _mode(p: Path) -> int:
@@ -47,7 +48,7 @@ def _pull_umask0(store: str, cache: Path, to: Path, *env: str) -> subprocess.Com
     for kv in env:
         k, _, v = kv.partition("=")
         e[k] = v
-    return subprocess.run([sys.executable, "-c", script, "pull", "tiny@1", "--store", store,
+    return python_run([sys.executable, "-c", script, "pull", "tiny@1", "--store", store,
                            "--cache", str(cache), "--to", str(to), "--quiet"],
                           capture_output=True, text=True, env=e, timeout=300)
 

@@ -28,12 +28,13 @@ from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, run_root
 from registry.claim import Claim
 from registry.store import open_store
 from tests.conftest import REPO, run_cli
+from tests.support.forkclient import python_popen
 
 RUN = "live"
 
 
 def _start_writer(url: str, layout: str, tree: str, barrier: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.paused_saver_child", url,
+    proc = python_popen([sys.executable, "-m", "tests.support.paused_saver_child", url,
                              layout, tree, str(barrier)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -122,7 +123,7 @@ def test_pointer_swaps_in_progress_survive_retention_at_min_age_zero(tmp_path: P
     store = open_store(url)
     store.ensure_root()
     tree = CheckpointTree(store, run_root("ptr"))
-    mover = subprocess.Popen([sys.executable, "-c", _MOVER, url, "150"], cwd=REPO,
+    mover = python_popen([sys.executable, "-c", _MOVER, url, "150"], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[str] = set()
     while mover.poll() is None:

@@ -42,6 +42,7 @@ from registry.safetensors_io import read_safetensors
 from registry.store import Store, open_store
 from registry.verify import verify_directory
 from tests.support.ckpt_race_child import STEP, save_loongsage, save_tinyllm, tensors
+from tests.support.forkclient import python_popen, python_run
 
 CHILD = Path(__file__).resolve().parent / "support" / "ckpt_race_child.py"
 ROUNDS = 12
@@ -72,7 +73,7 @@ def run_rounds(url: str, layout: str, tmp: Path, writers: int = 2,
     round; returns, per round, each writer's report."""
     barrier = tmp / "barrier"
     barrier.mkdir()
-    procs = [subprocess.Popen([sys.executable, str(CHILD), url, layout, str(w), str(rounds),
+    procs = [python_popen([sys.executable, str(CHILD), url, layout, str(w), str(rounds),
                                str(barrier)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for w in range(writers)]
     try:
@@ -210,7 +211,7 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(
             "from registry.checkpoint.lease import WriterLease; "
             "WriterLease(open_store(sys.argv[1]), 'runs/r/ckpt', seconds=3600).hold(); "
             "os._exit(0)")  # dies holding it, as a SIGKILLed trainer would
-    subprocess.run([sys.executable, "-c", code, durable_store_url], check=True, timeout=60)
+    python_run([sys.executable, "-c", code, durable_store_url], check=True, timeout=60)
     holder = json.loads(store.read_bytes(f"runs/r/ckpt/{LEASE_NAME}"))
     assert holder["pid"] != os.getpid() and not holder["released"]
     mine = WriterLease(store, "runs/r/ckpt")
@@ -662,7 +663,7 @@ except RegistryError as e:
 
 def save_in_child(url: str, layout: Layout, step: int,
                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", SAVE_CHILD, url, layout.name, str(step)],
+    return python_run([sys.executable, "-c", SAVE_CHILD, url, layout.name, str(step)],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})},
                           cwd=Path(__file__).resolve().parent.parent)

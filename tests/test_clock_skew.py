@@ -25,6 +25,7 @@ from registry.storeclock import store_time
 from tests.conftest import REPO, proxied
 from tests.support.faultproxy import FaultProxy
 from tests.support.skewproxy import ServerClock
+from tests.support.forkclient import python_run
 
 SKEW = 900.0  # 15 minutes, beyond the 600 s claim lease
 
@@ -32,7 +33,7 @@ SKEW = 900.0  # 15 minutes, beyond the 600 s claim lease
 def _skewed_gc(offset: float, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "tests.support.skewed_cli", str(offset),
+    return python_run([sys.executable, "-m", "tests.support.skewed_cli", str(offset),
                            "gc", "--store", url, "--older-than", "1h", "--json", *args],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 

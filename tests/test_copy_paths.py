@@ -25,6 +25,7 @@ from registry.store import open_store
 from registry.store import local as local_mod
 from registry.store.local import _DurableFile
 from registry.verify import verify_directory
+from tests.support.forkclient import python_run
 
 MIB = 1024 * 1024
 
@@ -550,7 +551,7 @@ def test_an_async_checkpoint_still_saving_at_exit_is_committed(tmp_path: Path) -
         m.save(7, params, adamw(params), optimizer="adamw", config={{"d": 1}},
                trainer_state=trainer_state(7))
     """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    r = python_run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert r.returncode == 0, r.stderr
     store = open_store(str(tmp_path / "store"))

@@ -36,6 +36,7 @@ from registry.store import Store, open_store
 from registry.verify import is_committed, verify_directory
 from tests.conftest import run_cli
 from tests.support.commit_child import CKPT, CRASH_FILES, LATEST, STEP2, step_order
+from tests.support.forkclient import python_run
 
 CHILD = Path(__file__).resolve().parent / "support" / "commit_child.py"
 STEP1 = f"{CKPT}/step-000001"
@@ -134,7 +135,7 @@ def test_kill_at_boundary_leaves_old_or_new_state(
     commit_files(store, STEP1, STEP1_FILES, 1)
     move_pointer(store, LATEST, OLD, order=step_order)
 
-    child = subprocess.run([sys.executable, str(CHILD), "crash", url, "--kill", kill_at],
+    child = python_run([sys.executable, str(CHILD), "crash", url, "--kill", kill_at],
                            capture_output=True, text=True, timeout=120)
     log = f"rc={child.returncode}\nstdout={child.stdout}\nstderr={child.stderr[-3000:]}"
     assert child.returncode == -signal.SIGKILL, f"the child was not killed at {kill_at}\n{log}"

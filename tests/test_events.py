@@ -16,6 +16,7 @@ from registry.events import EVENT_NAMES, append_event, iter_events, read_event
 from registry.events.log import event_numbers
 from registry.layout import event_key
 from registry.store import Store, open_store
+from tests.support.forkclient import python_popen
 
 REPO = Path(__file__).resolve().parent.parent
 WRITER = REPO / "tests" / "support" / "event_writer.py"
@@ -84,7 +85,7 @@ def test_concurrent_writer_processes_lose_and_duplicate_nothing(
         f"s3://{request.getfixturevalue('s3_bucket')}/root"
     writers, each = 4, 8
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, str(WRITER), url, f"w{w}", str(each)],
+    procs = [python_popen([sys.executable, str(WRITER), url, f"w{w}", str(each)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for w in range(writers)]
     for p in procs:

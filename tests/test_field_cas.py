@@ -17,12 +17,13 @@ from registry.commit import commit_local_directory
 from registry.pointer import read_pointer
 from registry.store import open_store
 from tests.conftest import REPO
+from tests.support.forkclient import python_popen, python_run
 
 WRITERS, INCREMENTS = 3, 25
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.cas_child", *args],
+    return python_popen([sys.executable, "-m", "tests.support.cas_child", *args],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -62,7 +63,7 @@ def test_a_dead_writers_lock_is_broken(tmp_path: Path) -> None:
     from registry.pointer import move_pointer
     store = open_store(str(tmp_path / "store"))
     move_pointer(store, "p", "a")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+    dead = python_run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     lock = tmp_path / "store" / "p.lock"
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead), "token": "x"}))

@@ -24,10 +24,11 @@ from registry.errors import CommitConflictError, ObjectExistsError
 from registry.store import open_store
 from registry.verify import verify_directory
 from tests.conftest import REPO, run_cli
+from tests.support.forkclient import python_popen
 
 
 def _claimer(url: str, prefix: str) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-m", "tests.support.claim_child", url, prefix],
+    p = python_popen([sys.executable, "-m", "tests.support.claim_child", url, prefix],
                          cwd=REPO, stdout=subprocess.PIPE, text=True,
                          env=dict(os.environ, REGISTRY_CLAIM_LEASE="600"))
     assert p.stdout is not None
@@ -126,7 +127,7 @@ def test_a_writer_that_lost_its_claim_cannot_touch_the_release(durable_store_url
     with B's bytes only."""
     store = open_store(durable_store_url)
     prefix = "models/big/1"
-    a = subprocess.Popen([sys.executable, "-m", "tests.support.claim_child", durable_store_url,
+    a = python_popen([sys.executable, "-m", "tests.support.claim_child", durable_store_url,
                           prefix, "late"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, REGISTRY_CLAIM_LEASE="1.5"))

@@ -23,6 +23,7 @@ from registry.verify import verify_directory
 from tests.conftest import REPO, proxied
 from tests.support.faultproxy import Action, FaultProxy, Request, drop_conditions
 from tests.test_loongsage import gate_files, hf_dir
+from tests.support.forkclient import python_popen
 
 
 def _publish(src: Path, url: str, version: str, tmp_path: Path,
@@ -30,7 +31,7 @@ def _publish(src: Path, url: str, version: str, tmp_path: Path,
     ledger, evals = gate_files(tmp_path)
     import os
     full = dict(os.environ, **env)
-    return subprocess.Popen([sys.executable, "-m", "registry", "publish", str(src),
+    return python_popen([sys.executable, "-m", "registry", "publish", str(src),
                              "--model-id", "m", "--version", version, "--ledger", str(ledger),
                              "--evals", str(evals), "--store", url, "--db",
                              f"sqlite:///{tmp_path / 'i.db'}"], cwd=REPO, env=full, text=True,

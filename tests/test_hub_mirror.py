@@ -19,6 +19,7 @@ from tests.conftest import free_port, run_cli
 from tests.hub_util import PIECE, hub_client, publish, release_files, tiny_bert
 from tests.support.faultproxy import FaultProxy
 from tests.web_util import serve
+from tests.support.forkclient import python_run
 
 REPO_ID = "registry/tiny"
 
@@ -74,8 +75,7 @@ def test_eight_hosts_through_one_mirror_read_each_store_byte_once(
         weights = bytes_read(proxy, "tiny/1/model.safetensors")
         assert weights and total(weights, size) == size, weights  # every byte, once
         assert len(bytes_read(proxy, "tiny/1/config.json")) == 1
-        stats = json.loads(subprocess.run(
-            [sys.executable, "-c", "import sys,urllib.request;"
+        stats = json.loads(python_run([sys.executable, "-c", "import sys,urllib.request;"
              f"print(urllib.request.urlopen('{base}/api/v1/hub/stats').read().decode())"],
             capture_output=True, text=True, check=True).stdout)
         assert stats["sent_bytes"] >= 8 * size

@@ -71,6 +71,7 @@ from registry.verify import read_manifest, verify_directory
 from tests.ckpt_util import save
 from tests.conftest import POSTGRES, run_cli
 from tests.release_util import head, ledger_row, summary, summary2
+from tests.support.forkclient import python_run
 
 W = np.random.default_rng(7).standard_normal((8, 64), dtype=np.float32)
 B = np.linspace(-1, 1, 8, dtype=np.float32)
@@ -199,7 +200,7 @@ print(json.dumps(out))
 
 def cli_batch(commands: list[list[str]]) -> list[str]:
     """stdout of every command (each must exit 0), run by :data:`CLI_BATCH`."""
-    p = subprocess.run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
+    p = python_run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     results = json.loads(p.stdout)

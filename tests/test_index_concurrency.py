@@ -40,6 +40,7 @@ from registry.index import Index
 from registry.index.db import head_revision
 from tests.ckpt_util import save
 from tests.release_util import ledger_row, summary
+from tests.support.forkclient import python_popen
 
 
 CHILD = r'''
@@ -98,7 +99,7 @@ def run_together(tmp_path: Path, argvs: list[list[str]],
     tmp_path.mkdir(parents=True, exist_ok=True)
     go = tmp_path / "go"
     readies = [tmp_path / f"ready-{i}" for i in range(len(argvs))]
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), str(go), *argv],
+    procs = [python_popen([sys.executable, "-c", CHILD, str(r), str(go), *argv],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r, argv in zip(readies, argvs, strict=True)]
     try:
@@ -213,7 +214,7 @@ def test_first_use_while_another_process_is_migrating(db_url: str, tmp_path: Pat
     finish (or run it itself), never refuse the half-built schema as out of date."""
     store_url = str(tmp_path / "store")
     ready, go = tmp_path / "ready", tmp_path / "go"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ready), str(go), "cli", "ls",
+    child = python_popen([sys.executable, "-c", CHILD, str(ready), str(go), "cli", "ls",
                               "--json", "--store", store_url, "--db", db_url],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -45,6 +45,7 @@ from registry.verify import read_manifest, verify_directory
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.loongsage_child import adamw, params, save_kwargs
+from tests.support.forkclient import python_run
 
 CHILD = Path(__file__).resolve().parent / "support" / "loongsage_child.py"
 ROOT = "exp/loong"
@@ -482,7 +483,7 @@ def test_load_dist_ckpt_by_folder_path(tmp_path: Path) -> None:
 ])
 def test_async_save_killed_before_it_landed(durable_store_url: str, event: str,
                                             committed: bool, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(CHILD), durable_store_url, ROOT, "--kill", event],
+    r = python_run([sys.executable, str(CHILD), durable_store_url, ROOT, "--kill", event],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
     assert "LANDED 1" in r.stdout and f"KILL at {event.rsplit(':', 1)[0]}" in r.stderr

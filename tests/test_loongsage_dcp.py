@@ -20,6 +20,7 @@ import pytest
 from registry.manifest import MANIFEST, parse_manifest
 from registry.store import Store, join, open_store
 from tests.conftest import REPO, run_cli
+from tests.support.forkclient import python_popen, python_run
 
 torch = pytest.importorskip("torch") if os.environ.get("REGISTRY_REQUIRE_ENGINES") != "1" \
     else __import__("torch")
@@ -31,7 +32,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 def job(url: str, hf: Path, world: int, *args: str, ckpt: str = "exp",
         timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, str(CHILD), url, ckpt, str(hf), "--world",
+    return python_run([sys.executable, str(CHILD), url, ckpt, str(hf), "--world",
                            str(world), *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)
 
@@ -143,7 +144,7 @@ def test_same_topology_resume_is_bitwise_and_dp_reshardable_refuses_new_topology
     env = dict(os.environ, PYTHONPATH=str(REPO))
     # the two first jobs side by side (separate trees)
     hf_a = tmp_path / "hf_a"
-    a = subprocess.Popen([sys.executable, str(CHILD), a_url, "exp", str(hf_a), "--world", "2",
+    a = python_popen([sys.executable, str(CHILD), a_url, "exp", str(hf_a), "--world", "2",
                           "--steps", "4", *common, "--out", str(tmp_path / "a.pt")],
                          env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)

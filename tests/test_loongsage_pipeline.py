@@ -19,6 +19,7 @@ import safetensors.numpy
 from registry.checkpoint.loongsage import load_training_state
 from registry.store import open_store
 from tests.support.loongsage_pipeline_child import N, SOURCE, TOTAL_STEPS
+from tests.support.forkclient import python_popen
 
 CHILD = Path(__file__).resolve().parent / "support" / "loongsage_pipeline_child.py"
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def _hf(tmp_path: Path) -> Path:
 
 def _child(url: str, hf: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, str(CHILD), url, ROOT, str(hf), *extra],
+    return python_popen([sys.executable, str(CHILD), url, ROOT, str(hf), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

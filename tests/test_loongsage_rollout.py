@@ -26,6 +26,7 @@ from registry.errors import (
 from registry.manifest import parse_manifest
 from registry.store import Store, open_store
 from tests.conftest import run_cli
+from tests.support.forkclient import python_run
 
 PATH = "exp/rollout_data"
 
@@ -175,7 +176,7 @@ def test_a_writer_killed_mid_step_leaves_it_uncommitted(durable_store_url: str) 
     read back verified, step 4 is not committed, and the next writer (the
     dead one's lease is taken over) writes it."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    p = subprocess.run([sys.executable, "-c", KILLED_WRITER, durable_store_url, PATH],
+    p = python_run([sys.executable, "-c", KILLED_WRITER, durable_store_url, PATH],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     rd = RolloutData(PATH, store=open_store(durable_store_url))

@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, inspect, text
 from registry.index import Index
 from registry.index.db import _alembic_config, head_revision
 from tests.conftest import REPO, run_cli
+from tests.support.forkclient import python_run
 
 OLD = "0003"
 
@@ -28,7 +29,7 @@ OLD = "0003"
 def _child(kill_at: int, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "tests.support.migrate_child", str(kill_at),
+    return python_run([sys.executable, "-m", "tests.support.migrate_child", str(kill_at),
                            *args], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=120)
 

@@ -83,6 +83,7 @@ from registry.store.s3 import S3Store
 from registry.verify import verify_directory
 from tests.conftest import run_cli, run_cli_batch
 from tests.release_util import ledger_row, summary
+from tests.support.forkclient import python_popen, python_run
 
 MODEL = "tiny"
 KIB = 1024
@@ -435,8 +436,7 @@ def test_progress_bar_goes_to_stderr_when_it_is_a_tty(tmp_path: Path) -> None:
     publish(store, tmp_path, "1", release_files(big=True))
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "registry", "pull", f"{MODEL}@1", "--to",
+        proc = python_popen([sys.executable, "-m", "registry", "pull", f"{MODEL}@1", "--to",
              str(tmp_path / "serve"), "--cache", str(tmp_path / "cache"), "--store",
              str(tmp_path / "store")], stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
@@ -943,7 +943,7 @@ def test_concurrent_pulls_of_one_release_all_succeed(durable_store_url: str, dur
     publish(durable, tmp_path, "1", release_files())
     base = tmp_path / "race"
     base.mkdir()
-    procs = [subprocess.Popen([sys.executable, str(CHILD), "race", durable_store_url, MODEL,
+    procs = [python_popen([sys.executable, str(CHILD), "race", durable_store_url, MODEL,
                                "1", str(base), str(REPETITIONS)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(RACERS)]
@@ -989,7 +989,7 @@ def test_killed_pull_leaves_no_partial_and_next_pull_cleans_up(
         durable_store_url: str, durable: Store, tmp_path: Path, phase: str) -> None:
     publish(durable, tmp_path, "1", release_files(big=phase == "ranged"))
     cache, target = tmp_path / "cache", tmp_path / "serve" / "model"
-    proc = subprocess.Popen([sys.executable, str(CHILD), "stall", durable_store_url, MODEL, "1",
+    proc = python_popen([sys.executable, str(CHILD), "stall", durable_store_url, MODEL, "1",
                              str(cache), str(target), phase],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "REGISTRY_PULL_DIGEST": "sha256"})
@@ -1241,7 +1241,7 @@ def test_disk_full_via_cli_is_one_line(tmp_path: Path) -> None:
             "from registry.cli import main\n"
             "sys.argv[0] = 'registry'\n"
             "main()\n")
-    p = subprocess.run([sys.executable, "-c", code, "pull", f"{MODEL}@1", "--to",
+    p = python_run([sys.executable, "-c", code, "pull", f"{MODEL}@1", "--to",
                         str(tmp_path / "serve"), "--cache", str(tmp_path / "cache"),
                         "--store", str(tmp_path / "store")],
                        capture_output=True, text=True, timeout=120)

@@ -25,6 +25,7 @@ from registry.store import open_store
 from registry.verify import read_manifest
 from tests.release_util import ledger_row, summary
 from tests.test_pull import CHILD, _safetensors, read_line
+from tests.support.forkclient import python_popen
 
 PIECE = 64 * 1024
 SIZE = 20 * PIECE + 999
@@ -47,7 +48,7 @@ def released(durable_store_url: str, tmp_path: Path,
 
 
 def _kill_mid_file(url: str, cache: Path, target: Path) -> tuple[Path, list[int]]:
-    proc = subprocess.Popen([sys.executable, str(CHILD), "stall", url, "tiny", "1", str(cache),
+    proc = python_popen([sys.executable, str(CHILD), "stall", url, "tiny", "1", str(cache),
                              str(target), "pieces"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "REGISTRY_PULL_DIGEST": "sha256"})

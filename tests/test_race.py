@@ -26,6 +26,7 @@ from registry.manifest import MANIFEST, list_local_files
 from registry.pointer import move_pointer, read_pointer
 from registry.store import open_store
 from registry.verify import is_committed, read_manifest, verify_directory
+from tests.support.forkclient import python_popen
 
 CHILD = Path(__file__).resolve().parent / "support" / "commit_child.py"
 PREFIX = "runs/r/ckpt/step-000001"
@@ -37,7 +38,7 @@ def run_together(argvs: list[list[str]], tmp: Path, *,
     tmp.mkdir(parents=True, exist_ok=True)
     go = tmp / "go"
     ready = [tmp / f"ready-{i}" for i in range(len(argvs))]
-    procs = [subprocess.Popen([sys.executable, str(CHILD), *argv, "--ready", str(r),
+    procs = [python_popen([sys.executable, str(CHILD), *argv, "--ready", str(r),
                                "--go", str(go)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for argv, r in zip(argvs, ready, strict=True)]

@@ -58,6 +58,7 @@ from registry.store import Store, join, open_store
 from registry.verify import is_committed, read_manifest, verify_directory
 from tests.conftest import make_store_url, run_cli
 from tests.release_util import ledger_row, summary
+from tests.support.forkclient import python_popen, python_run
 
 MODEL_ID = "racer"
 PUBLISHERS = 8
@@ -271,7 +272,7 @@ class PublisherPool:
         logs.mkdir(parents=True, exist_ok=True)
         self.logs = [logs / f"publisher-{i}.log" for i in range(PUBLISHERS)]
         self._files = [log.open("w") for log in self.logs]
-        self.procs = [subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+        self.procs = [python_popen([sys.executable, str(script)], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=f, text=True)
                       for f in self._files]
 
@@ -440,7 +441,7 @@ def test_publish_killed(backend: str, boundary: str, kill_at: str, committed: bo
     recovery = Source(tmp_path, "recovery", 8)
     prefix = release_prefix(MODEL_ID, "v1")
 
-    proc = subprocess.run([sys.executable, str(child_script), *crashing.args("crash", url, "v1"),
+    proc = python_run([sys.executable, str(child_script), *crashing.args("crash", url, "v1"),
                            kill_at], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stdout, proc.stderr)
     assert f"KILL at {kill_at.partition('#')[0]}" in proc.stderr

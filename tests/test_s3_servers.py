@@ -30,6 +30,7 @@ from tests.ckpt_util import save
 from tests.conftest import proxied, run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.faultproxy import Action, FaultProxy, Request
+from tests.support.forkclient import python_popen
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -175,7 +176,7 @@ def test_gc_aborts_a_dead_writers_uploads_at_once(server: str,
     SeaweedFS's real timestamps can show the age rule alone would keep it."""
     bucket = request.getfixturevalue("s3_bucket" if server == "s3" else "seaweed_bucket")
     url = f"s3://{bucket}/root"
-    with subprocess.Popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE,
+    with python_popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}) as child:
         try:
             assert child.stdout is not None and child.stdout.readline().strip() == "ready"

@@ -53,6 +53,7 @@ from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.pull_attacks import assert_never_downloaded, assert_pulls_refused, rewrite
 from tests.test_release import checkpoint
+from tests.support.forkclient import python_run
 
 pytest.importorskip("model_signing")
 
@@ -107,7 +108,7 @@ def gate_files(tmp_path: Path) -> list[str]:
 
 def model_signing_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The library's own CLI, in a real process."""
-    return subprocess.run([sys.executable, "-m", "model_signing", *args], capture_output=True,
+    return python_run([sys.executable, "-m", "model_signing", *args], capture_output=True,
                           text=True, timeout=300)
 
 

@@ -36,6 +36,7 @@ from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.attacker import as_nobody, require_other_user, shared_dir, victim_files
 from tests.test_pull import release_files
+from tests.support.forkclient import python_popen
 
 SECRET = b"root-only secret\n"
 
@@ -206,7 +207,7 @@ while True:  # rewrite in place, a page at a time, until killed
 
 
 def _rewriting(path: Path) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", REWRITER, str(path)], stdout=subprocess.PIPE,
+    p = python_popen([sys.executable, "-c", REWRITER, str(path)], stdout=subprocess.PIPE,
                          text=True)
     assert p.stdout is not None and p.stdout.readline() == "ready\n"
     return p

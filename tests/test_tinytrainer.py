@@ -26,6 +26,7 @@ from registry.modeldir import HIDDEN_KEYS, hidden_size
 from registry.release import ModelRelease
 from registry.store import open_store
 from tests.release_util import head, ledger_row, summary
+from tests.support.forkclient import python_run
 
 
 def run_trainer(url: str, run_id: str, steps: int, **kw: object) -> dict:
@@ -43,7 +44,7 @@ def test_resume_from_a_step_of_another_run_loads_that_directory(tmp_path: Path) 
 
     with pytest.raises(CheckpointError, match="no such step directory"):
         run_trainer(url, "a", 20, resume=str(tmp_path / "elsewhere/runs/x/ckpt/step-000010"))
-    p = subprocess.run([sys.executable, "-m", "registry.examples.tinytrainer", "--store", url,
+    p = python_run([sys.executable, "-m", "registry.examples.tinytrainer", "--store", url,
                         "--run-id", "a", "--steps", "20", "--ckpt-every", "10", "--resume",
                         str(tmp_path / "elsewhere/runs/x/ckpt/step-000010")],
                        capture_output=True, text=True, timeout=300)

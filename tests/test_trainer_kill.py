@@ -32,6 +32,7 @@ from registry.examples.tinytrainer import (
 from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
 from registry.store import open_store
 from registry.verify import read_manifest, verify_directory
+from tests.support.forkclient import python_popen
 
 TRAINER = Path(__file__).resolve().parent.parent / "examples" / "tinytrainer.py"
 STEPS, CKPT_EVERY, KEEP = 300, 20, 3
@@ -122,8 +123,7 @@ def final_tree(url: str, run_id: str) -> dict[str, dict[str, str]]:
 def test_kill_and_resume_is_bitwise(durable_store_url: str, tmp_path: Path) -> None:
     url, env = durable_store_url, child_env()
     a_out, a_progress = tmp_path / "a.json", tmp_path / "a.jsonl"
-    uninterrupted = subprocess.Popen(
-        [sys.executable, str(TRAINER), *trainer_argv(url, "run-a", a_out, a_progress,
+    uninterrupted = python_popen([sys.executable, str(TRAINER), *trainer_argv(url, "run-a", a_out, a_progress,
                                                      resume=False)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

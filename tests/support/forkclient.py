@@ -1,26 +1,172 @@
-"""The client of :mod:`tests.support.forkserver`: one server per test worker,
-started on its first call; each call's output goes through two files of its
-own (no pipe to drain while it runs)."""
+"""The client of :mod:`tests.support.forkserver`: a server per test worker and
+flavour, started on first use, and :class:`ForkedProcess`, the part of
+``subprocess.Popen`` the suite uses, for a child it forked."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import selectors
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import IO, Any
+
+
+class ForkedProcess:
+    """A child forked by a :class:`ForkServer`: ``pid``, ``args``,
+    ``returncode``, ``stdin``/``stdout``/``stderr`` (with ``PIPE``),
+    ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``,
+    ``kill``, a context manager, as ``subprocess.Popen``'s."""
+
+    def __init__(self, args: list[str], conn: socket.socket, pipes: dict[str, IO[Any]]) -> None:
+        self.args = args
+        self._conn = conn
+        self._buf = b""
+        self.returncode: int | None = None
+        self.stdin = pipes.get("stdin")
+        self.stdout = pipes.get("stdout")
+        self.stderr = pipes.get("stderr")
+        self.pid = int(self._line(None)["pid"])
+
+    def _line(self, timeout: float | None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._conn.settimeout(left)
+            try:
+                chunk = self._conn.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+            if not chunk:
+                raise RuntimeError(f"fork server lost the child {self.args}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self._line(0)["status"])
+            except subprocess.TimeoutExpired:
+                return None
+            self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = int(self._line(timeout)["status"])
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input: str | bytes | None = None,
+                    timeout: float | None = None) -> tuple[Any, Any]:
+        """Write ``input``, read stdout and stderr to their ends, wait."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chunks: dict[int, list[bytes]] = {}
+        sel = selectors.DefaultSelector()
+        text = {}
+        for name in ("stdout", "stderr"):
+            f = getattr(self, name)
+            if f is not None:
+                chunks[f.fileno()] = []
+                text[f.fileno()] = isinstance(f, io.TextIOBase)
+                sel.register(f.fileno(), selectors.EVENT_READ, name)
+        pending = b""
+        if self.stdin is not None:
+            if input:
+                pending = input.encode() if isinstance(input, str) else input
+                sel.register(self.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+            else:
+                self.stdin.close()
+        while sel.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            for key, _ in sel.select(left):
+                if key.data == "stdin":
+                    try:
+                        n = os.write(key.fd, pending[:65536])
+                    except BrokenPipeError:
+                        n = len(pending)
+                    pending = pending[n:]
+                    if not pending:
+                        sel.unregister(key.fd)
+                        self.stdin.close()  # type: ignore[union-attr]
+                    continue
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+        sel.close()
+        out: dict[str, Any] = {"stdout": None, "stderr": None}
+        for name in ("stdout", "stderr"):
+            f = getattr(self, name)
+            if f is not None:
+                raw = b"".join(chunks[f.fileno()])
+                out[name] = (raw.decode("utf-8", "replace").replace("\r\n", "\n")
+                             if text[f.fileno()] else raw)
+                f.close()
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.wait(left)
+        return out["stdout"], out["stderr"]
+
+    def __enter__(self) -> ForkedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in (self.stdout, self.stderr, self.stdin):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        self.wait()
+
+
+def _fd(spec: Any, default: int, opened: list[int]) -> tuple[int, int | None]:
+    """(the child's fd, our end of a pipe or None) for a Popen stdio argument."""
+    if spec is None:
+        return default, None
+    if spec == subprocess.PIPE:
+        r, w = os.pipe()
+        opened.append(r if default == 0 else w)
+        return (r, w) if default == 0 else (w, r)
+    if spec == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_RDWR)
+        opened.append(fd)
+        return fd, None
+    if isinstance(spec, int):
+        return spec, None
+    return spec.fileno(), None
 
 
 class ForkServer:
-    def __init__(self, env: dict[str, str], *, cwd: Path) -> None:
+    def __init__(self, env: dict[str, str], *, cwd: Path, flavour: str = "") -> None:
         self.dir = tempfile.mkdtemp(prefix="fork-")
         self.sock = os.path.join(self.dir, "s")
         self.log = open(os.path.join(self.dir, "server.log"), "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.forkserver", self.sock],
+            [sys.executable, "-m", "tests.support.forkserver", self.sock, flavour],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log,
             env=env, cwd=cwd)
         assert self.proc.stdout is not None
@@ -28,7 +174,6 @@ class ForkServer:
         if line.strip() != b"ready":
             self.proc.kill()
             raise RuntimeError(f"fork server did not start: {self.tail()}")
-        self.calls = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -46,40 +191,143 @@ class ForkServer:
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def run(self, argv: list[str], *, env: dict[str, str], cwd: str | Path | None,
-            timeout: float) -> subprocess.CompletedProcess[str]:
-        """``registry ARGV`` in a process forked for it: as ``subprocess.run(...,
-        capture_output=True, text=True, timeout=timeout)`` would return, and
-        raising ``TimeoutExpired`` (after killing the call) as it would."""
-        self.calls += 1
-        out = os.path.join(self.dir, f"{os.getpid()}-{self.calls}.out")
-        err = out[:-4] + ".err"
-        for p in (out, err):
-            open(p, "wb").close()
-        umask = os.umask(0)
-        os.umask(umask)
-        req = {"argv": argv, "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
-               "umask": umask, "stdout": out, "stderr": err}
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.connect(self.sock)
-            conn.sendall(json.dumps(req).encode() + b"\n")
-            conn.settimeout(timeout)
-            rf = conn.makefile("rb")
-            pid = json.loads(rf.readline())["pid"]
-            try:
-                line = rf.readline()
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(["registry", *argv], timeout) from None
-            finally:
-                rf.close()
-        if not line:
-            raise RuntimeError(f"fork server lost call {argv}: {self.tail()}")
-        status = json.loads(line)["status"]
+    def popen(self, mode: str, args: list[str], *, env: dict[str, str],
+              cwd: str | Path | None = None, stdin: Any = None, stdout: Any = None,
+              stderr: Any = None, text: bool = False) -> ForkedProcess:
+        """Fork a child: ``registry ARGS`` (mode ``cli``) or ``python ARGS``
+        (mode ``python``), with Popen's stdio arguments."""
+        opened: list[int] = []
         try:
-            stdout = Path(out).read_text(encoding="utf-8", errors="replace")
-            stderr = Path(err).read_text(encoding="utf-8", errors="replace")
+            in_fd, in_end = _fd(stdin, 0, opened)
+            out_fd, out_end = _fd(stdout, 1, opened)
+            if stderr == subprocess.STDOUT:
+                err_fd, err_end = out_fd, None
+            else:
+                err_fd, err_end = _fd(stderr, 2, opened)
+            umask = os.umask(0)
+            os.umask(umask)
+            req = {"mode": mode, "args": args, "env": env, "umask": umask,
+                   "cwd": os.path.abspath(cwd or os.getcwd())}
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(self.sock)
+            socket.send_fds(conn, [json.dumps(req).encode() + b"\n"], [in_fd, out_fd, err_fd])
         finally:
-            os.unlink(out)
-            os.unlink(err)
-        return subprocess.CompletedProcess(["registry", *argv], status, stdout, stderr)
+            for fd in opened:
+                os.close(fd)
+        pipes: dict[str, IO[Any]] = {}
+        for name, end, mode_ in (("stdin", in_end, "wb"), ("stdout", out_end, "rb"),
+                                 ("stderr", err_end, "rb")):
+            if end is not None:
+                f: IO[Any] = open(end, mode_, buffering=0 if name == "stdin" else -1)
+                if text:
+                    f = io.TextIOWrapper(f, encoding="utf-8",  # type: ignore[arg-type]
+                                         write_through=True)
+                pipes[name] = f
+        argv = ["registry", *args] if mode == "cli" else [sys.executable, *args]
+        return ForkedProcess(argv, conn, pipes)
+
+
+#: The environment the session started with: the fork servers' own, so that
+#: no test's variables are frozen into what they import.
+_SESSION_ENV = dict(os.environ)
+_REPO = Path(__file__).resolve().parents[2]
+_SERVERS: dict[str, ForkServer] = {}
+
+
+def enabled() -> bool:
+    """Whether children are forked (``REGISTRY_TEST_FORK=0``: each is a new
+    interpreter, as ``subprocess`` starts it)."""
+    return os.environ.get("REGISTRY_TEST_FORK", "1") != "0"
+
+
+def server(flavour: str = "") -> ForkServer:
+    """This process's fork server of ``flavour`` (``""``, or ``"torch"``:
+    torch imported too), started on first use."""
+    s = _SERVERS.get(flavour)
+    if s is None or not s.alive():
+        s = _SERVERS[flavour] = ForkServer(_SESSION_ENV, cwd=_REPO, flavour=flavour)
+        import atexit
+
+        atexit.register(s.stop)
+    return s
+
+
+def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | None = None,
+                 cwd: str | Path | None = None, stdin: Any = None, stdout: Any = None,
+                 stderr: Any = None, text: bool = False) -> ForkedProcess | subprocess.Popen:
+    """``subprocess.Popen(argv, ...)`` for ``argv = [sys.executable, ...]``,
+    forked from the warm server (with ``torch``, one that imported torch)."""
+    assert argv[0] == sys.executable, argv
+    if not enabled():
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout,
+                                stderr=stderr, text=text)
+    return server("torch" if torch or _wants_torch(argv[1:]) else "").popen(
+        "python", [str(a) for a in argv[1:]], env=dict(os.environ) if env is None else env,
+        cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text)
+
+
+_TORCH_WORDS = ("torch", "loongsage", "dcp", "tinytrainer")
+
+
+def _wants_torch(args: list[str]) -> bool:
+    """Whether the child's code names torch or what imports it (read from the
+    code, script or module it runs): it is then forked from the torch server.
+    Only a matter of speed: a child that imports torch elsewhere does it
+    itself."""
+    args = [a for a in args if a != "-u"]
+    if not args:
+        return False
+    try:
+        if args[0] == "-c":
+            text = args[1]
+        elif args[0] == "-m":
+            import importlib.util
+
+            spec = importlib.util.find_spec(args[1])
+            text = Path(spec.origin).read_text() if spec and spec.origin else ""
+        else:
+            text = Path(args[0]).read_text()
+    except (OSError, ImportError, ValueError, IndexError):
+        return False
+    return any(w in text for w in _TORCH_WORDS)
+
+
+def python_run(argv: list[str], *, input: str | bytes | None = None,
+               capture_output: bool = False, text: bool = False,
+               timeout: float | None = None, check: bool = False, torch: bool = False,
+               env: dict[str, str] | None = None, cwd: str | Path | None = None,
+               stdout: Any = None, stderr: Any = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, ...)`` for ``argv = [sys.executable, ...]``,
+    forked from the warm server: the same result, ``TimeoutExpired`` (the
+    child killed) and ``CalledProcessError``."""
+    if capture_output:
+        stdout = stderr = subprocess.PIPE
+    if not enabled():
+        return subprocess.run(argv, input=input, stdout=stdout, stderr=stderr, text=text,
+                              timeout=timeout, check=check, env=env, cwd=cwd)
+    p = python_popen(argv, torch=torch, env=env, cwd=cwd, stdout=stdout, stderr=stderr,
+                     stdin=subprocess.PIPE if input is not None else None, text=text)
+    return _finish(p, input, timeout, check)
+
+
+def _finish(p: ForkedProcess | subprocess.Popen, input: Any, timeout: float | None,
+            check: bool) -> subprocess.CompletedProcess:
+    try:
+        out, err = p.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    if check:
+        r.check_returncode()
+    return r
+
+
+def cli_run(args: list[str], *, env: dict[str, str], cwd: str | Path | None,
+            timeout: float) -> subprocess.CompletedProcess[str]:
+    """``registry ARGS`` forked, as ``subprocess.run(..., capture_output=True,
+    text=True)`` would give it."""
+    p = server().popen("cli", args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return _finish(p, None, timeout, False)

@@ -1,24 +1,27 @@
-"""A fork server for the suite's CLI calls: each call is still a process of its
-own (its own pid, exit code, environment, working folder, file descriptors,
-locks and signal handlers, gone when it exits), forked from a warm parent that
-has already imported the CLI and the libraries it loads, instead of a new
-interpreter that imports them again (about 1.2 s of CPU per call on S3, some
-two thousand calls per run).
+"""A fork server for the suite's child processes: each child is still a process
+of its own (its own pid, exit code, environment, working folder, standard
+streams, locks and signal handlers, gone when it exits, killable), forked from
+a warm parent that has already imported the registry and the libraries it
+loads, instead of a new interpreter that imports them again (about 1.2 s of
+CPU per CLI call on S3, 2-3 s per child that imports torch; the suite starts
+some two thousand such children).
 
-What a forked call does not exercise is the import of a fresh interpreter;
-that is tested as itself (test_imports starts ``registry`` fresh, test_wheel
-runs the installed console script, test_cli_usage's ``--help`` checks run in
-a new interpreter). Calls that signal or kill the CLI use their own Popen.
+What a forked child does not exercise is a fresh interpreter's import; that
+is tested as itself (test_imports starts ``registry`` fresh, test_wheel runs
+the installed console script). Children whose memory is measured, or that
+depend on a pristine interpreter, keep ``subprocess``.
 
-Protocol, over a Unix socket, one call per connection: the client sends one
-JSON line (argv, env, cwd, umask, stdout and stderr file paths); the server
-forks a monitor, which forks the call and writes back one JSON line
-``{"pid": N}`` at its start and ``{"status": S}`` (the exit code, or minus
-the signal) at its end. The server itself never runs a call, so nothing one
-call does (an import, a signal handler, an environment variable) reaches the
-next one.
+Protocol, over a Unix socket, one child per connection: the client sends one
+JSON line (``mode``: ``cli`` with the ``registry`` argv, or ``python`` with
+the arguments after ``python``: ``-c CODE ...``, ``-m MODULE ...`` or
+``SCRIPT ...``; the environment, working folder and umask) with the child's
+stdin, stdout and stderr as file descriptors (SCM_RIGHTS). The server forks a
+monitor, which forks the child and writes back ``{"pid": N}`` when it starts
+and ``{"status": S}`` (the exit code, or minus the signal) when it ends. The
+server itself never runs a child, so nothing one child does (an import, a
+signal handler, an environment variable) reaches the next one.
 
-Run as ``python -m tests.support.forkserver SOCKET``.
+Run as ``python -m tests.support.forkserver SOCKET [torch]``.
 """
 from __future__ import annotations
 
@@ -28,59 +31,101 @@ import signal
 import socket
 import sys
 
-#: Imported once by the server, so that its calls find them loaded. Only
-#: modules that read no environment at import (a call's own variables are set
-#: after the fork): the Hugging Face stack, which reads HF_* at import, is not
-#: here.
+#: Imported once by the server, so that its children find them loaded. Only
+#: modules that read no environment at import (a child's own variables are
+#: set after the fork): the Hugging Face stack, which reads HF_* at import, is
+#: not here.
 WARM = (
     "registry.cli", "registry.cli.release", "registry.cli.pull", "registry.cli.index",
     "registry.cli.ckpt", "registry.release", "registry.release.model_release",
-    "registry.store.s3", "registry.index.db", "registry.schemas",
+    "registry.store.s3", "registry.index.db", "registry.schemas", "registry.checkpoint",
     "s3fs", "aiobotocore.session", "botocore.session", "sqlalchemy", "psycopg", "numpy",
     "jsonschema", "jinja2", "filelock", "alembic.command", "cryptography.x509",
+    "argparse", "runpy",
 )
+#: Also warmed by a ``torch`` server (the DCP ranks, the LoongSage savers).
+WARM_TORCH = ("torch", "torch.distributed", "torch.distributed.checkpoint")
 
 
-def _warm() -> None:
+def _warm(names: tuple[str, ...]) -> None:
     import importlib
 
-    for name in WARM:
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError:
-            pass  # an optional extra not installed: its calls import it themselves
+            pass  # an optional extra not installed: its children import it themselves
 
 
-def _run_call(req: dict) -> None:
-    """In the forked call: become the process the request describes, run the
-    CLI's entry point, and exit as the interpreter would (atexit, flushed
-    streams)."""
-    import atexit
+def _streams(unbuffered: bool) -> None:
+    """sys.std* over fds 0-2, buffered as a new interpreter's are: stdout by
+    block (unbuffered with ``-u``), stderr by line."""
     import io
 
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                 encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                                  encoding="utf-8", write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                  encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=True, write_through=unbuffered)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def _main(req: dict) -> None:
+    """Run what the request names, as ``registry ARGV`` or ``python ARGS`` would."""
+    import runpy
+
+    args = list(req["args"])
+    if req["mode"] == "cli":
+        sys.argv = ["registry", *args]
+        from registry.cli import main
+
+        main()
+        return
+    unbuffered = False
+    while args and args[0] == "-u":
+        unbuffered = True
+        args.pop(0)
+    _streams(unbuffered)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = [p for p in extra if p not in sys.path]
+    if args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        sys.path[0] = ""
+        exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__",
+                                                    "__builtins__": __builtins__})
+    elif args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(args[0])
+        sys.argv = [args[0], *args[1:]]
+        sys.path[0] = os.path.dirname(script)
+        runpy.run_path(script, run_name="__main__")
+
+
+def _run_child(req: dict, fds: list[int]) -> None:
+    """In the forked child: become the process the request describes, run it,
+    and exit as the interpreter would (non-daemon threads joined, atexit,
+    flushed streams; an uncaught exception printed, exit 1)."""
+    import atexit
+    import threading
+
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd, target in zip(fds, (0, 1, 2), strict=True):
+        if fd != target:
+            os.dup2(fd, target)
+    os.closerange(3, 4096)  # as subprocess's close_fds: only 0-2 are the child's
     os.chdir(req["cwd"])
     os.umask(req["umask"])
     os.environ.clear()
     os.environ.update(req["env"])
-    fd_in = os.open(os.devnull, os.O_RDONLY)
-    fd_out = os.open(req["stdout"], os.O_WRONLY | os.O_TRUNC)
-    fd_err = os.open(req["stderr"], os.O_WRONLY | os.O_TRUNC)
-    for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
-        os.dup2(fd, target)
-        os.close(fd)
-    enc = "utf-8"
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=enc)
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding=enc,
-                                  line_buffering=False, write_through=False)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=enc,
-                                  errors="backslashreplace", line_buffering=True)
-    sys.argv = ["registry", *req["argv"]]
+    _streams(False)
     code = 0
     try:
-        from registry.cli import main
-
-        main()
+        _main(req)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -89,12 +134,20 @@ def _run_call(req: dict) -> None:
         else:
             print(e.code, file=sys.stderr)
             code = 1
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # exit as python does: by SIGINT
     except BaseException:
         import traceback
 
         traceback.print_exc()
         code = 1
     try:
+        threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -106,27 +159,35 @@ def _run_call(req: dict) -> None:
 
 
 def _monitor(conn: socket.socket) -> None:
-    """In the forked monitor: read the request, fork the call, report its pid
+    """In the forked monitor: read the request, fork the child, report its pid
     and, when it ends, its status."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    with conn.makefile("rb") as rf:
-        req = json.loads(rf.readline())
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        chunk, got, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        if not chunk:
+            os._exit(1)
+        data += chunk
+        fds += got
+    req = json.loads(data)
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _run_call(req)
+        _run_child(req, fds)
+    for fd in fds:
+        os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
     try:
-        conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+        conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode()
+                     + b"\n")
     except OSError:
         pass
     os._exit(0)
 
 
-def serve(path: str) -> None:
-    _warm()
+def serve(path: str, flavour: str) -> None:
+    _warm(WARM + (WARM_TORCH if flavour == "torch" else ()))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -146,4 +207,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")

@@ -1,0 +1,53 @@
+"""The suite's fork server (tests/support/forkserver.py) gives what a new
+process gives, or every test that runs a child through it would be worth
+less: the child's exit code, its own pid and environment, nothing carried from
+one child to the next, and the same CLI answer as ``python -m registry``."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests.conftest import run_cli
+from tests.support.forkclient import python_popen, python_run
+
+
+def test_exit_codes_tracebacks_and_signals_are_the_childs() -> None:
+    assert python_run([sys.executable, "-c", "import sys; sys.exit(7)"]).returncode == 7
+    r = python_run([sys.executable, "-c", "raise ValueError('boom')"], capture_output=True,
+                   text=True)
+    assert r.returncode == 1 and r.stderr.strip().endswith("ValueError: boom")
+    p = python_popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                      "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "up\n" and p.pid != os.getpid()
+    p.kill()
+    assert p.wait(timeout=30) == -signal.SIGKILL
+    p.stdout.close()
+
+
+def test_nothing_one_child_does_reaches_the_next(tmp_path) -> None:
+    code = ("import os, sys; print(os.environ.get('MARK'), 'json.tool' in sys.modules, "
+            "os.getcwd()); import json.tool")
+    a = python_run([sys.executable, "-c", code], capture_output=True, text=True,
+                   env={**os.environ, "MARK": "a"}, cwd=tmp_path)
+    b = python_run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert a.stdout.split() == ["a", "False", str(tmp_path)]
+    assert b.stdout.split()[:2] == ["None", "False"]
+
+
+def test_stdin_and_large_outputs_pass_whole() -> None:
+    r = python_run([sys.executable, "-c", "import sys; d = sys.stdin.read(); "
+                    "sys.stdout.write(d * 2); sys.stderr.write(str(len(d)))"],
+                   input="x" * 300_000, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and len(r.stdout) == 600_000 and r.stderr == "300000"
+
+
+def test_a_forked_cli_call_answers_as_a_new_interpreter(monkeypatch) -> None:
+    argv = ("serve", "--port", "70000")
+    forked = run_cli(*argv)
+    monkeypatch.setenv("REGISTRY_TEST_FORK", "0")
+    fresh = run_cli(*argv)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 2 and forked.stderr.startswith("error: ")
