@@ -162,7 +162,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     starts a new interpreter for each call instead (``python -m registry``)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    if forkclient.enabled():
+    if forkclient.enabled(full_env):
         return forkclient.cli_run(list(args), env=full_env, cwd=cwd, timeout=300)
     return subprocess.run([sys.executable, "-m", "registry", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd, timeout=300)

@@ -234,10 +234,21 @@ _REPO = Path(__file__).resolve().parents[2]
 _SERVERS: dict[str, ForkServer] = {}
 
 
-def enabled() -> bool:
-    """Whether children are forked (``REGISTRY_TEST_FORK=0``: each is a new
-    interpreter, as ``subprocess`` starts it)."""
-    return os.environ.get("REGISTRY_TEST_FORK", "1") != "0"
+def enabled(env: dict[str, str] | None = None) -> bool:
+    """Whether a child with ``env`` is forked (``REGISTRY_TEST_FORK=0``: each
+    is a new interpreter, as ``subprocess`` starts it). Not when ``env`` sets
+    a variable the registry reads at import (the ``REGISTRY_MAX_*`` limits of
+    registry.limits) to other than the server's value: the server imported
+    them with its own."""
+    if os.environ.get("REGISTRY_TEST_FORK", "1") == "0":
+        return False
+    names = {k for k in (env or {}) if k.startswith(_IMPORT_TIME_PREFIXES)}
+    names |= {k for k in _SESSION_ENV if k.startswith(_IMPORT_TIME_PREFIXES)}
+    return all((env or os.environ).get(k) == _SESSION_ENV.get(k) for k in names)
+
+
+#: Variables read when a module is imported, not when it is used.
+_IMPORT_TIME_PREFIXES = ("REGISTRY_MAX_",)
 
 
 def server(flavour: str = "") -> ForkServer:
@@ -258,7 +269,7 @@ def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | 
     """``subprocess.Popen(argv, ...)`` for ``argv = [sys.executable, ...]``,
     forked from the warm server (with ``torch``, one that imported torch)."""
     assert argv[0] == sys.executable, argv
-    if not enabled():
+    if not enabled(env):
         return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout,
                                 stderr=stderr, text=text)
     return server("torch" if torch or _wants_torch(argv[1:]) else "").popen(
@@ -302,7 +313,7 @@ def python_run(argv: list[str], *, input: str | bytes | None = None,
     child killed) and ``CalledProcessError``."""
     if capture_output:
         stdout = stderr = subprocess.PIPE
-    if not enabled():
+    if not enabled(env):
         return subprocess.run(argv, input=input, stdout=stdout, stderr=stderr, text=text,
                               timeout=timeout, check=check, env=env, cwd=cwd)
     p = python_popen(argv, torch=torch, env=env, cwd=cwd, stdout=stdout, stderr=stderr,
