@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from registry import limits
-from registry import numbers
+from registry import interrupt, numbers
 from registry.claim import Claim, ClaimLost
 from registry.errors import (
     CommitConflictError,
@@ -102,13 +102,17 @@ class DirectoryWriter:
         if store.atomic_rename:
             self.staging = staging or staging_prefix(self.prefix, uuid.uuid4().hex[:12])
             # The staging directory's owner, for gc: never removed while live.
-            self._lease = self._take_claim(claim_key(self.staging))
-            if sole_writer:
-                try:
+            # An interrupt while the claim is taken waits until it is recorded
+            # here (interrupt.deferred), so that it can be released.
+            try:
+                with interrupt.deferred():
+                    self._lease = self._take_claim(claim_key(self.staging))
+                if sole_writer:
                     store.delete_prefix(self.staging)
-                except BaseException:  # interrupted before `with` could clean up
+            except BaseException:  # interrupted before `with` could clean up
+                if self._lease is not None:
                     self._lease.release()
-                    raise
+                raise
         else:
             self.staging = self.prefix
             self._claim_object_store()
@@ -131,15 +135,17 @@ class DirectoryWriter:
         return claim
 
     def _claim_object_store(self) -> None:
-        self._lease = self._take_claim(self._claim)
         try:
+            with interrupt.deferred():  # an interrupt waits until the claim is recorded
+                self._lease = self._take_claim(self._claim)
             # Re-check under the claim: a writer may have committed and released
             # its claim between our first check and our create.
             if self.store.exists(join(self.prefix, MANIFEST)):
                 raise self._conflict("already committed")
             self.store.delete_prefix(self.prefix)  # leftovers of a crashed writer
         except BaseException:  # the conflict, or interrupted before `with` could clean up
-            self._lease.release()
+            if self._lease is not None:
+                self._lease.release()
             raise
 
     # -- writing ---------------------------------------------------------------

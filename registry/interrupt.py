@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: exit codes of a process interrupted by SIGINT and by SIGTERM (128 + signal)
@@ -48,3 +50,31 @@ def exit_code(default: int = EXIT_SIGINT) -> int:
 def signal_name() -> str:
     """``SIGTERM`` once it was received, else ``SIGINT``."""
     return "SIGTERM" if _received else "SIGINT"
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then act on the first one
+    that arrived (its handler runs at the block's end: an interrupt is raised
+    there). For a short step whose half-done state nobody could clean up, such
+    as taking a claim and recording that it is held. A no-op off the main
+    thread, where Python runs no signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[tuple[int, Any]] = []
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda n, f: got.append((n, f)))
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if got:
+            signum, frame = got[0]
+            handler = old[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)

@@ -219,3 +219,26 @@ def test_writer_interrupted_in_its_constructor_leaves_no_claim(
         DirectoryWriter(store, "runs/r/ckpt/step_1", kind="checkpoint", meta={}, sole_writer=True)
     monkeypatch.undo()
     assert [k for k in store.walk_files("runs") if k.endswith(".claim")] == []
+
+
+def test_an_interrupt_during_a_deferred_step_is_raised_when_it_ends() -> None:
+    """interrupt.deferred (around a claim's take in DirectoryWriter): the step
+    finishes, then the signal's interrupt is raised, so a claim just taken is
+    always recorded and can be released. Without it, a SIGTERM landing between
+    the claim's create and its recording left the claim (the flaky
+    test_publish_sigterm_mid_write_commits_nothing_and_leaves_nothing)."""
+    import os
+    import signal as sig
+
+    from registry import interrupt
+
+    interrupt.terminate_like_interrupt()
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupt.deferred():
+                os.kill(os.getpid(), sig.SIGTERM)
+                done.append("step")
+        assert done == ["step"]
+    finally:
+        sig.signal(sig.SIGTERM, sig.SIG_DFL)
