@@ -51,3 +51,27 @@ def test_a_forked_cli_call_answers_as_a_new_interpreter(monkeypatch) -> None:
     assert (forked.returncode, forked.stdout, forked.stderr) == (
         fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.returncode == 2 and forked.stderr.startswith("error: ")
+
+
+BLAS_THREADS = ("import threadpoolctl, numpy\n"
+                "print(max(p['num_threads'] for p in threadpoolctl.threadpool_info()"
+                " if p['user_api'] == 'blas'))")
+
+
+def test_a_thread_count_set_for_the_child_is_the_childs() -> None:
+    """BLAS fixes its thread count when numpy loads (which the server did): a
+    child given OPENBLAS_NUM_THREADS/OMP_NUM_THREADS other than the server's
+    starts as a new interpreter, so it runs with its own count (a trainer's
+    bitwise resume depends on it: test_trainer_kill)."""
+    one = python_run([sys.executable, "-c", BLAS_THREADS], capture_output=True, text=True,
+                     env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.strip() == "1"
+    forked = python_popen([sys.executable, "-c", "print(1)"], stdout=subprocess.PIPE)
+    forked.communicate()
+    pinned = python_popen([sys.executable, "-c", "print(1)"], stdout=subprocess.PIPE,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    pinned.communicate()
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert not isinstance(forked, subprocess.Popen)
+        assert isinstance(pinned, subprocess.Popen)
