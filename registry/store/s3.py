@@ -35,7 +35,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.sourcecheck import object_state
-from registry.store import s3upload
+from registry.store import s3session, s3upload
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, timeouts
@@ -571,8 +571,15 @@ def _served_at(page: dict[str, Any], fallback: float) -> float:
 
 
 def _filesystem(options: dict[str, Any]) -> s3fs.S3FileSystem:
-    """An s3fs filesystem that does not retry (the store does: s3retry)."""
+    """An s3fs filesystem that does not retry (the store does: s3retry), on a
+    botocore session that shares the process's parsed service models
+    (s3session); a ``session`` in ``options`` is used as given."""
     fs = s3fs.S3FileSystem(**options)
     fs.retries = 1
+    if fs.session is None:
+        # What s3fs's set_session would create, owned by s3fs as before (a
+        # refresh replaces it), with the shared loader.
+        fs.session = s3session.new_session(**fs.kwargs)
+        fs._session_is_owned = True
     return fs
 

@@ -57,6 +57,27 @@ def _warm(names: tuple[str, ...]) -> None:
             pass  # an optional extra not installed: its children import it themselves
 
 
+def _warm_s3_models() -> None:
+    """Parse botocore's S3 service model and endpoint rules once, into the
+    loader every S3 store of the process shares (registry.store.s3session),
+    so that a child's first S3 request does not parse them again. No request
+    is sent; the loop is closed before the first fork."""
+    import asyncio
+
+    from registry.store import s3session
+
+    async def client() -> None:
+        async with s3session.new_session().create_client(
+                "s3", region_name="us-east-1", endpoint_url="http://127.0.0.1:9",
+                aws_access_key_id="warm", aws_secret_access_key="warm"):
+            pass
+
+    try:
+        asyncio.run(client())
+    except Exception:  # noqa: BLE001 - a warm-up only: children parse them themselves
+        pass
+
+
 def _streams(unbuffered: bool) -> None:
     """sys.std* over fds 0-2, buffered as a new interpreter's are: stdout by
     block (unbuffered with ``-u``), stderr by line."""
@@ -188,6 +209,7 @@ def _monitor(conn: socket.socket) -> None:
 
 def serve(path: str, flavour: str) -> None:
     _warm(WARM + (WARM_TORCH if flavour == "torch" else ()))
+    _warm_s3_models()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
