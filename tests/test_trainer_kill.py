@@ -229,3 +229,17 @@ def test_resume_from_older_step_adopts_and_matches(tmp_path: Path) -> None:
         train(url, "r", 50, **kw)
     with pytest.raises(TrainerError, match="spec"):
         train(url, "r", 50, resume=True, seed=1, **kw)
+
+
+def test_importing_the_trainer_changes_no_environment() -> None:
+    """The BLAS pinning happens when the trainer runs as a program, not when a
+    process imports it: an import that set OMP_NUM_THREADS passed it to every
+    later child of the importer (the suite's workers: none forked after)."""
+    code = ("import os; before = dict(os.environ); import registry.examples.tinytrainer; "
+            "print(sorted(k for k in os.environ if os.environ[k] != before.get(k)))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -40,10 +40,14 @@ from __future__ import annotations
 
 import os
 
-# Single-threaded BLAS: a fixed summation order in every process (set before
-# numpy is first imported, i.e. when run as a script).
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+# Single-threaded BLAS: a fixed summation order in every process, set before
+# numpy is first imported when run as ``python -m registry.examples.tinytrainer``
+# (examples/tinytrainer.py does the same). Importing the module changes no
+# environment: a process that imported it once started every later child with
+# these variables (and its fork-server children as new interpreters).
+if __name__ == "__main__":
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
