@@ -75,3 +75,12 @@ def test_a_thread_count_set_for_the_child_is_the_childs() -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         assert not isinstance(forked, subprocess.Popen)
         assert isinstance(pinned, subprocess.Popen)
+
+
+def test_the_example_trainer_is_a_new_interpreter() -> None:
+    """The trainer pins BLAS to one thread before numpy loads, which a fork of
+    the warm server (numpy loaded, two threads) cannot do."""
+    p = python_popen([sys.executable, "-m", "registry.examples.tinytrainer", "--help"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=120)
+    assert isinstance(p, subprocess.Popen) and p.returncode == 0, err

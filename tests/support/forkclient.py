@@ -274,7 +274,7 @@ def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | 
     """``subprocess.Popen(argv, ...)`` for ``argv = [sys.executable, ...]``,
     forked from the warm server (with ``torch``, one that imported torch)."""
     assert argv[0] == sys.executable, argv
-    if not enabled(env):
+    if not forkable(argv, env):
         return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout,
                                 stderr=stderr, text=text)
     return server("torch" if torch or _wants_torch(argv[1:]) else "").popen(
@@ -282,30 +282,47 @@ def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | 
         cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text)
 
 
-_TORCH_WORDS = ("torch", "loongsage", "dcp", "tinytrainer")
+_TORCH_WORDS = ("torch", "loongsage", "dcp")
+#: Programs that set import-time state for themselves before numpy loads (the
+#: example trainer pins BLAS to one thread for a bitwise-reproducible run): a
+#: fork would run them with the server's, so they start as new interpreters.
+_FRESH_WORDS = ("tinytrainer",)
 
 
-def _wants_torch(args: list[str]) -> bool:
-    """Whether the child's code names torch or what imports it (read from the
-    code, script or module it runs): it is then forked from the torch server.
-    Only a matter of speed: a child that imports torch elsewhere does it
-    itself."""
+def _code_text(args: list[str]) -> str:
+    """The code the child runs (``-c`` text, ``-m`` module or script), "" if
+    it cannot be read."""
     args = [a for a in args if a != "-u"]
     if not args:
-        return False
+        return ""
     try:
         if args[0] == "-c":
-            text = args[1]
-        elif args[0] == "-m":
+            return args[1]
+        if args[0] == "-m":
             import importlib.util
 
             spec = importlib.util.find_spec(args[1])
-            text = Path(spec.origin).read_text() if spec and spec.origin else ""
-        else:
-            text = Path(args[0]).read_text()
+            return Path(spec.origin).read_text() if spec and spec.origin else ""
+        return Path(args[0]).read_text()
     except (OSError, ImportError, ValueError, IndexError):
-        return False
+        return ""
+
+
+def _wants_torch(args: list[str]) -> bool:
+    """Whether the child's code names torch or what imports it: it is then
+    forked from the torch server. Only a matter of speed: a child that
+    imports torch elsewhere does it itself."""
+    text = _code_text(args)
     return any(w in text for w in _TORCH_WORDS)
+
+
+def forkable(argv: list[str], env: dict[str, str] | None) -> bool:
+    """Whether ``argv`` with ``env`` is forked (:func:`enabled`, and its code
+    sets no import-time state of its own, _FRESH_WORDS)."""
+    if not enabled(env):
+        return False
+    text = _code_text([str(a) for a in argv[1:]])
+    return not any(w in text for w in _FRESH_WORDS)
 
 
 def python_run(argv: list[str], *, input: str | bytes | None = None,
@@ -318,7 +335,7 @@ def python_run(argv: list[str], *, input: str | bytes | None = None,
     child killed) and ``CalledProcessError``."""
     if capture_output:
         stdout = stderr = subprocess.PIPE
-    if not enabled(env):
+    if not forkable(argv, env):
         return subprocess.run(argv, input=input, stdout=stdout, stderr=stderr, text=text,
                               timeout=timeout, check=check, env=env, cwd=cwd)
     p = python_popen(argv, torch=torch, env=env, cwd=cwd, stdout=stdout, stderr=stderr,
