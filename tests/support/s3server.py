@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from moto import backends
 from moto.server import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
 
@@ -30,11 +31,34 @@ def _serialized(app: Callable[..., Iterable[bytes]]) -> Callable[..., list[bytes
     return wrapper
 
 
+class _Dispatcher(DomainDispatcherApplication):
+    """moto's dispatcher, answering which backend serves a host from a table
+    filled once per host. moto's own lists its package folder (a listdir and
+    an isdir for each of some 200 entries) and then tries backends' URL
+    patterns, for every request: 6.75 ms of CPU per request (client and
+    server together) against 5.28 ms with the table, measured side by side
+    on 2026-12-02. The answer for a host never changes."""
+
+    def __init__(self, create_app: Callable[..., Any]) -> None:
+        super().__init__(create_app)
+        self._modules = frozenset(backends.list_of_moto_modules())
+        self._by_host: dict[str, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host is None or host == "moto_api" or host in self._modules:
+            return host
+        if host not in self._by_host:
+            self._by_host[host] = next(
+                (b for b, pattern in self.backend_url_patterns if pattern.match(f"http://{host}")),
+                None)
+        return self._by_host[host]
+
+
 class S3Server:
     """Start with :meth:`start`; ``endpoint`` is ``http://127.0.0.1:<port>``."""
 
     def __init__(self, *, serialize: bool = True) -> None:
-        app: Any = DomainDispatcherApplication(create_backend_app)
+        app: Any = _Dispatcher(create_backend_app)
         if serialize:
             app = _serialized(app)
         self._server = make_server("127.0.0.1", 0, app, threaded=True)
