@@ -283,6 +283,8 @@ def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | 
 
 
 _TORCH_WORDS = ("torch", "loongsage", "dcp")
+#: CLI arguments after which the command may import torch.
+_CLI_TORCH_WORDS = ("loongsage", "dist_ckpt", "dcp")
 #: Programs that set import-time state for themselves before numpy loads (the
 #: example trainer pins BLAS to one thread for a bitwise-reproducible run): a
 #: fork would run them with the server's, so they start as new interpreters.
@@ -360,7 +362,10 @@ def _finish(p: ForkedProcess | subprocess.Popen, input: Any, timeout: float | No
 def cli_run(args: list[str], *, env: dict[str, str], cwd: str | Path | None,
             timeout: float) -> subprocess.CompletedProcess[str]:
     """``registry ARGS`` forked, as ``subprocess.run(..., capture_output=True,
-    text=True)`` would give it."""
-    p = server().popen("cli", args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+    text=True)`` would give it; from the torch server when an argument names
+    the LoongSage layout or a DCP part (``release create --layout loongsage
+    --from dist_ckpt`` reads the step with torch: 2-3 s of imports a call)."""
+    wants_torch = any(w in a.lower() for a in args for w in _CLI_TORCH_WORDS)
+    p = server("torch" if wants_torch else "").popen("cli", args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return _finish(p, None, timeout, False)
