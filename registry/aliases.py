@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 import os
+import time
 from typing import Any
 
 from registry import limits
@@ -249,17 +250,37 @@ def set_alias(store: Store, model_id: str, alias: str, version: str, *,
     return head.version
 
 
+#: seconds an alias move that met a delete's tombstone waits for the delete
+#: to back off (its tombstone removed) or go on (the manifest removed).
+DELETE_SETTLE_S = 5.0
+
+
 def undo_if_deleted(store: Store, model_id: str, alias: str, version: str, head: AliasHead,
                     move: AliasMove | None, *,
                     sign_key: str | os.PathLike[str] | None = None) -> AliasMove | None:
     """After ``move`` pointed ``alias`` at ``version``: if a delete of
     ``version`` made its tombstone meanwhile (after the caller's check, before
-    the move), move the alias back to what ``head`` held (a move of its own in
-    the history) and return that undo; else None. With
+    the move) and then goes on to remove the release, move the alias back to
+    what ``head`` held (a move of its own in the history) and return that
+    undo; if the delete backs off instead (it saw this move), keep the move
+    and return None. Waits up to DELETE_SETTLE_S seconds for the delete to
+    settle (a deleter that died after its tombstone: undone after it). With
     :mod:`registry.lifecycle.delete`, which looks at the aliases after its
     tombstone, no alias is left pointing at a deleted release."""
     if move is None or not is_deleted(store, model_id, version):
         return None
+    # The delete looks at the aliases after its tombstone. It saw this move
+    # (it removes its tombstone and refuses: the move stands) or it did not
+    # (it removes the release, MANIFEST.json first: undo). Wait for which,
+    # so that exactly one of the two wins; a deleter that died between its
+    # tombstone and its look settles nothing, and after DELETE_SETTLE_S the
+    # move is undone.
+    manifest = join(release_prefix(model_id, version), MANIFEST)
+    deadline = time.monotonic() + DELETE_SETTLE_S
+    while time.monotonic() < deadline and store.exists(manifest):
+        if not is_deleted(store, model_id, version):
+            return None  # the delete backed off: the move stands
+        time.sleep(0.02)
     return move_alias(store, model_id, alias, head.version, sign_key=sign_key)[1]
 
 

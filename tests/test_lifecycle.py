@@ -293,6 +293,51 @@ def test_alias_set_racing_a_delete_never_points_at_a_deleted_release(
             assert alias.stdout.strip() in ("ReleaseDeletedError", "NotCommittedError")
 
 
+@pytest.mark.parametrize("delete_goes_on", [False, True])
+def test_an_alias_move_that_meets_a_tombstone_waits_for_the_delete_to_settle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delete_goes_on: bool) -> None:
+    """Both saw each other: the delete made its tombstone after the alias set's
+    check, and its own look found the move. The delete backs off (removes the
+    tombstone): the move must stand, not be undone too (both losing, the
+    delete's "alias a points at it" then untrue). The delete goes on (removes
+    MANIFEST.json): the move is undone and ReleaseDeletedError raised."""
+    import threading
+
+    import registry.aliases as aliases_mod
+
+    url = str(tmp_path / "store")
+    with Registry(url, db=_db(tmp_path)) as reg:
+        publish(reg, tmp_path, "1", "r0")
+    store = open_store(url)
+    real_move = aliases_mod.move_alias
+    settle = []
+
+    def move_then_delete_starts(*a, **k):
+        result = real_move(*a, **k)
+        if a[3] == "r0" and not settle:  # the move, not the undo
+            store.create(tombstone_key("m", "r0"), b"{}")
+
+            def delete_settles() -> None:
+                if delete_goes_on:
+                    store.delete(f"{release_prefix('m', 'r0')}/{MANIFEST}")
+                else:
+                    store.delete(tombstone_key("m", "r0"))
+
+            settle.append(threading.Timer(0.3, delete_settles))
+            settle[0].start()
+        return result
+
+    monkeypatch.setattr(aliases_mod, "move_alias", move_then_delete_starts)
+    if delete_goes_on:
+        with pytest.raises(ReleaseDeletedError):
+            aliases_mod.set_alias(store, "m", "a", "r0")
+        assert "a" not in list_aliases(store, "m")
+    else:
+        assert aliases_mod.set_alias(store, "m", "a", "r0") is None
+        assert list_aliases(store, "m")["a"] == "r0"
+    settle[0].join()
+
+
 # -- retention -------------------------------------------------------------------------
 
 

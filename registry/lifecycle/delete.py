@@ -11,7 +11,10 @@ version finishes the job; ``registry gc`` removes an uncommitted leftover):
    committed just before the tombstone may have moved an alias to it
    meanwhile. Then the tombstone is removed again (the release was not
    touched) and the delete refused; :func:`registry.aliases.set_alias` checks
-   for a tombstone after its own move too, so of the two at most one wins;
+   for a tombstone after its own move too and, finding one, waits for the
+   delete to back off (the move stands) or go on (the move is undone), so
+   exactly one of the two wins (both lose only if the deleter dies between
+   its tombstone and this look);
 4. delete ``MANIFEST.json`` first, then every other file
    (:func:`registry.commit.delete_directory`, as ``gc`` does): a half-deleted
    directory is never read as committed;
