@@ -564,7 +564,7 @@ def test_second_quickstart_is_refused_up_front(tmp_path: Path) -> None:
 def test_memory_stores_are_refused_by_the_cli_only() -> None:
     """The CLI refuses memory:// (the next process could not find what it wrote);
     the API keeps it, in the same process, after a CLI call too."""
-    from typer.testing import CliRunner
+    from tests.support.clirunner import CliRunner
 
     from registry.cli import app
     from registry.store import MemoryStore, open_store

@@ -69,7 +69,7 @@ def _reference_sections() -> dict[str, tuple[str, list[str]]]:
 
 
 def _help(path: list[str]) -> str:
-    from typer.testing import CliRunner
+    from tests.support.clirunner import CliRunner
 
     r = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200",
                                                         "TERMINAL_WIDTH": "200"})

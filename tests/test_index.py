@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -69,9 +68,8 @@ from registry.release import ModelRelease
 from registry.store import Store, open_store
 from registry.verify import read_manifest, verify_directory
 from tests.ckpt_util import save
-from tests.conftest import POSTGRES, run_cli
+from tests.conftest import POSTGRES, run_cli, run_cli_batch
 from tests.release_util import head, ledger_row, summary, summary2
-from tests.support.forkclient import python_run
 
 W = np.random.default_rng(7).standard_normal((8, 64), dtype=np.float32)
 B = np.linspace(-1, 1, 8, dtype=np.float32)
@@ -181,33 +179,14 @@ def forge_release(store: Store, model_id: str, version: str, *, card: str | None
 #: Runs CLI commands through the real application (typer app, argument parsing,
 #: error boundary, JSON printing) in one fresh process: one JSON list of argv in
 #: on stdin, one JSON list of [exit code, stdout, stderr] out.
-CLI_BATCH = r'''
-import json, sys, traceback
-from typer.testing import CliRunner
-from registry.cli import app
-
-runner = CliRunner()
-out = []
-for argv in json.loads(sys.stdin.read()):
-    r = runner.invoke(app, argv)
-    err = r.stderr
-    if r.exception is not None and not isinstance(r.exception, SystemExit):
-        err += "".join(traceback.format_exception(r.exception))
-    out.append([r.exit_code, r.stdout, err])
-print(json.dumps(out))
-'''
-
-
 def cli_batch(commands: list[list[str]]) -> list[str]:
-    """stdout of every command (each must exit 0), run by :data:`CLI_BATCH`."""
-    p = python_run([sys.executable, "-c", CLI_BATCH], input=json.dumps(commands),
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    results = json.loads(p.stdout)
-    for argv, (code, out, err) in zip(commands, results, strict=True):
-        assert code == 0, (argv, out, err)
-        assert "Traceback" not in err, (argv, err)
-    return [out for _, out, _ in results]
+    """stdout of every command (each must exit 0, with no traceback), run
+    one after another in one real process (conftest.run_cli_batch)."""
+    results = run_cli_batch(commands)
+    for r in results:
+        assert r.returncode == 0, (r.args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr, (r.args, r.stderr)
+    return [r.stdout for r in results]
 
 
 def assert_clean_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from registry.api import Registry
-from tests.test_index import CLI_BATCH
+from tests.conftest import CLI_BATCH
 from tests.release_util import ledger_row, summary
 from tests.test_pull import release_files
 
@@ -35,7 +35,7 @@ READERS = [["ls", "tiny"], ["query", "tiny", "--passing"], ["show", "tiny@1"],
 
 
 def batch(volume: Path | None, commands: list[list[str]]) -> list[list[object]]:
-    """Run CLI ``commands`` in one fresh process (tests.test_index.CLI_BATCH),
+    """Run CLI ``commands`` in one fresh process (tests.conftest.CLI_BATCH: through registry.cli.main),
     with ``volume`` mounted read-only over itself when given; returns
     [exit code, stdout, stderr] per command."""
     argv = [sys.executable, "-c", CLI_BATCH]

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
+from tests.support.clirunner import CliRunner
 
 from registry.api import Registry
 from registry.cli import app as cli_app

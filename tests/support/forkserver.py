@@ -25,8 +25,11 @@ Run as ``python -m tests.support.forkserver SOCKET [torch]``.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -34,22 +37,48 @@ import sys
 #: Imported once by the server, so that its children find them loaded. Only
 #: modules that read no environment at import (a child's own variables are
 #: set after the fork): the Hugging Face stack, which reads HF_* at import, is
-#: not here.
+#: not here. Every module of the registry package is warmed too
+#: (:func:`_registry_modules`).
 WARM = (
-    "registry.cli", "registry.cli.release", "registry.cli.pull", "registry.cli.index",
-    "registry.cli.ckpt", "registry.release", "registry.release.model_release",
-    "registry.store.s3", "registry.index.db", "registry.schemas", "registry.checkpoint",
-    "s3fs", "aiobotocore.session", "botocore.session", "sqlalchemy", "psycopg", "numpy",
-    "jsonschema", "jinja2", "filelock", "alembic.command", "cryptography.x509",
-    "argparse", "runpy",
+    "typer._adapters", "s3fs", "aiobotocore.session", "botocore.session", "sqlalchemy",
+    "psycopg", "numpy", "jsonschema", "jinja2", "filelock", "alembic.command",
+    "cryptography.x509", "argparse", "runpy",
 )
 #: Also warmed by a ``torch`` server (the DCP ranks, the LoongSage savers).
 WARM_TORCH = ("torch", "torch.distributed", "torch.distributed.checkpoint")
+#: Top-level imports that keep a registry module out of the plain server: torch
+#: (the torch server's), and the Hugging Face stack (reads HF_* at import).
+_HEAVY = re.compile(r"^(?:import|from) (torch|transformers|huggingface_hub|"
+                    r"sentence_transformers)\b", re.M)
+
+
+def _registry_modules(flavour: str) -> tuple[str, ...]:
+    """Every module of the ``registry`` package whose top-level imports the
+    server may hold: one importing torch only in the torch server, one
+    importing the Hugging Face stack in neither (a CLI call's first lazy import
+    of the web stack or of pydantic costs a forked child 0.1-0.5 s)."""
+    import pkgutil
+
+    import registry
+
+    names = []
+    for info in pkgutil.walk_packages(registry.__path__, "registry."):
+        if info.name == "registry.__main__":
+            continue
+        spec = importlib.util.find_spec(info.name)
+        origin = getattr(spec, "origin", None) if spec else None
+        try:
+            with open(origin or "", encoding="utf-8") as f:
+                heavy = {m.group(1) for m in _HEAVY.finditer(f.read())}
+        except OSError:
+            continue
+        if heavy - ({"torch"} if flavour == "torch" else set()):
+            continue
+        names.append(info.name)
+    return tuple(names)
 
 
 def _warm(names: tuple[str, ...]) -> None:
-    import importlib
-
     for name in names:
         try:
             importlib.import_module(name)
@@ -76,6 +105,16 @@ def _warm_s3_models() -> None:
         asyncio.run(client())
     except Exception:  # noqa: BLE001 - a warm-up only: children parse them themselves
         pass
+
+
+def _warm_cli() -> None:
+    """Build the click command tree of ``registry`` once (typer builds it
+    from the annotated functions: about 80 ms, which every forked CLI call
+    would otherwise pay again). It reads no environment: option values and
+    their ``envvar`` are read when a command line is parsed, in the child."""
+    from registry.cli import _command
+
+    _command()
 
 
 def _streams(unbuffered: bool) -> None:
@@ -209,7 +248,14 @@ def _monitor(conn: socket.socket) -> None:
 
 def serve(path: str, flavour: str) -> None:
     _warm(WARM + (WARM_TORCH if flavour == "torch" else ()))
+    _warm(_registry_modules(flavour))
+    held = sorted({"torch", "transformers", "huggingface_hub"} & set(sys.modules)
+                  - ({"torch"} if flavour == "torch" else set()))
+    if held:  # imported by a warmed module's own imports: its children would inherit it
+        raise SystemExit(f"forkserver: warming the registry imported {held}; keep them "
+                         "out of the plain server (see _HEAVY)")
     _warm_s3_models()
+    _warm_cli()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
