@@ -1,7 +1,9 @@
 """``registry gc``: remove abandoned claims and uncommitted leftovers, never a commit.
 
-Looks at every model folder (``models/<model_id>/``) and every run's checkpoint
-tree (``runs/<run_id>/ckpt/``): staging directories (``*.tmp*``), claims
+Looks at every model folder (``models/<model_id>/``), every run's checkpoint
+tree (``runs/<run_id>/ckpt/``) and the event log's temporary files
+(``events/.tmp-<id>``, left by an append killed before it linked its event:
+by age): staging directories (``*.tmp*``), claims
 (``*.claim``) and version or step directories without a valid MANIFEST.json,
 older than ``older_than`` seconds (by their newest file). LoongSage trees live
 wherever their ``checkpoint_path`` says, so they are scanned only when named
@@ -23,7 +25,18 @@ from registry.checkpoint.layout import LOONGSAGE, TINYLLM
 from registry.claim import Claim, read_state
 from registry.commit import delete_directory
 from registry.errors import ObjectExistsError, UnsafeEntryError, UsageError
-from registry.layout import CLAIM_SUFFIX, LATEST, MODELS, POLICY, REFS, RUNS, TMP_MARK, run_root
+from registry.layout import (
+    CLAIM_SUFFIX,
+    EVENTS,
+    EVENTS_TMP_PREFIX,
+    LATEST,
+    MODELS,
+    POLICY,
+    REFS,
+    RUNS,
+    TMP_MARK,
+    run_root,
+)
 from registry.store import Store, join
 from registry.storeclock import store_time
 from registry.verify import verify_directory
@@ -158,6 +171,19 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
             if not is_dir or _age(store, key, now) >= older_than:
                 doomed.append((key, is_dir))
     removed = []
+    try:
+        event_entries = store.list_dir(EVENTS)
+    except UnsafeEntryError as e:  # a link where the folder should be: never followed
+        store.skip(str(e))
+        event_entries = []
+    for name, is_dir in event_entries:
+        # An event's temporary file (registry.events.log): a killed append's
+        # leftover once older than any append takes; never an event itself.
+        key = join(EVENTS, name)
+        if not is_dir and name.startswith(EVENTS_TMP_PREFIX) and _age(store, key, now) >= older_than:
+            if not dry_run:
+                store.delete(key)
+            removed.append(key)
 
     def claim_over(key: str) -> bool | None:
         """Whether the claim of the directory ``key`` lies in is live (None:

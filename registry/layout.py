@@ -41,6 +41,8 @@ RUNS = "runs"
 MODELS = "models"
 LEDGER = "ledger"
 EVENTS = "events"
+#: an event's temporary file while a local append writes it (``events/.tmp-<id>``).
+EVENTS_TMP_PREFIX = ".tmp-"
 REFS = "refs"
 REVOCATIONS = "ledger/revocations"
 ALIAS_HISTORY = "ledger/aliases"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from registry.events import EVENT_NAMES, append_event, iter_events, read_event
 from registry.events.log import event_numbers
 from registry.layout import event_key
 from registry.store import Store, open_store
+from tests.conftest import run_cli
 from tests.support.forkclient import python_popen
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,3 +102,56 @@ def test_concurrent_writer_processes_lose_and_duplicate_nothing(
     for w in range(writers):  # each writer's own events in its own order
         mine = [e.data["i"] for e in events if e.data["writer"] == f"w{w}"]
         assert mine == list(range(each))
+
+
+#: Appends one event with os.link (the step that publishes a local event's
+#: temporary file under its number) held until the process is killed.
+_STALLED_APPEND = r'''
+import os, sys, time
+from registry.events import append_event
+from registry.store import open_store
+
+def stall(src, dst, *a, **k):
+    print("linking", flush=True)
+    time.sleep(600)
+
+os.link = stall
+with open_store(sys.argv[1]) as store:
+    append_event(store, "policy.changed", model_id="m")
+'''
+
+
+def test_a_killed_append_leaves_a_temporary_file_that_gc_removes_by_age(
+        tmp_path: Path) -> None:
+    """SIGKILLed between writing its temporary file and linking it, a local
+    append leaves ``events/.tmp-<id>`` and no event. ``registry gc`` removes
+    it once older than ``--older-than`` (not before: a live append's), and
+    never touches an event."""
+    url = str(tmp_path / "store")
+    with open_store(url) as store:
+        append_event(store, "policy.changed", model_id="m")
+    p = python_popen([sys.executable, "-c", _STALLED_APPEND, url],
+                     env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "linking\n", p.stderr
+    p.kill()
+    p.communicate(timeout=60)
+    folder = tmp_path / "store" / "events"
+    temps = [f for f in os.listdir(folder) if f.startswith(".tmp-")]
+    assert len(temps) == 1 and sorted(os.listdir(folder)) == sorted(
+        [temps[0], "000000000001.json"])
+    with open_store(url) as store:
+        assert event_numbers(store) == [1]  # the killed append left no event
+
+    r = run_cli("gc", "--older-than", "1h", "--store", url)
+    assert r.returncode == 0, r.stderr
+    assert (folder / temps[0]).exists()  # young: it may be a live append's
+    old = time.time() - 2 * 3600
+    for name in os.listdir(folder):
+        os.utime(folder / name, (old, old))
+    r = run_cli("gc", "--older-than", "1h", "--store", url, "--dry-run")
+    assert r.returncode == 0 and f"would remove {folder / temps[0]}" in r.stdout, r.stdout
+    assert (folder / temps[0]).exists()
+    r = run_cli("gc", "--older-than", "1h", "--store", url)
+    assert r.returncode == 0 and f"removed {folder / temps[0]}" in r.stdout, r.stdout
+    assert os.listdir(folder) == ["000000000001.json"]  # the event itself stays

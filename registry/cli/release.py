@@ -415,7 +415,8 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
            "--break-claims", help="Also remove claims whose lease is still live (their "
                                   "writers are known to be gone).")] = False,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Remove abandoned claims, staging dirs and uncommitted leftovers; never a commit.
+    """Remove abandoned claims, staging dirs, uncommitted leftovers and the
+    temporary files of killed event appends (events/.tmp-*); never a commit.
 
     Ages are measured on the store's clock (a probe object), never this
     host's; when this host's clock is further from the store's than

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.errors import DocumentError, ObjectExistsError, ObjectNotFoundError, StorageError
-from registry.layout import EVENTS, event_key
+from registry.layout import EVENTS, EVENTS_TMP_PREFIX, event_key
 from registry.manifest import utc_now
 from registry.schemas import load_json, validate
 from registry.store import Store
@@ -45,7 +45,6 @@ EVENT_SCHEMA = 1
 #: writer appended: only a log under a storm of writers gets near it).
 MAX_ATTEMPTS = 200
 _NAME = re.compile(r"[0-9]{12,}\.json")
-_TMP = ".tmp-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +88,7 @@ def _create_whole(store: Store, key: str, data: bytes) -> None:
         return
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f"{_TMP}{uuid.uuid4().hex}")
+    tmp = os.path.join(folder, f"{EVENTS_TMP_PREFIX}{uuid.uuid4().hex}")
     try:
         with open(tmp, "xb") as f:
             f.write(data)
