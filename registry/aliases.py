@@ -312,17 +312,45 @@ def alias_event(store: Store, move: AliasMove, *, repaired: bool = False) -> str
                         actor=doc["actor"])
 
 
-def list_aliases(store: Store, model_id: str) -> dict[str, str]:
-    """alias -> version for every alias of the model (garbled ones are skipped)."""
+def list_aliases(store: Store, model_id: str, *,
+                 damaged: dict[str, str] | None = None) -> dict[str, str]:
+    """alias -> version for every alias of the model.
+
+    A garbled pointer (neither an alias entry nor a version line, or naming
+    no valid version) is not an alias this can list: it is left out, and
+    noted in ``damaged`` (alias -> one line naming the pointer and the rule)
+    when given. A caller that decides by aliases (delete, retention) must
+    not treat a damaged alias as absent: it may have pointed anywhere.
+    Names that are not alias names (a stray file in ``refs/``) are skipped.
+
+    Raises:
+        StorageError: the store failed.
+    """
     out = {}
     prefix = refs_prefix(model_id)
     for name, is_dir in store.list_dir(prefix):
         if is_dir or name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
             continue
         try:
+            check_name(name, "alias")
+        except InvalidNameError:
+            continue
+        try:
             value = read_head(store, model_id, name).version
-        except (PointerError, InvalidNameError):
+        except PointerError as e:
+            if damaged is not None:
+                damaged[name] = str(e)
             continue
         if value is not None:
             out[name] = value
     return out
+
+
+def damaged_alias_note(store: Store, model_id: str, damaged: dict[str, str]) -> str:
+    """One line for aliases of ``model_id`` whose pointers cannot be read
+    (``damaged`` from :func:`list_aliases`), and how to mend them."""
+    names = ", ".join(sorted(damaged))
+    first = damaged[min(damaged)]
+    return (f"alias{'es' if len(damaged) > 1 else ''} {names} of {model_id} cannot be read "
+            f"({first}); point {'them' if len(damaged) > 1 else 'it'} at a release again "
+            "(`registry alias set`)")

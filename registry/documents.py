@@ -63,6 +63,8 @@ def revocation_list(store: Store) -> list[dict[str, Any]]:
     return [r.to_dict() for r in revocations(store).values()]
 
 
-def alias_map(store: Store, model_id: str) -> dict[str, str]:
-    """``registry alias ls --json``: alias -> version, from the store."""
-    return list_aliases(store, model_id)
+def alias_map(store: Store, model_id: str,
+              damaged: dict[str, str] | None = None) -> dict[str, str]:
+    """``registry alias ls --json``: alias -> version, from the store; aliases
+    whose pointers cannot be read go to ``damaged`` (alias -> why) when given."""
+    return list_aliases(store, model_id, damaged=damaged)

@@ -102,8 +102,9 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
         echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
                    + ("" if created else " (already revoked)"))
         for a in failing:
-            echo(f"warning: alias {a.model_id}@{a.alias} -> {a.version} fails its "
-                       f"gates now ({a.reason}); move it with `registry alias set`", err=True)
+            where = "" if a.version is None else f" -> {a.version} fails its gates now"
+            echo(f"warning: alias {a.model_id}@{a.alias}{where} ({a.reason}); move it with "
+                 "`registry alias set`", err=True)
         if unchecked is not None:
             echo(f"warning: the aliases could not be checked: {unchecked}", err=True)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)

@@ -298,11 +298,16 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
 @alias_app.command("ls")
 def alias_ls(model_id: Annotated[str, typer.Argument(help="Model id.")],
              store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """List the aliases of MODEL_ID."""
+    """List the aliases of MODEL_ID. An alias whose pointer cannot be read is
+    named in a warning line on stderr (the others are still listed)."""
+    damaged: dict[str, str] = {}
     with error_boundary(as_json):
         s = open_store(store)
         _require_model(s, model_id)
-        aliases = documents.alias_map(s, model_id)
+        aliases = documents.alias_map(s, model_id, damaged)
+    for alias in sorted(damaged):
+        echo(f"warning: damaged alias {alias} skipped: {damaged[alias]}; point it at a "
+             "release again (`registry alias set`)", err=True)
     if as_json:
         print_json(aliases)
     else:

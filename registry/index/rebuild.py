@@ -141,10 +141,17 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
         _release(plan, store, model_id, version, listed=False, indexed=True)
     _lifecycle(plan, store)
     models = sorted({m for m, _ in plan.releases} | set(listed_models))
+    unreadable: set[tuple[str, str]] = set()  # damaged aliases: noted once, not re-read
     for model_id in models:
-        for alias, version in list_aliases(store, model_id).items():
+        damaged: dict[str, str] = {}
+        for alias, version in list_aliases(store, model_id, damaged=damaged).items():
             plan.aliases[(model_id, alias)] = version
+        for alias, why in sorted(damaged.items()):
+            plan.note("damaged", f"{model_id}@{alias}", why)
+            unreadable.add((model_id, alias))
         for alias in history_aliases(store, model_id):
+            if alias in damaged:  # its history starts at the pointer: noted above
+                continue
             broken: list[str] = []
             plan.alias_moves.extend(walk(store, model_id, alias, broken=broken))
             for note in broken:
@@ -155,7 +162,7 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
             raise
         except RegistryError:
             pass  # a malformed policy.json is reported by gate checks, not here
-    for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys()):
+    for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys() - unreadable):
         if model_id not in models:
             continue
         value = read_head(store, model_id, alias).version

@@ -3,7 +3,8 @@
 The steps, each safe to stop after (a second ``release delete`` of the same
 version finishes the job; ``registry gc`` removes an uncommitted leftover):
 
-1. refuse while an alias points at the release (ReleaseInUseError);
+1. refuse while an alias points at the release, or an alias of the model cannot
+   be read (it may point there) (ReleaseInUseError);
 2. create the tombstone (conditional create, :mod:`registry.lifecycle.tombstone`):
    the commit point. Two deleters racing: one creates it, the other finds the
    same release's tombstone and carries on with the removal;
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.aliases import list_aliases
+from registry.aliases import damaged_alias_note, list_aliases
 from registry.commit import delete_directory
 from registry.errors import (
     NotCommittedError,
@@ -45,7 +46,14 @@ from registry.verify import read_manifest
 
 
 def _refuse_aliased(store: Store, model_id: str, version: str) -> None:
-    aliases = tuple(sorted(a for a, v in list_aliases(store, model_id).items() if v == version))
+    damaged: dict[str, str] = {}
+    aliases = tuple(sorted(a for a, v in list_aliases(store, model_id, damaged=damaged).items()
+                           if v == version))
+    if damaged:  # it may point here: fail closed
+        raise ReleaseInUseError(
+            f"{store.url_of(release_prefix(model_id, version))}: not deleted: "
+            f"{damaged_alias_note(store, model_id, damaged)}",
+            path=release_prefix(model_id, version), aliases=tuple(sorted(damaged)))
     if aliases:
         raise ReleaseInUseError(
             f"{store.url_of(release_prefix(model_id, version))}: not deleted: alias"
@@ -65,7 +73,8 @@ def delete_release(store: Store, model_id: str, version: str, reason: str, *,
         InvalidNameError: a bad model id or version.
         UsageError: an empty reason.
         NotCommittedError: no such release (nor a tombstone of it).
-        ReleaseInUseError: an alias points at it; nothing is changed.
+        ReleaseInUseError: an alias points at it, or an alias of the model
+            is damaged (it may); nothing is changed.
         StorageError: the store failed; a second call resumes.
         EventNotRecordedError: the delete is done, its event did not land.
     """

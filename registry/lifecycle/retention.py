@@ -10,7 +10,9 @@ tombstone and all) when it is
   host's clock), when given;
 * pointed at by no alias -- always: ``release delete`` refuses an aliased
   release, so ``unaliased`` alone is the policy "every release no alias
-  points at".
+  points at". A model with an alias whose pointer cannot be read keeps
+  every release the other criteria would delete (the alias may point at
+  any of them), and says so.
 
 At least one criterion is required: ``release gc`` with none would delete
 every unaliased release by accident. Every release looked at is reported,
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.aliases import list_aliases
+from registry.aliases import damaged_alias_note, list_aliases
 from registry.errors import NotCommittedError, RegistryError, ReleaseInUseError, UsageError
 from registry.layout import MODELS, TMP_MARK, release_prefix
 from registry.lifecycle.delete import delete_release
@@ -116,8 +118,11 @@ def collect(store: Store, *, keep_last: int | None = None, unaliased: bool = Fal
         now = store_time(store).now
     for m in models:
         aliases: dict[str, list[str]] = {}
-        for alias, version in list_aliases(store, m).items():
+        damaged: dict[str, str] = {}
+        for alias, version in list_aliases(store, m, damaged=damaged).items():
             aliases.setdefault(version, []).append(alias)
+        # an alias that cannot be read may point at any release: keep them all
+        unreadable = damaged_alias_note(store, m, damaged) if damaged else None
         for i, (version, _manifest) in enumerate(_releases(store, m)):
             row = {"model_id": m, "version": version}
             if keep_last is not None and i < keep_last:
@@ -126,6 +131,9 @@ def collect(store: Store, *, keep_last: int | None = None, unaliased: bool = Fal
             if version in aliases:
                 report.kept.append({**row, "reason": "alias " + ", ".join(sorted(
                     aliases[version])) + " points at it"})
+                continue
+            if unreadable is not None:
+                report.kept.append({**row, "reason": unreadable})
                 continue
             if now is not None and older_than is not None:
                 stamp = store.info(join(release_prefix(m, version), MANIFEST)).mtime or now

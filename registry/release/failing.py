@@ -43,11 +43,12 @@ def describe(failed: list[GateResult]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FailingAlias:
-    """An alias pointing at a version that fails a gate now, and why."""
+    """An alias pointing at a version that fails a gate now, and why; or an
+    alias whose pointer cannot be read (``version`` None: it serves nothing)."""
 
     model_id: str
     alias: str
-    version: str
+    version: str | None
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,11 +58,15 @@ class FailingAlias:
 
 def failing_aliases(store: Store) -> list[FailingAlias]:
     """Every alias of every model whose version fails a gate now, by model then
-    alias. Reads each aliased release's manifest, card, ledger and summary once."""
+    alias; a damaged alias (its pointer cannot be read) first, version None. Reads each aliased release's manifest, card, ledger and summary once."""
     out = []
     for model_id in store.subdirs(MODELS):
         verdicts: dict[str, list[GateResult]] = {}
-        for alias, version in sorted(list_aliases(store, model_id).items()):
+        damaged: dict[str, str] = {}
+        aliases = list_aliases(store, model_id, damaged=damaged)
+        for alias in sorted(damaged):  # serves nothing: a host resolving it fails
+            out.append(FailingAlias(model_id, alias, None, f"damaged alias: {damaged[alias]}"))
+        for alias, version in sorted(aliases.items()):
             if version not in verdicts:
                 verdicts[version] = failing_gates(store, model_id, version)
             if verdicts[version]:
