@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
+from registry import limits
 from registry.alias_history import AliasMove, walk
 from registry.names import check_name
 from registry.api_lifecycle import LifecycleMixin
@@ -77,7 +78,6 @@ from registry.release.signature_gate import signature_info, stored_gate
 from registry.release.convert import stored_summary
 from registry.weights import INDEX, SINGLE, weights_names
 from registry.model_sig import SIGNATURE
-from registry.limits import MAX_JSON_BYTES
 from registry.store import Store, join, open_store
 from registry.verify import read_manifest
 
@@ -437,7 +437,7 @@ class Registry(LifecycleMixin):
                             if SIGNATURE in files else None)
         prefix = join("models", model_id, version)
         doc["code"] = code_files(
-            files, lambda n: self.store.read_bytes(join(prefix, n), limit=MAX_JSON_BYTES))
+            files, lambda n: self.store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
         sig_gate = self._store_gates(model_id, version)
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]

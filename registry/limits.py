@@ -17,43 +17,65 @@ import os
 import re
 
 
+#: name -> (environment variable, default). Each limit is read when it is
+#: used (``limits.MAX_TENSORS``: :func:`__getattr__`), not when this module is
+#: imported, so a process that sets the variable after importing the registry
+#: (a notebook, a test, a long-lived server's configuration reload) is obeyed.
+_LIMITS: dict[str, tuple[str, int]] = {
+    #: DCP ``.metadata`` (one pickle for the whole checkpoint; grows with tensors x shards).
+    "MAX_DCP_METADATA_BYTES": ("REGISTRY_MAX_DCP_METADATA_BYTES", 256 << 20),
+    #: any one small object read whole (``Store.read_bytes``): documents, pointers, signatures
+    "MAX_READ_BYTES": ("REGISTRY_MAX_READ_BYTES", 256 << 20),
+    #: MANIFEST.json (about 150 bytes a file: ~100,000 files, or fewer with piece hashes)
+    "MAX_MANIFEST_BYTES": ("REGISTRY_MAX_MANIFEST_BYTES", 16 << 20),
+    #: files listed in one MANIFEST.json
+    "MAX_MANIFEST_FILES": ("REGISTRY_MAX_MANIFEST_FILES", 200_000),
+    #: any JSON document of the registry's own formats read from a store (trainer
+    #: state, config, ledger, eval summary, heads, revocations, policies, pull records)
+    "MAX_JSON_BYTES": ("REGISTRY_MAX_JSON_BYTES", 16 << 20),
+    #: a document rendered into a web page (model card, ledger.json, a head): at
+    #: most the size the manifest lists and never more than this
+    "MAX_RENDERED_BYTES": ("REGISTRY_MAX_RENDERED_BYTES", 1 << 20),
+    #: a pull record or stamp of the serving-host cache
+    "MAX_RECORD_BYTES": ("REGISTRY_MAX_RECORD_BYTES", 16 << 20),
+    #: a pointer, alias, claim, lease or commit marker: one short line or a small
+    #: JSON object (a store writer's 200 MB "pointer" is refused unread)
+    "MAX_POINTER_BYTES": ("REGISTRY_MAX_POINTER_BYTES", 64 << 10),
+    #: a signature bundle (``model.sig``: a DSSE envelope and a certificate chain)
+    "MAX_SIGNATURE_BYTES": ("REGISTRY_MAX_SIGNATURE_BYTES", 16 << 20),
+    #: values (objects, arrays, strings, numbers) in one JSON document, counted
+    #: before it is parsed: within MAX_JSON_BYTES, ``[{},{},...]`` would
+    #: otherwise build millions of objects (hundreds of MB)
+    "MAX_JSON_VALUES": ("REGISTRY_MAX_JSON_VALUES", 2_000_000),
+    #: tensors in one safetensors header, and entries of one
+    #: ``model.safetensors.index.json`` weight_map (the largest public
+    #: checkpoints hold about 100,000 tensors in all)
+    "MAX_TENSORS": ("REGISTRY_MAX_TENSORS", 500_000),
+}
+
+
 def _env_bytes(name: str, default: int) -> int:
     """``$name`` as a positive integer, else ``default`` (a bad value is
-    ignored rather than crashing every import)."""
+    ignored rather than failing every read)."""
     raw = os.environ.get(name, "")
     return int(raw) if raw.isdigit() and int(raw) > 0 else default
 
 
-#: DCP ``.metadata`` (one pickle for the whole checkpoint; grows with tensors x shards).
-MAX_DCP_METADATA_BYTES = _env_bytes("REGISTRY_MAX_DCP_METADATA_BYTES", 256 << 20)
+def __getattr__(name: str) -> int:
+    """``limits.MAX_<WHAT>``: the limit's variable now, else its default.
 
-#: any one small object read whole (``Store.read_bytes``): documents, pointers, signatures
-MAX_READ_BYTES = _env_bytes("REGISTRY_MAX_READ_BYTES", 256 << 20)
-#: MANIFEST.json (about 150 bytes a file: ~100,000 files, or fewer with piece hashes)
-MAX_MANIFEST_BYTES = _env_bytes("REGISTRY_MAX_MANIFEST_BYTES", 16 << 20)
-#: files listed in one MANIFEST.json
-MAX_MANIFEST_FILES = _env_bytes("REGISTRY_MAX_MANIFEST_FILES", 200_000)
-#: any JSON document of the registry's own formats read from a store (trainer state,
-#: config, ledger, eval summary, heads, revocations, policies, pull records)
-MAX_JSON_BYTES = _env_bytes("REGISTRY_MAX_JSON_BYTES", 16 << 20)
-#: a document rendered into a web page (model card, ledger.json, a head): at most
-#: the size the manifest lists and never more than this
-MAX_RENDERED_BYTES = _env_bytes("REGISTRY_MAX_RENDERED_BYTES", 1 << 20)
-#: a pull record or stamp of the serving-host cache
-MAX_RECORD_BYTES = _env_bytes("REGISTRY_MAX_RECORD_BYTES", 16 << 20)
-#: a pointer, alias, claim, lease or commit marker: one short line or a small
-#: JSON object (a store writer's 200 MB "pointer" is refused unread)
-MAX_POINTER_BYTES = _env_bytes("REGISTRY_MAX_POINTER_BYTES", 64 << 10)
-#: a signature bundle (``model.sig``: a DSSE envelope and a certificate chain)
-MAX_SIGNATURE_BYTES = _env_bytes("REGISTRY_MAX_SIGNATURE_BYTES", 16 << 20)
-#: values (objects, arrays, strings, numbers) in one JSON document, counted
-#: before it is parsed: within :data:`MAX_JSON_BYTES`, ``[{},{},...]`` would
-#: otherwise build millions of objects (hundreds of MB)
-MAX_JSON_VALUES = _env_bytes("REGISTRY_MAX_JSON_VALUES", 2_000_000)
-#: tensors in one safetensors header, and entries of one
-#: ``model.safetensors.index.json`` weight_map (the largest public checkpoints
-#: hold about 100,000 tensors in all)
-MAX_TENSORS = _env_bytes("REGISTRY_MAX_TENSORS", 500_000)
+    Raises:
+        AttributeError: no such limit.
+    """
+    try:
+        env, default = _LIMITS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return _env_bytes(env, default)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LIMITS])
 
 
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')

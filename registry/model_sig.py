@@ -55,9 +55,7 @@ from registry.trust import Trust
 
 #: the library's standard signature file name (its CLI's default ``--signature``).
 SIGNATURE = "model.sig"
-#: a bundle larger than this (bytes) is refused unread: an attacker's file must not
-#: make a serving host read gigabytes into memory.
-MAX_SIGNATURE_BYTES = limits.MAX_SIGNATURE_BYTES
+#: files a signature's file list leaves out (the bundle itself, and MANIFEST.json).
 IGNORED = (SIGNATURE, MANIFEST)
 
 
@@ -427,10 +425,10 @@ def read_signature(store: Store, prefix: str, manifest: Manifest) -> bytes | Non
     if entry is None:
         return None
     where = store.url_of(join(prefix, SIGNATURE))
-    if entry.size > MAX_SIGNATURE_BYTES:
+    if entry.size > limits.MAX_SIGNATURE_BYTES:
         raise SignatureError(where, f"{entry.size} bytes: larger than any signature bundle "
-                                    f"({MAX_SIGNATURE_BYTES} bytes at most)")
-    data = store.read_bytes(join(prefix, SIGNATURE), limit=MAX_SIGNATURE_BYTES)
+                                    f"({limits.MAX_SIGNATURE_BYTES} bytes at most)")
+    data = store.read_bytes(join(prefix, SIGNATURE), limit=limits.MAX_SIGNATURE_BYTES)
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != entry.size or digest != entry.sha256:
         raise IntegrityError(where, expected_size=entry.size, actual_size=len(data),

@@ -47,9 +47,27 @@ def test_an_oversized_manifest_is_refused_before_it_is_read_whole(
     assert not (tmp_path / "out").exists()
 
 
+def test_each_limit_is_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that sets REGISTRY_MAX_* after importing the registry (a
+    notebook, a server reconfigured) is obeyed; a bad value falls back to the
+    default; every limit is listed and an unknown one is an AttributeError."""
+    names = [n for n in dir(limits) if n.startswith("MAX_")]
+    assert len(names) == 11 and "MAX_TENSORS" in names
+    default = limits.MAX_POINTER_BYTES
+    assert default == 64 << 10
+    monkeypatch.setenv("REGISTRY_MAX_POINTER_BYTES", "12")
+    assert limits.MAX_POINTER_BYTES == 12
+    monkeypatch.setenv("REGISTRY_MAX_POINTER_BYTES", "-3")
+    assert limits.MAX_POINTER_BYTES == default
+    monkeypatch.delenv("REGISTRY_MAX_POINTER_BYTES")
+    assert limits.MAX_POINTER_BYTES == default
+    with pytest.raises(AttributeError, match="MAX_NOTHING"):
+        limits.MAX_NOTHING  # noqa: B018
+
+
 def test_too_many_files_are_refused_before_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     data = _manifest(11)
-    monkeypatch.setattr(limits, "MAX_MANIFEST_FILES", 10)
+    monkeypatch.setenv("REGISTRY_MAX_MANIFEST_FILES", "10")
     with pytest.raises(ManifestError, match="lists 11 files, more than the limit of 10"):
         parse_manifest(data, source="m/MANIFEST.json")
 
@@ -105,9 +123,9 @@ def test_pull_records_and_stamps_are_bounded(tmp_path: Path,
     big.write_text(json.dumps({"x": "y" * 200}))
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    monkeypatch.setattr(limits, "MAX_RECORD_BYTES", 100)
+    monkeypatch.setenv("REGISTRY_MAX_RECORD_BYTES", "100")
     with pytest.raises(DocumentError, match="100-byte limit"):
         schemas.load_local_json(big, limits.MAX_RECORD_BYTES)
     assert records._read_json(big) is None  # a record it cannot use is absent, not a crash
-    monkeypatch.setattr(limits, "MAX_RECORD_BYTES", 1 << 20)
+    monkeypatch.setenv("REGISTRY_MAX_RECORD_BYTES", str(1 << 20))
     assert records._read_json(deep) is None

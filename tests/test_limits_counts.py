@@ -27,7 +27,7 @@ from tests.test_signing import MODEL, gate_files, model_dir, publish
 
 def test_json_values_are_counted_before_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     hostile = b"[" + b"{}," * 999 + b"{}]"  # 1,001 values in 3 kB
-    monkeypatch.setattr(limits, "MAX_JSON_VALUES", 1000)
+    monkeypatch.setenv("REGISTRY_MAX_JSON_VALUES", "1000")
     calls: list[int] = []
     real = json.loads
     monkeypatch.setattr(json, "loads", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -71,7 +71,7 @@ def _header(n: int) -> bytes:
 
 def test_a_header_of_too_many_tensors_is_refused_before_parsing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_TENSORS", 50)
+    monkeypatch.setenv("REGISTRY_MAX_TENSORS", "50")
     data = _header(51)
     with pytest.raises(SafetensorsError, match="more than 50 tensors"):
         read_header(io.BytesIO(data), path="w.safetensors", file_size=len(data))
@@ -80,7 +80,7 @@ def test_a_header_of_too_many_tensors_is_refused_before_parsing(
 
 
 def test_an_index_of_too_many_tensors_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_TENSORS", 100)
+    monkeypatch.setenv("REGISTRY_MAX_TENSORS", "100")
     wmap = {f"t{i}": "model-00001-of-00001.safetensors" for i in range(1201)}
     doc = json.dumps({"metadata": {"total_size": 4}, "weight_map": wmap}).encode()
     with pytest.raises(DocumentError, match="more than 100 tensors"):

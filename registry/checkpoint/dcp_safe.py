@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
 from registry.errors import CheckpointError
-from registry.limits import MAX_DCP_METADATA_BYTES
+from registry import limits
 
 _DCP_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
@@ -86,15 +86,18 @@ class MetadataUnpickler(pickle.Unpickler):
                                     "a pickle class outside the DCP metadata allow-list:")
 
 
-def load_metadata(stream: Any, *, path: str, limit: int = MAX_DCP_METADATA_BYTES) -> Any:
+def load_metadata(stream: Any, *, path: str, limit: int | None = None) -> Any:
     """The DCP ``Metadata`` pickled in ``stream`` (a binary file), through
-    :class:`MetadataUnpickler`, reading at most ``limit`` bytes.
+    :class:`MetadataUnpickler`, reading at most ``limit`` bytes (default:
+    :data:`registry.limits.MAX_DCP_METADATA_BYTES`, read now).
 
     Raises:
         UnsafeCheckpointError: a class outside the allow-list; more than
             ``limit`` bytes; the pickle is not a DCP ``Metadata``.
         CheckpointError: the bytes are not a pickle.
     """
+    if limit is None:
+        limit = limits.MAX_DCP_METADATA_BYTES
     data = stream.read(limit + 1)
     if len(data) > limit:
         raise UnsafeCheckpointError(path, f"{limit} bytes", "larger than the cap of")

@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.metadata import (
 from registry.checkpoint.dcp_safe import load_metadata
 from registry.checkpoint.loongsage_format import DIST
 from registry.errors import CheckpointError, IntegrityError
-from registry.limits import MAX_DCP_METADATA_BYTES
+from registry import limits
 from registry.manifest import Manifest
 from registry.release.shards import ShardPlan
 from registry.release.source_check import HashedSource
@@ -168,7 +168,7 @@ class DcpWeights:
                                   "the step has no torch DCP dist_ckpt to release (saved with "
                                   "save_checkpoint off?)")
         shown = f"{self.where}/{METADATA}"
-        data = store.read_bytes(join(self.prefix, METADATA), limit=MAX_DCP_METADATA_BYTES)
+        data = store.read_bytes(join(self.prefix, METADATA), limit=limits.MAX_DCP_METADATA_BYTES)
         digest = hashlib.sha256(data).hexdigest()
         if digest != meta_entry.sha256 or len(data) != meta_entry.size:
             raise IntegrityError(shown, expected_size=meta_entry.size, actual_size=len(data),

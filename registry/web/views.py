@@ -36,8 +36,6 @@ from registry.web.render import markdown
 PAGE_SIZE = 50
 #: the newest checkpoints of a run whose trainer state is read for the loss chart
 RUN_CHART_STEPS = 100
-#: documents larger than this (bytes) are not rendered inline
-MAX_DOCUMENT = limits.MAX_RENDERED_BYTES
 
 
 def finite(value: Any) -> float | None:
@@ -150,7 +148,7 @@ def version_view(reg: Registry, model_id: str, ref: str,
 
     def read(path: str) -> tuple[str, bool] | None:
         f = entries.get(path)
-        if f is None or f["bytes"] > MAX_DOCUMENT:
+        if f is None or f["bytes"] > limits.MAX_RENDERED_BYTES:
             return None
         # the manifest's size bounds the read: a store writer's 256 MiB card
         # behind an index that says 862 B is refused, not rendered

@@ -237,9 +237,9 @@ _SERVERS: dict[str, ForkServer] = {}
 def enabled(env: dict[str, str] | None = None) -> bool:
     """Whether a child with ``env`` is forked (``REGISTRY_TEST_FORK=0``: each
     is a new interpreter, as ``subprocess`` starts it). Not when ``env`` sets
-    a variable read at import or at interpreter start (the ``REGISTRY_MAX_*``
-    limits of registry.limits; the BLAS/OpenMP thread counts numpy and torch
-    fix when they load, which decide a float sum's order; the hash seed) to
+    a variable read at import or at interpreter start (the BLAS/OpenMP thread
+    counts numpy and torch fix when they load, which decide a float sum's
+    order; the hash seed) to
     other than the server's value: the server loaded them with its own."""
     if os.environ.get("REGISTRY_TEST_FORK", "1") == "0":
         return False
@@ -252,7 +252,7 @@ def enabled(env: dict[str, str] | None = None) -> bool:
 #: when they are used. A forked trainer with OPENBLAS_NUM_THREADS=1 kept the
 #: server's two BLAS threads: its final loss differed in the last bit from the
 #: same run in a new interpreter (test_trainer_kill, 2026-12-02).
-_IMPORT_TIME_PREFIXES = ("REGISTRY_MAX_", "OPENBLAS_", "OMP_", "MKL_", "GOTO_", "BLIS_",
+_IMPORT_TIME_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "GOTO_", "BLIS_",
                          "VECLIB_", "NUMEXPR_", "PYTHONHASHSEED")
 
 
