@@ -114,3 +114,89 @@ def test_events_ls_text_has_no_python_reprs(tmp_path: Path) -> None:
     p = run_cli("events", "ls", "--store", url)
     assert p.returncode == 0, p.stderr
     assert "None" not in p.stdout and "previous=-" in p.stdout, p.stdout
+
+
+def _drop_events(url: str, *names_: str) -> None:
+    """Delete the events named ``names_`` from the log: the writes stand, their
+    events were lost (as when an append failed after the write committed)."""
+    from registry.layout import event_key
+
+    with open_store(url) as store:
+        for e in list(iter_events(store)):
+            if e.name in names_:
+                store.delete(event_key(e.seq))
+
+
+def test_repair_recreates_lost_delete_yank_and_tag_events(durable_store_url: str,
+                                                          tmp_path: Path) -> None:
+    """A delete's, a yank's and the tags' events lost: repair appends one for
+    each record that lacks it (the yank record's state and revision now; tag
+    events until the log, replayed, gives the stored tags), carrying the
+    record's actor; a second repair appends nothing."""
+    url = durable_store_url
+    with Registry(url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg:
+        publish_api(reg, tmp_path, "1")
+        publish_api(reg, tmp_path, "2")
+        publish_api(reg, tmp_path, "3")
+        reg.yank("m", "2", "bad eval")
+        reg.unyank("m", "2")
+        reg.yank("m", "2", "bad eval again")
+        reg.set_tags("m", "1", {"stage": "beta", "owner": "ann"})
+        reg.set_tags("m", "1", {"stage": "ga"})
+        reg.remove_tags("m", "1", ["owner"])
+        reg.delete_release("m", "3", "superseded")
+    kept = names(url)
+    _drop_events(url, "model_version.yanked", "model_version.unyanked",
+                 "model_version.deleted", "model_version_tag.set")
+    r = run_cli("events", "repair", "--json", "--store", url)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["skipped"] == []
+    assert sorted(doc["appended"]) == sorted([
+        "model_version.deleted m@3", "model_version.yanked m@2",
+        "model_version_tag.set m@1"]), doc
+    with open_store(url) as store:
+        events = list(iter_events(store))
+    repaired = {e.name: e for e in events if e.data.get("repaired")}
+    assert set(repaired) == {"model_version.deleted", "model_version.yanked",
+                             "model_version_tag.set"}
+    assert repaired["model_version.deleted"].data["reason"] == "superseded"
+    yanked = repaired["model_version.yanked"]
+    assert yanked.data["revision"] == 3 and yanked.data["reason"] == "bad eval again"
+    with open_store(url) as store:
+        record = json.loads(store.read_bytes("ledger/yanks/m/2.json"))
+    assert yanked.actor == record["actor"] and yanked.actor["user"]
+    assert repaired["model_version_tag.set"].data == {"key": "stage", "value": "ga",
+                                                      "repaired": True}
+    # replayed, the tag events give the stored tags: stage=ga, owner removed
+    state: dict[str, str | None] = {}
+    for e in events:
+        if e.name == "model_version_tag.set":
+            state[e.data["key"]] = e.data["value"]
+        elif e.name == "model_version_tag.deleted":
+            state[e.data["key"]] = None
+    assert {k: v for k, v in state.items() if v is not None} == {"stage": "ga"}
+    assert ("model_version_tag.deleted", "m", "1") in kept
+    r = run_cli("events", "repair", "--store", url)
+    assert r.returncode == 0 and "no event missing" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_repair_does_not_copy_a_store_writers_actor_into_the_log(tmp_path: Path) -> None:
+    """A tombstone whose actor breaks the event schema: the repaired event
+    carries the repairing process's actor rather than one every reader refuses."""
+    url = str(tmp_path / "store")
+    with Registry(url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg:
+        publish_api(reg, tmp_path, "1")
+        reg.delete_release("m", "1", "gone")
+    _drop_events(url, "model_version.deleted")
+    stone = tmp_path / "store" / "ledger" / "tombstones" / "m" / "1.json"
+    doc = json.loads(stone.read_text())
+    doc["actor"] = {"user": "", "evil": "x" * 10}
+    stone.write_text(json.dumps(doc))
+    r = run_cli("events", "repair", "--json", "--store", url)
+    assert r.returncode == 0 and json.loads(r.stdout)["appended"] == [
+        "model_version.deleted m@1"], r.stderr
+    with open_store(url) as store:
+        last = list(iter_events(store))[-1]  # parses and validates
+    assert last.name == "model_version.deleted" and last.data["reason"] == "gone"
+    assert last.actor is not None and "evil" not in last.actor and last.actor["user"]

@@ -155,7 +155,8 @@ def events_deliver(webhook: WebhookOpt, secret_file: SecretOpt,
 
 @events_app.command("repair")
 def events_repair(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Append the events the store's releases and alias histories imply and the log lacks."""
+    """Append the events the store's releases, alias histories, tombstones, yank
+    records and tags records imply and the log lacks."""
     from registry.events.repair import repair
     from registry.store import open_store
 

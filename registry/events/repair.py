@@ -1,25 +1,55 @@
 """``registry events repair``: append the events the store's records imply and the
 log lacks (a write that committed when its event append failed, exit 11).
 
-Covered: ``model_version.created`` for every committed release, and the alias
-events of every move on an alias's history chain (matched by the entry's
-name, ``data.entry``). Revocations and policy changes carry no stable id to
-match, so a missing ``source.revoked`` / ``policy.changed`` is not re-created.
-Appended events carry ``data.repaired: true``; their time is the repair's.
+Covered:
+
+* ``model_version.created`` for every committed release;
+* the alias events of every move on an alias's history chain (matched by
+  the entry's name, ``data.entry``);
+* ``model_version.deleted`` for every tombstone without one;
+* ``model_version.yanked`` / ``.unyanked`` for a yank record whose revision
+  (``data.revision``) no event carries: the record's state now (a record
+  keeps only its newest revision, so earlier lost ones are not re-created);
+* ``model_version_tag.set`` / ``.deleted`` where the newest tag event of a
+  release's key disagrees with its tags record, so that the log, replayed,
+  gives the tags the store holds.
+
+Revocations and policy changes carry no stable id to match, so a missing
+``source.revoked`` / ``policy.changed`` is not re-created. Appended events
+carry ``data.repaired: true``; their time is the repair's, their actor the
+record's (the repairing process's where the record's is not a valid actor). A repair that runs
+while a write is between its commit and its event may append that event as
+well as the writer: the log then holds the same state twice, never a wrong
+one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from typing import Any
+
 from registry.actor import actor_of_metadata
 from registry.alias_history import history_aliases, walk
 from registry.aliases import alias_event
-from registry.events import MODEL_VERSION_CREATED, append_event
-from registry.errors import DocumentError, PointerError
+from registry.errors import DocumentError, InvalidNameError, PointerError
+from registry.events import (
+    MODEL_VERSION_CREATED,
+    MODEL_VERSION_DELETED,
+    MODEL_VERSION_TAG_DELETED,
+    MODEL_VERSION_TAG_SET,
+    MODEL_VERSION_UNYANKED,
+    MODEL_VERSION_YANKED,
+    append_event,
+)
 from registry.events.log import Event, iter_events
-from registry.layout import MODELS, release_prefix
-from registry.store import Store
+from registry.layout import MODELS, TAGS, TOMBSTONES, YANKS, release_prefix, yank_key
+from registry.lifecycle import records
+from registry.lifecycle.tags import read_tags_record
+from registry.names import check_name
+from registry.lifecycle.tombstone import tombstones
+from registry.schemas import validate
+from registry.store import Store, join
 from registry.verify import is_committed, read_manifest
 
 
@@ -44,6 +74,13 @@ def repair(store: Store, *, damaged: list[str] | None = None) -> list[str]:
             _guarded(damaged, lambda: _release(store, model_id, version, events, out))
         for alias in history_aliases(store, model_id):
             _guarded(damaged, lambda: _alias(store, model_id, alias, events, out))
+    # a model whose every release was deleted may have no models/<id>/ left
+    lifecycle_models = {m for root in (TOMBSTONES, YANKS, TAGS) for m in store.subdirs(root)}
+    for model_id in sorted(lifecycle_models):
+        mine = [e for e in events if e.model_id == model_id]
+        _guarded(damaged, lambda: _deletes(store, model_id, mine, out))
+        _guarded(damaged, lambda: _yanks(store, model_id, mine, out))
+        _guarded(damaged, lambda: _tags(store, model_id, mine, out, damaged))
     return out
 
 
@@ -86,3 +123,89 @@ def _alias(store: Store, model_id: str, alias: str, events: list[Event],
             continue
         alias_event(store, move, repaired=True)
         out.append(f"alias move {move.seq} of {model_id}@{alias}")
+
+
+def _actor(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's actor if it is a valid event actor, else None (the
+    repairing process's, :func:`registry.events.append_event`): a store
+    writer's record must not make the log hold an event its schema refuses."""
+    actor = record.get("actor")
+    try:
+        validate(actor, "event", path="actor", defs="actor")
+    except DocumentError:
+        return None
+    return actor if isinstance(actor, dict) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _append(store: Store, name: str, model_id: str, version: str, data: dict[str, Any],
+            record: dict[str, Any], out: list[str]) -> None:
+    append_event(store, name, model_id=model_id, version=version,
+                 data={**data, "repaired": True}, actor=_actor(record))
+    out.append(f"{name} {model_id}@{version}")
+
+
+def _deletes(store: Store, model_id: str, mine: list[Event], out: list[str]) -> None:
+    logged = {e.version for e in mine if e.name == MODEL_VERSION_DELETED}
+    for version, stone in sorted(tombstones(store, model_id).items()):
+        if version not in logged:
+            _append(store, MODEL_VERSION_DELETED, model_id, version,
+                    {"reason": _text(stone.get("reason")),
+                     "manifest_sha256": _text(stone.get("manifest_sha256"))}, stone, out)
+
+
+def _yanks(store: Store, model_id: str, mine: list[Event], out: list[str]) -> None:
+    logged = {(e.version, e.data.get("revision")) for e in mine
+              if e.name in (MODEL_VERSION_YANKED, MODEL_VERSION_UNYANKED)}
+    found = records.per_version(store, YANKS, model_id,
+                                lambda v: records.load(store, yank_key(model_id, v)))
+    gone = set(tombstones(store, model_id))  # a killed delete's leftover record
+    for version, rec in sorted(found.items()):
+        revision = rec.get("revision")
+        if version in gone or not isinstance(revision, int) or (version, revision) in logged:
+            continue
+        name = MODEL_VERSION_YANKED if rec.get("yanked") is True else MODEL_VERSION_UNYANKED
+        _append(store, name, model_id, version,
+                {"reason": _text(rec.get("reason")) or "",
+                 "manifest_sha256": _text(rec.get("manifest_sha256")),
+                 "revision": revision}, rec, out)
+
+
+def _tags(store: Store, model_id: str, mine: list[Event], out: list[str],
+          damaged: list[str] | None) -> None:
+    newest: dict[tuple[str, str], str | None] = {}  # (version, key) -> value (None: removed)
+    for e in mine:  # in log order: the last word on a key wins
+        key = e.data.get("key")
+        if e.version is None or not isinstance(key, str):
+            continue
+        if e.name == MODEL_VERSION_TAG_SET:
+            newest[(e.version, key)] = _text(e.data.get("value"))
+        elif e.name == MODEL_VERSION_TAG_DELETED:
+            newest[(e.version, key)] = None
+    stored = set()
+    for name, is_dir in store.list_dir(join(TAGS, check_name(model_id, "model_id"))):
+        if not is_dir and name.endswith(".json") and ".tmp" not in name:
+            try:
+                stored.add(check_name(name.removesuffix(".json"), "version"))
+            except InvalidNameError:
+                continue  # not a record of ours
+    gone = set(tombstones(store, model_id))  # the deleted event covers their tags
+    for version in sorted((stored | {v for v, _ in newest}) - gone):
+        try:
+            tags, record = read_tags_record(store, model_id, version)
+        except (DocumentError, InvalidNameError) as e:  # garbled: tell, never guess
+            if damaged is None:
+                raise
+            damaged.append(str(e))
+            continue
+        for key, value in sorted(tags.items()):
+            if newest.get((version, key)) != value:
+                _append(store, MODEL_VERSION_TAG_SET, model_id, version,
+                        {"key": key, "value": value}, record, out)
+        for (v, key), value in sorted(newest.items()):
+            if v == version and value is not None and key not in tags:
+                _append(store, MODEL_VERSION_TAG_DELETED, model_id, version, {"key": key},
+                        record, out)

@@ -179,8 +179,20 @@ def read_tags(store: Store, model_id: str, version: str) -> dict[str, str]:
     Raises:
         DocumentError: the record is garbled.
     """
+    return read_tags_record(store, model_id, version)[0]
+
+
+def read_tags_record(store: Store, model_id: str, version: str
+                     ) -> tuple[dict[str, str], dict[str, Any]]:
+    """The tags of ``model_id@version`` and their whole record (``{}`` when
+    there is none): who set them last, when.
+
+    Raises:
+        DocumentError: the record is garbled.
+    """
     key = tags_key(model_id, version)
-    return _tags_of(records.load(store, key), store.url_of(key))
+    doc = records.load(store, key)
+    return _tags_of(doc, store.url_of(key)), doc or {}
 
 
 def tagged(store: Store, model_id: str) -> dict[str, dict[str, str]]:
