@@ -274,10 +274,11 @@ def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | 
     """``subprocess.Popen(argv, ...)`` for ``argv = [sys.executable, ...]``,
     forked from the warm server (with ``torch``, one that imported torch)."""
     assert argv[0] == sys.executable, argv
-    if not forkable(argv, env):
+    flavour = _fork_flavour(argv, env, torch)
+    if flavour is None:
         return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout,
                                 stderr=stderr, text=text)
-    return server("torch" if torch or _wants_torch(argv[1:]) else "").popen(
+    return server(flavour).popen(
         "python", [str(a) for a in argv[1:]], env=dict(os.environ) if env is None else env,
         cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text)
 
@@ -310,21 +311,23 @@ def _code_text(args: list[str]) -> str:
         return ""
 
 
-def _wants_torch(args: list[str]) -> bool:
-    """Whether the child's code names torch or what imports it: it is then
-    forked from the torch server. Only a matter of speed: a child that
-    imports torch elsewhere does it itself."""
-    text = _code_text(args)
-    return any(w in text for w in _TORCH_WORDS)
+def _fork_flavour(argv: list[str], env: dict[str, str] | None, torch: bool) -> str | None:
+    """The server ``argv`` with ``env`` is forked from: None when it is not
+    forked (:func:`enabled`, or its code sets import-time state of its own,
+    _FRESH_WORDS); ``"torch"`` when asked, or when its code names torch or
+    what imports it (only a matter of speed: a child that imports torch
+    elsewhere does it itself); else ``""``. Reads the child's code once."""
+    if not enabled(env):
+        return None
+    text = _code_text([str(a) for a in argv[1:]])
+    if any(w in text for w in _FRESH_WORDS):
+        return None
+    return "torch" if torch or any(w in text for w in _TORCH_WORDS) else ""
 
 
 def forkable(argv: list[str], env: dict[str, str] | None) -> bool:
-    """Whether ``argv`` with ``env`` is forked (:func:`enabled`, and its code
-    sets no import-time state of its own, _FRESH_WORDS)."""
-    if not enabled(env):
-        return False
-    text = _code_text([str(a) for a in argv[1:]])
-    return not any(w in text for w in _FRESH_WORDS)
+    """Whether ``argv`` with ``env`` is forked (see :func:`_fork_flavour`)."""
+    return _fork_flavour(argv, env, False) is not None
 
 
 def python_run(argv: list[str], *, input: str | bytes | None = None,
@@ -337,11 +340,14 @@ def python_run(argv: list[str], *, input: str | bytes | None = None,
     child killed) and ``CalledProcessError``."""
     if capture_output:
         stdout = stderr = subprocess.PIPE
-    if not forkable(argv, env):
+    flavour = _fork_flavour(argv, env, torch)
+    if flavour is None:
         return subprocess.run(argv, input=input, stdout=stdout, stderr=stderr, text=text,
                               timeout=timeout, check=check, env=env, cwd=cwd)
-    p = python_popen(argv, torch=torch, env=env, cwd=cwd, stdout=stdout, stderr=stderr,
-                     stdin=subprocess.PIPE if input is not None else None, text=text)
+    p = server(flavour).popen(
+        "python", [str(a) for a in argv[1:]], env=dict(os.environ) if env is None else env,
+        cwd=cwd, stdin=subprocess.PIPE if input is not None else None, stdout=stdout,
+        stderr=stderr, text=text)
     return _finish(p, input, timeout, check)
 
 

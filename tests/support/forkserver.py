@@ -132,22 +132,17 @@ def _streams(unbuffered: bool) -> None:
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
 
 
-def _main(req: dict) -> None:
-    """Run what the request names, as ``registry ARGV`` or ``python ARGS`` would."""
+def _main(mode: str, args: list[str]) -> None:
+    """Run what the request names, as ``registry ARGS`` or ``python ARGS``
+    (``-u`` already applied to the streams) would."""
     import runpy
 
-    args = list(req["args"])
-    if req["mode"] == "cli":
+    if mode == "cli":
         sys.argv = ["registry", *args]
         from registry.cli import main
 
         main()
         return
-    unbuffered = False
-    while args and args[0] == "-u":
-        unbuffered = True
-        args.pop(0)
-    _streams(unbuffered)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[1:1] = [p for p in extra if p not in sys.path]
     if args[0] == "-c":
@@ -182,10 +177,15 @@ def _run_child(req: dict, fds: list[int]) -> None:
     os.umask(req["umask"])
     os.environ.clear()
     os.environ.update(req["env"])
-    _streams(False)
+    args = list(req["args"])
+    unbuffered = False
+    while req["mode"] == "python" and args and args[0] == "-u":
+        unbuffered = True
+        args.pop(0)
+    _streams(unbuffered)
     code = 0
     try:
-        _main(req)
+        _main(req["mode"], args)
     except SystemExit as e:
         if e.code is None:
             code = 0
