@@ -200,6 +200,51 @@ def test_claim_interrupted_right_after_its_create_is_deleted(
     assert not store.exists("models/m/1.claim")
 
 
+#: Takes a claim, then dies by SIGKILL: its claim names a dead process on this host.
+_DIES_HOLDING = ("import os, signal, sys\n"
+                 "from registry.claim import Claim\n"
+                 "from registry.store import open_store\n"
+                 "Claim(open_store(sys.argv[1]), 'models/m/1.claim').take()\n"
+                 "os.kill(os.getpid(), signal.SIGKILL)\n")
+
+
+@pytest.mark.parametrize("where", ["swap", "learn_token", "start"])
+def test_claim_takeover_interrupted_leaves_no_claim_of_ours(
+        durable_store_url: str, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking over a dead writer's claim (compare-and-swap on it), interrupted
+    right after the swap landed on the server, or while the new claim is being
+    recorded: the claim now holding our body is deleted, so no claim outlives
+    a writer that never used it (the dead one's was replaced: it is gone too)."""
+    from registry.claim import Claim, read_state
+    from tests.support.forkclient import python_run
+
+    store = open_store(durable_store_url)
+    store.ensure_root()
+    killed = python_run([sys.executable, "-c", _DIES_HOLDING, durable_store_url],
+                        env=_env(), capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    seen = read_state(store, "models/m/1.claim")
+    assert seen is not None and not seen[0].live  # a dead writer's claim, there to take over
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    if where == "swap":
+        real = type(store).swap
+
+        def swapped_then_interrupted(self: object, *a: object, **k: object) -> None:
+            real(self, *a, **k)  # the server did the work; the answer never came
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(type(store), "swap", swapped_then_interrupted)
+    else:
+        monkeypatch.setattr(Claim, f"_{where}", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Claim(store, "models/m/1.claim").take()
+    monkeypatch.undo()
+    assert not store.exists("models/m/1.claim")
+
+
 @pytest.mark.parametrize("durable_store_url", ["local", "s3"], indirect=True)
 def test_writer_interrupted_in_its_constructor_leaves_no_claim(
         durable_store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
