@@ -157,6 +157,11 @@ def read_head(store: Store, model_id: str, alias: str) -> AliasHead:
             move = parse_move(raw, where=where, model_id=model_id, alias=alias)
         except DocumentError as e:
             raise PointerError(where, f"garbled alias entry ({getattr(e, 'rule', e)})") from None
+        if move.new is not None:  # the schema's pattern is not every rule of a name
+            try:
+                check_name(move.new, "version")
+            except InvalidNameError as e:
+                raise PointerError(where, f"garbled alias entry ({e})") from None
         return AliasHead(move.new, move, raw, token)
     value = parse_pointer(raw, path=where)
     try:

@@ -28,7 +28,6 @@ import os
 import time
 from typing import Any
 
-from registry import limits
 from registry.actor import current_actor
 from registry.alias_history import ENTRY_SCHEMA, AliasHead, AliasMove, encode, read_head
 from registry.alias_sign import key_fingerprint, protected_keys, sign_move
@@ -182,17 +181,20 @@ def move_alias(store: Store, model_id: str, alias: str, version: str | None, *,
             raise NotCommittedError(f"{store.url_of(prefix)}: no such committed release",
                                     path=prefix)
         manifest_sha256 = read_manifest(store, prefix).digest
+    damaged = False
     try:
         head = read_head(store, model_id, alias)
-    except PointerError:  # garbled: replaced by the move, compare-and-swap still holds
-        if store.info(key).size > limits.MAX_POINTER_BYTES:
-            raise
+    except PointerError:
+        # garbled (or oversized): replaced, or removed, by the move; the
+        # compare-and-swap still holds. Its version token costs one read,
+        # bounded by MAX_READ_BYTES: an operator's mend, not every reader's.
         raw, token = store.read_versioned(key)
         head = AliasHead(None, None, raw, token)
-    if version is None and head.version is None:
+        damaged = True
+    if version is None and head.version is None and not damaged:
         raise NotCommittedError(f"{store.url_of(key)}: {model_id} has no alias {alias!r}",
                                 path=key)
-    if head.version == version:
+    if head.version == version and not damaged:
         return head, None
     allowed = _protection(store, model_id, alias)
     fingerprint = key_fingerprint(sign_key) if sign_key is not None else None
@@ -285,9 +287,10 @@ def undo_if_deleted(store: Store, model_id: str, alias: str, version: str, head:
 
 
 def remove_alias(store: Store, model_id: str, alias: str, *,
-                 sign_key: str | os.PathLike[str] | None = None) -> str:
+                 sign_key: str | os.PathLike[str] | None = None) -> str | None:
     """Remove ``alias`` (its pointer becomes a removal: the history goes on, and
-    the name stays reserved against versions); returns the version it held.
+    the name stays reserved against versions); returns the version it held
+    (None: its pointer was damaged, unreadable: the removal replaces it).
 
     Raises:
         NotCommittedError: the model has no such alias.
@@ -298,7 +301,7 @@ def remove_alias(store: Store, model_id: str, alias: str, *,
     head, move = move_alias(store, model_id, alias, None, sign_key=sign_key)
     if move is not None:
         alias_event(store, move)
-    return str(head.version)
+    return head.version
 
 
 def alias_event(store: Store, move: AliasMove, *, repaired: bool = False) -> str:
@@ -317,7 +320,9 @@ def list_aliases(store: Store, model_id: str, *,
     """alias -> version for every alias of the model.
 
     A garbled pointer (neither an alias entry nor a version line, or naming
-    no valid version) is not an alias this can list: it is left out, and
+    no valid version), a folder where a pointer goes, or a link or special
+    file there (local disk: skipped by the listing, named in
+    ``store.skipped``) is not an alias this can list: it is left out, and
     noted in ``damaged`` (alias -> one line naming the pointer and the rule)
     when given. A caller that decides by aliases (delete, retention) must
     not treat a damaged alias as absent: it may have pointed anywhere.
@@ -328,12 +333,19 @@ def list_aliases(store: Store, model_id: str, *,
     """
     out = {}
     prefix = refs_prefix(model_id)
-    for name, is_dir in store.list_dir(prefix):
-        if is_dir or name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
+    entries = store.list_dir(prefix)
+    if damaged is not None:
+        damaged.update(_unlisted(store, prefix))
+    for name, is_dir in entries:
+        if name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
             continue
         try:
             check_name(name, "alias")
         except InvalidNameError:
+            continue
+        if is_dir:
+            if damaged is not None:
+                damaged[name] = f"{store.url_of(join(prefix, name))}: a folder, not an alias pointer"
             continue
         try:
             value = read_head(store, model_id, name).version
@@ -343,6 +355,20 @@ def list_aliases(store: Store, model_id: str, *,
             continue
         if value is not None:
             out[name] = value
+    return out
+
+
+def _unlisted(store: Store, prefix: str) -> dict[str, str]:
+    """alias -> why, for the links and special files the store's listings
+    skipped in ``prefix`` (:attr:`registry.store.base.Store.skipped`)."""
+    pattern = re.compile(re.escape(prefix) + r"/([A-Za-z0-9][A-Za-z0-9._-]*)(?![A-Za-z0-9._/-])")
+    out = {}
+    for why in store.skipped:
+        for m in pattern.finditer(why):
+            try:
+                out[check_name(m.group(1), "alias")] = why
+            except InvalidNameError:
+                continue
     return out
 
 

@@ -234,16 +234,17 @@ class Registry(LifecycleMixin):
         return head.version
 
     def remove_alias(self, model_id: str, alias: str, *,
-                     sign_key: str | os.PathLike[str] | None = None) -> str:
+                     sign_key: str | os.PathLike[str] | None = None) -> str | None:
         """Remove ``alias`` (:func:`registry.aliases.remove_alias`), then the index
-        row, then the event; returns the version it held. Raises as :meth:`set_alias`."""
+        row, then the event; returns the version it held (None: its pointer was
+        damaged, unreadable). Raises as :meth:`set_alias`."""
         check_name(alias, "alias")
         head, move = move_alias(self.store, model_id, alias, None, sign_key=sign_key)
         self._record(f"alias {model_id}@{alias}",
                      lambda s: _index_move(s, model_id, alias, None, move))
         if move is not None:
             alias_event(self.store, move)
-        return str(head.version)
+        return head.version
 
     def alias_log(self, model_id: str, alias: str) -> tuple[list[AliasMove], list[str]]:
         """The alias's moves newest first, read from the store, and a note for

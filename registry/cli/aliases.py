@@ -29,7 +29,8 @@ def alias_rm(model_id: Annotated[str, typer.Argument(help="Model id.")],
         print_json({"model_id": model_id, "alias": alias, "version": None,
                     "previous": previous})
     else:
-        echo(f"{model_id}@{alias} removed (was {previous})")
+        echo(f"{model_id}@{alias} removed (was "
+             f"{previous if previous is not None else 'a damaged pointer'})")
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

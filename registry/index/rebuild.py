@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session
 from registry.aliases import list_aliases
 from registry.checkpoint import CheckpointTree
 from registry.confirm import manifest_absent, verify_confirmed
-from registry.errors import InvalidNameError, ObjectNotFoundError, RegistryError, StorageError
+from registry.errors import (
+    InvalidNameError,
+    ObjectNotFoundError,
+    PointerError,
+    RegistryError,
+    StorageError,
+    UnsafeEntryError,
+)
 from registry.index import schema as t
 from registry.index.alias_moves import record_move
 from registry.index.db import Index
@@ -165,7 +172,11 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys() - unreadable):
         if model_id not in models:
             continue
-        value = read_head(store, model_id, alias).version
+        try:  # indexed, not listed: a listing that lagged, or a pointer gone bad since
+            value = read_head(store, model_id, alias).version
+        except (PointerError, UnsafeEntryError) as e:
+            plan.note("damaged", f"{model_id}@{alias}", str(e))
+            continue
         if value is not None:
             plan.aliases[(model_id, alias)] = value
     for run_id in store.subdirs_confirmed(RUNS):
