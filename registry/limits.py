@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 
 #: name -> (environment variable, default). Each limit is read when it is
@@ -54,11 +55,46 @@ _LIMITS: dict[str, tuple[str, int]] = {
 }
 
 
+#: the largest value a limit may be given (a read is bounded by it; 2**62
+#: keeps ``limit + 1`` a machine integer everywhere it is used).
+_MAX_SETTING = 1 << 62
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
 def _env_bytes(name: str, default: int) -> int:
-    """``$name`` as a positive integer, else ``default`` (a bad value is
-    ignored rather than failing every read)."""
+    """``$name`` as a whole number from 1 to 2**62, ``default`` when unset or
+    empty.
+
+    Raises:
+        UsageError: any other value (``abc``, ``0``, ``-5``, ``1.5``, a
+            non-ASCII digit, more than 2**62): an operator's typo in a bound
+            on hostile input is refused, never silently replaced.
+    """
     raw = os.environ.get(name, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+    if raw == "":
+        return default
+    value = int(raw) if _DIGITS.fullmatch(raw) else 0
+    if not 0 < value <= _MAX_SETTING:
+        from registry.errors import UsageError
+
+        raise UsageError(f"{name}={raw[:40]!r}: expected a whole number from 1 to 2**62 "
+                         f"(the default is {default})")
+    return value
+
+
+def read_at_most(f: Any, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of the binary file ``f``, read in chunks of
+    at most 1 MiB: memory follows what the file holds, not ``limit`` (one
+    ``f.read(limit + 1)`` reserves the whole limit up front)."""
+    parts: list[bytes] = []
+    left = limit + 1
+    while left > 0:
+        block = f.read(min(left, 1 << 20))
+        if not block:
+            break
+        parts.append(block)
+        left -= len(block)
+    return b"".join(parts)
 
 
 def __getattr__(name: str) -> int:
@@ -100,7 +136,7 @@ def read_local(path: str | os.PathLike[str], limit: int) -> bytes:
     from registry.errors import DocumentError
 
     with open(path, "rb") as f:
-        data = f.read(limit + 1)
+        data = read_at_most(f, limit)
     if len(data) > limit:
         raise DocumentError(os.fspath(path), f"larger than the {limit}-byte limit "
                                              "(registry.limits)")

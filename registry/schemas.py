@@ -187,7 +187,8 @@ def load_json(data: bytes, *, path: str, max_values: int | None = None) -> Any:
                          parse_float=numbers.parse_float, parse_int=numbers.parse_int)
     except json.JSONDecodeError as exc:
         raise DocumentError(
-            path, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            path, f"not valid JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} "
+                  f"column {exc.colno}"
         ) from None
     except (ValueError, RecursionError) as exc:
         raise DocumentError(path, f"not valid JSON: {exc}") from None

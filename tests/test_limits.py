@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from registry import limits, schemas
+from registry.aliases import set_alias
 from registry.errors import DocumentError, ManifestError
 from registry.manifest import MANIFEST, FileEntry, Manifest, _plain_entry, parse_manifest
 from registry.store import Store, open_store
@@ -49,7 +50,7 @@ def test_an_oversized_manifest_is_refused_before_it_is_read_whole(
 
 def test_each_limit_is_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process that sets REGISTRY_MAX_* after importing the registry (a
-    notebook, a server reconfigured) is obeyed; a bad value falls back to the
+    notebook, a server reconfigured) is obeyed; unset or empty is the
     default; every limit is listed and an unknown one is an AttributeError."""
     names = [n for n in dir(limits) if n.startswith("MAX_")]
     assert len(names) == 11 and "MAX_TENSORS" in names
@@ -57,7 +58,7 @@ def test_each_limit_is_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPa
     assert default == 64 << 10
     monkeypatch.setenv("REGISTRY_MAX_POINTER_BYTES", "12")
     assert limits.MAX_POINTER_BYTES == 12
-    monkeypatch.setenv("REGISTRY_MAX_POINTER_BYTES", "-3")
+    monkeypatch.setenv("REGISTRY_MAX_POINTER_BYTES", "")
     assert limits.MAX_POINTER_BYTES == default
     monkeypatch.delenv("REGISTRY_MAX_POINTER_BYTES")
     assert limits.MAX_POINTER_BYTES == default
@@ -129,3 +130,32 @@ def test_pull_records_and_stamps_are_bounded(tmp_path: Path,
     assert records._read_json(big) is None  # a record it cannot use is absent, not a crash
     monkeypatch.setenv("REGISTRY_MAX_RECORD_BYTES", str(1 << 20))
     assert records._read_json(deep) is None
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", " 12", "\u00b2", "9" * 5000,
+                                   str((1 << 62) + 1), "9223372036854775807"])
+def test_a_bad_limit_setting_is_one_line_exit_2(value: str, tmp_path: Path) -> None:
+    """An operator's typo in a bound on hostile input is refused in one line
+    (exit 2), never silently replaced by the default nor a traceback
+    (int() of a non-ASCII digit, of 5000 digits, or a read of 2**63 bytes
+    raised before)."""
+    store = open_store(str(tmp_path / "s"))
+    publish(store, model_dir(tmp_path), "1", None)
+    set_alias(store, MODEL, "prod", "1")  # alias ls reads its pointer whole
+    (code, out, err), = run_batch(tmp_path, [{"argv": ["alias", "ls", MODEL, "--store",
+                                                         str(tmp_path / "s")],
+                                               "env": {"REGISTRY_MAX_READ_BYTES": value}}])
+    assert code == 2 and "Traceback" not in err, (code, err)
+    assert err.startswith("error: REGISTRY_MAX_READ_BYTES=") and "2**62" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_generous_limit_costs_no_memory_up_front(tmp_path: Path) -> None:
+    """A read is bounded by its limit, but memory follows the file: 2**62
+    bytes allowed, an 11-byte pointer read (one f.read(limit + 1) reserved
+    the whole limit, a MemoryError past the address space)."""
+    store = open_store(str(tmp_path / "s"))
+    store.write_bytes("p", b"hello world")
+    assert store.read_bytes("p", limit=1 << 62) == b"hello world"
+    with open(tmp_path / "s" / "p", "rb") as f:
+        assert limits.read_at_most(f, 4) == b"hello"  # limit + 1: the caller sees "over"

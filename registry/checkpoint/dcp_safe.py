@@ -98,7 +98,7 @@ def load_metadata(stream: Any, *, path: str, limit: int | None = None) -> Any:
     """
     if limit is None:
         limit = limits.MAX_DCP_METADATA_BYTES
-    data = stream.read(limit + 1)
+    data = limits.read_at_most(stream, limit)
     if len(data) > limit:
         raise UnsafeCheckpointError(path, f"{limit} bytes", "larger than the cap of")
     try:

@@ -95,10 +95,11 @@ class MirrorStore(Store):
         """The mirror's model-info document of ``model_id@revision``."""
         url = (f"{self.url}/api/models/{self._repo(model_id)}/revision/"
                f"{quote(revision, safe='')}")
+        cap = limits.MAX_JSON_BYTES
         with self._request(url) as r:
-            data = r.read(limits.MAX_JSON_BYTES + 1)
-        if len(data) > limits.MAX_JSON_BYTES:
-            raise DocumentError(url, f"model info larger than {limits.MAX_JSON_BYTES} bytes "
+            data = limits.read_at_most(r, cap)
+        if len(data) > cap:
+            raise DocumentError(url, f"model info larger than {cap} bytes "
                                      "(REGISTRY_MAX_JSON_BYTES)")
         doc: dict[str, Any] = schemas.load_json(data, path=url)
         return doc

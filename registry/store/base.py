@@ -251,7 +251,7 @@ class Store(ABC):
         """
         cap = limits.MAX_READ_BYTES if limit is None else limit
         with self.open_read(key) as f:
-            data = f.read(cap + 1)
+            data = limits.read_at_most(f, cap)
         if len(data) > cap:
             raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
                                                   "a document read whole (registry.limits)")
