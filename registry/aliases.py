@@ -39,6 +39,7 @@ from registry.errors import (
     ObjectNotFoundError,
     PointerError,
     SignatureError,
+    UnsafeEntryError,
 )
 from registry.events import (
     MODEL_VERSION_ALIAS_CREATED,
@@ -334,8 +335,9 @@ def list_aliases(store: Store, model_id: str, *,
     out = {}
     prefix = refs_prefix(model_id)
     entries = store.list_dir(prefix)
-    if damaged is not None:
-        damaged.update(_unlisted(store, prefix))
+    if damaged is not None:  # skipped by a listing and not listed now (it may since be mended)
+        listed = {name for name, _ in entries}
+        damaged.update({a: why for a, why in _unlisted(store, prefix).items() if a not in listed})
     for name, is_dir in entries:
         if name.endswith((".lock", ".break", ".tmp")) or ".tmp-" in name:
             continue
@@ -360,15 +362,20 @@ def list_aliases(store: Store, model_id: str, *,
 
 def _unlisted(store: Store, prefix: str) -> dict[str, str]:
     """alias -> why, for the links and special files the store's listings
-    skipped in ``prefix`` (:attr:`registry.store.base.Store.skipped`)."""
+    skipped in ``prefix`` (:attr:`registry.store.base.Store.skipped`) that are
+    still there (a long-lived store keeps what it skipped once)."""
     pattern = re.compile(re.escape(prefix) + r"/([A-Za-z0-9][A-Za-z0-9._-]*)(?![A-Za-z0-9._/-])")
     out = {}
     for why in store.skipped:
         for m in pattern.finditer(why):
             try:
-                out[check_name(m.group(1), "alias")] = why
-            except InvalidNameError:
-                continue
+                name = check_name(m.group(1), "alias")
+                store.info(join(prefix, name))
+                continue  # a plain object now: listed and read as one
+            except (InvalidNameError, ObjectNotFoundError):
+                continue  # not an alias name, or gone since
+            except UnsafeEntryError:
+                out[name] = why  # still a link or special file
     return out
 
 

@@ -176,3 +176,27 @@ def test_a_folder_or_link_where_a_pointer_goes_is_a_damaged_alias(
 
 def store_has(url: str, key: str) -> bool:
     return open_store(url).exists(key)
+
+
+def test_a_long_lived_store_forgets_a_link_once_it_is_gone(tmp_path: Path) -> None:
+    """A Store keeps what its listings skipped; an alias named damaged for a
+    link at its pointer is not damaged once the link is gone (or replaced)."""
+    from registry.aliases import list_aliases
+
+    url = str(tmp_path / "store")
+    with Registry(url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg:
+        publish(reg, tmp_path, "1")
+        reg.set_alias("m", "canary", "1")
+    pointer = tmp_path / "store" / "models" / "m" / "refs" / "canary"
+    saved = pointer.read_bytes()
+    pointer.unlink()
+    pointer.symlink_to(tmp_path / "elsewhere")
+    store = open_store(url)
+    damaged: dict[str, str] = {}
+    assert list_aliases(store, "m", damaged=damaged) == {} and list(damaged) == ["canary"]
+    pointer.unlink()
+    pointer.write_bytes(saved)  # mended by hand
+    damaged.clear()
+    assert list_aliases(store, "m", damaged=damaged) == {"canary": "1"} and damaged == {}
+    pointer.unlink()  # and gone
+    assert list_aliases(store, "m", damaged=damaged) == {} and damaged == {}
