@@ -180,10 +180,17 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         # An event's temporary file (registry.events.log): a killed append's
         # leftover once older than any append takes; never an event itself.
         key = join(EVENTS, name)
-        if not is_dir and name.startswith(EVENTS_TMP_PREFIX) and _age(store, key, now) >= older_than:
+        if is_dir or not name.startswith(EVENTS_TMP_PREFIX):
+            continue
+        try:
+            if _age(store, key, now) < older_than:
+                continue
             if not dry_run:
                 store.delete(key)
-            removed.append(key)
+        except UnsafeEntryError as e:  # became a link since the listing: never followed
+            store.skip(str(e))
+            continue
+        removed.append(key)
 
     def claim_over(key: str) -> bool | None:
         """Whether the claim of the directory ``key`` lies in is live (None:

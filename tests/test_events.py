@@ -155,3 +155,37 @@ def test_a_killed_append_leaves_a_temporary_file_that_gc_removes_by_age(
     r = run_cli("gc", "--older-than", "1h", "--store", url)
     assert r.returncode == 0 and f"removed {folder / temps[0]}" in r.stdout, r.stdout
     assert os.listdir(folder) == ["000000000001.json"]  # the event itself stays
+
+
+def test_gc_never_follows_a_temporary_file_that_became_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary file swapped for a link to a file outside the store between
+    gc's listing and its delete: the link itself is removed (unlink never
+    follows), its target is untouched, the other leftovers still go and the
+    events stay."""
+    from registry.gc import collect
+
+    url = str(tmp_path / "store")
+    with open_store(url) as store:
+        append_event(store, "policy.changed", model_id="m")
+    folder = tmp_path / "store" / "events"
+    outside = tmp_path / "outside"
+    outside.write_text("keep me")
+    old = time.time() - 7200
+    for name in (".tmp-a", ".tmp-b"):
+        (folder / name).write_text("x")
+        os.utime(folder / name, (old, old))
+    store = open_store(url)
+    real = type(store).delete
+
+    def racing_delete(self: Store, key: str) -> None:
+        if key.endswith(".tmp-a"):
+            (folder / ".tmp-a").unlink()
+            (folder / ".tmp-a").symlink_to(outside)
+        real(self, key)
+
+    monkeypatch.setattr(type(store), "delete", racing_delete)
+    removed = collect(store, older_than=3600)
+    assert removed == ["events/.tmp-a", "events/.tmp-b"], removed
+    assert outside.read_text() == "keep me" and not os.path.lexists(folder / ".tmp-a")
+    assert event_numbers(store) == [1] and os.listdir(folder) == ["000000000001.json"]
