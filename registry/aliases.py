@@ -347,7 +347,8 @@ def list_aliases(store: Store, model_id: str, *,
             continue
         if is_dir:
             if damaged is not None:
-                damaged[name] = f"{store.url_of(join(prefix, name))}: a folder, not an alias pointer"
+                where = store.url_of(join(prefix, name))
+                damaged[name] = f"{where}: a folder, not an alias pointer"
             continue
         try:
             value = read_head(store, model_id, name).version
@@ -379,7 +380,7 @@ def _unlisted(store: Store, prefix: str) -> dict[str, str]:
     return out
 
 
-def damaged_alias_note(store: Store, model_id: str, damaged: dict[str, str]) -> str:
+def damaged_alias_note(model_id: str, damaged: dict[str, str]) -> str:
     """One line for aliases of ``model_id`` whose pointers cannot be read
     (``damaged`` from :func:`list_aliases`), and how to mend them."""
     names = ", ".join(sorted(damaged))

@@ -170,27 +170,7 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
                 continue
             if not is_dir or _age(store, key, now) >= older_than:
                 doomed.append((key, is_dir))
-    removed = []
-    try:
-        event_entries = store.list_dir(EVENTS)
-    except UnsafeEntryError as e:  # a link where the folder should be: never followed
-        store.skip(str(e))
-        event_entries = []
-    for name, is_dir in event_entries:
-        # An event's temporary file (registry.events.log): a killed append's
-        # leftover once older than any append takes; never an event itself.
-        key = join(EVENTS, name)
-        if is_dir or not name.startswith(EVENTS_TMP_PREFIX):
-            continue
-        try:
-            if _age(store, key, now) < older_than:
-                continue
-            if not dry_run:
-                store.delete(key)
-        except UnsafeEntryError as e:  # became a link since the listing: never followed
-            store.skip(str(e))
-            continue
-        removed.append(key)
+    removed = _event_temps(store, now, older_than, dry_run)
 
     def claim_over(key: str) -> bool | None:
         """Whether the claim of the directory ``key`` lies in is live (None:
@@ -231,6 +211,32 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
             continue
         if not dry_run:
             delete_directory(store, key)
+        removed.append(key)
+    return removed
+
+
+def _event_temps(store: Store, now: float, older_than: float, dry_run: bool) -> list[str]:
+    """Delete (or list) the event log's temporary files (``events/.tmp-<id>``,
+    registry.events.log) older than ``older_than``: a killed append's
+    leftovers, never an event. Links are skipped and named, never followed."""
+    try:
+        entries = store.list_dir(EVENTS)
+    except UnsafeEntryError as e:  # a link where the folder should be
+        store.skip(str(e))
+        return []
+    removed = []
+    for name, is_dir in entries:
+        key = join(EVENTS, name)
+        if is_dir or not name.startswith(EVENTS_TMP_PREFIX):
+            continue
+        try:
+            if _age(store, key, now) < older_than:
+                continue
+            if not dry_run:
+                store.delete(key)
+        except UnsafeEntryError as e:  # became a link since the listing
+            store.skip(str(e))
+            continue
         removed.append(key)
     return removed
 

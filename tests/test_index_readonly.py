@@ -35,9 +35,9 @@ READERS = [["ls", "tiny"], ["query", "tiny", "--passing"], ["show", "tiny@1"],
 
 
 def batch(volume: Path | None, commands: list[list[str]]) -> list[list[object]]:
-    """Run CLI ``commands`` in one fresh process (tests.conftest.CLI_BATCH: through registry.cli.main),
-    with ``volume`` mounted read-only over itself when given; returns
-    [exit code, stdout, stderr] per command."""
+    """Run CLI ``commands`` in one fresh process (tests.conftest.CLI_BATCH:
+    through registry.cli.main), with ``volume`` mounted read-only over itself
+    when given; returns [exit code, stdout, stderr] per command."""
     argv = [sys.executable, "-c", CLI_BATCH]
     if volume is not None:
         vol = shlex.quote(str(volume))

@@ -17,16 +17,15 @@ Covered:
 Revocations and policy changes carry no stable id to match, so a missing
 ``source.revoked`` / ``policy.changed`` is not re-created. Appended events
 carry ``data.repaired: true``; their time is the repair's, their actor the
-record's (the repairing process's where the record's is not a valid actor). A repair that runs
-while a write is between its commit and its event may append that event as
-well as the writer: the log then holds the same state twice, never a wrong
-one.
+record's (the repairing process's where the record's is not a valid actor).
+A repair that runs while a write is between its commit and its event may
+append that event as well as the writer: the log then holds the same state
+twice, never a wrong one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from typing import Any
 
 from registry.actor import actor_of_metadata
@@ -46,10 +45,9 @@ from registry.events.log import Event, iter_events
 from registry.layout import MODELS, TAGS, TOMBSTONES, YANKS, release_prefix, yank_key
 from registry.lifecycle import records
 from registry.lifecycle.tags import read_tags_record
-from registry.names import check_name
 from registry.lifecycle.tombstone import tombstones
 from registry.schemas import validate
-from registry.store import Store, join
+from registry.store import Store
 from registry.verify import is_committed, read_manifest
 
 
@@ -78,9 +76,10 @@ def repair(store: Store, *, damaged: list[str] | None = None) -> list[str]:
     lifecycle_models = {m for root in (TOMBSTONES, YANKS, TAGS) for m in store.subdirs(root)}
     for model_id in sorted(lifecycle_models):
         mine = [e for e in events if e.model_id == model_id]
-        _guarded(damaged, lambda: _deletes(store, model_id, mine, out))
-        _guarded(damaged, lambda: _yanks(store, model_id, mine, out))
-        _guarded(damaged, lambda: _tags(store, model_id, mine, out, damaged))
+        stones = tombstones(store, model_id)  # a deleted release's yank and tags go with it
+        _guarded(damaged, lambda: _deletes(store, model_id, stones, mine, out))
+        _guarded(damaged, lambda: _yanks(store, model_id, set(stones), mine, out))
+        _guarded(damaged, lambda: _tags(store, model_id, set(stones), mine, out, damaged))
     return out
 
 
@@ -148,21 +147,22 @@ def _append(store: Store, name: str, model_id: str, version: str, data: dict[str
     out.append(f"{name} {model_id}@{version}")
 
 
-def _deletes(store: Store, model_id: str, mine: list[Event], out: list[str]) -> None:
+def _deletes(store: Store, model_id: str, stones: dict[str, dict[str, Any]],
+             mine: list[Event], out: list[str]) -> None:
     logged = {e.version for e in mine if e.name == MODEL_VERSION_DELETED}
-    for version, stone in sorted(tombstones(store, model_id).items()):
+    for version, stone in sorted(stones.items()):
         if version not in logged:
             _append(store, MODEL_VERSION_DELETED, model_id, version,
                     {"reason": _text(stone.get("reason")),
                      "manifest_sha256": _text(stone.get("manifest_sha256"))}, stone, out)
 
 
-def _yanks(store: Store, model_id: str, mine: list[Event], out: list[str]) -> None:
+def _yanks(store: Store, model_id: str, gone: set[str], mine: list[Event],
+           out: list[str]) -> None:
     logged = {(e.version, e.data.get("revision")) for e in mine
               if e.name in (MODEL_VERSION_YANKED, MODEL_VERSION_UNYANKED)}
     found = records.per_version(store, YANKS, model_id,
                                 lambda v: records.load(store, yank_key(model_id, v)))
-    gone = set(tombstones(store, model_id))  # a killed delete's leftover record
     for version, rec in sorted(found.items()):
         revision = rec.get("revision")
         if version in gone or not isinstance(revision, int) or (version, revision) in logged:
@@ -174,7 +174,7 @@ def _yanks(store: Store, model_id: str, mine: list[Event], out: list[str]) -> No
                  "revision": revision}, rec, out)
 
 
-def _tags(store: Store, model_id: str, mine: list[Event], out: list[str],
+def _tags(store: Store, model_id: str, gone: set[str], mine: list[Event], out: list[str],
           damaged: list[str] | None) -> None:
     newest: dict[tuple[str, str], str | None] = {}  # (version, key) -> value (None: removed)
     for e in mine:  # in log order: the last word on a key wins
@@ -185,14 +185,7 @@ def _tags(store: Store, model_id: str, mine: list[Event], out: list[str],
             newest[(e.version, key)] = _text(e.data.get("value"))
         elif e.name == MODEL_VERSION_TAG_DELETED:
             newest[(e.version, key)] = None
-    stored = set()
-    for name, is_dir in store.list_dir(join(TAGS, check_name(model_id, "model_id"))):
-        if not is_dir and name.endswith(".json") and ".tmp" not in name:
-            try:
-                stored.add(check_name(name.removesuffix(".json"), "version"))
-            except InvalidNameError:
-                continue  # not a record of ours
-    gone = set(tombstones(store, model_id))  # the deleted event covers their tags
+    stored = set(records.per_version(store, TAGS, model_id, lambda v: v))  # names only
     for version in sorted((stored | {v for v, _ in newest}) - gone):
         try:
             tags, record = read_tags_record(store, model_id, version)

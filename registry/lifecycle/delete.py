@@ -52,7 +52,7 @@ def _refuse_aliased(store: Store, model_id: str, version: str) -> None:
     if damaged:  # it may point here: fail closed
         raise ReleaseInUseError(
             f"{store.url_of(release_prefix(model_id, version))}: not deleted: "
-            f"{damaged_alias_note(store, model_id, damaged)}",
+            f"{damaged_alias_note(model_id, damaged)}",
             path=release_prefix(model_id, version), aliases=tuple(sorted(damaged)))
     if aliases:
         raise ReleaseInUseError(

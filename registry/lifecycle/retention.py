@@ -122,7 +122,7 @@ def collect(store: Store, *, keep_last: int | None = None, unaliased: bool = Fal
         for alias, version in list_aliases(store, m, damaged=damaged).items():
             aliases.setdefault(version, []).append(alias)
         # an alias that cannot be read may point at any release: keep them all
-        unreadable = damaged_alias_note(store, m, damaged) if damaged else None
+        unreadable = damaged_alias_note(m, damaged) if damaged else None
         for i, (version, _manifest) in enumerate(_releases(store, m)):
             row = {"model_id": m, "version": version}
             if keep_last is not None and i < keep_last:

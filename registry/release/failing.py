@@ -58,7 +58,9 @@ class FailingAlias:
 
 def failing_aliases(store: Store) -> list[FailingAlias]:
     """Every alias of every model whose version fails a gate now, by model then
-    alias; a damaged alias (its pointer cannot be read) first, version None. Reads each aliased release's manifest, card, ledger and summary once."""
+    alias; a model's damaged aliases (their pointers cannot be read) first,
+    version None. Reads each aliased release's manifest, card, ledger and
+    summary once."""
     out = []
     for model_id in store.subdirs(MODELS):
         verdicts: dict[str, list[GateResult]] = {}
