@@ -10,27 +10,24 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.aliases import resolve
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
-from registry.layout import release_prefix
-from registry.lifecycle.guard import refuse_retired
-from registry.manifest import MANIFEST, FileEntry, Manifest
+from registry.manifest import FileEntry
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.offline import remember
+from registry.pull.opened import open_release, resolve_for_pull
 from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.pull.records import gives_up_leases, record_pull, take_lease
-from registry.store import Store, join
-from registry.verify import default_workers, read_manifest
+from registry.store import Store
+from registry.verify import default_workers
 
 if TYPE_CHECKING:
     from registry.trust import Trust
-    from registry.model_sig import SignatureCheck
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
@@ -166,32 +163,6 @@ def _refuse_overlap(target: Path, cache: Cache, store: Store, own: Path) -> None
                              "choose another --to")
 
 
-def _start_signature_check(store: Store, prefix: str, manifest: Manifest, model_id: str,
-                           version: str, trust: Trust | None) -> Future[SignatureCheck] | None:
-    """Refuse a badly signed release before any download (JSON checks only), then
-    run the library's cryptographic verification on a helper thread, overlapped
-    with the download: its import costs about a second of CPU, as much as
-    pulling hundreds of MB. The result is awaited before anything is placed."""
-    if trust is None:
-        return None
-    from registry.errors import SignatureError
-    from registry.model_sig import precheck, read_signature, verify_bytes
-
-    where = store.url_of(prefix)
-    data = read_signature(store, prefix, manifest)
-    if data is None:
-        raise SignatureError(where, "unsigned: no model.sig in the release (this host "
-                                    "accepts only releases signed by a trusted key)")
-    precheck(data, manifest.files, model_id=model_id, version=version, trust=trust,
-             where=where)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="pull-signature")
-    try:
-        return pool.submit(verify_bytes, data, manifest.files, model_id=model_id,
-                           version=version, trust=trust, where=where)
-    finally:
-        pool.shutdown(wait=False)
-
-
 def _missing(cache: Cache, entries: Iterable[FileEntry]) -> dict[str, FileEntry]:
     """The distinct blobs of ``entries`` the cache lacks, by sha256."""
     missing: dict[str, FileEntry] = {}
@@ -230,17 +201,6 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
         if errors:
             raise errors[0]
     return transferred
-
-
-def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None) -> str:
-    """The version to pull: with ``trust``, an alias only through a move signed
-    by a trusted key (:func:`registry.alias_sign.trusted_alias_version`, whose
-    errors it raises); else :func:`registry.aliases.resolve`."""
-    if trust is None or store.exists(join(release_prefix(model_id, name), MANIFEST)):
-        return resolve(store, model_id, name)
-    from registry.alias_sign import trusted_alias_version
-
-    return trusted_alias_version(store, model_id, name, trust)
 
 
 @gives_up_leases
@@ -349,11 +309,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         raise UsageError(f"--range-threshold-mib: {range_threshold} bytes: must not be "
                          "negative (0: any file may be split)")
     blobs = blob_mode(store) if blobs is None else blobs
-    version = resolve_for_pull(store, model_id, name, trust)
-    refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
-    prefix = release_prefix(model_id, version)
-    manifest = read_manifest(store, prefix)
-    signature = _start_signature_check(store, prefix, manifest, model_id, version, trust)
+    opened = open_release(store, model_id, name, trust=trust, allow_yanked=allow_yanked)
+    version, prefix, manifest = opened.version, opened.prefix, opened.manifest
+    signature = opened.signature
     c = Cache(cache)
     c.recheck = trust is not None  # a signed pull re-hashes every blob it did not download
     target = Path(to).expanduser().resolve() if to is not None else (
@@ -424,4 +382,5 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                       check.to_dict() if check is not None else None)
 
 
-__all__ = ["BLOBS_ENV", "DIGEST_ENV", "PullResult", "blob_mode", "digest_mode", "pull"]
+__all__ = ["BLOBS_ENV", "DIGEST_ENV", "PullResult", "blob_mode", "digest_mode", "pull",
+           "resolve_for_pull"]
