@@ -19,6 +19,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     index,
     keys,
     lifecycle,
+    load,
     loongsage,
     pull,
     quickstart,

@@ -114,7 +114,15 @@ class WeightsReader:
         self._metadata = metadata if metadata is not None else {}
         self._on_close = on_close
         self._pool: ThreadPoolExecutor | None = None
+        if framework == "pt":
+            import registry.load.torchio  # noqa: F401  (imported before the clock starts)
         self.stats = LoadStats()
+        #: what the opener fills in: the store, the directory's prefix, its
+        #: manifest and the version (None for a checkpoint step)
+        self.store: Any = None
+        self.prefix = ""
+        self.manifest: Any = None
+        self.version: str | None = None
 
     # -- safe_open's surface ---------------------------------------------------
 
@@ -292,6 +300,8 @@ class WeightsReader:
             yield w
 
         pool = self._executor()
+        if not self.stats.bytes and not self.stats.tensors:
+            self.stats.started = time.perf_counter()  # the clock starts at the first read
         inflight: dict[Future[None], tuple[int, int, int, list[Target]]] = {}
         budget = 0
         pos = 0
