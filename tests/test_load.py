@@ -409,3 +409,54 @@ def test_cli_load(tmp_path: Path) -> None:
     assert p.returncode == 3 and "Traceback" not in p.stderr
     p = run_cli("load", f"{MODEL}", "--store", url, cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+# -- a server that answers other bytes (the fault proxy in front of moto) ---------------
+
+
+def test_server_faults_through_the_proxy(proxy: Any, s3_bucket: str, tmp_path: Path) -> None:
+    from tests.conftest import proxied
+    from tests.support.faultproxy import Action, ignore_range
+
+    url = f"s3://{s3_bucket}/reg"
+    publish(open_store(url), tmp_path, "1")
+    store = proxied(url, proxy)
+    ref = reference(store, "1")
+    weights_gets = [0]
+
+    def fake_header_once(req: Any) -> Action | None:
+        """The planning read of the header gets a renamed tensor; later reads
+        the stored bytes: a server (or cache) answering two views."""
+        if req.op == "GetObject" and req.key.endswith("model.safetensors") and \
+                req.headers.get("Range", req.headers.get("range", "")).startswith("bytes=0-"):
+            weights_gets[0] += 1
+            if weights_gets[0] == 1:
+                return Action("edit", edit_response=lambda r, st, h, body: (
+                    st, [(k, v) for k, v in h if not k.lower().startswith("x-amz-checksum")],
+                    body.replace(b'"a":{', b'"z":{')))
+        return None
+
+    proxy.rules.append(fake_header_once)
+    with open_weights(f"{MODEL}@1", store=store) as w:
+        assert "z" in w.keys()  # planned from the fake header
+        got, err = collect(w)
+    assert isinstance(err, IntegrityError) and "header changed" in str(err), err
+    assert got == {}
+    proxy.reset()
+
+    def corrupt_middle(req: Any) -> Action | None:
+        rng = req.headers.get("Range", req.headers.get("range", ""))
+        if req.op == "GetObject" and req.key.endswith("model.safetensors") and \
+                rng.startswith(f"bytes={2 * PIECE}-"):
+            return Action("corrupt")
+        return None
+
+    proxy.rules.append(corrupt_middle)
+    with open_weights(f"{MODEL}@1", store=store) as w:
+        got, err = collect(w)
+    assert isinstance(err, PieceMismatchError) and err.piece == 2
+    assert all(same(t, ref[n]) for n, t in got.items())
+    proxy.reset()
+    proxy.rules.append(ignore_range)
+    with pytest.raises(RegistryError), open_weights(f"{MODEL}@1", store=store) as w:
+        w.state_dict()
