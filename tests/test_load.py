@@ -460,3 +460,54 @@ def test_server_faults_through_the_proxy(proxy: Any, s3_bucket: str, tmp_path: P
     proxy.rules.append(ignore_range)
     with pytest.raises(RegistryError), open_weights(f"{MODEL}@1", store=store) as w:
         w.state_dict()
+
+
+# -- vLLM and the folder of small files ----------------------------------------------------
+
+
+def test_config_to_writes_every_file_but_the_weights(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    store = open_store(url)
+    publish(store, tmp_path, "1")
+    p = run_cli("load", f"{MODEL}@1", "--store", url, "--config-to", str(tmp_path / "cfg"),
+                cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    names = sorted(str(q.relative_to(tmp_path / "cfg")) for q in (tmp_path / "cfg").rglob("*")
+                   if q.is_file())
+    assert "config.json" in names and "model.safetensors" not in names
+    assert (tmp_path / "cfg" / "config.json").read_bytes() == stored(store, "1", "config.json")
+
+
+def test_vllm_plugin_options_and_registration() -> None:
+    from registry.errors import UsageError
+    from registry.load.vllm_plugin import options
+
+    assert options('{"ref": "tiny@prod", "store": "s3://b/r"}') == {"ref": "tiny@prod",
+                                                                     "store": "s3://b/r"}
+    with pytest.raises(UsageError):
+        options({"store": "x"})
+    with pytest.raises(UsageError):
+        options({"ref": "tiny@1", "evil": 1})
+    from importlib.metadata import entry_points
+
+    eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "registry"]
+    assert eps and eps[0].value == "registry.load.vllm_plugin:register"
+
+
+def test_vllm_registers_the_loader() -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed here (it is not a dependency); "
+                                       "the loader is registered where it is")
+    from registry.load.vllm_plugin import register
+
+    register()
+    from vllm.model_executor.model_loader import get_model_loader  # noqa: F401
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this host")
+def test_cuda_device(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1")
+    ref = reference(store, "1")
+    with open_weights(f"{MODEL}@1", store=store, device="cuda:0") as w:
+        got = w.state_dict()
+    assert all(got[n].device.type == "cuda" and same(got[n].cpu(), ref[n]) for n in ref)

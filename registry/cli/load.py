@@ -60,6 +60,11 @@ def load(
     hub_namespace: Annotated[str, typer.Option(
         "--hub-namespace", metavar="NAME", help="With --from: the mirror's namespace.")
     ] = "registry",
+    config_to: Annotated[str | None, typer.Option(
+        "--config-to", metavar="DIR",
+        help="Also write the release's files other than the weights (config, tokenizer, "
+             "card), each verified, into DIR: the folder an engine such as vLLM reads its "
+             "config from while the weights stream (--load-format registry).")] = None,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Stream every tensor of a release into memory, verified piece by piece; write nothing.
@@ -99,6 +104,13 @@ def load(
                           allow_yanked=allow_yanked, offline=offline,
                           require_passing=require_passing and not mirror, cache=cache,
                           workers=workers, window_bytes=window_mib * 1024 * 1024) as w:
+            if config_to is not None:
+                from pathlib import Path
+
+                from registry.load.layout import write_small_files
+
+                Path(config_to).mkdir(parents=True, exist_ok=True)
+                write_small_files(w, Path(config_to))
             for name, tensor in w:
                 if list_tensors and not as_json:
                     echo(f"{name}\t{w.get_slice(name).get_dtype()}\t{list(tensor.shape)}")

@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import DocumentError
-from registry.load.layout import config_document
+from registry.load.layout import config_document, write_small_files
 from registry.load.reader import WeightsReader
-from registry.store import join
-from registry.weights import is_weights_name
 
 _STATE = threading.local()
 
@@ -81,21 +79,6 @@ def transformers_model(ref: Any, *, model_class: Any = None, dtype: Any = "auto"
     return model.eval()
 
 
-def _write_small_files(reader: WeightsReader, folder: Path) -> None:
-    """Every file of the release but the weights, verified, under ``folder``."""
-    from registry.load.layout import _Planning
-
-    entries = {e.path: e for e in reader.manifest.files}
-    planning = _Planning(reader.store, reader.prefix, entries)
-    for path in entries:
-        if is_weights_name(path.rsplit("/", 1)[-1]) or path == "model.sig":
-            continue
-        data = planning.read_bytes(join(reader.prefix, path))
-        dest = folder / path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
-
-
 def sentence_transformer(ref: Any, **open_kw: Any) -> Any:
     """A sentence-transformers model of the release ``ref`` (see the module
     docstring), on the CPU."""
@@ -105,7 +88,7 @@ def sentence_transformer(ref: Any, **open_kw: Any) -> Any:
     try:
         with tempfile.TemporaryDirectory(prefix="registry-st-") as tmp:
             folder = Path(tmp)
-            _write_small_files(reader, folder)
+            write_small_files(reader, folder)
             modules = folder / "modules.json"
             if not modules.exists():
                 raise DocumentError(f"{reader.store.url_of(reader.prefix)}/modules.json",

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+from pathlib import Path
 from typing import IO, Any
 
 from registry.errors import DocumentError, IntegrityError
 from registry.manifest import FileEntry, Manifest
 from registry.store import Store, join
-from registry.weights import ModelWeights, load_weights
+from registry.weights import ModelWeights, is_weights_name, load_weights
 
 #: bytes read ahead by a provisional header read (most headers fit).
 HEADER_PROBE = 64 * 1024
@@ -119,4 +120,19 @@ def config_document(store: Store, prefix: str, manifest: Manifest) -> dict[str, 
     return doc
 
 
-__all__ = ["config_document", "plan_weights"]
+def write_small_files(reader: Any, folder: Path) -> None:
+    """Every file of the reader's directory but the weights and ``model.sig``,
+    each checked against its sha256, written under ``folder`` (config,
+    tokenizer, card: what an engine reads from a folder)."""
+    entries = {e.path: e for e in reader.manifest.files}
+    planning = _Planning(reader.store, reader.prefix, entries)
+    for path in entries:
+        if is_weights_name(path.rsplit("/", 1)[-1]) or path == "model.sig":
+            continue
+        data = planning.read_bytes(join(reader.prefix, path))
+        dest = folder / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+
+
+__all__ = ["config_document", "plan_weights", "write_small_files"]
