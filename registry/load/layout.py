@@ -54,7 +54,7 @@ class _RangeFile(io.RawIOBase):
             return b""
         if not (self._buf_at <= self.pos and end <= self._buf_at + len(self._buf)):
             fetch_end = min(self.size, max(end, self.pos + HEADER_PROBE))
-            self._buf = self.store.read_range(self.key, self.pos, fetch_end)
+            self._buf = b"".join(self.store.iter_range(self.key, self.pos, fetch_end))
             self._buf_at = self.pos
         out = self._buf[self.pos - self._buf_at:end - self._buf_at]
         self.pos += len(out)

@@ -45,6 +45,8 @@ from registry.safetensors_io import read_header
 
 #: default bytes of pieces in flight at once (the bounded buffer pool).
 WINDOW_BYTES = 1024 * 1024 * 1024
+#: what a want holds once handed out (the reader keeps no reference to it)
+_DONE: Any = None
 
 
 @dataclass
@@ -298,6 +300,7 @@ class WeightsReader:
         for w in ready:
             w.obj, w.view = w.alloc()
             yield w
+            w.obj = w.view = _DONE
 
         pool = self._executor()
         if not self.stats.bytes and not self.stats.tensors:
@@ -340,11 +343,12 @@ class WeightsReader:
                         hl.discard(k)
                         if not hl:
                             _check_header(f, bytes(hbufs[fid]))
-                    for w in need.get((fid, k), []):
+                    for w in need.pop((fid, k), []):
                         i = index[id(w)]
                         left[i] -= 1
                         if not left[i]:
                             yield w
+                            w.obj = w.view = _DONE  # the caller holds it now, or dropped it
         finally:
             for fut in inflight:
                 fut.cancel()
