@@ -288,20 +288,28 @@ def test_object_replaced_between_plan_and_read(store2: Store, tmp_path: Path) ->
 
 
 def test_swapped_shard_is_refused(tmp_path: Path) -> None:
-    from tests.shard_util import tiny_llama
-
     store = open_store(str(tmp_path / "store"))
-    src = tiny_llama(tmp_path / "llama")
+    src = tmp_path / "sharded"
+    src.mkdir()
+    parts = [{f"l{i}.w": t for i, t in enumerate(weights(s).values()) if t.size}
+             for s in (1, 2)]
+    parts[1] = {n.replace("l", "m"): t for n, t in parts[1].items()}
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    wmap = {}
+    for name, part in zip(names, parts):
+        (src / name).write_bytes(safetensors_bytes(part))
+        wmap |= {t: name for t in part}
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wmap}))
+    (src / "config.json").write_text('{"hidden_size": 8}\n')
     ModelRelease(store).publish(src, MODEL, "1", ledger=[ledger_row()], eval_summary=summary())
     prefix = release_prefix(MODEL, "1")
-    shards = sorted(p for p in store.walk_files(prefix) if p.startswith("model-"))
     ref = {}
-    for s in shards:
+    for s in names:
         ref.update(st_load(store.read_bytes(join(prefix, s))))
     with open_weights(f"{MODEL}@1", store=store) as w:
         got = w.state_dict()
     assert set(got) == set(ref) and all(same(got[n], ref[n]) for n in ref)
-    store.write_bytes(join(prefix, shards[0]), store.read_bytes(join(prefix, shards[1])))
+    store.write_bytes(join(prefix, names[0]), store.read_bytes(join(prefix, names[1])))
     with pytest.raises((DocumentError, IntegrityError)):
         with open_weights(f"{MODEL}@1", store=store) as w:
             w.state_dict()
@@ -391,7 +399,7 @@ def test_cli_load(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     store = open_store(url)
     publish(store, tmp_path, "1")
-    p = run_cli("load", f"{MODEL}@1", "--store", url, "--json", cwd=tmp_path)
+    p = run_cli("load", f"{MODEL}@1", "--store", url, "--json", "--check", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["tensors"] == 5 and doc["bytes"] == entry(store, "1").size
@@ -402,12 +410,12 @@ def test_cli_load(tmp_path: Path) -> None:
     data = bytearray(stored(store, "1"))
     data[-50] ^= 1
     store.write_bytes(join(release_prefix(MODEL, "1"), "model.safetensors"), bytes(data))
-    p = run_cli("load", f"{MODEL}@1", "--store", url, cwd=tmp_path)
+    p = run_cli("load", f"{MODEL}@1", "--store", url, "--check", cwd=tmp_path)
     assert p.returncode == 1 and "model.safetensors" in p.stderr and "piece" in p.stderr
     assert "Traceback" not in p.stderr
-    p = run_cli("load", f"{MODEL}@9", "--store", url, cwd=tmp_path)
+    p = run_cli("load", f"{MODEL}@9", "--store", url, "--check", cwd=tmp_path)
     assert p.returncode == 3 and "Traceback" not in p.stderr
-    p = run_cli("load", f"{MODEL}", "--store", url, cwd=tmp_path)
+    p = run_cli("load", f"{MODEL}", "--store", url, "--check", cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
 
 
@@ -469,8 +477,8 @@ def test_config_to_writes_every_file_but_the_weights(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     store = open_store(url)
     publish(store, tmp_path, "1")
-    p = run_cli("load", f"{MODEL}@1", "--store", url, "--config-to", str(tmp_path / "cfg"),
-                cwd=tmp_path)
+    p = run_cli("load", f"{MODEL}@1", "--store", url, "--check", "--config-to",
+                str(tmp_path / "cfg"), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     names = sorted(str(q.relative_to(tmp_path / "cfg")) for q in (tmp_path / "cfg").rglob("*")
                    if q.is_file())

@@ -31,7 +31,7 @@ def test_load_through_a_mirror_checks_what_it_gets(tmp_path: Path) -> None:
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", store).returncode == 0
     ref = st_load((src / "model.safetensors").read_bytes())
     with serve(store, f"sqlite:///{tmp_path / 'i.db'}") as base:
-        p = run_cli("load", "tiny@prod", "--from", base, "--json", cwd=tmp_path)
+        p = run_cli("load", "tiny@prod", "--from", base, "--json", "--check", cwd=tmp_path)
         assert p.returncode == 0, p.stderr
         doc = json.loads(p.stdout)
         assert doc["version"] == "1" and doc["tensors"] == len(ref)
@@ -40,7 +40,7 @@ def test_load_through_a_mirror_checks_what_it_gets(tmp_path: Path) -> None:
         with open_weights("tiny@1", store=MirrorStore(base)) as w:
             got = w.state_dict()
         assert all(torch.equal(got[n], ref[n]) for n in ref)
-        p = run_cli("load", "tiny@nope", "--from", base, cwd=tmp_path)
+        p = run_cli("load", "tiny@nope", "--from", base, "--check", cwd=tmp_path)
         assert p.returncode == 3 and "Traceback" not in p.stderr
 
 
