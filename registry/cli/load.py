@@ -23,7 +23,7 @@ def load(
         "--check", help="Verify only: read and check every piece into numpy buffers that "
                         "are dropped as they verify (no torch needed).")] = False,
     checkpoint: Annotated[bool, typer.Option(
-        "--checkpoint", help="REF names a checkpoint step (RUN_ID@STEP, RUN_ID@latest).")
+        "--checkpoint", help="The ref names a checkpoint step (RUN_ID@STEP, RUN_ID@latest).")
     ] = False,
     list_tensors: Annotated[bool, typer.Option(
         "--list", help="Print each tensor (name, dtype, shape) as it verifies.")] = False,
