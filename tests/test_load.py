@@ -519,3 +519,27 @@ def test_cuda_device(tmp_path: Path) -> None:
     with open_weights(f"{MODEL}@1", store=store, device="cuda:0") as w:
         got = w.state_dict()
     assert all(got[n].device.type == "cuda" and same(got[n].cpu(), ref[n]) for n in ref)
+
+
+def test_a_connection_lost_mid_piece_is_read_again(proxy: Any, s3_bucket: str,
+                                                   tmp_path: Path) -> None:
+    from tests.conftest import proxied
+    from tests.support.faultproxy import Action
+
+    url = f"s3://{s3_bucket}/reg"
+    publish(open_store(url), tmp_path, "1")
+    store = proxied(url, proxy, retry_attempts=1)
+    ref = reference(store, "1")
+    resets = []
+
+    def reset_twice(req: Any) -> Action | None:
+        rng = req.headers.get("Range", req.headers.get("range", ""))
+        if req.op == "GetObject" and rng.startswith(f"bytes={PIECE}-") and len(resets) < 2:
+            resets.append(rng)
+            return Action("reset_after")
+        return None
+
+    proxy.rules.append(reset_twice)
+    with open_weights(f"{MODEL}@1", store=store) as w:
+        got = w.state_dict()
+    assert len(resets) == 2 and all(same(got[n], ref[n]) for n in ref)

@@ -18,15 +18,25 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from registry import pieces as pc
-from registry.errors import IntegrityError, PieceMismatchError
+from registry.errors import (
+    IntegrityError,
+    ObjectNotFoundError,
+    PieceMismatchError,
+    StorageError,
+    StoragePermissionError,
+    UnsafeEntryError,
+)
 from registry.manifest import FileEntry
 
 #: bytes hashed and copied per step; also the scratch buffer's size.
 CHUNK = 4 * 1024 * 1024
+#: reads of one piece before its StorageError is raised
+ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +121,22 @@ class PieceReader:
             PieceMismatchError: the piece's bytes do not hash to the manifest's
                 state (names the file, the piece and the expected digest).
             IntegrityError: the object ended before the manifest's size.
-            StorageError: the source failed.
+            StorageError: the source failed ATTEMPTS times (a piece whose read
+                fails midway is read again from its start).
         """
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return self._read_once(key, entry, k, targets)
+            except (ObjectNotFoundError, StoragePermissionError, UnsafeEntryError):
+                raise
+            except StorageError:
+                # a connection lost mid-piece: read the piece again from its
+                # start (its hash restarts; nothing of it was handed out)
+                if attempt == ATTEMPTS:
+                    raise
+                time.sleep(0.2 * attempt)
+
+    def _read_once(self, key: str, entry: FileEntry, k: int, targets: list[Target]) -> None:
         start, end = piece_bounds(entry, k)
         segs = list(_segments(start, end, targets))
         scratch = self._scratch()
