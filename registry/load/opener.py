@@ -188,6 +188,13 @@ def _cache(path: str | os.PathLike[str] | None, *, create: bool) -> Cache | None
     root = cache_dir(path)
     if not create and not (Path(root) / "blobs" / "sha256").is_dir():
         return None
+    if path is None and not create:
+        from registry.errors import StorageError
+
+        try:
+            return Cache(root)
+        except StorageError:
+            return None  # the default cache is not this user's to use: read the store
     return Cache(root)
 
 
