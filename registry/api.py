@@ -340,7 +340,8 @@ class Registry(LifecycleMixin):
         return model_id, resolve(self.store, model_id, name)
 
     def pull(self, ref: str, *, require_passing: bool = False, **kw: Any) -> PullResult:
-        """Pull ``model_id@version`` or ``model_id@alias`` to a model directory
+        """Pull ``model_id@version``, ``model_id@alias`` or ``model_id`` (its
+        alias ``main``, else its newest release passing its gates) to a model directory
         on this host: :func:`registry.pull.pull` (its keyword arguments and
         errors: ``to``, ``cache``, ``workers``, ``verify``, ``force``,
         ``fsync``, ...). Reads only the store, never the index.
@@ -349,12 +350,13 @@ class Registry(LifecycleMixin):
             GateFailedError: ``require_passing`` and the release fails a gate
                 now (live ledger, policy): nothing is downloaded.
         """
-        model_id, name = parse_ref(ref)
-        if name is None:
-            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
-                                   name=ref)
+        model_id, given = parse_ref(ref)
+        name = given or ""  # a bare model id: registry.pull.opened.default_version
         if require_passing:
-            name = resolve(self.store, model_id, name)
+            from registry.pull.opened import default_version
+
+            name = resolve(self.store, model_id, name) if name else \
+                default_version(self.store, model_id, kw.get("trust"))
             failed = failing_gates(self.store, model_id, name)
             if failed:
                 raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",

@@ -550,3 +550,35 @@ def test_a_connection_lost_mid_piece_is_read_again(proxy: Any, s3_bucket: str,
     with open_weights(f"{MODEL}@1", store=store) as w:
         got = w.state_dict()
     assert len(resets) == 2 and all(same(got[n], ref[n]) for n in ref)
+
+
+def test_a_bare_model_id_means_main_else_the_newest_passing(tmp_path: Path,
+                                                           keys: dict[str, tuple[Path, Path]]
+                                                           ) -> None:
+    """Issue 44 item 3: ``pull model`` / ``load model`` without ``@``."""
+    from registry.aliases import move_alias
+    from registry.ledger import revoke as revoke_source
+
+    url = str(tmp_path / "store")
+    store = open_store(url)
+    publish(store, tmp_path, "1", seed=1)
+    publish(store, tmp_path, "2", seed=2, key=keys["release"][0])
+    with open_weights(MODEL, store=store) as w:
+        assert w.version == "2"  # the newest passing
+    yank(store, MODEL, "2", "bad")
+    with open_weights(MODEL, store=store) as w:
+        assert w.version == "1"  # a yanked release is never the default
+    trust = load_trust([keys["release"][1]])
+    with pytest.raises(RegistryError, match="main"):
+        open_weights(MODEL, store=store, trust=trust)  # with keys: only a signed main
+    move_alias(store, MODEL, "main", "1")
+    p = run_cli("pull", MODEL, "--store", url, "--to", str(tmp_path / "t"), "--cache",
+                str(tmp_path / "c"), "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["version"] == "1"
+    assert (tmp_path / "t" / "model.safetensors").read_bytes() == stored(store, "1")
+    revoke_source(store, "wiki", "withdrawn")
+    store.delete(join("models", MODEL, "refs", "main"))
+    p = run_cli("pull", MODEL, "--store", url, "--to", str(tmp_path / "t2"), "--cache",
+                str(tmp_path / "c"), cwd=tmp_path)
+    assert p.returncode == 3 and "no release passing" in p.stderr, p.stderr

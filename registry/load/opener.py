@@ -118,7 +118,7 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
         from registry.pull.offline import CacheStore, recall
 
         model_id, name = _release_ref(ref)
-        version, manifest = recall(c, model_id, name)
+        version, manifest = recall(c, model_id, name or "main")
         s: Store = CacheStore(c, model_id, version, manifest)
         allow_yanked = True  # as pull --offline: the record is this host's own
     else:
@@ -164,7 +164,7 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
                 c.has(entries[p].sha256, entries[p].size) for p in files):
             from registry.pull.offline import remember
 
-            remember(c, model_id, (ref.partition("@")[2] or version,), version, manifest)
+            remember(c, model_id, (ref.partition("@")[2] or "main",), version, manifest)
 
     reader = WeightsReader(files, tensors, framework=framework, device=device,
                            workers=_workers(s, workers), window_bytes=window_bytes,
@@ -175,11 +175,9 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
 
 
 def _release_ref(ref: str) -> tuple[str, str]:
+    """``(model_id, name)``; ``name`` is "" for a bare model id (the default ref)."""
     model_id, name = parse_ref(ref)
-    if name is None:
-        raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
-                               name=ref)
-    return model_id, name
+    return model_id, name or ""
 
 
 def _cache(path: str | os.PathLike[str] | None, *, create: bool) -> Cache | None:

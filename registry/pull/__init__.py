@@ -375,7 +375,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                     c.drop(e.sha256)
             raise
     record_pull(c, manifest, target)
-    remember(c, model_id, (ref or name,), version, manifest)
+    remember(c, model_id, (ref or name or "main",), version, manifest)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer,
