@@ -18,6 +18,7 @@ import http.client
 import json
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
@@ -47,8 +48,9 @@ class BlobStream:
     out (whole-blob reads only; a range is checked for its length)."""
 
     def __init__(self, response: http.client.HTTPResponse, *, where: str, size: int,
-                 sha256: str | None) -> None:
+                 sha256: str | None, conn: http.client.HTTPConnection | None = None) -> None:
         self._r = response
+        self._conn = conn
         self._where = where
         self._size = size
         self._h = hashlib.sha256() if sha256 is not None else None
@@ -80,6 +82,8 @@ class BlobStream:
                 self._check()
         finally:
             self._r.close()
+            if self._got != self._size and self._conn is not None:
+                self._conn.close()  # bytes left unread on it: never reused
 
     def _check(self) -> None:
         if self._h is not None and self._h.hexdigest() != self._want:
@@ -118,6 +122,19 @@ class OciClient:
         self._auth: str | None = None
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._all: list[http.client.HTTPConnection] = []
+        weakref.finalize(self, _close_all, self._all)
+
+    def close(self) -> None:
+        """Close every connection (a later request opens new ones)."""
+        _close_all(self._all)
+        self._local = threading.local()
+
+    def __enter__(self) -> OciClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- HTTP -----------------------------------------------------------------------
 
@@ -131,6 +148,8 @@ class OciClient:
             cls = http.client.HTTPSConnection if parts.scheme == "https" else \
                 http.client.HTTPConnection
             conn = conns[key] = cls(parts.netloc, timeout=TIMEOUT)
+            with self._lock:
+                self._all.append(conn)
         return conn
 
     def _send(self, method: str, url: str, headers: dict[str, str],
@@ -141,6 +160,7 @@ class OciClient:
             target = parts.path + (f"?{parts.query}" if parts.query else "")
             try:
                 conn.request(method, target, body=body, headers=headers)
+                self._local.last = conn
                 return conn.getresponse()
             except (http.client.RemoteDisconnected, BrokenPipeError,
                     ConnectionResetError) as e:
@@ -347,7 +367,8 @@ class OciClient:
         r = self.request("GET", self._path("blobs", f"sha256:{sha256}"), headers=headers,
                          ok=(200,) if whole else (206,))
         return BlobStream(r, where=where, size=size if whole else (end or size) - start,
-                          sha256=sha256 if whole else None)
+                          sha256=sha256 if whole else None,
+                          conn=self._local.__dict__.get("last"))
 
     def read_blob(self, sha256: str, size: int, *, cap: int) -> bytes:
         """A small blob whole, checked; refused unread above ``cap`` bytes.
@@ -430,6 +451,12 @@ class _Rechunk:
                 block, self._rest = block[:n], block[n:]
             n -= len(block)
             yield block
+
+
+def _close_all(conns: list[http.client.HTTPConnection]) -> None:
+    for conn in list(conns):
+        conn.close()
+    conns.clear()
 
 
 def _is_stream(body: object) -> bool:

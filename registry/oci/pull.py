@@ -169,8 +169,7 @@ def import_oci(registry: Registry, client: OciClient, ref: OciRef, model_id: str
         (sign the import with ``sign_key``). The artifact's MANIFEST.json is not
         carried: the import is a new release, with ``source.uri`` the reference.
     """
-    c = Cache(cache)
-    with tempfile.TemporaryDirectory(prefix="oci-import-", dir=c.root) as tmp:
+    with tempfile.TemporaryDirectory(prefix="registry-oci-import-") as tmp:
         res = pull_oci(client, ref, to=Path(tmp) / "model", cache=cache, trust=trust,
                        progress=progress)
         d = Path(res.path)
