@@ -55,7 +55,8 @@ VERSION = "org.opencontainers.image.version"
 MODEL_ID = "dev.modeldir-registry.model-id"
 RELEASE_DIGEST = "dev.modeldir-registry.manifest-sha256"
 #: ModelPack layers this side reads: raw files (the digest is the file's) and
-#: tar archives of files (olot, modctl); ``+gzip``/``+zstd`` ones are refused
+#: tar archives of files (olot, modctl), gzip-compressed too (olot's model card);
+#: ``+zstd`` and image layers are refused
 RAW_TYPES = frozenset({WEIGHT_RAW, WEIGHT_CONFIG_RAW, DOC_RAW,
                        "application/vnd.cncf.model.dataset.v1.raw",
                        "application/vnd.cncf.model.code.v1.raw", RELEASE_DOCUMENT})
@@ -64,6 +65,8 @@ TAR_TYPES = frozenset({"application/vnd.cncf.model.weight.v1.tar",
                        "application/vnd.cncf.model.doc.v1.tar",
                        "application/vnd.cncf.model.dataset.v1.tar",
                        "application/vnd.cncf.model.code.v1.tar"})
+GZIP_TAR_TYPES = frozenset(f"{t}+gzip" for t in TAR_TYPES)
+TAR_TYPES = TAR_TYPES | GZIP_TAR_TYPES
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
 

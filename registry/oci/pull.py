@@ -14,10 +14,12 @@ Import pulls into a scratch directory and publishes it with
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ from registry import limits, schemas
 from registry.errors import DocumentError, SignatureError, UsageError
 from registry.manifest import FileEntry, Manifest, check_path
 from registry.model_sig import SIGNATURE
+from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef
 from registry.oci.store import Artifact, OciStore, open_artifact
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from registry.trust import Trust
 
 _COPY = 1 << 20
+#: the folder a modelcar (olot, KServe) keeps its files in: dropped from tar paths
+MODELCAR = "models/"
 
 
 def _unpack(client: OciClient, art: Artifact, into: Path) -> None:
@@ -59,16 +64,24 @@ def _unpack(client: OciClient, art: Artifact, into: Path) -> None:
             for block in client.blob(layer.sha256, layer.size):
                 f.write(block)
         where = f"{art.ref.host}/{art.ref.repo}@sha256:{layer.sha256}"
+        gz = layer.media_type in M.GZIP_TAR_TYPES
+        budget = limits.MAX_READ_BYTES if gz else layer.size  # a gzip bomb stops here
         try:
-            with tarfile.open(tar_path, "r:") as tf:
+            with tarfile.open(tar_path, "r:gz" if gz else "r:") as tf:
                 for m in tf:
-                    name = m.name.removeprefix("./").rstrip("/")
+                    name = m.name.removeprefix("./").removeprefix("/").rstrip("/")
+                    name = name.removeprefix(MODELCAR)
                     if m.isdir() or not name:
                         continue
                     if not m.isfile():
                         raise DocumentError(where, f"member {m.name!r} is not a regular "
                                                    "file (links, devices and FIFOs are refused)")
                     check_path(name, source=where)
+                    budget -= m.size
+                    if budget < 0:
+                        raise DocumentError(where, f"unpacks to more than "
+                                                   f"{limits.MAX_READ_BYTES} bytes "
+                                                   "(REGISTRY_MAX_READ_BYTES)")
                     if name in paths:
                         raise DocumentError(where, f"{name!r}: in two layers or twice in one")
                     paths.add(name)
@@ -83,7 +96,7 @@ def _unpack(client: OciClient, art: Artifact, into: Path) -> None:
                             out.write(block)
                     entries.append(FileEntry(name, m.size, h.hexdigest()))
                     art.unpacked[name] = dest
-        except tarfile.TarError as e:
+        except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise DocumentError(where, f"not a readable tar archive ({e})") from None
         finally:
             tar_path.unlink(missing_ok=True)
@@ -120,6 +133,12 @@ def pull_oci(client: OciClient, ref: OciRef, *, to: str | Path | None = None,
         The tag is read once; everything after is fetched by digest.
     """
     art = open_artifact(client, ref, model_id=model_id, version=version)
+    return _pull_artifact(client, art, to=to, cache=cache, trust=trust, **kw)
+
+
+def _pull_artifact(client: OciClient, art: Artifact, *, to: str | Path | None,
+                   cache: str | Path | None, trust: Trust | None, **kw: Any) -> PullResult:
+    ref = art.ref
     if trust is not None and art.manifest.entry(SIGNATURE) is None:
         raise SignatureError(str(ref), "unsigned: the artifact carries no model.sig (this "
                                        "host accepts only releases signed by a trusted key)")
@@ -170,8 +189,9 @@ def import_oci(registry: Registry, client: OciClient, ref: OciRef, model_id: str
         carried: the import is a new release, with ``source.uri`` the reference.
     """
     with tempfile.TemporaryDirectory(prefix="registry-oci-import-") as tmp:
-        res = pull_oci(client, ref, to=Path(tmp) / "model", cache=cache, trust=trust,
-                       progress=progress)
+        art = open_artifact(client, ref, model_id=model_id, version=version)
+        res = _pull_artifact(client, art, to=Path(tmp) / "model", cache=cache, trust=trust,
+                             progress=progress)
         d = Path(res.path)
         docs: dict[str, Any] = {}
         for name in _OWN:
@@ -199,5 +219,6 @@ def import_oci(registry: Registry, client: OciClient, ref: OciRef, model_id: str
         shutil.rmtree(d / "evals", ignore_errors=True)
         if (res.model_id, res.version) != (model_id, version):
             (d / SIGNATURE).unlink(missing_ok=True)
+        pinned = OciRef(ref.host, ref.repo, None, art.digest)
         return registry.publish(d, model_id, version, ledger=ledger, eval_summary=eval_summary,
-                                **publish_kw)
+                                source_uri=str(pinned), **publish_kw)
