@@ -20,6 +20,7 @@ from registry import limits, schemas
 from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
 from registry.layout import release_prefix
 from registry.lifecycle.guard import refuse_retired
+from registry.manifest import Manifest
 from registry.model_sig import SIGNATURE, read_signature
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
@@ -67,6 +68,32 @@ def _architecture(store: Store, prefix: str, files: dict[str, int]) -> str | Non
     archs = doc.get("architectures")
     name = archs[0] if isinstance(archs, list) and archs else doc.get("model_type")
     return name if isinstance(name, str) else None
+
+
+def release_artifact(store: Store, manifest: Manifest) -> M.Artifact:
+    """The OCI artifact of a committed release (:func:`registry.oci.mapping.build_artifact`):
+    its weights summary and architecture read from the store.
+
+    Raises:
+        DocumentError: the stored weights break a rule of :mod:`registry.weights`.
+    """
+    from registry.release.convert import stored_summary
+
+    model_id, version = str(manifest.meta["model_id"]), str(manifest.meta["version"])
+    prefix = release_prefix(model_id, version)
+    sizes = {e.path: e.size for e in manifest.files}
+    return M.build_artifact(manifest, stored_summary(store, model_id, version, sizes),
+                            architecture=_architecture(store, prefix, sizes),
+                            signature=SIGNATURE if SIGNATURE in sizes else None)
+
+
+def signature_referrer(artifact: M.Artifact, manifest: Manifest) -> bytes | None:
+    """The referrer manifest carrying the release's ``model.sig`` (None: unsigned)."""
+    entry = manifest.entry(SIGNATURE)
+    if entry is None:
+        return None
+    return M.signature_manifest(artifact.descriptor, entry.sha256, entry.size,
+                                manifest.created_at)
 
 
 def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClient, *,
@@ -123,13 +150,8 @@ def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClie
         tags.append(check_tag(alias_tag, what="alias tag"))
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
-    sizes = {e.path: e.size for e in manifest.files}
-    from registry.release.convert import stored_summary
-
     sig = read_signature(store, prefix, manifest)
-    artifact = M.build_artifact(manifest, stored_summary(store, model_id, version, sizes),
-                                architecture=_architecture(store, prefix, sizes),
-                                signature=SIGNATURE if sig is not None else None)
+    artifact = release_artifact(store, manifest)
     on = progress or (lambda n: None)
 
     def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
