@@ -54,8 +54,8 @@ def dist() -> Any:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A local store with tiny@1 (signed by ``release``), tiny@2 (signed),
-    tiny@3 (unsigned), alias prod -> 1, and a second store where the
+    """A local store with tiny@1 (signed by ``release``), tiny@2 and tiny@3
+    (unsigned), alias prod -> 1, and a second store where the
     attacker's key signed tiny@1."""
     pytest.importorskip("model_signing")
     root = tmp_path_factory.mktemp("oci-world")
@@ -63,9 +63,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     keys = {n: generate(root / "keys" / f"{n}.pem", public_path=root / "keys" / f"{n}.pub")[:2]
             for n in ("release", "attacker")}
     url, evil = str(root / "store"), str(root / "evil")
-    for v in ("1", "2"):
-        publish(url, tiny_bert(root, int(v)), MODEL, v, sign_key=keys["release"][0])
-    publish(url, tiny_bert(root, 3), MODEL, "3")
+    publish(url, tiny_bert(root, 1), MODEL, "1", sign_key=keys["release"][0])
+    for v in ("2", "3"):
+        publish(url, tiny_bert(root, int(v)), MODEL, v)
     publish(evil, tiny_bert(root, 9), MODEL, "1", sign_key=keys["attacker"][0])
     assert run_cli("alias", "set", MODEL, "prod", "1", "--store", url).returncode == 0
     return {"root": root, "url": url, "evil": evil, "keys": keys}
@@ -195,6 +195,20 @@ def test_skopeo_copies_a_pushed_release_with_its_digests(
         if (layout / "blobs/sha256" / e).exists():
             continue
         assert e == released(world["url"], "1")["model.sig"], e  # only the referrer's
+
+
+def test_chunked_uploads_and_cross_repository_mounts(
+        dist: Distribution, world: dict[str, Any], tmp_path: Path) -> None:
+    ref, c = client(dist, "chunks/a")
+    with open_store(world["url"]) as s:
+        first = push(s, MODEL, "2", ref, c, chunk_size=20_000)  # the weights in 6 PATCHes
+        other, c2 = client(dist, "chunks/b")
+        mounted = push(s, MODEL, "2", other, c2, mount_from="chunks/a")
+    assert first.uploaded >= 5 and first.bytes_sent > 100_000
+    assert mounted.mounted >= 5 and mounted.bytes_sent == 0 and mounted.digest == first.digest
+    out = tmp_path / "out"
+    pull_oci(c2, other.with_tag("2"), to=out, cache=tmp_path / "c")
+    assert files_of(out) == released(world["url"], "2")
 
 
 # -- refusals: each a clear error, nothing placed ---------------------------------------

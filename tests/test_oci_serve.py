@@ -58,7 +58,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     priv, pub, _ = generate(root / "keys" / "k.pem", public_path=root / "keys" / "k.pub")
     url = str(root / "store")
     publish(url, tiny_bert(root, 1), "tiny", "1", sign_key=priv)
-    publish(url, tiny_bert(root, 2), "tiny", "2", sign_key=priv)
+    publish(url, tiny_bert(root, 2), "tiny", "2")
     publish(url, tiny_bert(root, 3), "tiny", "3")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     assert run_cli("yank", "tiny@2", "--reason", "bad evals", "--store", url).returncode == 0

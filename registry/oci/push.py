@@ -126,7 +126,8 @@ def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClie
             entry, or the OCI registry refused a blob's bytes as not hashing to
             its digest (a file in the store differs from MANIFEST.json).
         StorageError (and subclasses): the OCI registry refused or failed.
-        UsageError: ``workers`` < 1, or a tag outside the OCI tag grammar.
+        UsageError: ``workers`` < 1, a tag outside the OCI tag grammar, or a
+            ``client`` for another repository than ``target``.
 
     Notes:
         Nothing is tagged until every blob, the manifest and its signature
@@ -136,6 +137,8 @@ def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClie
     t0 = time.perf_counter()
     if workers < 1:
         raise UsageError(f"--workers {workers}: must be at least 1")
+    if (target.host, target.repo) != (client.ref.host, client.ref.repo):
+        raise UsageError(f"{target}: the client is for {client.ref}")
     version = resolve_for_pull(store, model_id, name, None)
     refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
     if not allow_failing:
