@@ -88,11 +88,12 @@ def push(
         if oref.digest:
             raise UsageError(f"{target}: push to a tag (or none), not a digest")
         s = open_store(store)
-        result = do_push(s, model_id, name, oref, client,
-                         alias_tag=name if tag_alias else None, workers=workers,
-                         mount_from=mount_from,
-                         chunk_size=chunk_mib * (1 << 20) if chunk_mib else None,
-                         allow_failing=allow_failing, allow_yanked=allow_yanked)
+        with client:
+            result = do_push(s, model_id, name, oref, client,
+                             alias_tag=name if tag_alias else None, workers=workers,
+                             mount_from=mount_from,
+                             chunk_size=chunk_mib * (1 << 20) if chunk_mib else None,
+                             allow_failing=allow_failing, allow_yanked=allow_yanked)
     if as_json:
         print_json(result.to_dict())
         return
@@ -137,8 +138,10 @@ def import_(
                                   username=username, password_stdin=password_stdin)
         trust = _trust(trusted_key, trusted_keys)
         reg = _registry(store, db)
-        result = import_oci(reg, client, oref, model_id, version, ledger=ledger,
-                            eval_summary=evals, trust=trust, cache=cache, sign_key=sign_key)
+        with client:
+            result = import_oci(reg, client, oref, model_id, version, ledger=ledger,
+                                eval_summary=evals, trust=trust, cache=cache,
+                                sign_key=sign_key)
     _report(result, as_json)
 
 
@@ -151,8 +154,9 @@ def _trust(keys: list[str] | None, folder: str | None, cas: list[str] | None = N
     return load_trust(keys or [], folder, ca_files=cas or [], ca_folder=ca_folder)
 
 
-def pull_command(ref: str, *, to: str | None, cache: str | None, workers: int, verify: bool,
-                 force: bool, quiet: bool, fsync: bool, blobs: bool | None,
+def pull_command(ref: str, *, ignored: dict[str, Any], to: str | None, cache: str | None,
+                 workers: int, verify: bool, force: bool, quiet: bool, fsync: bool,
+                 blobs: bool | None, range_threshold: int,
                  trust_args: tuple[Any, Any, Any, Any], insecure: bool, insecure_remote: bool,
                  username: str | None, password_stdin: bool, as_json: bool) -> None:
     """``registry pull oci://...``: :func:`registry.oci.pull.pull_oci`, reported
@@ -160,12 +164,19 @@ def pull_command(ref: str, *, to: str | None, cache: str | None, workers: int, v
     from registry.oci.pull import pull_oci
 
     with error_boundary(as_json):
+        given = [name for name, value in ignored.items() if value]
+        if given:
+            raise UsageError(f"{', '.join(given)}: not for an oci:// reference (an OCI "
+                             "registry has no gates or yanks; `registry pull MODEL@VERSION "
+                             "--offline` reads what an oci:// pull cached)")
         at_least("--workers", workers, 1)
         oref, client = client_for(ref, insecure=insecure, insecure_remote=insecure_remote,
                                   username=username, password_stdin=password_stdin)
         trust = _trust(*trust_args)
-        result = pull_oci(client, oref, to=to, cache=cache, trust=trust, workers=workers,
-                          verify=verify, force=force, fsync=fsync, blobs=blobs)
+        with client:
+            result = pull_oci(client, oref, to=to, cache=cache, trust=trust, workers=workers,
+                              verify=verify, force=force, fsync=fsync, blobs=blobs,
+                              range_threshold=range_threshold)
     if as_json:
         print_json({**result.to_dict(), "ref": ref})
         return

@@ -112,9 +112,13 @@ def pull(
     if ref.startswith("oci://"):  # registry.oci: the same pull over an OCI artifact
         from registry.cli.oci import pull_command
 
-        return pull_command(ref, to=to, cache=cache, workers=workers, verify=verify,
+        return pull_command(ref, ignored={"--offline": offline,
+                                          "--require-passing": require_passing,
+                                          "--allow-yanked": allow_yanked},
+                            to=to, cache=cache, workers=workers, verify=verify,
                             force=force, quiet=quiet, fsync=not no_fsync,
                             blobs=True if blobs else (False if no_blobs else None),
+                            range_threshold=range_threshold_mib * 1024 * 1024,
                             trust_args=(trusted_key, trusted_keys, trusted_ca, trusted_cas),
                             insecure=insecure, insecure_remote=insecure_remote,
                             username=username, password_stdin=password_stdin,

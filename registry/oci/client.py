@@ -249,6 +249,10 @@ class OciClient:
 
     def _error(self, r: http.client.HTTPResponse, method: str, url: str) -> StorageError:
         data = limits.read_at_most(r, 64 << 10)
+        r.close()
+        last = self._local.__dict__.get("last")
+        if last is not None:
+            last.close()  # a longer error body would be read as the next answer
         why = r.reason
         try:
             errors = json.loads(data).get("errors") or []

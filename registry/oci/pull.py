@@ -31,7 +31,7 @@ from registry.model_sig import SIGNATURE
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef
-from registry.oci.store import Artifact, OciStore, open_artifact
+from registry.oci.store import OciArtifact, OciStore, open_artifact
 from registry.pull import PullResult, pull
 from registry.pull.cache import Cache
 
@@ -45,7 +45,7 @@ _COPY = 1 << 20
 MODELCAR = "models/"
 
 
-def _unpack(client: OciClient, art: Artifact, into: Path) -> None:
+def _unpack(client: OciClient, art: OciArtifact, into: Path) -> None:
     """Download each tar layer of ``art`` (checked against its digest as it
     streams), unpack its regular files under ``into`` (hashing them) and
     make ``art.manifest`` list them with the raw layers.
@@ -136,7 +136,7 @@ def pull_oci(client: OciClient, ref: OciRef, *, to: str | Path | None = None,
     return _pull_artifact(client, art, to=to, cache=cache, trust=trust, **kw)
 
 
-def _pull_artifact(client: OciClient, art: Artifact, *, to: str | Path | None,
+def _pull_artifact(client: OciClient, art: OciArtifact, *, to: str | Path | None,
                    cache: str | Path | None, trust: Trust | None, **kw: Any) -> PullResult:
     ref = art.ref
     if trust is not None and art.manifest.entry(SIGNATURE) is None:

@@ -38,7 +38,7 @@ from registry.store.base import CHUNK, ObjectInfo, Store
 
 
 @dataclass
-class Artifact:
+class OciArtifact:
     """A model artifact as read: ``digest`` (``sha256:<hex>`` of its manifest),
     the release ``manifest`` it maps to, where each file's bytes are
     (``blobs``: path -> layer sha256 hex; ``unpacked``: path -> local file),
@@ -82,7 +82,7 @@ def _check_ours(manifest: Manifest, layers: tuple[M.Layer, ...], where: str) -> 
 
 
 def open_artifact(client: OciClient, ref: OciRef, *, model_id: str | None = None,
-                  version: str | None = None) -> Artifact:
+                  version: str | None = None) -> OciArtifact:
     """Resolve ``ref`` to one manifest digest and read what it maps to.
 
     Args:
@@ -112,7 +112,7 @@ def open_artifact(client: OciClient, ref: OciRef, *, model_id: str | None = None
         if manifest.kind != "release":
             raise DocumentError(where, f"its MANIFEST.json is a {manifest.kind}, not a release")
         blobs = _check_ours(manifest, parsed.layers, where)
-        return Artifact(ref, digest, manifest, blobs, True)
+        return OciArtifact(ref, digest, manifest, blobs, True)
     raw_layers = [la for la in parsed.layers if la.media_type not in M.TAR_TYPES]
     tars = tuple(la for la in parsed.layers if la.media_type in M.TAR_TYPES)
     name = model_id or ref.repo.rsplit("/", 1)[-1]
@@ -120,7 +120,7 @@ def open_artifact(client: OciClient, ref: OciRef, *, model_id: str | None = None
     manifest = Manifest.build("release", [FileEntry(la.path, la.size, la.sha256)
                                           for la in raw_layers],
                               model_id=name, version=ver, source={"uri": str(ref)})
-    return Artifact(ref, digest, manifest, {la.path: la.sha256 for la in raw_layers}, False,
+    return OciArtifact(ref, digest, manifest, {la.path: la.sha256 for la in raw_layers}, False,
                     tars)
 
 
@@ -131,7 +131,7 @@ class OciStore(Store):
     conditional_create = False
     compare_and_swap = False
 
-    def __init__(self, client: OciClient, artifact: Artifact) -> None:
+    def __init__(self, client: OciClient, artifact: OciArtifact) -> None:
         super().__init__(str(artifact.ref), None, "")  # type: ignore[arg-type]
         self.client = client
         self.artifact = artifact
