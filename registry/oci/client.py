@@ -1,10 +1,10 @@
 """A small OCI distribution client on ``http.client``: what push and pull need, no more.
 
-Why not a library (docs/decisions.md, "OCI client"): oras-py downloads a blob to
-a file and checks nothing as it streams, cannot take a blob from an iterator
-of store chunks, and follows redirects with the registry's credentials; this
-client streams both ways, checks digest and size of every blob as it reads,
-caps every document, and drops credentials on a redirect to another origin.
+Why not a library (docs/decisions.md, "Releases as OCI artifacts"): oras-py
+streams a blob to its final file name without checking its digest, and cannot
+upload from an iterator of store chunks; this client streams both ways, checks
+digest and size of every blob as it reads, caps every document, and drops
+credentials on a redirect to another origin.
 
 Every answer is another party's: a blob is verified against its digest and
 size as it streams (:class:`BlobStream`), a manifest is read up to
