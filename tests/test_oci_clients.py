@@ -162,7 +162,7 @@ def test_a_tar_layer_with_a_link_or_an_escape_is_refused(dist: Any, tmp_path: Pa
         with OciClient(ref, insecure=True) as c:
             c.push_blob(hashlib.sha256(tar).hexdigest(), len(tar), lambda b=tar: iter([b]))
             cfg = b"{}"
-            c.push_blob(hashlib.sha256(cfg).hexdigest(), 2, lambda: iter([cfg]))
+            c.push_blob(hashlib.sha256(cfg).hexdigest(), 2, lambda b=cfg: iter([b]))
             doc = M.canonical({"schemaVersion": 2, "mediaType": M.OCI_MANIFEST,
                                "artifactType": M.MODEL_ARTIFACT,
                                "config": M.descriptor(M.MODEL_CONFIG, cfg),

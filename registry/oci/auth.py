@@ -18,6 +18,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from registry.errors import StoragePermissionError, UsageError
 
@@ -72,18 +73,22 @@ def _from_config(path: Path, host: str) -> str | None:
         return None
     if not isinstance(doc, dict):
         return None
-    helpers = doc.get("credHelpers") if isinstance(doc.get("credHelpers"), dict) else {}
+    helpers = _dict(doc.get("credHelpers"))
     helper = helpers.get(host) or doc.get("credsStore")
     if isinstance(helper, str) and helper:
         found = _helper(helper, host)
         if found is not None:
             return found
-    auths = doc.get("auths") if isinstance(doc.get("auths"), dict) else {}
+    auths = _dict(doc.get("auths"))
     for key in (host, f"https://{host}", f"http://{host}"):
         entry = auths.get(key)
         if isinstance(entry, dict) and isinstance(entry.get("auth"), str) and entry["auth"]:
             return str(entry["auth"])
     return None
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _helper(name: str, host: str) -> str | None:

@@ -224,6 +224,10 @@ def _descriptors(doc: Mapping[str, Any], key: str, where: str) -> list[dict[str,
     return items
 
 
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def parse_index(data: bytes, *, where: str) -> list[dict[str, Any]]:
     """The descriptors of an image index (a referrers answer or fallback tag).
 
@@ -275,7 +279,7 @@ def parse_model(data: bytes, media_type: str | None, *, where: str) -> ModelMani
     own: Layer | None = None
     seen: set[str] = set()
     for d in _descriptors(doc, "layers", where):
-        notes = d.get("annotations") if isinstance(d.get("annotations"), dict) else {}
+        notes = _dict(d.get("annotations"))
         path = notes.get(FILEPATH) or notes.get(TITLE)
         kind = d["mediaType"]
         if kind not in RAW_TYPES | TAR_TYPES | {RELEASE_MANIFEST}:
@@ -298,6 +302,6 @@ def parse_model(data: bytes, media_type: str | None, *, where: str) -> ModelMani
             raise DocumentError(where, f"two layers for {layer.path!r}")
         seen.add(layer.path)
         layers.append(layer)
-    notes = doc.get("annotations") if isinstance(doc.get("annotations"), dict) else {}
+    notes = _dict(doc.get("annotations"))
     return ModelManifest(tuple(layers), own,
                          {str(k): str(v) for k, v in notes.items()})

@@ -162,18 +162,20 @@ def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClie
             on(len(block))
             yield block
 
-    jobs: list[tuple[str, int, Callable[[], Iterator[bytes]]]] = []
+    def data(b: bytes) -> Callable[[], Iterator[bytes]]:
+        return lambda: iter([b])
+
+    def stored(key: str) -> Callable[[], Iterator[bytes]]:
+        return lambda: counted(store.iter_read(key))
+
+    jobs: dict[str, tuple[int, Callable[[], Iterator[bytes]]]] = {}
     for path, d in artifact.layers:
-        hexd = d["digest"][7:]
-        if path == "MANIFEST.json":
-            jobs.append((hexd, d["size"], lambda b=artifact.release_manifest: iter([b])))
-        else:
-            key = join(prefix, path)
-            jobs.append((hexd, d["size"], lambda k=key: counted(store.iter_read(k))))
-    jobs.append((hashlib.sha256(artifact.config).hexdigest(), len(artifact.config),
-                 lambda: iter([artifact.config])))
-    seen: set[str] = set()
-    unique = [j for j in jobs if not (j[0] in seen or seen.add(j[0]))]  # type: ignore[func-returns-value]
+        jobs.setdefault(d["digest"][7:], (d["size"], data(artifact.release_manifest)
+                                          if path == "MANIFEST.json" else
+                                          stored(join(prefix, path))))
+    jobs.setdefault(hashlib.sha256(artifact.config).hexdigest(),
+                    (len(artifact.config), data(artifact.config)))
+    unique = [(h, n, f) for h, (n, f) in jobs.items()]
     outcomes: dict[str, int] = {"uploaded": 0, "present": 0, "mounted": 0}
     sent = 0
     with ThreadPoolExecutor(workers, thread_name_prefix="oci-push") as pool:

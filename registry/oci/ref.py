@@ -9,7 +9,8 @@ from ipaddress import ip_address
 from registry.errors import UsageError
 
 #: the distribution spec's repository name and tag grammars
-_REPO = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
+_PART = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_REPO = re.compile(rf"{_PART}(?:/{_PART})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _HOST = re.compile(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")

@@ -3,13 +3,14 @@
 | route | answer |
 |---|---|
 | ``GET /v2/`` | ``{}``: the API is here |
-| ``GET/HEAD /v2/{repo}/manifests/{tag or digest}`` | the release's ModelPack manifest, or its signature referrer |
-| ``GET/HEAD /v2/{repo}/blobs/{digest}`` | a file (``Range``: 206), the config, MANIFEST.json |
+| ``GET/HEAD /v2/{repo}/manifests/{ref}`` | ModelPack manifest or signature referrer |
+| ``GET/HEAD /v2/{repo}/blobs/{digest}`` | a file (``Range``: 206), config, MANIFEST.json |
 | ``GET /v2/{repo}/tags/list`` | the versions and aliases |
 | ``GET /v2/{repo}/referrers/{digest}`` | an index of the signature referrer |
 
-``repo`` is a Hub repo id (registry.web.hubrefs: ``<namespace>/<model_id>`` or
-``<model_id>``), a tag is a version or an alias, and every release is admitted
+``ref`` is a tag (a version or an alias) or a digest; ``repo`` is a Hub repo
+id (registry.web.hubrefs: ``<namespace>/<model_id>`` or ``<model_id>``); every
+release is admitted
 by the same :class:`registry.web.hubrefs.HubPolicy` as the Hub routes: gates,
 yanks and (under ``--trusted-keys``) signatures; the token and Host checks are
 the app's. The documents are :mod:`registry.oci.mapping`'s, so a manifest
