@@ -320,26 +320,34 @@ class OciClient:
 
     def referrers(self, digest: str) -> list[dict[str, Any]]:
         """Descriptors of the manifests whose subject is ``digest``: the
-        referrers API, else (404) the ``sha256-<hex>`` tag's index, else []."""
+        referrers API, else (a registry without it answers 404, 400, 405 or
+        501) the ``sha256-<hex>`` tag's index, else [].
+
+        Raises:
+            DocumentError: an answer over ``limits.MAX_OCI_MANIFEST_BYTES`` or
+                not an image index.
+        """
         from registry.oci.mapping import OCI_INDEX, fallback_tag, parse_index
 
-        for reference in (None, fallback_tag(digest)):
-            path = self._path("referrers", digest) if reference is None else \
-                self._path("manifests", reference)
-            try:
-                if reference is None:
-                    r = self.request("GET", path, headers={"Accept": OCI_INDEX})
-                    cap = limits.MAX_OCI_MANIFEST_BYTES
-                    data = limits.read_at_most(r, cap)
-                    r.close()
-                    if len(data) > cap:
-                        raise DocumentError(path, f"larger than {cap} bytes")
-                else:
-                    data, _, _ = self.get_manifest(reference, accept=[OCI_INDEX])
-            except ObjectNotFoundError:
-                continue
+        path = self._path("referrers", digest)
+        cap = limits.MAX_OCI_MANIFEST_BYTES
+        r = self.request("GET", path, headers={"Accept": OCI_INDEX},
+                         ok=(200, 400, 404, 405, 501))
+        data = limits.read_at_most(r, cap)
+        r.close()
+        if r.status == 200:
+            if len(data) > cap:
+                raise DocumentError(path, f"larger than {cap} bytes "
+                                          "(REGISTRY_MAX_OCI_MANIFEST_BYTES)")
             return parse_index(data, where=f"{self.ref.host}{path}")
-        return []
+        if len(data) >= cap:
+            self._local.last.close()  # an error body left unread: never reused
+        tag = fallback_tag(digest)
+        try:
+            data, _, _ = self.get_manifest(tag, accept=[OCI_INDEX])
+        except ObjectNotFoundError:
+            return []
+        return parse_index(data, where=f"{self.ref.host}/{self.ref.repo}:{tag}")
 
     def tags(self) -> list[str]:
         """The repository's tags (``tags/list``, one page)."""
