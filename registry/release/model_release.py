@@ -305,7 +305,8 @@ class ModelRelease:
         MODEL_CARD.md (``card`` file verbatim, else the directory's own, else
         rendered), ledger.json, evals/summary.json and heads. ``source`` is
         ``{"uri": <model_dir>}``, or ``source_uri`` when given (an import names
-        where the directory came from: ``oci://host/repo@sha256:...``). Raises as :meth:`create`, plus DocumentError
+        where the directory came from: ``oci://host/repo@sha256:...``).
+        Raises as :meth:`create`, plus DocumentError
         when the directory lacks its weights or config.json, or its weights
         break a rule of :mod:`registry.weights` (both forms, a stale or
         missing shard, a tensor in two shards...). A directory
