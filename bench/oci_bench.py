@@ -68,6 +68,19 @@ def _run(args: list[str]) -> None:
         raise SystemExit(f"{' '.join(args[:5])}: exit {p.returncode}: {p.stderr[-2000:]}")
 
 
+def targets(med: dict[str, float], size: str) -> dict[str, dict[str, Any]]:
+    """The rows bench/aggregate.py tabulates: ours, the peer, the ratio."""
+    rows = {}
+    for ours, label in (("push_ours", "push"), ("pull_ours", "pull (blob cache, fsync)"),
+                        ("pull_ours_one_write", "pull --no-blobs --no-fsync")):
+        side = "push" if ours.startswith("push") else "pull"
+        for peer, peer_label in (("skopeo", "skopeo copy"), ("oras", "oras-py")):
+            rows[f"{label}, {size}, vs {peer_label}"] = {
+                "ours": med[ours], "peer": f"{peer_label} ({med[f'{side}_{peer}']:.3g} s)",
+                "ratio": med[ours] / med[f"{side}_{peer}"], "target": "(reported)"}
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mib", type=int, default=4096)
@@ -169,6 +182,7 @@ def main() -> None:
                               med["pull_ours_one_write"] / med["pull_skopeo"],
                           "pull_one_write_vs_oras":
                               med["pull_ours_one_write"] / med["pull_oras"]}}
+    results["targets"] = targets(med, f"{args.size_mib} MiB in {args.shards} shards")
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["seconds"] | results["ratios"], indent=2))
 
