@@ -6,7 +6,7 @@ redirects blob downloads to a second origin, the way ECR, GHCR and Harbor on
 S3 do; the second origin logs what it is sent. The credentials must reach the
 registry and its token realm, never the other origin, and the redirected
 bytes are still checked against the digest. Credentials also come from a
-Docker config's ``auths``.
+Docker config's ``auths`` and from a credential helper it names.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -117,6 +118,25 @@ def test_credentials_from_a_docker_config(servers: tuple[Any, Any], tmp_path: Pa
     with OciClient(parse_ref(f"oci://{host}/r"), insecure=True) as c, \
             pytest.raises(StorageError, match="401"):
         b"".join(c.blob(HEX, len(DATA)))
+
+
+def test_credentials_from_a_credential_helper(servers: tuple[Any, Any], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    reg, _ = servers
+    host = f"127.0.0.1:{reg.server_address[1]}"
+    helper = tmp_path / "bin" / "docker-credential-testhelper"
+    helper.parent.mkdir()
+    # the Docker credential-helper protocol: the server URL on stdin, JSON out
+    helper.write_text("#!/bin/sh\nread host\necho \"$host\" > \"$0.asked\"\n"
+                      'echo \'{"ServerURL": "x", "Username": "alice", "Secret": "pw"}\'\n')
+    helper.chmod(0o755)
+    (tmp_path / "config.json").write_text(json.dumps({"credHelpers": {host: "testhelper"}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{helper.parent}:{os.environ['PATH']}")
+    with OciClient(parse_ref(f"oci://{host}/r"), insecure=True) as c:
+        assert b"".join(c.blob(HEX, len(DATA))) == DATA
+    assert Path(f"{helper}.asked").read_text().strip() == host
+    assert any(auth == BASIC for _, auth in reg.seen)
 
 
 def test_plain_http_only_on_loopback() -> None:
