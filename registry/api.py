@@ -206,6 +206,15 @@ class Registry(LifecycleMixin):
                 was not appended (``registry events repair``).
         """
         check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
+        from registry.aliases import unknown_ref
+        from registry.layout import release_prefix as _prefix
+        from registry.manifest import MANIFEST as _MANIFEST
+        from registry.store import join as _join
+
+        if not self.store.exists(_join(_prefix(model_id, check_name(version, "version")),
+                                       _MANIFEST)):
+            refuse_deleted(self.store, model_id, version)
+            raise unknown_ref(self.store, model_id, version)  # the model, or the version
         try:
             results = self.gate_check(model_id, version)
         except RegistryError:
