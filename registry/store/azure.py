@@ -109,6 +109,7 @@ class AzureStore(Store):
         self.retry = RetryPolicy.from_options(options)
         options.setdefault("skip_instance_cache", True)
         self._options = options
+        self.url = url  # named by _new_fs's error
         super().__init__(url, self._new_fs(), root)
         self.container, _, self.prefix = self.root.partition("/")
         client = self.fs.service_client
