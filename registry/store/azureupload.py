@@ -21,14 +21,11 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azure.storage.blob import BlobBlock
 
 from registry.errors import ObjectExistsError, StorageError
-
-if TYPE_CHECKING:
-    from registry.store.azure import AzureStore
 
 #: bytes per staged block, and blocks in flight per store.
 BLOCK = 8 * 1024 * 1024
@@ -36,7 +33,7 @@ MAX_INFLIGHT = 8
 _SLOTS: dict[int, threading.BoundedSemaphore] = {}
 
 
-def _slots(store: AzureStore) -> threading.BoundedSemaphore:
+def _slots(store: Any) -> threading.BoundedSemaphore:
     return _SLOTS.setdefault(id(store), threading.BoundedSemaphore(MAX_INFLIGHT))
 
 
@@ -45,7 +42,8 @@ class BlockWriter:
     blob (durable on return); ``discard`` leaves nothing visible. ``etag``:
     the committed blob's ETag, quotes stripped (a listing's version token)."""
 
-    def __init__(self, store: AzureStore, key: str, *, exclusive: bool = False,
+    # ``store``: a registry.store.azure.AzureStore (not imported: the store imports this module).
+    def __init__(self, store: Any, key: str, *, exclusive: bool = False,
                  force_blocks: bool = False) -> None:
         self.store, self.key, self.exclusive = store, key, exclusive
         self._force = force_blocks

@@ -24,15 +24,12 @@ import io
 import json
 import os
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gcsfs.core
 
 from registry.errors import ObjectExistsError, ObjectNotFoundError, StorageError
 from registry.store import condprobe
-
-if TYPE_CHECKING:
-    from registry.store.gcs import GCSStore
 
 #: bytes per chunk of a resumable upload (a multiple of 256 KiB, as GCS requires).
 CHUNK = 8 * 1024 * 1024
@@ -44,7 +41,8 @@ class GCSWriter:
     return); ``discard`` cancels the session. ``etag`` is the finished
     object's generation (what a listing's version token is)."""
 
-    def __init__(self, store: GCSStore, key: str, *, exclusive: bool = False,
+    # ``store``: a registry.store.gcs.GCSStore (not imported: the store imports this module).
+    def __init__(self, store: Any, key: str, *, exclusive: bool = False,
                  force_resumable: bool = False, probing: bool = False) -> None:
         self.store, self.key, self.exclusive = store, key, exclusive
         self._force = force_resumable
