@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from typing import IO, Any, TypeVar
 
 import adlfs
@@ -302,40 +302,80 @@ class AzureStore(Store):
         with self._translated(key):
             return self.run(once)
 
+    def _download(self, key: str, start: int | None = None, end: int | None = None) -> Any:
+        """An aio StorageStreamDownloader of ``key`` (bytes ``[start, end)``
+        when given), its first GET answered; None for a range at or past the
+        end (416). Retried until that first answer arrives."""
+        blob = self.blob(key)
+        length = end - start if start is not None and end is not None else None
+
+        async def once() -> Any:
+            return await blob.download_blob(offset=start, length=length, max_concurrency=1,
+                                            retry_total=0)
+
+        try:
+            with self._translated(key):
+                return self.run(once)
+        except StorageError as e:
+            if start is not None and " 416 " in f" {e} ":
+                return None
+            raise
+
+    def _chunks(self, key: str, stream: Any, start: int, end: int | None,
+                chunk: int) -> Iterator[bytes]:
+        """The downloader's blocks, cut to at most ``chunk`` bytes; the byte
+        count must be the range's (the SDK's ``size``: the range, capped at
+        the blob's size from the first answer's Content-Range)."""
+        want = int(stream.size)
+        if end is not None and want > end - start:
+            raise StorageError(f"{self.url_of(key)} in {self.where}: a read of bytes {start}-"
+                               f"{end - 1} was answered with {want} bytes", key=key)
+        got = 0
+        blocks = stream.chunks()
+        while True:
+            with self._translated(key):
+                try:
+                    block = sync(self.fs.loop, blocks.__anext__)
+                except StopAsyncIteration:
+                    break
+            got += len(block)
+            for i in range(0, len(block), chunk):
+                yield block[i:i + chunk]
+        if got != want:
+            raise StorageError(f"{self.url_of(key)} in {self.where}: a read of bytes {start}-"
+                               f"{start + want - 1} returned {got} bytes", key=key)
+
+    def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
+        """One download, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
+        from registry import limits
+        from registry.errors import DocumentError
+
+        cap = limits.MAX_READ_BYTES if limit is None else limit
+        buf = bytearray()
+        with closing(self.iter_read(key)) as blocks:
+            for block in blocks:
+                buf += block
+                if len(buf) > cap:
+                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
+                                        "for a document read whole (registry.limits)")
+        return bytes(buf)
+
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` (fewer at the end, none past it)."""
-        if end <= start:
-            return b""
-        size = self.info(key).size
-        if start >= size:
-            return b""
-        blob = self.blob(key)
-
-        async def once() -> bytes:
-            stream = await blob.download_blob(offset=start, length=min(end, size) - start,
-                                              retry_total=0)
-            return await stream.readall()  # type: ignore[no-any-return]
-
-        with self._translated(key):
-            data = self.run(once)
-        if len(data) != min(end, size) - start:
-            raise StorageError(f"{self.url_of(key)} in {self.where}: a read of bytes "
-                               f"{start}-{end - 1} returned {len(data)} bytes", key=key)
-        return data
+        return b"".join(self.iter_range(key, start, end)) if end > start else b""
 
     def iter_range(self, key: str, start: int, end: int,
                    chunk: int = CHUNK) -> Iterator[bytes]:
-        size = self.info(key).size
-        pos, end = start, min(end, size)
-        while pos < end:
-            block = self.read_range(key, pos, min(end, pos + chunk))
-            if not block:
-                return
-            pos += len(block)
-            yield block
+        """One ranged download, streamed in blocks of at most ``chunk`` bytes."""
+        if end <= start:
+            return
+        stream = self._download(key, start, end)
+        if stream is not None:
+            yield from self._chunks(key, stream, start, end, chunk)
 
     def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
-        yield from self.iter_range(key, 0, self.info(key).size, chunk)
+        """One download, streamed in blocks of at most ``chunk`` bytes."""
+        yield from self._chunks(key, self._download(key), 0, None, chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
         from registry.store.s3 import _RangeReader  # reads through self.read_range

@@ -34,14 +34,14 @@ import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import datetime
 from typing import IO, Any
 
 import aiohttp
 import gcsfs.core
 from fsspec.asyn import sync
-from gcsfs.retry import HttpError
+from gcsfs.retry import HttpError, validate_response
 
 from registry.errors import (
     ObjectExistsError,
@@ -296,20 +296,46 @@ class GCSStore(Store):
         return body, generation
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
+        """One streamed GET, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
         from registry import limits
         from registry.errors import DocumentError
 
         cap = limits.MAX_READ_BYTES if limit is None else limit
-        size = self.info(key).size
-        if size > cap:
-            raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for a "
-                                "document read whole (registry.limits)")
-        return b"".join(self.iter_range(key, 0, size)) if size else b""
+        buf = bytearray()
+        with closing(self.iter_read(key)) as blocks:
+            for block in blocks:
+                buf += block
+                if len(buf) > cap:
+                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
+                                        "for a document read whole (registry.limits)")
+        return bytes(buf)
+
+    def _check_range(self, key: str, status: int, headers: Any, start: int, end: int,
+                     whole: int | None = None) -> None:
+        """A ranged GET must answer 206 with ``Content-Range: bytes
+        start-last/total`` (``last`` = ``end - 1``, or the object's last byte):
+        a 200 with the whole object is never taken for the range, unless the
+        range asked for is the whole object (``whole``: the body's length)."""
+        got = headers.get("Content-Range", "")
+        ok = False
+        if status == 206 and got.startswith("bytes "):
+            span, _, total = got[6:].partition("/")
+            first, _, last = span.partition("-")
+            try:
+                size = int(total) if total != "*" else end
+                ok = int(first) == start and int(last) == min(end, size) - 1
+            except ValueError:
+                ok = False
+        elif status == 200 and start == 0 and whole is not None and whole <= end:
+            ok = True
+        if not ok:
+            raise StorageError(
+                f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
+                f"answered {status} with Content-Range {got or '(none)'}: the service or a "
+                "proxy ignores Range requests, which the registry needs", key=key)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``: one GET with ``Range``, which must answer
-        206 with the requested ``Content-Range`` (a 200 with the whole object
-        is never taken for the range); empty at or past the end."""
+        """Bytes ``[start, end)``: one checked ranged GET; empty at or past the end."""
         if end <= start:
             return b""
         try:
@@ -321,38 +347,79 @@ class GCSStore(Store):
             if "416" in str(e) or "not satisfiable" in str(e).lower():
                 return b""
             raise
-        got = headers.get("Content-Range", "")
-        ok = False
-        if status == 206 and got.startswith("bytes "):
-            span, _, total = got[6:].partition("/")
-            first, _, last = span.partition("-")
-            try:
-                size = int(total) if total != "*" else end
-                ok = int(first) == start and int(last) == min(end, size) - 1
-            except ValueError:
-                ok = False
-        elif status == 200 and start == 0 and len(body) <= end - start:
-            ok = True  # the whole object is the range asked for
-        if not ok:
-            raise StorageError(
-                f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
-                f"answered {status} with Content-Range {got or '(none)'}: the service or a "
-                "proxy ignores Range requests, which the registry needs", key=key)
+        self._check_range(key, status, headers, start, end, whole=len(body))
         return body  # type: ignore[no-any-return]
+
+    def _media(self, key: str, start: int | None = None, end: int | None = None) -> Any:
+        """An open aiohttp response of a media GET of ``key`` (bytes
+        ``[start, end)`` when given, checked as :meth:`read_range` does);
+        None for a range at or past the end. Sent through gcsfs's session
+        and credentials, retried until its headers arrive."""
+        fs = self.fs
+        url = fs._format_path("b/{}/o/{}", (self.bucket, self._name(key)))
+        headers = {"Range": f"bytes={start}-{end - 1}"} if start is not None and end else None
+
+        async def once() -> Any:
+            await fs._set_session()
+            resp = await fs.session.get(url, params=fs._get_params({"alt": "media"}),
+                                        headers=fs._get_headers(headers),
+                                        timeout=fs.requests_timeout)
+            if resp.status >= 400:
+                body = await resp.read()
+                resp.release()
+                validate_response(resp.status, body, url)
+            return resp
+
+        try:
+            with self._translated(key):
+                resp = sync(fs.loop, self.retry.run, once, transient=is_transient)
+        except StorageError as e:
+            if start is not None and ("416" in str(e) or "not satisfiable" in str(e).lower()):
+                return None
+            raise
+        if headers is not None:
+            length = resp.headers.get("Content-Length")
+            try:
+                self._check_range(key, resp.status, resp.headers, start or 0, end or 0,
+                                  whole=int(length) if length is not None else None)
+            except StorageError:
+                resp.release()
+                raise
+        return resp
+
+    def _stream(self, key: str, resp: Any, chunk: int) -> Iterator[bytes]:
+        """Blocks of ``chunk`` bytes (the last one shorter) of an open response; closes it."""
+        async def fill() -> bytes:
+            buf = bytearray()
+            while len(buf) < chunk:
+                block = await resp.content.read(chunk - len(buf))
+                if not block:
+                    break
+                buf += block
+            return bytes(buf)
+
+        try:
+            while True:
+                with self._translated(key):
+                    block = sync(self.fs.loop, fill)
+                if not block:
+                    return
+                yield block
+        finally:
+            resp.release()
 
     def iter_range(self, key: str, start: int, end: int,
                    chunk: int = CHUNK) -> Iterator[bytes]:
-        """Checked ranged GETs (:meth:`read_range`) of ``chunk`` bytes each."""
-        pos = start
-        while pos < end:
-            block = self.read_range(key, pos, min(end, pos + chunk))
-            if not block:
-                return
-            pos += len(block)
-            yield block
+        """One checked ranged GET, streamed in blocks of ``chunk`` bytes."""
+        if end <= start:
+            return
+        resp = self._media(key, start, end)
+        if resp is not None:
+            yield from self._stream(key, resp, chunk)
 
     def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
-        yield from self.iter_range(key, 0, self.info(key).size, chunk)
+        """One GET, streamed in blocks of ``chunk`` bytes."""
+        yield from self._stream(key, self._media(key), chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
         from registry.store.s3 import _RangeReader  # reads through self.read_range
