@@ -294,6 +294,17 @@ def test_azure_without_credentials_says_how_to_give_them(
     assert "AZURE_STORAGE_CONNECTION_STRING" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_missing_gcs_key_file_is_named(tmp_path: Path) -> None:
+    """GOOGLE_APPLICATION_CREDENTIALS naming no file is refused at once (gcsfs
+    would go on anonymously), by the API and the CLI (exit 2, one line)."""
+    missing = tmp_path / "no-such-key.json"
+    r = run_cli("ckpt", "ls", "run-1", "--store", "gs://b/root",
+                env={"GOOGLE_APPLICATION_CREDENTIALS": str(missing)})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"GOOGLE_APPLICATION_CREDENTIALS={missing}: no such file" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 # -- the README's tour --------------------------------------------------------------
 
 

@@ -30,11 +30,16 @@ from registry.errors import ObjectExistsError, StorageError
 #: bytes per staged block, and blocks in flight per store.
 BLOCK = 8 * 1024 * 1024
 MAX_INFLIGHT = 8
-_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
 
 
 def _slots(store: Any) -> threading.BoundedSemaphore:
-    return _SLOTS.setdefault(id(store), threading.BoundedSemaphore(MAX_INFLIGHT))
+    """The store's budget of blocks in flight, across its writers (memory bound)."""
+    with _SLOTS_LOCK:
+        slots = store.__dict__.get("_block_slots")
+        if slots is None:
+            slots = store.__dict__["_block_slots"] = threading.BoundedSemaphore(MAX_INFLIGHT)
+        return slots  # type: ignore[no-any-return]
 
 
 class BlockWriter:

@@ -50,6 +50,7 @@ from registry.errors import (
     RegistryError,
     StorageError,
     StoragePermissionError,
+    UsageError,
 )
 from registry.store import condprobe
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
@@ -77,7 +78,11 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class GCSStore(Store):
-    """A store under ``gs://bucket[/prefix]``."""
+    """A store under ``gs://bucket[/prefix]``.
+
+    Raises:
+        UsageError: ``GOOGLE_APPLICATION_CREDENTIALS`` names no file.
+    """
 
     condition_names = {"absent": "ifGenerationMatch=0",
                        "match": "ifGenerationMatch=<generation>",
@@ -91,6 +96,12 @@ class GCSStore(Store):
             OPT_OUT_ENV, "") not in ("", "0", "false")
         self.retry = RetryPolicy.from_options(options)
         options.setdefault("skip_instance_cache", True)
+        named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        if named and "token" not in options and not os.path.isfile(named):
+            # gcsfs would fall back to anonymous access without a word
+            raise UsageError(f"GOOGLE_APPLICATION_CREDENTIALS={named}: no such file (name a "
+                             "service-account key file, or unset it for Application Default "
+                             "Credentials)")
         if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
             options["token"] = "anon"  # an emulator takes no credentials (as google-cloud-storage does)
         options.setdefault("project", os.environ.get("GOOGLE_CLOUD_PROJECT") or "registry")
