@@ -103,6 +103,10 @@ CLOUD_MODULES = frozenset({"test_store", "test_commit", "test_race", "test_cloud
                            "test_hub_mirror", "test_loongsage_dcp"})
 
 
+#: repetitions of a repeated race (a ``rep`` parameter) kept on gcs and azure.
+CLOUD_REPETITIONS = 3
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the ``seaweed`` variants of the store fixtures to SEAWEED_MODULES,
     the ``gcs`` and ``azure`` ones to CLOUD_MODULES."""
@@ -113,8 +117,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         on_seaweed = "seaweed" in kinds
         on_cloud = "gcs" in kinds or "azure" in kinds
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        repeated = on_cloud and int(params.get("rep", 0)) >= CLOUD_REPETITIONS
         (drop if (on_seaweed and module not in SEAWEED_MODULES)
-         or (on_cloud and module not in CLOUD_MODULES) else keep).append(item)
+         or (on_cloud and module not in CLOUD_MODULES) or repeated else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
