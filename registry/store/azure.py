@@ -380,8 +380,8 @@ class AzureStore(Store):
     def open_read(self, key: str) -> IO[bytes]:
         from registry.store.s3 import _RangeReader  # reads through self.read_range
 
-        return io.BufferedReader(_RangeReader(self, key, self.info(key).size),  # type: ignore[arg-type, return-value]
-                                 buffer_size=CHUNK)
+        reader = _RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
+        return io.BufferedReader(reader, buffer_size=CHUNK)  # type: ignore[return-value]
 
     def open_write(self, key: str, *, exclusive: bool = False,
                    size: int | None = None) -> IO[bytes]:

@@ -1,29 +1,17 @@
-"""Google Cloud Storage store through gcsfs: generation preconditions for commit
-markers, claims and pointers (issue 49).
+"""Google Cloud Storage store through gcsfs (issue 49; docs/gcs.md says what
+each guarantee rests on): create-only uploads with ``ifGenerationMatch=0``,
+compare-and-swap on the object's generation (``ifGenerationMatch=<generation>``),
+checked ranged reads, resumable uploads for large objects
+(:mod:`registry.store.gcsupload`).
 
-What each guarantee rests on (docs/gcs.md):
-
-- conditional create (commit markers, claims): an upload with
-  ``ifGenerationMatch=0``, which GCS refuses with 412 when any live object
-  is at the name;
-- compare-and-swap (``LATEST``, aliases): the version token is the object's
-  *generation*; a replace sends ``ifGenerationMatch=<generation>`` (412 when
-  the object changed or was deleted meanwhile);
-- ranged reads: ``Range`` on a media GET, checked to answer 206 with the
-  requested ``Content-Range``;
-- large objects: a resumable upload (:mod:`registry.store.gcsupload`).
-
-Every request goes through gcsfs's authenticated session (credentials as
-gcsfs finds them: Application Default Credentials, ``GOOGLE_APPLICATION_CREDENTIALS``,
-the metadata server, or ``token=...`` in the storage options;
-``STORAGE_EMULATOR_HOST`` or ``endpoint_url`` for an emulator), but not
-through gcsfs's upload helpers: ``simple_upload`` and ``initiate_upload`` know
-only ``ifGenerationMatch=0`` (no generation to compare-and-swap on) and no
-user metadata for the write token, so the store builds those requests itself
-(multipart upload, never ``uploadType=media``, whose preconditions
-fake-gcs-server ignores). gcsfs's own retry loop is bypassed (its
-``_request.__wrapped__``): one retry layer, the registry's
-(:class:`registry.store.s3retry.RetryPolicy` with GCS's transient classes).
+Requests go through gcsfs's authenticated session (Application Default
+Credentials, ``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server,
+``token=...``; ``STORAGE_EMULATOR_HOST`` for an emulator), not through its
+upload helpers: ``simple_upload`` and ``initiate_upload`` know only
+``ifGenerationMatch=0`` and take no metadata for the write token, so the store
+builds its uploads (multipart, never ``uploadType=media``, whose preconditions
+fake-gcs-server ignores). gcsfs's retry loop is bypassed (``_request.__wrapped__``):
+one retry layer, :class:`registry.store.s3retry.RetryPolicy` with GCS's classes.
 """
 
 from __future__ import annotations
@@ -43,7 +31,9 @@ import gcsfs.core
 from fsspec.asyn import sync
 from gcsfs.retry import HttpError, validate_response
 
+from registry import limits
 from registry.errors import (
+    DocumentError,
     ObjectExistsError,
     ObjectNotFoundError,
     PointerConflictError,
@@ -54,6 +44,7 @@ from registry.errors import (
 )
 from registry.store import condprobe
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
+from registry.store.s3 import _RangeReader, range_answer_ok  # reads through read_range
 from registry.store.s3retry import RetryPolicy
 from registry.store.translate import unreachable
 
@@ -70,7 +61,7 @@ def is_transient(exc: BaseException) -> bool:
     408, 429 and 5xx answers (gcsfs raises a 502 as requests' ProxyError),
     connections refused, reset or timed out, bodies cut short."""
     if isinstance(exc, HttpError):
-        return exc.code in _TRANSIENT_CODES or str(exc.code) in {str(c) for c in _TRANSIENT_CODES}
+        return str(exc.code) in {str(c) for c in _TRANSIENT_CODES}
     if type(exc).__name__ == "ProxyError":
         return True
     return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)) or (
@@ -103,7 +94,7 @@ class GCSStore(Store):
                              "service-account key file, or unset it for Application Default "
                              "Credentials)")
         if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
-            options["token"] = "anon"  # an emulator takes no credentials (as google-cloud-storage does)
+            options["token"] = "anon"  # an emulator takes none (as google-cloud-storage does)
         options.setdefault("project", os.environ.get("GOOGLE_CLOUD_PROJECT") or "registry")
         self._options = options
         super().__init__(url, self._new_fs(), root)
@@ -115,9 +106,8 @@ class GCSStore(Store):
         self._bucket_seen = False
 
     def _new_fs(self) -> gcsfs.core.GCSFileSystem:
-        # The core class, never gcsfs's ExtendedGcsFileSystem: its zonal-bucket
-        # check asks the storage-control gRPC API before uploads (a 60 s wait
-        # against an emulator; the store sends its own uploads anyway).
+        # The core class, never ExtendedGcsFileSystem: its zonal-bucket check asks
+        # the storage-control API before uploads (60 s against an emulator).
         return gcsfs.core.GCSFileSystem(**self._options)
 
     # -- fork safety ---------------------------------------------------------------
@@ -143,9 +133,9 @@ class GCSStore(Store):
         segs = key_parts(key, where=self.url)
         return "/".join([self.prefix, *segs] if self.prefix else segs)
 
-    async def _send(self, method: str, path: str, *args: str, headers: dict[str, str] | None = None,
-                    data: Any = None, json_body: Any = None,
-                    **params: Any) -> tuple[int, Any, bytes]:
+    async def _send(self, method: str, path: str, *args: str,
+                    headers: dict[str, str] | None = None, data: Any = None,
+                    json_body: Any = None, **params: Any) -> tuple[int, Any, bytes]:
         """One request through gcsfs's session and credentials, retried by
         ``self.retry``; returns (status, headers, body). gcsfs raises
         FileNotFoundError (404), FileExistsError (412), OSError (403) or
@@ -162,7 +152,8 @@ class GCSStore(Store):
 
     def call(self, method: str, path: str, *args: str, **kwargs: Any) -> tuple[int, Any, bytes]:
         """:meth:`_send` on gcsfs's loop, blocking the calling thread."""
-        return sync(self.fs.loop, self._send, method, path, *args, **kwargs)  # type: ignore[no-any-return]
+        out = sync(self.fs.loop, self._send, method, path, *args, **kwargs)
+        return out  # type: ignore[no-any-return]
 
     def submit(self, method: str, path: str, *args: str, **kwargs: Any) -> Future[Any]:
         """:meth:`_send` on gcsfs's loop without waiting for it."""
@@ -263,9 +254,6 @@ class GCSStore(Store):
     def stale_version(current: str) -> str:
         return str(int(current) + 1) if current.isdigit() else "1"
 
-    def remove(self, key: str) -> None:
-        self.delete(key)
-
     # -- primitives ----------------------------------------------------------------
 
     def _conditional(self, key: str, data: bytes, token: str | None) -> None:
@@ -308,9 +296,6 @@ class GCSStore(Store):
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One streamed GET, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
-        from registry import limits
-        from registry.errors import DocumentError
-
         cap = limits.MAX_READ_BYTES if limit is None else limit
         buf = bytearray()
         with closing(self.iter_read(key)) as blocks:
@@ -323,27 +308,17 @@ class GCSStore(Store):
 
     def _check_range(self, key: str, status: int, headers: Any, start: int, end: int,
                      whole: int | None = None) -> None:
-        """A ranged GET must answer 206 with ``Content-Range: bytes
-        start-last/total`` (``last`` = ``end - 1``, or the object's last byte):
-        a 200 with the whole object is never taken for the range, unless the
-        range asked for is the whole object (``whole``: the body's length)."""
+        """A ranged GET must answer 206 with the requested ``Content-Range``
+        (registry.store.s3.range_answer_ok); a 200 with the whole object is
+        taken only when the range asked for covers it (``whole``: its length)."""
         got = headers.get("Content-Range", "")
-        ok = False
-        if status == 206 and got.startswith("bytes "):
-            span, _, total = got[6:].partition("/")
-            first, _, last = span.partition("-")
-            try:
-                size = int(total) if total != "*" else end
-                ok = int(first) == start and int(last) == min(end, size) - 1
-            except ValueError:
-                ok = False
-        elif status == 200 and start == 0 and whole is not None and whole <= end:
-            ok = True
-        if not ok:
-            raise StorageError(
-                f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
-                f"answered {status} with Content-Range {got or '(none)'}: the service or a "
-                "proxy ignores Range requests, which the registry needs", key=key)
+        if range_answer_ok(status, got, start, end) or (
+                status == 200 and start == 0 and whole is not None and whole <= end):
+            return
+        raise StorageError(
+            f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
+            f"answered {status} with Content-Range {got or '(none)'}: the service or a "
+            "proxy ignores Range requests, which the registry needs", key=key)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``: one checked ranged GET; empty at or past the end."""
@@ -433,10 +408,8 @@ class GCSStore(Store):
         yield from self._stream(key, self._media(key), chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
-        from registry.store.s3 import _RangeReader  # reads through self.read_range
-
-        return io.BufferedReader(_RangeReader(self, key, self.info(key).size),  # type: ignore[arg-type, return-value]
-                                 buffer_size=CHUNK)
+        reader = _RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
+        return io.BufferedReader(reader, buffer_size=CHUNK)  # type: ignore[return-value]
 
     def open_write(self, key: str, *, exclusive: bool = False,
                    size: int | None = None) -> IO[bytes]:
@@ -451,7 +424,8 @@ class GCSStore(Store):
     def info(self, key: str) -> ObjectInfo:
         obj = self.object_json(key)
         updated = obj.get("updated")
-        mtime = datetime.fromisoformat(updated.replace("Z", "+00:00")).timestamp() if updated else None
+        mtime = (datetime.fromisoformat(updated.replace("Z", "+00:00")).timestamp()
+                 if updated else None)
         return ObjectInfo(key, int(obj["size"]), mtime)
 
     def _list(self, prefix: str, delimiter: str) -> Iterator[dict[str, Any]]:
@@ -494,7 +468,8 @@ class GCSStore(Store):
         for page in self._list(prefix, ""):
             for o in page.get("items", []):
                 if not o["name"].endswith("/"):
-                    out[o["name"][cut:]] = (int(o["size"]), str(o.get("generation") or "") or None)
+                    out[o["name"][cut:]] = (int(o["size"]),
+                                            str(o.get("generation") or "") or None)
         return dict(sorted(out.items()))
 
     def walk_files(self, prefix: str) -> dict[str, int]:
@@ -507,19 +482,18 @@ class GCSStore(Store):
         except ObjectNotFoundError:
             pass
 
+    remove = delete  # what the probe calls (condprobe.ProbedStore)
+
     def delete_prefix(self, prefix: str) -> None:
         """Every object under ``prefix`` (folder markers too), 16 deletes in flight."""
         names = [o["name"] for page in self._list(prefix, "") for o in page.get("items", [])]
-        pending: list[Future[Any]] = []
-        for i, name in enumerate(names):
-            pending.append(self.submit("DELETE", "b/{}/o/{}", self.bucket, name))
-            if len(pending) >= 16 or i == len(names) - 1:
-                for fut in pending:
-                    try:
-                        with self._translated(prefix):
-                            fut.result()
-                    except ObjectNotFoundError:
-                        pass
-                pending = []
+        for i in range(0, len(names), 16):
+            batch = [self.submit("DELETE", "b/{}/o/{}", self.bucket, n) for n in names[i:i + 16]]
+            for fut in batch:
+                try:
+                    with self._translated(prefix):
+                        fut.result()
+                except ObjectNotFoundError:
+                    pass
         if prefix:
             self.delete(prefix)
