@@ -13,6 +13,7 @@ never printed; and the README's tour (``registry quickstart``) on both.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from datetime import datetime, timedelta, timezone
@@ -27,6 +28,7 @@ from registry.errors import (
     InvalidStoreURLError,
     ObjectExistsError,
     PointerConflictError,
+    StorageError,
     StoragePermissionError,
 )
 from registry.store import condprobe, open_store, parse_store_url
@@ -263,6 +265,44 @@ def test_a_commit_under_repeated_503s_lands_whole(faulty: tuple[str, FaultProxy]
     proxy.rules.clear()
     assert verify_directory(store, "runs/r/ckpt/step-000001", full=True).ok
     assert seen["n"] >= 3  # faults were injected
+
+
+def test_an_exclusive_large_write_never_replaces_an_object(
+        faulty: tuple[str, FaultProxy]) -> None:
+    """A file over one chunk (a resumable upload, a block list) written
+    exclusively over an existing object fails and leaves that object as it was."""
+    url, _ = faulty
+    store = open_store(url)
+    store.write_bytes("d/w.bin", b"theirs")
+    big = os.urandom(8 * 1024 * 1024 + 100)
+    with pytest.raises(ObjectExistsError):
+        with store.open_write("d/w.bin", exclusive=True, size=len(big)) as f:
+            f.write(big)
+    assert store.read_bytes("d/w.bin") == b"theirs"
+    with store.open_write("d/new.bin", exclusive=True, size=len(big)) as f:
+        f.write(big)
+    assert store.read_bytes("d/new.bin", limit=len(big)) == big
+    assert store.walk_versions("d")["new.bin"] == (len(big), f.etag)  # type: ignore[attr-defined]
+
+
+def test_a_block_corrupted_on_the_wire_is_refused(faulty: tuple[str, FaultProxy]) -> None:
+    """Azure: a staged block whose bytes change on the way fails its
+    Content-MD5 at the service; the write fails and nothing is visible."""
+    url, proxy = faulty
+    if not url.startswith("az://"):
+        pytest.skip("GCS chunks go to the session URL the emulator names, not through the proxy")
+    store = open_store(url)
+
+    def flip(headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        return headers, body[:-1] + bytes([body[-1] ^ 0xFF])
+
+    proxy.rules.append(_first("edit", lambda r: r.method == "PUT" and "blockid" in r.query,
+                              edit_request=flip))
+    big = os.urandom(8 * 1024 * 1024 + 100)
+    with pytest.raises(StorageError):
+        with store.open_write("d/w.bin", size=len(big)) as f:
+            f.write(big)
+    assert not store.exists("d/w.bin")
 
 
 # -- credentials ---------------------------------------------------------------------
