@@ -20,6 +20,8 @@ from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.layout import release_prefix
 from registry.lifecycle.guard import refuse_retired
 from registry.manifest import MANIFEST, FileEntry, Manifest
+from registry.obs.metrics import counting_store_bytes
+from registry.obs.tracing import traced
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.offline import remember
@@ -244,6 +246,7 @@ def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None
 
 
 @gives_up_leases
+@traced("registry.pull")
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -361,7 +364,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     _refuse_overlap(target, c, store, c.models / model_id / version)
     take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
-    on_progress = progress or (lambda n: None)
+    on_progress = counting_store_bytes(progress)
     fast = trust is None and digest_mode() == "auto"
     holds, changed = check_target(target, manifest, c, need_sha256=not fast)
     wanted = [] if holds and not changed else list(manifest.files)
