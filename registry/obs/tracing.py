@@ -31,6 +31,8 @@ _OFF: AbstractContextManager[None] = nullcontext()
 _lock = threading.Lock()
 #: None: not decided yet; False: off; else the tracer
 _tracer: Any = None
+#: opentelemetry.trace.get_current_span, once the SDK is set up
+_current: Any = None
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -70,8 +72,18 @@ def _setup() -> Any:
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(provider)
+        global _current
+        _current = trace.get_current_span
         _tracer = trace.get_tracer("registry", __version__)
         return _tracer
+
+
+def _unsampled() -> bool:
+    """The current span exists and is not recorded (its trace was not sampled):
+    a child would not be either (every standard sampler decides per trace or
+    follows the parent), so none is made: an unsampled request costs one span."""
+    sp = _current()
+    return not sp.is_recording() and sp.get_span_context().is_valid
 
 
 def enabled() -> bool:
@@ -85,7 +97,7 @@ def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
 
     ``attributes`` whose value is None are left out."""
     t = _tracer if _tracer is not None else _setup()
-    if t is False:
+    if t is False or _unsampled():
         return _OFF
     return t.start_as_current_span(name, attributes={k: v for k, v in attributes.items()
                                                      if v is not None})
@@ -98,7 +110,7 @@ def traced(name: str) -> Callable[[F], F]:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             t = _tracer if _tracer is not None else _setup()
-            if t is False:
+            if t is False or _unsampled():
                 return fn(*args, **kwargs)
             with t.start_as_current_span(name):
                 return fn(*args, **kwargs)
@@ -113,7 +125,7 @@ def traced_iter(name: str) -> Callable[[F], F]:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             t = _tracer if _tracer is not None else _setup()
-            if t is False:
+            if t is False or _unsampled():
                 return fn(*args, **kwargs)
             return _spanning(t, name, fn(*args, **kwargs))
         return inner  # type: ignore[return-value]

@@ -146,12 +146,14 @@ class Observe:
         request_log: write one JSON line per request to stderr.
     """
 
-    def __init__(self, app: ASGIApp, *, families: metrics.Families, readiness: Readiness,
-                 request_log: bool = False) -> None:
+    def __init__(self, app: ASGIApp, *, families: metrics.Families | None,
+                 readiness: Readiness, request_log: bool = False) -> None:
         self.app = app
         self.families = families
         self.readiness = readiness
         self.request_log = request_log
+        #: nothing to count, trace or log: requests go straight through
+        self.bare = families is None and not request_log and not tracing.enabled()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -161,7 +163,10 @@ class Observe:
         if path in ("/healthz", "/readyz") and scope["method"] in ("GET", "HEAD"):
             await self._probe(path, scope, send)
             return
-        f = self.families
+        if self.bare:
+            await self.app(scope, receive, send)
+            return
+        f = self.families or _NO_FAMILIES
         route, method = route_class(path), scope["method"]
         if method not in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"):
             method = "other"
@@ -207,13 +212,35 @@ class Observe:
             code, doc = (200 if ready else 503), {"status": "ok" if ready else "unavailable",
                                                   "checks": checks}
         body = json.dumps(doc, sort_keys=True).encode()
-        self.families.requests.labels("health", scope["method"], str(code)).inc()
+        if self.families is not None:
+            self.families.requests.labels("health", scope["method"], str(code)).inc()
         await send({"type": "http.response.start", "status": code,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),
                                 (b"cache-control", b"no-store")]})
         await send({"type": "http.response.body",
                     "body": b"" if scope["method"] == "HEAD" else body})
+
+
+class _Nothing:
+    """Metric families that count nothing (REGISTRY_METRICS=0 with tracing or logs on)."""
+
+    def labels(self, *args: Any) -> _Nothing:
+        return self
+
+    def inc(self, n: float = 1) -> None:
+        pass
+
+    dec = inc
+    observe = inc
+
+
+class _NoFamilies:
+    def __getattr__(self, name: str) -> _Nothing:
+        return _Nothing()
+
+
+_NO_FAMILIES: Any = _NoFamilies()
 
 
 def metrics_endpoint(families: metrics.Families) -> Callable[[Any], Any]:
@@ -254,13 +281,19 @@ class HubCollector:
 
 
 def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str | None = None,
-               request_log: bool = False) -> metrics.Families:
+               request_log: bool = False) -> metrics.Families | None:
     """Add ``/metrics`` and :class:`Observe` to the FastAPI ``app`` serving
-    ``registry``; returns the metric families (enabled here if they were not).
+    ``registry``; returns the metric families (enabled here if they were not),
+    or None when ``REGISTRY_METRICS=0`` (no ``/metrics``, nothing counted;
+    the probes still answer).
 
     Raises:
         UsageError: prometheus-client is not installed.
     """
+    if os.environ.get("REGISTRY_METRICS", "").strip() in ("0", "false", "off"):
+        app.add_middleware(Observe, families=None, readiness=Readiness(registry, trust),
+                           request_log=request_log)
+        return None
     families = metrics.enable()
     if mirror_cache is not None:
         old = getattr(families, "cache_collector", None)

@@ -58,6 +58,21 @@ def _wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 60) -> No
             time.sleep(0.1)
 
 
+def _wait_port(port: int, proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"port {port}: the server exited ({proc.returncode})")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"port {port}: nothing listens after {timeout} s")
+        time.sleep(0.05)
+
+
 class Prometheus:
     """``prometheus`` scraping ``target`` (host:port) every second, with the
     bearer token in ``token_file`` when given."""
@@ -129,16 +144,23 @@ class Pushgateway:
 
 
 class OtlpReceiver:
-    """``oteltap --port P``: every span it receives, as a dict (OTLP JSON)."""
+    """``oteltap --port P``: every span it receives, as a dict (OTLP JSON).
 
-    def __init__(self) -> None:
+    ``collect=False`` (a benchmark): the spans are received and dropped, not
+    parsed in this process."""
+
+    def __init__(self, *, collect: bool = True) -> None:
         binary = require("oteltap", "PyPI package oteltap")
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.spans: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self.proc = subprocess.Popen([binary, "--port", str(self.port)], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([binary, "--port", str(self.port)],
+                                     stdout=subprocess.PIPE if collect else subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, text=True)
+        if not collect:
+            _wait_port(self.port, self.proc)
+            return
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline()
         assert "Listening" in first, first
