@@ -111,7 +111,8 @@ def main() -> None:
            "off": med["off"], "on": med["on"],
            "throughput_cost": 1 - med["on"]["rps"] / med["off"]["rps"],
            "p95_cost": med["on"]["p95_s"] / med["off"]["p95_s"] - 1,
-           "sampler": os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+           "sampler": "none (tracing off)" if args.no_tracing else
+           os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
            "sampler_arg": os.environ.get("OTEL_TRACES_SAMPLER_ARG"), "raw": results}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(f"off: {med['off']['rps']:.1f} req/s, p95 {med['off']['p95_s'] * 1e3:.2f} ms; "

@@ -256,3 +256,25 @@ def test_spans_of_a_served_request_and_a_pull_reach_an_otlp_receiver(
         assert any(s["name"].startswith("store.") for s in descendants(spans, pull))
     finally:
         receiver.stop()
+
+
+def test_tracing_is_asked_for_only_by_the_otel_variables() -> None:
+    from registry.obs.tracing import wanted
+
+    assert not wanted({})
+    assert wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert wanted({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"})
+    assert wanted({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert not wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"})
+    assert not wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                       "OTEL_TRACES_EXPORTER": "none"})
+
+
+def test_registry_metrics_0_drops_metrics_but_keeps_the_probes(
+        store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REGISTRY_METRICS", "0")
+    with Registry(store_url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg, \
+            TestClient(create_app(reg, hosts=frozenset({"testserver"}))) as c:
+        assert c.get("/metrics").status_code == 404
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").status_code == 200
