@@ -64,8 +64,7 @@ def _setup() -> Any:
         except ImportError:
             _tracer = False  # asked for, but the otel extra is not installed: stay off
             return _tracer
-        from registry import __version__
-
+        __version__ = _version()
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                     or "modeldir-registry",
                                     "service.version": __version__})
@@ -84,6 +83,17 @@ def _unsampled() -> bool:
     follows the parent), so none is made: an unsampled request costs one span."""
     sp = _current()
     return not sp.is_recording() and sp.get_span_context().is_valid
+
+
+def _version() -> str:
+    """The installed package's version (read from its metadata: importing the
+    package's root from here would be an import cycle)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("modeldir-registry")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def enabled() -> bool:
