@@ -134,3 +134,21 @@ def test_a_bad_uri_is_one_line_and_its_exit_code(uri: str, code: int, tmp_path: 
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr
     assert termination(dest) == r.stderr
+
+
+def test_the_python_api_places_a_release_and_raises_the_refusal(src: Path,
+                                                                tmp_path: Path) -> None:
+    from registry.cli.kserve import initialize
+    from registry.errors import GateFailedError
+
+    store_url = str(tmp_path / "store")
+    publish(store_url, src, "tiny", "1")
+    publish(store_url, src, "tiny", "2")
+    with open_store(store_url) as s:
+        yank(s, "tiny", "2", "bad eval")
+    doc = initialize("registry://tiny@1", tmp_path / "ok", store=store_url)
+    assert doc["placed"] and doc["version"] == "1"
+    assert placed(tmp_path / "ok") == release_files(store_url, "tiny", "1")
+    with pytest.raises(GateFailedError, match="yank"):
+        initialize("registry://tiny@2", tmp_path / "no", store=store_url)
+    assert list((tmp_path / "no").iterdir()) == []

@@ -278,3 +278,25 @@ def test_registry_metrics_0_drops_metrics_but_keeps_the_probes(
         assert c.get("/metrics").status_code == 404
         assert c.get("/healthz").status_code == 200
         assert c.get("/readyz").status_code == 200
+
+
+def test_a_tampered_piece_is_counted_failed_and_refused_for_integrity(
+        store_url: str, tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    shutil.copytree(store_url, root)
+    weights = root / "models" / "tiny" / "1" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[100] ^= 0xFF  # the first piece no longer matches its digest
+    weights.chmod(0o644)
+    weights.write_bytes(bytes(data))
+    with Registry(str(root), db=f"sqlite:///{tmp_path / 'i.db'}") as reg, \
+            TestClient(create_app(reg, token=TOKEN, hosts=frozenset({"testserver"}))) as c:
+        before = scrape(c)
+        r = c.get("/registry/tiny/resolve/1/model.safetensors",
+                  headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 409
+        after = scrape(c)
+    assert sample(after, "registry_pieces_verified_total", result="failed") - \
+        sample(before, "registry_pieces_verified_total", result="failed") == 1
+    assert sample(after, "registry_refusals_total", reason="integrity") - \
+        sample(before, "registry_refusals_total", reason="integrity") == 1
