@@ -108,3 +108,26 @@ def test_the_dockerfile_installs_the_image_lock_and_runs_as_non_root() -> None:
     assert "--require-hashes -r requirements/image.lock" in text
     assert (REPO / "requirements" / "image.lock").exists()
     assert "\nUSER 10001:10001\n" in text and 'ENTRYPOINT ["registry"]' in text
+
+
+def test_the_dashboard_queries_only_families_the_registry_exports() -> None:
+    import json
+    import re
+
+    from prometheus_client import CollectorRegistry
+
+    from registry.obs.metrics import Families
+    from registry.web.observe import HubCollector
+
+    reg = CollectorRegistry()
+    Families(reg)
+    reg.register(HubCollector("/nonexistent"))  # type: ignore[arg-type]
+    names = {fam.name + suffix for fam in reg.collect()
+             for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    dash = json.loads((CHART / "dashboards" / "registry.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b((?:registry|process)_[a-z_]+)", e)}
+    assert used and used <= names, used - names
+    docs = render("-f", str(CHART / "examples" / "mirror.yaml"))
+    (cm,) = [d for d in docs if d["metadata"]["name"].endswith("-dashboard")]
+    assert json.loads(cm["data"]["modeldir-registry.json"]) == dash

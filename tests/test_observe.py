@@ -141,6 +141,14 @@ def test_prometheus_scrapes_the_mirror_after_a_pull_through_it(store_url: str,
                 >= len(files) - 1
             assert prom.value('registry_http_time_to_first_byte_seconds_count{route="hub_file"}'
                               ) >= len(files) - 1
+            # every query of the Grafana dashboard is valid PromQL over these series
+            dash = json.loads((Path(__file__).resolve().parent.parent / "deploy" / "helm" /
+                               "modeldir-registry" / "dashboards" / "registry.json").read_text())
+            for panel in dash["panels"]:
+                for target in panel["targets"]:
+                    expr = target["expr"].replace("$job", ".*").replace("$__rate_interval", "1m")
+                    prom.query(expr)  # asserts status success
+            assert prom.query('registry_mirror_cache_size_bytes{job=~".*"}')
         finally:
             prom.stop()
 
