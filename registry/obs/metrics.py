@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 #: route classes of ``registry serve`` (the label ``route``): bounded, whatever the URL
 ROUTE_CLASSES = ("hub_file", "hub_api", "api", "page", "static", "metrics", "health", "other")
 #: ``registry_refusals_total`` reasons, and the error classes that count as each
+#: (a subclass of registry.errors counts as its nearest listed base)
 REFUSAL_OF_CLASS = {"GateFailedError": "gate", "ReleaseYankedError": "yank",
-                    "SignatureError": "signature", "RevokedKeyError": "signature",
-                    "IntegrityError": "integrity", "PieceMismatchError": "integrity",
+                    "SignatureError": "signature", "IntegrityError": "integrity",
                     "BlobChangedError": "integrity", "ReleaseDeletedError": "deleted"}
 #: seconds: buckets of the latency histograms (1 ms .. 60 s)
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -165,8 +165,19 @@ def refused(error_class: str) -> None:
     """An error of class ``error_class`` (a name) ended a command or a request:
     counted as a refusal when :data:`REFUSAL_OF_CLASS` names it."""
     f = _FAMILIES
-    if f is not None and error_class in REFUSAL_OF_CLASS:
-        f.refusals.labels(REFUSAL_OF_CLASS[error_class]).inc()
+    if f is None:
+        return
+    reason = REFUSAL_OF_CLASS.get(error_class)
+    if reason is None:
+        from registry import errors
+
+        cls = getattr(errors, error_class, None)
+        for base in cls.__mro__ if isinstance(cls, type) else ():
+            reason = REFUSAL_OF_CLASS.get(base.__name__)
+            if reason is not None:
+                break
+    if reason is not None:
+        f.refusals.labels(reason).inc()
 
 
 def refused_for(reason: str) -> None:
