@@ -228,7 +228,7 @@ class ChainHasher:
         return Pieces(self.piece, tuple(self.states[:full]))
 
 
-@traced("registry.piece_check")
+@traced("registry.piece_check", child_only=True)
 def check_piece(pieces: Pieces, sha256: str, file_size: int, k: int,
                 blocks: Iterable[Any]) -> str | None:
     """Check piece ``k`` of a file from its bytes.

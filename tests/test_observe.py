@@ -261,7 +261,11 @@ def test_spans_of_a_served_request_and_a_pull_reach_an_otlp_receiver(
         assert r.returncode == 0, r.stderr
         spans = receiver.wait_for("registry.pull")
         pull = [s for s in spans if s["name"] == "registry.pull"][0]
-        assert any(s["name"].startswith("store.") for s in descendants(spans, pull))
+        below = {s["name"] for s in descendants(spans, pull)}
+        assert "registry.fetch" in below  # downloads on worker threads stay in the trace
+        assert any(n.startswith("store.") for n in below)
+        # store calls are never traces of their own
+        assert not [s for s in spans if s["name"].startswith("store.") and not s["parentSpanId"]]
     finally:
         receiver.stop()
 

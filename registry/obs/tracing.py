@@ -113,14 +113,33 @@ def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
                                                      if v is not None})
 
 
-def traced(name: str) -> Callable[[F], F]:
+def _no_parent() -> bool:
+    """No recorded span is current: a child-only span is not made."""
+    return not _current().is_recording()
+
+
+def in_context(fn: F) -> F:
+    """``fn`` bound to the current trace context, for a worker thread to run
+    (a download submitted to a pool stays under its pull's span); ``fn``
+    itself while tracing is off."""
+    if _tracer is None or _tracer is False or _no_parent():
+        return fn
+    import contextvars
+
+    ctx = contextvars.copy_context()
+    return functools.wraps(fn)(lambda *a, **k: ctx.run(fn, *a, **k))  # type: ignore[return-value]
+
+
+def traced(name: str, *, child_only: bool = False) -> Callable[[F], F]:
     """Decorate a function so each call is a span ``name`` (the error, if one
-    is raised, recorded on it); while off the call goes straight through."""
+    is raised, recorded on it); while off the call goes straight through.
+    ``child_only``: only under a recorded span (a store call or a piece check
+    on its own is no trace)."""
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             t = _tracer if _tracer is not None else _setup()
-            if t is False or _unsampled():
+            if t is False or (_no_parent() if child_only else _unsampled()):
                 return fn(*args, **kwargs)
             with t.start_as_current_span(name):
                 return fn(*args, **kwargs)
@@ -128,14 +147,14 @@ def traced(name: str) -> Callable[[F], F]:
     return wrap
 
 
-def traced_iter(name: str) -> Callable[[F], F]:
+def traced_iter(name: str, *, child_only: bool = False) -> Callable[[F], F]:
     """:func:`traced` for a function returning an iterator: the span lasts
     until the iterator is exhausted or closed, not just until it is made."""
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             t = _tracer if _tracer is not None else _setup()
-            if t is False or _unsampled():
+            if t is False or (_no_parent() if child_only else _unsampled()):
                 return fn(*args, **kwargs)
             return _spanning(t, name, fn(*args, **kwargs))
         return inner  # type: ignore[return-value]
@@ -162,7 +181,7 @@ def trace_store_methods(cls: type) -> None:
                 getattr(fn, "_traced", False):
             continue
         deco = traced_iter if name in STORE_ITERATORS else traced
-        wrapped = deco(f"store.{name}")(fn)
+        wrapped = deco(f"store.{name}", child_only=True)(fn)
         wrapped._traced = True  # type: ignore[attr-defined]
         setattr(cls, name, wrapped)
 

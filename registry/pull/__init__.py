@@ -21,7 +21,7 @@ from registry.layout import release_prefix
 from registry.lifecycle.guard import refuse_retired
 from registry.manifest import MANIFEST, FileEntry, Manifest
 from registry.obs.metrics import counting_store_bytes
-from registry.obs.tracing import traced
+from registry.obs.tracing import in_context, traced
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.offline import remember
@@ -217,7 +217,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files, \
             ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
                                thread_name_prefix="pull-pieces") as checks:
-        futures = [files.submit(fetch, store, prefix, e, cache, ranged_pool=ranges,
+        futures = [files.submit(in_context(fetch), store, prefix, e, cache, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,
                                 verify_pool=checks, fast_digest=fast_digest,
