@@ -46,6 +46,7 @@ from registry.lifecycle.yank import yank_gate
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
+from registry.obs.tracing import traced
 from registry.release import policy
 from registry.release import code as release_code
 from registry.release import signature_gate
@@ -285,6 +286,7 @@ class ModelRelease:
                              sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
                              max_shard_size=max_shard_size)
 
+    @traced("registry.publish")
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str, *,
                 ledger: Any, eval_summary: Any, heads: Sequence[Any] = (),
                 card: str | os.PathLike[str] | None = None,
@@ -515,6 +517,7 @@ class ModelRelease:
                            evals=_stored(read("evals/summary.json"), prefix,
                                          "evals/summary.json", self.store))
 
+    @traced("registry.gates")
     def check(self, model_id: str, version: str,
               require: Iterable[Threshold | str] = ()) -> list[GateResult]:
         """Re-evaluate every gate of a committed release against the live ledger

@@ -205,7 +205,19 @@ def create_app(registry: Registry, *, token: str | None = None,
     app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
+    _observe(app, registry)
     return app
+
+
+def _observe(app: FastAPI, registry: Registry) -> None:
+    """``/metrics``, ``/healthz``, ``/readyz``, request metrics, spans and
+    JSON request logs (registry.web.observe)."""
+    from registry.obs.logs import json_logs
+    from registry.web.observe import instrument
+
+    cache = getattr(getattr(app.state.hub_source, "cache", None), "root", None)
+    instrument(app, registry, trust=getattr(app.state.hub, "trust", None), mirror_cache=cache,
+               request_log=json_logs())
 
 
 @cache
