@@ -21,6 +21,7 @@ from registry.load.pieces import PieceReader
 from registry.load.reader import WINDOW_BYTES, WeightFile, WeightsReader
 from registry.load.sources import BlobSource, StoreSource
 from registry.manifest import Manifest
+from registry.obs.tracing import traced
 from registry.store import Store, join
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def _checkpoint(store: Store, ref: str) -> tuple[str, Manifest]:
     return prefix, read_manifest(store, prefix)
 
 
+@traced("registry.load.open")
 def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | None = None,
                  trusted_keys: list[str] | None = None, device: str = "cpu",
                  framework: str = "pt", checkpoint: bool = False, allow_yanked: bool = False,

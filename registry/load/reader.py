@@ -40,6 +40,7 @@ import numpy as np
 from registry.errors import IntegrityError, UsageError
 from registry.load.pieces import PieceReader, Target, covering
 from registry.manifest import FileEntry
+from registry.obs.tracing import in_context, traced_iter
 from registry.safetensors_format import DTYPES, SafetensorsHeader, TensorInfo
 from registry.safetensors_io import read_header
 
@@ -263,6 +264,7 @@ class WeightsReader:
             for _ in self._read([], headers=todo):
                 pass
 
+    @traced_iter("registry.load.read")
     def _read(self, wanted: list[_Want], headers: list[WeightFile] = ()) -> Iterator[_Want]:
         """Read the pieces under ``wanted`` (and the headers of their files, and
         of ``headers``), yielding each want once all its pieces verified."""
@@ -327,7 +329,8 @@ class WeightsReader:
                     targets.sort(key=lambda t: t.start)
                     size = _piece_size(f.entry, k)
                     budget += size
-                    inflight[pool.submit(f.reader.read, f.key, f.entry, k, targets)] = (
+                    inflight[pool.submit(in_context(f.reader.read), f.key, f.entry, k,
+                                         targets)] = (
                         fid, k, size, targets)
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for fut in done:

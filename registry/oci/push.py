@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry import limits, schemas
+from registry.obs.tracing import traced
 from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
 from registry.layout import release_prefix
 from registry.lifecycle.guard import refuse_retired
@@ -96,6 +97,7 @@ def signature_referrer(artifact: M.Artifact, manifest: Manifest) -> bytes | None
                                 manifest.created_at)
 
 
+@traced("registry.oci.push")
 def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClient, *,
          alias_tag: str | None = None, workers: int = 4, mount_from: str | None = None,
          chunk_size: int | None = None, allow_failing: bool = False,
