@@ -19,7 +19,8 @@ Errors carry the Hub's headers (``X-Error-Code``, ``X-Error-Message``):
 with ``X-Repo-Commit``, so the client caches the absence), 403
 ``GatedRepo`` for a release refused by its gates or signature, 409 for
 stored bytes that differ from the manifest (not a status the client retries:
-retrying cannot make wrong bytes right), 502 for a store that cannot be read.
+retrying cannot make wrong bytes right); a store that fails is answered by
+registry.web.failure (503 with ``Retry-After`` for an outage, never a 404).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from registry.errors import IntegrityError, RegistryError
 from registry.manifest import MANIFEST, FileEntry
+from registry.web.failure import failure_of
+from registry.web.fresh import reset_stale, stale_age
 from registry.web.hubfiles import Source
 from registry.web.hubrefs import HubError, HubPolicy, Release
 
@@ -66,8 +69,9 @@ POINTER_SIZE = 134
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
-def error_response(err: HubError, method: str = "GET") -> Response:
-    headers = {"X-Error-Message": err.message.replace("\n", " ")[:1000]}
+def error_response(err: HubError, method: str = "GET",
+                   extra: dict[str, str] | None = None) -> Response:
+    headers = {"X-Error-Message": err.message.replace("\n", " ")[:1000], **(extra or {})}
     if err.code:
         headers["X-Error-Code"] = err.code
     if err.commit:
@@ -126,17 +130,33 @@ def _guarded(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def wrapper(request: Request, *args: Any, **kwargs: Any) -> Response:
+        reset_stale()
         try:
-            return fn(request, *args, **kwargs)  # type: ignore[no-any-return]
+            return _marked(fn(request, *args, **kwargs))
         except HubError as e:
             return error_response(e, request.method)
         except IntegrityError as e:
             return error_response(HubError(409, None, f"refused: the stored bytes differ "
                                            f"from the manifest: {e}"), request.method)
         except (RegistryError, OSError) as e:
+            failed = failure_of(e)
+            if failed is not None:  # registry.web.failure: never a 404 for an outage
+                return error_response(HubError(failed.status, failed.code, failed.message),
+                                      request.method, failed.headers())
             return error_response(HubError(502, None, f"the store cannot be read: {e}"),
                                   request.method)
     return wrapper
+
+
+def _marked(response: Response) -> Response:
+    """``response``, saying so when it was decided on facts read before the
+    store became unreachable (registry.web.fresh): ``X-Registry-Stale`` is
+    their age in whole seconds."""
+    age = stale_age()
+    if age is not None:
+        response.headers["X-Registry-Stale"] = str(int(age))
+        response.headers["Warning"] = '110 - "Response is Stale"'
+    return response
 
 
 def _info(request: Request, repo_id: str, revision: str) -> Response:
