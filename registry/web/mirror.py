@@ -5,6 +5,12 @@ the first time is downloaded from the store once by the pull's own
 ``fetch`` (hashed while it streams, parallel ranges where they pay, checked
 against the manifest, fsynced, then linked into ``blobs/sha256/<hex>``), and
 every request for it, from any host of the rack, is served from that blob.
+A file the cache's disk cannot hold is refused before anything is fetched
+(:meth:`MirrorSource.check_space`: 507 through registry.web.failure); a fill
+that failed leaves either nothing or a partial with its verified pieces,
+which the next fill of that blob in this process takes over
+(registry.pull.resume), and temp files of dead processes are removed at
+start.
 Concurrent requests for one blob share one download: a per-digest lock in
 the process, and a file lock under ``<cache>/locks/`` between processes
 sharing the cache. Each release served is recorded (``records/``), with a
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from registry.errors import IntegrityError
+from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry, Manifest
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
@@ -50,6 +56,8 @@ from registry.web.hubfiles import CHUNK
 
 #: parallel byte ranges one large file may be fetched in
 RANGES = 4
+#: bytes kept free on the cache's disk beyond a file being fetched (records, locks)
+RESERVE = 1 << 20
 
 
 def _hash_fd(fd: int) -> str:
@@ -84,6 +92,8 @@ class MirrorSource:
         self._guard = threading.Lock()
         self._ranges = ThreadPoolExecutor(RANGES * 4, thread_name_prefix="mirror-range")
         self._recorded: set[str] = set()
+        # temp files of fills whose process died (never a resumable partial)
+        self.cache.clean_stale()
 
     def _lock(self, sha256: str) -> threading.Lock:
         with self._guard:
@@ -116,14 +126,38 @@ class MirrorSource:
         path = self.cache.blob(entry.sha256)
         if self.cache.has(entry.sha256, entry.size):
             return path
+        self.check_space(entry)
         with self._lock(entry.sha256), \
                 FileLock(str(self.cache.root / "locks" / f"{entry.sha256}.lock")):
             if self.cache.has(entry.sha256, entry.size):
                 return path
+            self.check_space(entry)
             with pulling(self.cache, manifest):
                 fetch(self.store, prefix, entry, self.cache, ranged_pool=self._ranges,
-                      inflight=RANGES, progress=self._count)
+                      inflight=RANGES, progress=self._count, resume_own=True)
         return path
+
+    def check_space(self, entry: FileEntry) -> None:
+        """Refuse, before anything is fetched, a file the cache's disk cannot hold.
+
+        Raises:
+            InsufficientSpaceError: fewer than ``entry.size`` bytes plus
+                :data:`RESERVE` are free for this user on the cache's disk
+                (the message names the cache, the file and both sizes;
+                ``needed`` and ``available`` carry them).
+        """
+        try:
+            st = os.statvfs(self.cache.root)
+        except OSError:
+            return  # cannot tell: the fill itself reports a full disk
+        free = st.f_bavail * st.f_frsize
+        needed = entry.size + RESERVE
+        if free < needed:
+            raise InsufficientSpaceError(
+                f"mirror cache {self.cache.root}: {entry.path} needs {needed} bytes "
+                f"({entry.size} and {RESERVE} spare), {free} are free; free space there or "
+                f"bound the cache (registry cache prune --cache {self.cache.root} "
+                "--max-size ...)", key=str(self.cache.root), needed=needed, available=free)
 
     def _verified_fd(self, prefix: str, entry: FileEntry, manifest: Manifest) -> int:
         """An open descriptor of the blob whose bytes are verified now."""
