@@ -24,7 +24,9 @@ fetched again when it no longer verifies.
 
 Cost: the first request for a file waits for the whole file to be verified
 (the mirror's added latency, measured in bench/); every later one is a read
-of the local disk.
+of the local disk. Requests waiting on a fill wait on a future
+(:meth:`MirrorSource.fill`), not in a request thread, so a stampede on a
+cold file leaves the server's threads to the other routes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from filelock import FileLock
@@ -56,6 +58,8 @@ from registry.web.hubfiles import CHUNK
 
 #: parallel byte ranges one large file may be fetched in
 RANGES = 4
+#: files filled at once (each on a thread of the mirror's own, not a request's)
+FILLS = 8
 #: bytes kept free on the cache's disk beyond a file being fetched (records, locks)
 RESERVE = 1 << 20
 
@@ -92,6 +96,8 @@ class MirrorSource:
         self._guard = threading.Lock()
         self._ranges = ThreadPoolExecutor(RANGES * 4, thread_name_prefix="mirror-range")
         self._recorded: set[str] = set()
+        self._fills: dict[str, Future[Path]] = {}
+        self._fill_pool = ThreadPoolExecutor(FILLS, thread_name_prefix="mirror-fill")
         # temp files of fills whose process died (never a resumable partial)
         self.cache.clean_stale()
 
@@ -136,6 +142,38 @@ class MirrorSource:
                 fetch(self.store, prefix, entry, self.cache, ranged_pool=self._ranges,
                       inflight=RANGES, progress=self._count, resume_own=True)
         return path
+
+    def fill(self, prefix: str, entry: FileEntry, manifest: Manifest) -> Future[Path]:
+        """The verified blob of ``entry`` as a future: done at once when the
+        cache holds it, else one fill per blob on the mirror's own fill
+        threads, shared by every request that asks meanwhile (a request
+        waits on it without holding a request thread: registry.web.hub).
+
+        The future raises what :meth:`blob` raises; a file the disk cannot
+        hold fails at once (:meth:`check_space`), nothing fetched.
+        """
+        done: Future[Path] = Future()
+        if self.cache.has(entry.sha256, entry.size):
+            self._record(manifest)
+            done.set_result(self.cache.blob(entry.sha256))
+            return done
+        try:
+            self.check_space(entry)
+        except InsufficientSpaceError as e:
+            done.set_exception(e)
+            return done
+        with self._guard:
+            running = self._fills.get(entry.sha256)
+            if running is None:
+                running = self._fills[entry.sha256] = self._fill_pool.submit(
+                    self.blob, prefix, entry, manifest)
+                running.add_done_callback(lambda _f: self._filled(entry.sha256, _f))
+        return running
+
+    def _filled(self, sha256: str, fut: Future[Path]) -> None:
+        with self._guard:
+            if self._fills.get(sha256) is fut:
+                del self._fills[sha256]
 
     def check_space(self, entry: FileEntry) -> None:
         """Refuse, before anything is fetched, a file the cache's disk cannot hold.
