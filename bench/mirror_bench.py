@@ -94,8 +94,10 @@ def load(port: int, kind: str, clients: int, n: int, size: int) -> dict[str, Any
 def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
              args: argparse.Namespace, label: str) -> dict[str, Any]:
     env = {"AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tree)}
+    os.chdir(tree)  # `python -m registry` imports from its working folder first
     out: dict[str, Any] = {"tree": str(tree)}
-    counts = {"json": 200, "small": 200, "range": 64, "full": 0}
+    counts = {"json": args.requests, "small": args.requests, "range": args.requests // 2,
+              "full": 0}
     with serve(url, db, "--mirror-cache", str(tmp / f"mirror-{label}"), env=env) as base:
         port = int(base.rsplit(":", 1)[1])
         request(port, W)  # warm: the weights are in the mirror
@@ -155,6 +157,7 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=16)
     ap.add_argument("--clients", default="1,8,32,64")
     ap.add_argument("--stampede", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=200, help="per row (ranges: half)")
     ap.add_argument("--store-delay", type=float, default=2.0)
     ap.add_argument("--before", default="/work/main")
     ap.add_argument("--after", default=str(ROOT))

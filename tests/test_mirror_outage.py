@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -180,3 +184,80 @@ def test_an_outage_serves_what_was_verified_stale_within_the_bound_and_never_pas
         # no stale bound: nothing is decided without the store, though the bytes are cached
         status, headers, _ = get(base, f"/{REPO}/resolve/prod/config.json")
         assert status == 503 and int(headers["retry-after"]) > 0
+
+
+def _relay(port: int, upstream: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.relay_child", str(port),
+                             upstream], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stdout is not None and not proc.stdout.closed:
+        proc.stdout.close()
+
+
+def test_sixteen_downloads_through_a_store_killed_and_restarted(
+        s3_bucket: str, proxy: FaultProxy, srcs: dict[str, Path], tmp_path: Path) -> None:
+    """The store's endpoint is a relay process: killed, then started again on
+    its port while 16 clients download; a client retries a 503 as a Hub
+    client does. Cached files are served through the outage; the others are
+    503 until the store is back, then right, each byte read once."""
+    url = f"s3://{s3_bucket}/root"
+    publish(url, srcs["1"], "tiny", "1")
+    publish(url, srcs["2"], "tiny", "2")
+    one, two = release_files(url, "tiny", "1"), release_files(url, "tiny", "2")
+    relay, port = _relay(0, proxy.endpoint)
+    try:
+        with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"),
+                   env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", **FAST}) as base:
+            for name in one:
+                assert get(base, f"/{REPO}/resolve/1/{name}")[0] == 200
+            assert get(base, f"/api/models/{REPO}/revision/2")[0] == 200  # facts of 2 seen
+            _stop(relay)
+            proxy.log.clear()
+            refused = threading.Semaphore(0)
+            statuses: list[int] = []
+
+            def client(i: int) -> str:
+                rev, files = ("1", one) if i % 2 else ("2", two)
+                name = "model.safetensors" if i % 4 < 2 else "config.json"
+                told = False
+                while True:
+                    status, headers, body = get(base, f"/{REPO}/resolve/{rev}/{name}")
+                    statuses.append(status)
+                    if status == 200:
+                        assert sha(body) == files[name]
+                        if not told:
+                            refused.release()
+                        return name
+                    assert status == 503 and int(headers["retry-after"]) > 0, (status, body)
+                    assert headers["x-error-code"] == "StoreUnavailable"
+                    if not told:
+                        told = True
+                        refused.release()
+                    threading.Event().wait(0.2)
+
+            with ThreadPoolExecutor(16) as pool:
+                futures = [pool.submit(client, i) for i in range(16)]
+                for _ in range(16):  # every client served, or refused once: store back
+                    refused.acquire()
+                relay2, _ = _relay(port, proxy.endpoint)
+                try:
+                    assert len([f.result() for f in futures]) == 16
+                finally:
+                    _stop(relay2)
+            assert set(statuses) <= {200, 503} and 503 in statuses
+            weights = two["model.safetensors"]
+            got = [r for r in proxy.log if r.op == "GetObject" and r.key.endswith(
+                "tiny/2/model.safetensors")]
+            assert got, "release 2's weights came from the store once it was back"
+            assert all("1/model" not in r.key for r in proxy.log)  # 1 is served from cache
+            assert (tmp_path / "m" / "blobs" / "sha256" / weights).exists()
+    finally:
+        _stop(relay)
