@@ -112,9 +112,9 @@ def test_a_slow_store_delays_but_never_fails_a_request(
     url = f"s3://{s3_bucket}/root"
     publish(url, srcs["1"], "tiny", "1")
     files = release_files(url, "tiny", "1")
-    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
+    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "600",
                env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
-        proxy.rules.append(lambda r: Action("delay", seconds=0.5))
+        proxy.rules.append(lambda r: Action("delay", seconds=0.3))
         for method, path in hub_routes("1"):
             status, _, body = get(base, path, method)
             assert status == 200, (path, status, body)
