@@ -163,7 +163,11 @@ def test_an_outage_serves_what_was_verified_stale_within_the_bound_and_never_pas
         assert get(base, f"/{REPO}/resolve/2/config.json")[0] == 200  # passes now
         assert run_cli("ledger", "revoke", "books", "--reason", "withdrawn", "--store",
                        url).returncode == 0
-        status, headers, _ = get(base, f"/{REPO}/resolve/2/config.json")
+        for _ in range(120):  # the gate verdict is kept GATE_TTL seconds, then read again
+            status, headers, _ = get(base, f"/{REPO}/resolve/2/config.json")
+            if status != 200:
+                break
+            threading.Event().wait(0.25)
         assert (status, headers.get("x-error-code")) == (403, "GatedRepo")  # seen
         proxy.rules.append(lambda r: DOWN)
         proxy.log.clear()

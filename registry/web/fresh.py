@@ -93,19 +93,22 @@ class Facts:
         self._lock = threading.Lock()
         self.reads = 0  # store reads made (each fact read counts once)
 
-    def get(self, key: Hashable, read: Callable[[], T]) -> T:
+    def get(self, key: Hashable, read: Callable[[], T], *, at_least: float = 0.0) -> T:
         """The fact ``key``: ``read()``'s value (or the exception it raised,
-        re-raised), as described in the module docstring.
+        re-raised), as described in the module docstring; ``at_least``: this
+        fact is kept at least that many seconds even with a shorter
+        ``fresh_for`` (a costly verdict, such as a signature check).
 
         Raises:
             whatever ``read`` raises: a store failure when no value read
             within ``fresh_for + stale_for`` seconds is known.
         """
+        fresh = max(self.fresh_for, at_least)
         while True:
             now = self._clock()
             with self._lock:
                 hit = self._entries.get(key)
-                if hit is not None and now - hit.read_at < self.fresh_for:
+                if hit is not None and now - hit.read_at < fresh:
                     return self._answer(hit)
                 flight = self._flights.get(key)
                 if flight is None:
@@ -116,7 +119,7 @@ class Facts:
             with self._lock:
                 hit = self._entries.get(key)
             if hit is not None and (hit.read_at >= asked
-                                    or self._clock() - hit.read_at < self.fresh_for):
+                                    or self._clock() - hit.read_at < fresh):
                 return self._answer(hit)
             # that read failed (or took longer than the interval): read it ourselves
         try:
@@ -125,7 +128,7 @@ class Facts:
             except Exception as e:  # noqa: BLE001 - kept or re-raised below
                 failed = failure_of(e)
                 if failed is not None and failed.retry_after is not None:
-                    stale = self._stale(key, hit)
+                    stale = self._stale(hit, fresh)
                     if stale is not None:
                         return self._answer(stale)
                     raise
@@ -144,11 +147,11 @@ class Facts:
                 self._flights.pop(key, None)
             flight.set()
 
-    def _stale(self, key: Hashable, hit: _Entry | None) -> _Entry | None:
+    def _stale(self, hit: _Entry | None, fresh: float) -> _Entry | None:
         if hit is None:
             return None
         age = self._clock() - hit.read_at
-        if age >= self.fresh_for + self.stale_for:
+        if age >= fresh + self.stale_for:
             return None
         _mark_stale(age)
         return hit

@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_NAMESPACE = "registry"
+#: seconds a gate verdict (live ledger, policy) and a signature check are
+#: reused at least, whatever the server's freshness interval (registry.web.fresh)
+GATE_TTL = 5.0
+SIGNATURE_TTL = 60.0
 
 
 def _outage(exc: BaseException) -> bool:
@@ -237,7 +241,7 @@ class HubPolicy:
         def compute() -> str | None:
             failed = failing_gates(self.store, model_id, version, unavailable=_outage)
             return describe(failed) if failed else None
-        return self.facts.get(("gates", model_id, version), compute)
+        return self.facts.get(("gates", model_id, version), compute, at_least=GATE_TTL)
 
     def _signature(self, rel: Release) -> str | None:
         """Why the release's signature is not accepted, or None."""
@@ -255,7 +259,7 @@ class HubPolicy:
                     raise
                 return str(e).splitlines()[0]
             return None
-        return self.facts.get(("sig", rel.manifest.digest), compute)
+        return self.facts.get(("sig", rel.manifest.digest), compute, at_least=SIGNATURE_TTL)
 
     def passing(self, rel: Release) -> bool:
         """Whether ``rel`` passes its gates now (a fact: registry.web.fresh)."""
