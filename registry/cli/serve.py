@@ -100,6 +100,27 @@ def serve(
     webhook_secret_file: Annotated[str | None, typer.Option(
         "--webhook-secret-file", metavar="PATH",
         help="File holding the --webhook's HMAC-SHA256 secret.")] = None,
+    fresh_for: Annotated[float | None, typer.Option(
+        "--fresh-for", metavar="SECONDS", min=0,
+        help="Hub API: read each mutable fact (a model's versions, an alias, gate and "
+             "signature verdicts) from the store at most once per SECONDS, shared by all "
+             "requests (default: 5 with --mirror-cache, else 0: every request).")] = None,
+    stale_for: Annotated[float, typer.Option(
+        "--stale-for", metavar="SECONDS", min=0,
+        help="Hub API: while the store cannot be reached, keep answering with facts read "
+             "up to SECONDS past --fresh-for (marked X-Registry-Stale); 0: never stale.")
+    ] = 300.0,
+    drain_timeout: Annotated[float, typer.Option(
+        "--drain-timeout", metavar="SECONDS", min=0,
+        help="On SIGTERM: stop accepting, let responses in flight finish for up to SECONDS, "
+             "then close them and exit 0.")] = 30.0,
+    keep_alive: Annotated[float, typer.Option(
+        "--keep-alive", metavar="SECONDS", min=0.1,
+        help="Close a keep-alive connection idle for SECONDS.")] = 5.0,
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", metavar="SECONDS", min=0.1,
+        help="Close a connection that has not sent a whole request head SECONDS after it "
+             "opened or its last response ended (slowloris).")] = 10.0,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Serve web pages, a JSON API (/api/v1) and the Hugging Face Hub download API, read-only.
@@ -107,10 +128,11 @@ def serve(
     Serving stacks pull releases with HF_ENDPOINT=http://HOST:PORT (repo id
     NAMESPACE/MODEL_ID, revision a version, an alias or a commit id); see
     docs/hub.md. OCI clients (skopeo, oras, containerd) pull the same releases
-    as ModelPack artifacts from /v2/NAMESPACE/MODEL_ID; see docs/oci.md."""
+    as ModelPack artifacts from /v2/NAMESPACE/MODEL_ID; see docs/oci.md. SIGTERM
+    drains and exits 0 (docs/mirror-operations.md)."""
     with error_boundary(as_json):
         try:
-            import uvicorn
+            import uvicorn  # noqa: F401  (the web extra's server)
 
             from registry.web import create_app
         except ImportError as e:
@@ -141,8 +163,13 @@ def serve(
             raise UsageError(str(e)) from None
         hook = _webhook(webhook, webhook_secret_file)
         reg = Registry(store, db)
+        from registry.web.fresh import MIRROR_FRESH_FOR, Facts
+
         policy = HubPolicy(reg.store, namespace=hub_namespace, allow_failing=allow_failing,
-                           trust=trust)
+                           trust=trust,
+                           facts=Facts(fresh_for if fresh_for is not None
+                                       else MIRROR_FRESH_FOR if mirror_cache else 0.0,
+                                       stale_for))
         stats = HubStats()
         source = None
         if mirror_cache is not None:
@@ -151,9 +178,10 @@ def serve(
             source = MirrorSource(reg.store, mirror_cache, on_store_bytes=stats.from_store)
         web = create_app(reg, token=token, hub_policy=policy, hub_source=source,
                          hub_stats=stats, hosts=hosts)
-        config = uvicorn.Config(web, host=host, port=port, log_level="warning",
-                                access_log=False, server_header=False)
-        server = uvicorn.Server(config)
+        from registry.web.server import make_server, run
+
+        server = make_server(web, header_timeout=header_timeout, keep_alive=keep_alive,
+                             drain=drain_timeout)
         # the bound port is known only once the socket is open (--port 0); a
         # port in use is one line, not uvicorn's log and exit
         try:
@@ -177,11 +205,11 @@ def serve(
     if hook is not None:
         threading.Thread(target=_deliver_forever, args=(reg.store, *hook, stop),
                          name="webhook", daemon=True).start()
-    try:
-        server.run(sockets=[sock])
-    finally:
+
+    def cleanup() -> None:
         stop.set()
         reg.close()
+    run(server, sock, cleanup)  # a SIGTERM stop ends here with status 0 (registry.web.server)
 
 
 def _webhook(url: str | None, secret_file: str | None) -> tuple[str, bytes] | None:

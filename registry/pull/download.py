@@ -431,7 +431,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None,
           verify_pool: ThreadPoolExecutor | None = None, dest: Path | None = None,
-          fast_digest: bool = False) -> int:
+          fast_digest: bool = False, resume_own: bool = False) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
 
     With ``dest`` (``pull(blobs=False)``), the file is downloaded straight
@@ -460,6 +460,8 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         dest: download here (a path that must not exist) and keep no blob.
         fast_digest: check the entry's ``blake3`` where it has one and the
             store is local.
+        resume_own: also resume a partial this process left (the caller
+            holds the blob's lock: registry.pull.resume.claim).
 
     Raises:
         IntegrityError: size, sha256 (or blake3) differs from the manifest (nothing is
@@ -469,7 +471,8 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     """
     key = join(prefix, entry.path)
     by_pieces = entry.pieces is not None and pc.AVAILABLE
-    resumed = resume.claim(cache, entry) if dest is None and by_pieces else None
+    resumed = (resume.claim(cache, entry, own=resume_own) if dest is None and by_pieces
+               else None)
     tmp = resumed[0] if resumed else cache.new_temp(entry.sha256) if dest is None else dest
     log = resume.PieceLog(tmp) if dest is None and by_pieces else None
     kept = created = keep_partial = False

@@ -79,9 +79,13 @@ def _read_log(path: Path) -> set[int]:
         return set()
 
 
-def claim(cache: Cache, entry: FileEntry) -> tuple[Path, set[int]] | None:
+def claim(cache: Cache, entry: FileEntry, *, own: bool = False) -> tuple[Path, set[int]] | None:
     """Take over a dead writer's partial of ``entry``'s blob, if any: its new
-    (writer-unique) path and the pieces its log lists (still to be re-checked)."""
+    (writer-unique) path and the pieces its log lists (still to be re-checked).
+
+    With ``own``, a partial this process left (a long-running server whose
+    earlier fill of the blob failed) is taken over too: the caller holds the
+    blob's lock, so no other fill of this process writes it."""
     prefix = f"{entry.sha256}."
     try:
         names = os.listdir(cache.tmp)
@@ -93,7 +97,8 @@ def claim(cache: Cache, entry: FileEntry) -> tuple[Path, set[int]] | None:
         pid = owner_pid(name)
         old = cache.tmp / name
         log = old.with_name(name + LOG)
-        if pid is None or pid_alive(pid) or not log.exists():
+        mine = own and pid == os.getpid()
+        if pid is None or (pid_alive(pid) and not mine) or not log.exists():
             continue
         new = cache.new_temp(entry.sha256)
         try:

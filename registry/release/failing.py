@@ -11,6 +11,7 @@ holds the ledger, the policy and each release's documents (seed 000
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +23,25 @@ from registry.release.model_release import ModelRelease
 from registry.store import Store
 
 
-def failing_gates(store: Store, model_id: str, version: str) -> list[GateResult]:
+def failing_gates(store: Store, model_id: str, version: str, *,
+                  unavailable: Callable[[BaseException], bool] | None = None
+                  ) -> list[GateResult]:
     """The gates ``model_id@version`` fails now ([] when it passes them all).
 
     A gate that cannot be evaluated (a malformed ``policy.json``, an unreadable
     release document) is reported as a failing ``gates`` result naming why,
     never raised: the caller is reading, not judging the store.
+
+    Args:
+        unavailable: says which errors are the store failing (unreachable,
+            5xx) rather than answering: those are raised, not reported as a
+            failing gate (a server must not call an outage a refusal).
     """
     try:
         results = ModelRelease(store).check(model_id, version)
     except RegistryError as e:
+        if unavailable is not None and unavailable(e):
+            raise
         return [GateResult("gates", False, f"cannot evaluate the gates: {e}")]
     return [r for r in results if not r.passed]
 

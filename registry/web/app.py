@@ -4,7 +4,8 @@ Read-only by construction: every route is a GET over a
 :class:`registry.api.Registry` (lists from the index, documents from the
 store); nothing here calls a write of the store or the index, and any other
 method gets 405. Errors keep the CLI's meaning: a ``RegistryError`` becomes
-an HTTP status from its exit code (:data:`HTTP_STATUS`) and, under
+an HTTP status from its exit code (:data:`HTTP_STATUS`; a store that cannot
+be read: registry.web.failure, the same answer as on the Hub routes) and, under
 ``/api/``, the CLI's JSON error document; pages get an HTML page naming what
 was asked. URL parts that try to leave their segment (``..``, encoded ``/``
 or ``\\``, NUL) are refused with 400 before any route runs.
@@ -32,6 +33,7 @@ from registry.redact import redact
 from registry.resources import resource_dir
 from registry.web import api, hub, oci, pages
 from registry.web.cache import ReleaseFiles
+from registry.web.failure import failure_of
 from registry.web.hub import HubStats
 from registry.web.hubfiles import Source, StoreSource
 from registry.web.hubrefs import HubPolicy
@@ -164,6 +166,12 @@ def create_app(registry: Registry, *, token: str | None = None,
     async def registry_error(request: Request, exc: RegistryError) -> Response:
         code = exit_code_for(exc)
         path = getattr(exc, "path", None) or getattr(exc, "key", None)
+        failed = failure_of(exc)  # a store outage: the one mapping of every route
+        if failed is not None:
+            response = _error(request, failed.status, type(exc).__name__, code,
+                              failed.message, path)
+            response.headers.update(failed.headers())
+            return response
         return _error(request, HTTP_STATUS.get(code, 500), type(exc).__name__, code,
                       _one_line(exc), path)
 

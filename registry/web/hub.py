@@ -19,11 +19,13 @@ Errors carry the Hub's headers (``X-Error-Code``, ``X-Error-Message``):
 with ``X-Repo-Commit``, so the client caches the absence), 403
 ``GatedRepo`` for a release refused by its gates or signature, 409 for
 stored bytes that differ from the manifest (not a status the client retries:
-retrying cannot make wrong bytes right), 502 for a store that cannot be read.
+retrying cannot make wrong bytes right); a store that fails is answered by
+registry.web.failure (503 with ``Retry-After`` for an outage, never a 404).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 from collections.abc import Iterator
@@ -31,10 +33,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from registry.errors import IntegrityError, RegistryError
 from registry.manifest import MANIFEST, FileEntry
 from registry.obs.metrics import store_bytes
+from registry.web.failure import failure_of
+from registry.web.fresh import reset_stale, stale_age
 from registry.web.hubfiles import Source
 from registry.web.hubrefs import HubError, HubPolicy, Release
 
@@ -68,8 +73,9 @@ POINTER_SIZE = 134
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
-def error_response(err: HubError, method: str = "GET") -> Response:
-    headers = {"X-Error-Message": err.message.replace("\n", " ")[:1000]}
+def error_response(err: HubError, method: str = "GET",
+                   extra: dict[str, str] | None = None) -> Response:
+    headers = {"X-Error-Message": err.message.replace("\n", " ")[:1000], **(extra or {})}
     if err.code:
         headers["X-Error-Code"] = err.code
     if err.commit:
@@ -122,23 +128,47 @@ def info_document(rel: Release, passing: bool) -> dict[str, Any]:
                          "manifest_sha256": rel.manifest.digest, "passing": passing}}
 
 
+def error_of(e: BaseException, method: str) -> Response:
+    """The Hub's answer to an exception of a Hub route (HubError, a bad
+    stored file, or the store failing: registry.web.failure); re-raises
+    anything else."""
+    if isinstance(e, HubError):
+        return error_response(e, method)
+    if isinstance(e, IntegrityError):
+        return error_response(HubError(409, None, f"refused: the stored bytes differ "
+                                       f"from the manifest: {e}"), method)
+    if isinstance(e, (RegistryError, OSError)):
+        failed = failure_of(e)
+        if failed is not None:  # registry.web.failure: never a 404 for an outage
+            return error_response(HubError(failed.status, failed.code, failed.message),
+                                  method, failed.headers())
+        return error_response(HubError(502, None, f"the store cannot be read: {e}"), method)
+    raise e
+
+
 def _guarded(fn: Any) -> Any:
     """Turn HubError (and a store's RegistryError) into the Hub's error response."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(request: Request, *args: Any, **kwargs: Any) -> Response:
+        reset_stale()
         try:
-            return fn(request, *args, **kwargs)  # type: ignore[no-any-return]
-        except HubError as e:
-            return error_response(e, request.method)
-        except IntegrityError as e:
-            return error_response(HubError(409, None, f"refused: the stored bytes differ "
-                                           f"from the manifest: {e}"), request.method)
-        except (RegistryError, OSError) as e:
-            return error_response(HubError(502, None, f"the store cannot be read: {e}"),
-                                  request.method)
+            return _marked(fn(request, *args, **kwargs))
+        except (HubError, RegistryError, OSError) as e:
+            return error_of(e, request.method)
     return wrapper
+
+
+def _marked(response: Any, age: float | None = None) -> Any:
+    """``response``, saying so when it was decided on facts read before the
+    store became unreachable (registry.web.fresh): ``X-Registry-Stale`` is
+    their age in whole seconds."""
+    age = stale_age() if age is None else age
+    if age is not None and isinstance(response, Response):
+        response.headers["X-Registry-Stale"] = str(int(age))
+        response.headers["Warning"] = '110 - "Response is Stale"'
+    return response
 
 
 def _info(request: Request, repo_id: str, revision: str) -> Response:
@@ -232,7 +262,10 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def _resolve(request: Request, repo_id: str, revision: str, path: str) -> Response:
+def _prepare(request: Request, repo_id: str, revision: str,
+             path: str) -> Response | tuple[Any, ...]:
+    """The whole answer (HEAD, MANIFEST.json, a bad range), or what sending
+    the file needs: ``(rel, entry, start, end, status, headers, stale age)``."""
     rel = _policy(request).release(repo_id, revision)
     entry = _file(rel, path)
     headers = {"ETag": f'"{entry.sha256}"', "X-Linked-Etag": f'"{entry.sha256}"',
@@ -258,8 +291,33 @@ def _resolve(request: Request, repo_id: str, revision: str, path: str) -> Respon
         body = rel.manifest.to_bytes()[start:end]
         stats.sent(len(body))
         return Response(body, status_code=status, headers=headers)
+    return rel, entry, start, end, status, headers, stale_age()
+
+
+def _send(request: Request, rel: Release, entry: FileEntry, start: int, end: int,
+          status: int, headers: dict[str, str]) -> Response:
     blocks = _source(request).open(rel.prefix, entry, start, end, manifest=rel.manifest)
-    return StreamingResponse(_counted(blocks, stats), status_code=status, headers=headers)
+    return StreamingResponse(_counted(blocks, request.app.state.hub_stats), status_code=status,
+                             headers=headers)
+
+
+async def _resolve(request: Request, repo_id: str, revision: str, path: str) -> Response:
+    """A file's metadata or bytes. A source that fills a cache
+    (registry.web.mirror) is waited for without holding a request thread:
+    clients waiting on a cold file cost the other routes nothing."""
+    prepared = await run_in_threadpool(_guarded(_prepare), request, repo_id, revision, path)
+    if isinstance(prepared, Response):
+        return prepared
+    rel, entry, start, end, status, headers, age = prepared
+    fill = getattr(_source(request), "fill", None)
+    if fill is not None:
+        try:
+            await asyncio.wrap_future(fill(rel.prefix, entry, rel.manifest))
+        except (HubError, RegistryError, OSError) as e:
+            return _marked(error_of(e, request.method), age)
+    sent = await run_in_threadpool(_guarded(_send), request, rel, entry, start, end, status,
+                                   headers)
+    return _marked(sent, age)  # type: ignore[no-any-return]
 
 
 def _counted(blocks: Iterator[bytes], stats: Any) -> Iterator[bytes]:
@@ -269,13 +327,11 @@ def _counted(blocks: Iterator[bytes], stats: Any) -> Iterator[bytes]:
 
 
 @router.api_route("/{namespace}/{name}/resolve/{revision}/{path:path}", methods=["GET", "HEAD"])
-@_guarded
-def resolve_ns(request: Request, namespace: str, name: str, revision: str,
-               path: str) -> Response:
-    return _resolve(request, f"{namespace}/{name}", revision, path)
+async def resolve_ns(request: Request, namespace: str, name: str, revision: str,
+                     path: str) -> Response:
+    return await _resolve(request, f"{namespace}/{name}", revision, path)
 
 
 @router.api_route("/{name}/resolve/{revision}/{path:path}", methods=["GET", "HEAD"])
-@_guarded
-def resolve_bare(request: Request, name: str, revision: str, path: str) -> Response:
-    return _resolve(request, name, revision, path)
+async def resolve_bare(request: Request, name: str, revision: str, path: str) -> Response:
+    return await _resolve(request, name, revision, path)

@@ -2,8 +2,9 @@
 
 * ``repo_id`` is ``<namespace>/<model_id>`` (``registry serve
   --hub-namespace``, default ``registry``) or a bare ``<model_id>``.
-* ``revision`` is a version, an alias (resolved at every request, so a moved
-  ``prod`` serves the new release at once), or a release's commit id: the
+* ``revision`` is a version, an alias (resolved again once the last
+  resolution is older than the server's freshness interval, registry.web.fresh,
+  so a moved ``prod`` serves the new release within it), or a release's commit id: the
   first 40 hex digits of its manifest digest (``X-Repo-Commit``; stable,
   since a release never changes). ``main`` (the Hub's default) is the alias
   ``main`` when the model has one, else the newest release passing its gates.
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from registry.aliases import resolve
 from registry.errors import (
     AmbiguousRefError,
+    DocumentError,
     InvalidNameError,
     NotCommittedError,
     RegistryError,
@@ -39,15 +41,23 @@ from registry.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
 from registry.verify import read_manifest
+from registry.web.failure import failure_of
+from registry.web.fresh import Facts
 
 if TYPE_CHECKING:
     from registry.trust import Trust
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_NAMESPACE = "registry"
-#: seconds a gate verdict (live ledger, policy) and a signature check are reused
+#: seconds a gate verdict (live ledger, policy) and a signature check are
+#: reused at least, whatever the server's freshness interval (registry.web.fresh)
 GATE_TTL = 5.0
 SIGNATURE_TTL = 60.0
+
+
+def _outage(exc: BaseException) -> bool:
+    """``exc`` is the store failing, not the store's answer (registry.web.failure)."""
+    return failure_of(exc) is not None
 
 
 class HubError(Exception):
@@ -93,49 +103,68 @@ class HubPolicy:
     namespace: str = DEFAULT_NAMESPACE
     allow_failing: bool = False
     trust: Trust | None = None
-    _digests: dict[tuple[str, str], str] = field(default_factory=dict)
-    _verdicts: dict[tuple[str, ...], tuple[float, str | None]] = field(default_factory=dict)
+    facts: Facts = field(default_factory=Facts)
+    _manifests: dict[tuple[str, str], Manifest] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- names ------------------------------------------------------------------------
 
     def model_of(self, repo_id: str) -> str:
-        """The model id ``repo_id`` names. Raises HubError 404 RepoNotFound."""
+        """The model id ``repo_id`` names.
+
+        Raises:
+            HubError: 404 RepoNotFound (only when the store says so).
+            StorageError: the store cannot be read (registry.web.failure).
+        """
         ns, _, name = repo_id.rpartition("/")
+        absent = HubError(404, "RepoNotFound", f"{repo_id}: no such model in "
+                          f"{self.store.url} (repo ids are {self.namespace}/<model_id> "
+                          "or <model_id>)")
         try:
             if ns and ns != self.namespace:
                 raise InvalidNameError(f"namespace {ns!r}", name=ns)
             model_id = check_name(name, "model_id")
-            if not self.store.subdirs(join("models", model_id)):
-                raise NotCommittedError(f"no model {model_id!r}")
-        except (RegistryError, OSError):
-            raise HubError(404, "RepoNotFound", f"{repo_id}: no such model in "
-                           f"{self.store.url} (repo ids are {self.namespace}/<model_id> "
-                           "or <model_id>)") from None
+        except InvalidNameError:
+            raise absent from None
+        if not self.versions(model_id):
+            raise absent
         return model_id
 
     def versions(self, model_id: str) -> list[str]:
-        return [v for v in self.store.subdirs(join("models", model_id)) if v != "refs"]
+        """The model's version folders (a fact: registry.web.fresh)."""
+        return self.facts.get(("versions", model_id), lambda: [
+            v for v in self.store.subdirs(join("models", model_id)) if v != "refs"])
 
-    def _digest(self, model_id: str, version: str) -> str | None:
+    def manifest(self, model_id: str, version: str) -> Manifest:
+        """The release's manifest, read from the store once: a committed
+        release never changes (whether it still exists is :meth:`versions`).
+
+        Raises:
+            NotCommittedError: no release there.
+            DocumentError: its manifest is not valid.
+            StorageError: the store cannot be read.
+        """
         key = (model_id, version)
         with self._lock:
-            hit = self._digests.get(key)
+            hit = self._manifests.get(key)
         if hit is None:
-            try:
-                hit = read_manifest(self.store, join("models", model_id, version)).digest
-            except (RegistryError, OSError):
-                return None
+            hit = read_manifest(self.store, join("models", model_id, version))
             with self._lock:
-                self._digests[key] = hit
+                self._manifests[key] = hit
         return hit
+
+    def _digest(self, model_id: str, version: str) -> str | None:
+        try:
+            return self.manifest(model_id, version).digest
+        except (NotCommittedError, DocumentError):
+            return None
 
     def _newest_passing(self, model_id: str) -> str | None:
         dated = []
         for v in self.versions(model_id):
             try:
-                m = read_manifest(self.store, join("models", model_id, v))
-            except (RegistryError, OSError):
+                m = self.manifest(model_id, v)
+            except (NotCommittedError, DocumentError):
                 continue
             dated.append((m.created_at, v))
         for _, v in sorted(dated, reverse=True):
@@ -144,21 +173,28 @@ class HubPolicy:
         return None
 
     def release(self, repo_id: str, revision: str) -> Release:
-        """The release ``revision`` of ``repo_id`` names, right now.
+        """The release ``revision`` of ``repo_id`` names, right now (its
+        mutable facts at most ``facts.fresh_for`` seconds old, or stale
+        within ``facts.stale_for`` while the store cannot be reached).
 
         Raises:
             HubError: 404 RepoNotFound / RevisionNotFound; 403 GatedRepo when
-                it fails its gates or its signature; 502 when the store cannot
-                be read.
+                it fails its gates or its signature; 502 for a manifest that
+                is not valid.
+            StorageError: the store cannot be read (registry.web.failure).
         """
         model_id = self.model_of(repo_id)
-        version = self._version(repo_id, model_id, revision)
+        version = self.facts.get(("version", model_id, revision),
+                                 lambda: self._version(repo_id, model_id, revision))
+        if version not in self.versions(model_id):
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no such "
+                           "release")
         try:
-            manifest = read_manifest(self.store, join("models", model_id, version))
+            manifest = self.manifest(model_id, version)
         except NotCommittedError:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no such "
                            "release") from None
-        except (RegistryError, OSError) as e:
+        except DocumentError as e:
             raise HubError(502, None, f"{repo_id}@{revision}: cannot read its manifest "
                            f"({e})") from None
         rel = Release(repo_id, model_id, version, manifest)
@@ -194,27 +230,18 @@ class HubPolicy:
         except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: {e}") from None
         except (RegistryError, OSError) as e:
+            if failure_of(e) is not None:
+                raise  # an outage: registry.web.failure answers it
             raise HubError(502, None, f"{repo_id}@{revision}: cannot resolve it ({e})") from None
 
     # -- what is refused ----------------------------------------------------------------
 
-    def _cached(self, key: tuple[str, ...], ttl: float, compute: object) -> str | None:
-        now = time.monotonic()
-        with self._lock:
-            hit = self._verdicts.get(key)
-        if hit is not None and now - hit[0] < ttl:
-            return hit[1]
-        verdict = compute()  # type: ignore[operator]
-        with self._lock:
-            self._verdicts[key] = (now, verdict)
-        return verdict  # type: ignore[no-any-return]
-
     def _gates(self, model_id: str, version: str) -> str | None:
         """Why the release fails its gates now, or None."""
         def compute() -> str | None:
-            failed = failing_gates(self.store, model_id, version)
+            failed = failing_gates(self.store, model_id, version, unavailable=_outage)
             return describe(failed) if failed else None
-        return self._cached(("gates", model_id, version), GATE_TTL, compute)
+        return self.facts.get(("gates", model_id, version), compute, at_least=GATE_TTL)
 
     def _signature(self, rel: Release) -> str | None:
         """Why the release's signature is not accepted, or None."""
@@ -228,12 +255,14 @@ class HubPolicy:
                 verify_release(self.store, rel.prefix, rel.manifest, model_id=rel.model_id,
                                version=rel.version, trust=trust)
             except RegistryError as e:
+                if _outage(e):
+                    raise
                 return str(e).splitlines()[0]
             return None
-        return self._cached(("sig", rel.manifest.digest), SIGNATURE_TTL, compute)
+        return self.facts.get(("sig", rel.manifest.digest), compute, at_least=SIGNATURE_TTL)
 
     def passing(self, rel: Release) -> bool:
-        """Whether ``rel`` passes its gates now (verdicts kept GATE_TTL seconds)."""
+        """Whether ``rel`` passes its gates now (a fact: registry.web.fresh)."""
         return self._gates(rel.model_id, rel.version) is None
 
     def _admit(self, rel: Release) -> None:

@@ -5,6 +5,12 @@ the first time is downloaded from the store once by the pull's own
 ``fetch`` (hashed while it streams, parallel ranges where they pay, checked
 against the manifest, fsynced, then linked into ``blobs/sha256/<hex>``), and
 every request for it, from any host of the rack, is served from that blob.
+A file the cache's disk cannot hold is refused before anything is fetched
+(:meth:`MirrorSource.check_space`: 507 through registry.web.failure); a fill
+that failed leaves either nothing or a partial with its verified pieces,
+which the next fill of that blob in this process takes over
+(registry.pull.resume), and temp files of dead processes are removed at
+start.
 Concurrent requests for one blob share one download: a per-digest lock in
 the process, and a file lock under ``<cache>/locks/`` between processes
 sharing the cache. Each release served is recorded (``records/``), with a
@@ -18,7 +24,9 @@ fetched again when it no longer verifies.
 
 Cost: the first request for a file waits for the whole file to be verified
 (the mirror's added latency, measured in bench/); every later one is a read
-of the local disk.
+of the local disk. Requests waiting on a fill wait on a future
+(:meth:`MirrorSource.fill`), not in a request thread, so a stampede on a
+cold file leaves the server's threads to the other routes.
 """
 
 from __future__ import annotations
@@ -27,12 +35,12 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from filelock import FileLock
 
-from registry.errors import IntegrityError
+from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry, Manifest
 from registry.obs.metrics import mirror_cache
 from registry.pull.cache import Cache
@@ -51,6 +59,10 @@ from registry.web.hubfiles import CHUNK
 
 #: parallel byte ranges one large file may be fetched in
 RANGES = 4
+#: files filled at once (each on a thread of the mirror's own, not a request's)
+FILLS = 8
+#: bytes kept free on the cache's disk beyond a file being fetched (records, locks)
+RESERVE = 1 << 20
 
 
 def _hash_fd(fd: int) -> str:
@@ -85,6 +97,10 @@ class MirrorSource:
         self._guard = threading.Lock()
         self._ranges = ThreadPoolExecutor(RANGES * 4, thread_name_prefix="mirror-range")
         self._recorded: set[str] = set()
+        self._fills: dict[str, Future[Path]] = {}
+        self._fill_pool = ThreadPoolExecutor(FILLS, thread_name_prefix="mirror-fill")
+        # temp files of fills whose process died (never a resumable partial)
+        self.cache.clean_stale()
 
     def _lock(self, sha256: str) -> threading.Lock:
         with self._guard:
@@ -119,14 +135,70 @@ class MirrorSource:
             mirror_cache(hit=True)
             return path
         mirror_cache(hit=False)
+        self.check_space(entry)
         with self._lock(entry.sha256), \
                 FileLock(str(self.cache.root / "locks" / f"{entry.sha256}.lock")):
             if self.cache.has(entry.sha256, entry.size):
                 return path
+            self.check_space(entry)
             with pulling(self.cache, manifest):
                 fetch(self.store, prefix, entry, self.cache, ranged_pool=self._ranges,
-                      inflight=RANGES, progress=self._count)
+                      inflight=RANGES, progress=self._count, resume_own=True)
         return path
+
+    def fill(self, prefix: str, entry: FileEntry, manifest: Manifest) -> Future[Path]:
+        """The verified blob of ``entry`` as a future: done at once when the
+        cache holds it, else one fill per blob on the mirror's own fill
+        threads, shared by every request that asks meanwhile (a request
+        waits on it without holding a request thread: registry.web.hub).
+
+        The future raises what :meth:`blob` raises; a file the disk cannot
+        hold fails at once (:meth:`check_space`), nothing fetched.
+        """
+        done: Future[Path] = Future()
+        if self.cache.has(entry.sha256, entry.size):
+            self._record(manifest)
+            done.set_result(self.cache.blob(entry.sha256))
+            return done
+        try:
+            self.check_space(entry)
+        except InsufficientSpaceError as e:
+            done.set_exception(e)
+            return done
+        with self._guard:
+            running = self._fills.get(entry.sha256)
+            if running is None:
+                running = self._fills[entry.sha256] = self._fill_pool.submit(
+                    self.blob, prefix, entry, manifest)
+                running.add_done_callback(lambda _f: self._filled(entry.sha256, _f))
+        return running
+
+    def _filled(self, sha256: str, fut: Future[Path]) -> None:
+        with self._guard:
+            if self._fills.get(sha256) is fut:
+                del self._fills[sha256]
+
+    def check_space(self, entry: FileEntry) -> None:
+        """Refuse, before anything is fetched, a file the cache's disk cannot hold.
+
+        Raises:
+            InsufficientSpaceError: fewer than ``entry.size`` bytes plus
+                :data:`RESERVE` are free for this user on the cache's disk
+                (the message names the cache, the file and both sizes;
+                ``needed`` and ``available`` carry them).
+        """
+        try:
+            st = os.statvfs(self.cache.root)
+        except OSError:
+            return  # cannot tell: the fill itself reports a full disk
+        free = st.f_bavail * st.f_frsize
+        needed = entry.size + RESERVE
+        if free < needed:
+            raise InsufficientSpaceError(
+                f"mirror cache {self.cache.root}: {entry.path} needs {needed} bytes "
+                f"({entry.size} and {RESERVE} spare), {free} are free; free space there or "
+                f"bound the cache (registry cache prune --cache {self.cache.root} "
+                "--max-size ...)", key=str(self.cache.root), needed=needed, available=free)
 
     def _verified_fd(self, prefix: str, entry: FileEntry, manifest: Manifest) -> int:
         """An open descriptor of the blob whose bytes are verified now."""

@@ -1,0 +1,194 @@
+"""The mirror under load, before and after issue 51.
+
+``registry serve --mirror-cache`` in front of the S3 test server (moto,
+behind the tests' request-logging proxy), run once from each code tree given
+(``--before``: a checkout of the code before the change, default /work/main;
+``--after``: this tree), same release, same machine:
+
+1. Throughput at 1/8/32/64 clients (threads, one request at a time each) for
+   the JSON API (``/api/v1/models``), a small file (config.json), 1 MiB
+   ranges of the weights and full downloads of the weights (``--size-mib``),
+   warm mirror: requests/s, p50/p95 latency, and store requests per client
+   request (the proxy's log).
+2. A cold stampede: ``--stampede`` clients ask for the weights at once from a
+   cold mirror while the store answers each read ``--store-delay`` seconds
+   late (the proxy) and one more client polls the JSON API: first-byte times
+   of the stampede, the JSON API's p95 during it and idle.
+
+    python bench/mirror_bench.py [--size-mib 16] [--before /work/main] [--out ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.harness import make_release_dir  # noqa: E402
+from registry.release import ModelRelease  # noqa: E402
+from tests.release_util import ledger_row, summary  # noqa: E402
+from tests.support.faultproxy import Action, FaultProxy  # noqa: E402
+from tests.support.s3server import S3Server  # noqa: E402
+from tests.web_util import serve  # noqa: E402
+
+MIB = 1 << 20
+W = "/registry/bench/resolve/1/model.safetensors"
+
+
+def request(port: int, path: str, headers: dict[str, str] | None = None,
+            first_byte: list[float] | None = None) -> tuple[int, int, float]:
+    """(status, body bytes, seconds) of one GET on a fresh connection."""
+    t = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        r = conn.getresponse()
+        n = len(r.read(1))
+        if first_byte is not None:
+            first_byte.append(time.perf_counter() - t)
+        while block := r.read(MIB):
+            n += len(block)
+        return r.status, n, time.perf_counter() - t
+    finally:
+        conn.close()
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
+def load(port: int, kind: str, clients: int, n: int, size: int) -> dict[str, Any]:
+    def one(i: int) -> tuple[int, int, float]:
+        if kind == "json":
+            return request(port, "/api/v1/models")
+        if kind == "small":
+            return request(port, "/registry/bench/resolve/1/config.json")
+        if kind == "range":
+            a = random.Random(i).randrange(0, size - MIB)
+            return request(port, W, {"Range": f"bytes={a}-{a + MIB - 1}"})
+        return request(port, W)
+    t = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        got = list(pool.map(one, range(n)))
+    wall = time.perf_counter() - t
+    bad = [g for g in got if g[0] not in (200, 206)]
+    lat = [g[2] for g in got]
+    return {"requests": n, "errors": len(bad), "rps": n / wall, "p50_s": pct(lat, 0.5),
+            "p95_s": pct(lat, 0.95), "mib_s": sum(g[1] for g in got) / MIB / wall}
+
+
+def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
+             args: argparse.Namespace, label: str) -> dict[str, Any]:
+    env = {"AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tree)}
+    os.chdir(tree)  # `python -m registry` imports from its working folder first
+    out: dict[str, Any] = {"tree": str(tree)}
+    counts = {"json": args.requests, "small": args.requests, "range": args.requests // 2,
+              "full": 0}
+    with serve(url, db, "--mirror-cache", str(tmp / f"mirror-{label}"), env=env) as base:
+        port = int(base.rsplit(":", 1)[1])
+        request(port, W)  # warm: the weights are in the mirror
+        request(port, "/registry/bench/resolve/1/config.json")
+        table: dict[str, Any] = {}
+        for kind in ("json", "small", "range", "full"):
+            for c in args.clients:
+                n = counts[kind] or max(8, c)
+                proxy.reset()
+                row = load(port, kind, c, n, size)
+                row["store_requests_per_request"] = len(list(proxy.log)) / n
+                table[f"{kind}@{c}"] = row
+                print(label, kind, c, json.dumps(row), flush=True)
+        out["throughput"] = table
+    # the cold stampede, with a slow store and a JSON poller
+    with serve(url, db, "--mirror-cache", str(tmp / f"cold-{label}"), env=env) as base:
+        port = int(base.rsplit(":", 1)[1])
+        request(port, "/registry/bench/resolve/1/config.json")  # facts warm, weights cold
+        idle = [request(port, "/api/v1/models")[2] for _ in range(50)]
+        proxy.reset()
+        proxy.rules.append(lambda r: Action("delay", seconds=args.store_delay)
+                           if r.op == "GetObject" and r.key.endswith("model.safetensors")
+                           else None)
+        first: list[float] = []
+        during: list[float] = []
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                during.append(request(port, "/api/v1/models")[2])
+
+        poller = threading.Thread(target=poll)
+        t = time.perf_counter()
+        with ThreadPoolExecutor(args.stampede) as pool:
+            futs = [pool.submit(request, port, W, None, first) for _ in range(args.stampede)]
+            time.sleep(0.2)
+            poller.start()
+            res = [f.result() for f in futs]
+        done.set()
+        poller.join()
+        proxy.rules.clear()
+        out["stampede"] = {
+            "clients": args.stampede, "store_delay_s": args.store_delay,
+            "wall_s": time.perf_counter() - t,
+            "ok": sum(1 for r in res if r[0] == 200 and r[1] == size),
+            "first_byte_s": {"min": min(first), "p50": pct(first, 0.5), "max": max(first)},
+            "json_idle_p95_s": pct(idle, 0.95), "json_during_p95_s": pct(during, 0.95),
+            "json_during_max_s": max(during) if during else None,
+            "json_polls_during": len(during),
+            "store_get_requests": sum(1 for r in proxy.log if r.op == "GetObject")}
+        print(label, "stampede", json.dumps(out["stampede"]), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mib", type=int, default=16)
+    ap.add_argument("--clients", default="1,8,32,64")
+    ap.add_argument("--stampede", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=200, help="per row (ranges: half)")
+    ap.add_argument("--store-delay", type=float, default=2.0)
+    ap.add_argument("--before", default="/work/main")
+    ap.add_argument("--after", default=str(ROOT))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results-mirror.json"))
+    args = ap.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",")]
+    out: dict[str, Any] = {"size_mib": args.size_mib, "cpus": os.cpu_count(),
+                           "load_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="mirror-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        src = tmp / "src"
+        make_release_dir(src, args.size_mib * 4 // 3 + 1, safetensors=True)
+        s3 = S3Server(serialize=False).start()
+        proxy = FaultProxy(s3.endpoint).start()
+        os.environ.update(s3.env())
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="bench")
+        url = "s3://bench/root"
+        ModelRelease(url).publish(src, "bench", "1", ledger=[ledger_row()],
+                                  eval_summary=summary())
+        size = (src / "model.safetensors").stat().st_size
+        db = f"sqlite:///{tmp / 'i.db'}"
+        for label, tree in (("before", args.before), ("after", args.after)):
+            out[label] = run_tree(Path(tree), url, db, proxy, tmp, size, args, label)
+        proxy.stop()
+        s3.stop()
+    out["load_after"] = os.getloadavg()[0]
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: out[k]["stampede"] for k in ("before", "after")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
