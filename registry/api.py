@@ -70,7 +70,6 @@ from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
 from registry.release.events import release_event
-from registry.release.failing import failing_gates
 from registry.release.code import code_files
 from registry.release.model_release import stored_code_gate
 from registry.release.policy import forbids_code, set_policy, signed_by
@@ -353,13 +352,8 @@ class Registry(LifecycleMixin):
         if name is None:
             raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
                                    name=ref)
-        if require_passing:
-            name = resolve(self.store, model_id, name)
-            failed = failing_gates(self.store, model_id, name)
-            if failed:
-                raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",
-                                      failed)
-        return pull(self.store, model_id, name, **kw)
+        # resolved, admitted and gated once, by the trust function (registry.trust.release)
+        return pull(self.store, model_id, name, require_passing=require_passing, **kw)
 
     def cache(self, path: str | os.PathLike[str] | None = None) -> PullCache:
         """This host's pull cache (``path``, else ``$REGISTRY_CACHE``...):

@@ -123,10 +123,10 @@ def serve(
                              "--token-file (every request must then carry the token)")
         trust = None
         if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.trust import load_trust
+            from registry.trust.source import TrustSource  # re-read when its files change
 
-            trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
-                               ca_folder=trusted_cas)
+            trust = TrustSource(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
+                                ca_folder=trusted_cas)
         from registry.names import check_name
         from registry.web.hub import HubStats
         from registry.web.hubrefs import HubPolicy
@@ -140,8 +140,10 @@ def serve(
             raise UsageError(str(e)) from None
         hook = _webhook(webhook, webhook_secret_file)
         reg = Registry(store, db)
+        from registry.trust.marks import Marks
+
         policy = HubPolicy(reg.store, namespace=hub_namespace, allow_failing=allow_failing,
-                           trust=trust)
+                           trust=trust, marks=Marks.for_store(reg.store.url))
         stats = HubStats()
         source = None
         if mirror_cache is not None:

@@ -7,7 +7,12 @@ and the pull checks them exactly as from the store (sizes, sha256 or pieces
 of every byte, the signature against this host's trusted keys). A version is
 always fetched by its name, never by an alias, so an alias moved mid-pull
 cannot mix two releases. Aliases are read from the revision API
-(``/api/models/{repo}/revision/{alias}``: its ``registry.version``).
+(``/api/models/{repo}/revision/{alias}``): the alias pointer this store
+shows is the signed move the mirror hands over (``registry.alias_move``),
+so :func:`registry.trust.release.open_release` checks it exactly like a
+store's pointer; a mirror that names only a version (``registry.version``)
+shows a bare pointer, which a host with trusted keys refuses (issue 50: a
+mirror's answer is a hint, never the evidence).
 
 Keys the mirror cannot serve (the ledger, policies, checkpoints) are absent
 (ObjectNotFoundError); nothing can be written (StorageError). Stdlib HTTP only
@@ -112,15 +117,21 @@ class MirrorStore(Store):
         return (f"{self.url}/{self._repo(parts[1])}/resolve/{quote(parts[2], safe='')}/"
                 + "/".join(quote(p, safe="") for p in parts[3:]))
 
-    def _version_of(self, key: str) -> str | None:
+    def _answer(self, key: str) -> dict[str, Any] | None:
         """For ``models/<m>/refs/<alias>`` or ``models/<m>/<name>/MANIFEST.json``:
-        the version the mirror resolves ``<alias>``/``<name>`` to (None: none)."""
+        the ``registry`` object of the mirror's answer for ``<alias>``/``<name>``
+        (None: it has none)."""
         parts = key.split("/")
         try:
             doc = self.revision(parts[1], parts[3] if parts[2] == "refs" else parts[2])
         except ObjectNotFoundError:
             return None
-        version = doc.get("registry", {}).get("version")
+        reg = doc.get("registry")
+        return reg if isinstance(reg, dict) else None
+
+    def _version_of(self, key: str) -> str | None:
+        """The version the mirror resolves the name of ``key`` to (None: none)."""
+        version = (self._answer(key) or {}).get("version")
         return str(version) if version else None
 
     # -- primitives -------------------------------------------------------------------
@@ -130,10 +141,14 @@ class MirrorStore(Store):
         if len(parts) == 4 and parts[0] == "models" and parts[2] == "refs":
             import io
 
-            version = self._version_of(key)
+            answer = self._answer(key) or {}
+            version = str(answer.get("version") or "") or None
             if version is None or version == parts[3]:
                 raise ObjectNotFoundError(f"{self.url}: no alias {parts[3]!r} of "
                                           f"{parts[1]!r}", key=key)
+            move = answer.get("alias_move")
+            if isinstance(move, str) and move:  # the signed move: checked by the reader
+                return io.BytesIO(move.encode())
             return io.BytesIO(f"{version}\n".encode())
         if len(parts) == 4 and parts[3] == "MANIFEST.json" and \
                 self._version_of(key) != parts[2]:

@@ -74,11 +74,13 @@ def aliases(request: Request, model_id: str) -> dict[str, str]:
                     "then (registry alias log MODEL_ID ALIAS [--at TIME] --json)")
 def alias_log(request: Request, model_id: str, alias: str,
               at: Annotated[str | None, Query(max_length=64)] = None) -> dict[str, Any]:
-    from registry.alias_history import log_document
     from registry.cli.aliases import parse_time
+    from registry.trust.moves import alias_log as log_document
+    from registry.trust.source import current
 
     return log_document(_reg(request).store, check_name(model_id, "model_id"),
-                        check_name(alias, "alias"), at=parse_time(at) if at else None)
+                        check_name(alias, "alias"), at=parse_time(at) if at else None,
+                        trust=current(request.app.state.hub.trust))
 
 
 @router.get("/models/{model_id}/diff",

@@ -25,29 +25,32 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from registry.aliases import resolve
 from registry.errors import (
     AmbiguousRefError,
+    GateFailedError,
     InvalidNameError,
     NotCommittedError,
     RegistryError,
     SignatureError,
 )
-from registry.manifest import MANIFEST, Manifest
+from registry.manifest import Manifest
 from registry.names import check_name
 from registry.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
+from registry.trust.release import OpenedRelease, Verdicts, is_version, open_release
+from registry.trust.source import current
 from registry.verify import read_manifest
 
 if TYPE_CHECKING:
     from registry.trust import Trust
+    from registry.trust.marks import Marks
+    from registry.trust.source import TrustSource
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_NAMESPACE = "registry"
 #: seconds a gate verdict (live ledger, policy) and a signature check are reused
 GATE_TTL = 5.0
-SIGNATURE_TTL = 60.0
 
 
 class HubError(Exception):
@@ -68,6 +71,8 @@ class Release:
     model_id: str
     version: str
     manifest: Manifest
+    #: the bytes of the alias's pointer (its signed move) when it was named by alias
+    move: bytes | None = None
 
     @property
     def prefix(self) -> str:
@@ -86,16 +91,28 @@ class HubPolicy:
     Attributes:
         namespace: the ``<namespace>`` of ``<namespace>/<model_id>`` repo ids.
         allow_failing: serve releases that fail their gates now.
-        trust: keys and CAs a release must be signed by (None: no signature needed).
+        trust: keys and CAs a release must be signed by (None: no signature
+            needed); a :class:`registry.trust.source.TrustSource` is re-read
+            when its files change.
+        marks: this server's high-water marks (:mod:`registry.trust.marks`;
+            default: in memory for the process).
     """
 
     store: Store
     namespace: str = DEFAULT_NAMESPACE
     allow_failing: bool = False
-    trust: Trust | None = None
+    trust: Trust | TrustSource | None = None
+    marks: Marks | None = None
+    _signatures: Verdicts = field(default_factory=Verdicts)
     _digests: dict[tuple[str, str], str] = field(default_factory=dict)
     _verdicts: dict[tuple[str, ...], tuple[float, str | None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.marks is None:
+            from registry.trust.marks import Marks
+
+            self.marks = Marks(None, self.store.url)
 
     # -- names ------------------------------------------------------------------------
 
@@ -139,29 +156,55 @@ class HubPolicy:
                 continue
             dated.append((m.created_at, v))
         for _, v in sorted(dated, reverse=True):
-            if self.allow_failing or self._gates(model_id, v) is None:
-                return v
+            if not self.allow_failing and self._gates(model_id, v) is not None:
+                continue
+            try:  # deleted, yanked, unsigned or rolled back: the trust function decides
+                self._open(model_id, v)
+            except (RegistryError, OSError):
+                continue
+            return v
         return None
 
+    def _open(self, model_id: str, name: str) -> OpenedRelease:
+        """:func:`registry.trust.release.open_release` with this server's trust (as
+        its files say now), marks and signature verdicts."""
+        return open_release(self.store, model_id, name, trust=current(self.trust),
+                            allow_yanked=self.allow_failing, marks=self.marks, verify="now",
+                            verdicts=self._signatures)
+
     def release(self, repo_id: str, revision: str) -> Release:
-        """The release ``revision`` of ``repo_id`` names, right now.
+        """The release ``revision`` of ``repo_id`` names, right now, as the trust
+        function admits it (:func:`registry.trust.release.open_release`).
 
         Raises:
-            HubError: 404 RepoNotFound / RevisionNotFound; 403 GatedRepo when
-                it fails its gates or its signature; 502 when the store cannot
-                be read.
+            HubError: 404 RepoNotFound / RevisionNotFound (also a deleted
+                release); 403 GatedRepo when it fails its gates, is yanked,
+                its signature or its alias's signed move is not accepted, or
+                a record went back below this server's marks; 502 when the
+                store cannot be read.
         """
         model_id = self.model_of(repo_id)
-        version = self._version(repo_id, model_id, revision)
+        name = self._version(repo_id, model_id, revision)
         try:
-            manifest = read_manifest(self.store, join("models", model_id, version))
-        except NotCommittedError:
-            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no such "
-                           "release") from None
+            opened = self._open(model_id, name)
+        except SignatureError as e:
+            raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: signature not accepted: "
+                           f"{e}") from None
+        except GateFailedError as e:
+            raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: {e}") from None
+        except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: {e}") from None
         except (RegistryError, OSError) as e:
-            raise HubError(502, None, f"{repo_id}@{revision}: cannot read its manifest "
-                           f"({e})") from None
-        rel = Release(repo_id, model_id, version, manifest)
+            raise HubError(502, None, f"{repo_id}@{revision}: cannot read it ({e})") from None
+        rel = Release(repo_id, model_id, opened.version, opened.manifest)
+        if name != opened.version:  # an alias: hand over its signed move, the evidence
+            try:
+                head = read_head(self.store, model_id, name)
+                if head.version == opened.version and head.move is not None:
+                    rel = Release(repo_id, model_id, opened.version, opened.manifest,
+                                  head.move.raw)
+            except (RegistryError, OSError):
+                pass
         if COMMIT.fullmatch(revision) and rel.commit != revision:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
                            "this commit id")
@@ -169,6 +212,7 @@ class HubPolicy:
         return rel
 
     def _version(self, repo_id: str, model_id: str, revision: str) -> str:
+        """The name to open: a commit id's version, ``main``'s fallback, else ``revision``."""
         if COMMIT.fullmatch(revision):
             for v in self.versions(model_id):
                 if (self._digest(model_id, v) or "").startswith(revision):
@@ -176,25 +220,54 @@ class HubPolicy:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
                            "this commit id")
         try:
-            if revision == "main" and read_head(self.store, model_id, "main").version \
-                    is None and not self.store.exists(join("models", model_id, "main", MANIFEST)):
-                newest = self._newest_passing(model_id)
-                if newest is None:
-                    raise HubError(404, "RevisionNotFound", f"{repo_id}@main: no alias 'main' "
-                                   "and no release passing its gates")
-                return newest
-            if self.trust is not None:  # an alias only through a signed move (alias_sign)
-                from registry.pull import resolve_for_pull
-
-                return resolve_for_pull(self.store, model_id,
-                                        check_name(revision, "revision"), self.trust)
-            return resolve(self.store, model_id, check_name(revision, "revision"))
+            name = check_name(revision, "revision")
+            if revision != "main" or is_version(self.store, model_id, "main"):
+                return name
+            head = read_head(self.store, model_id, "main")
+            if head.version is not None or head.move is not None:
+                return name  # an alias, or one removed by a move: the trust function decides
+            self._refuse_fallback(model_id)
+            newest = self._newest_passing(model_id)
+            if newest is None:
+                raise HubError(404, "RevisionNotFound", f"{repo_id}@main: no alias 'main' "
+                               "and no release passing its gates")
+            return newest
         except SignatureError as e:
             raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: {e}") from None
         except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: {e}") from None
         except (RegistryError, OSError) as e:
             raise HubError(502, None, f"{repo_id}@{revision}: cannot resolve it ({e})") from None
+
+    def _refuse_fallback(self, model_id: str) -> None:
+        """``main`` has no pointer at all. The newest-release fallback is refused
+        when this server saw a move of ``main`` before (its pointer was erased,
+        :mod:`registry.trust.marks`) or, with trust, when the model's policy
+        protects ``main`` (a protected alias is served only through a signed move).
+
+        Raises:
+            SignatureError: either of the two.
+        """
+        where = self.store.url_of(join("models", model_id, "refs", "main"))
+        if self.marks is not None:
+            self.marks.check_alias(model_id, "main", None, where)
+        if current(self.trust) is None:
+            return
+        from registry.alias_sign import protected_keys
+        from registry.layout import policy_key
+        from registry.schemas import load_json
+
+        try:
+            doc = load_json(self.store.read_bytes(policy_key(model_id)),
+                            path=self.store.url_of(policy_key(model_id)))
+        except FileNotFoundError:
+            return
+        except (RegistryError, OSError) as e:
+            raise SignatureError(where, f"the policy cannot be read ({e}); 'main' has no "
+                                        "pointer, so nothing is served for it") from None
+        if protected_keys(doc, "main", where=where) is not None:
+            raise SignatureError(where, "'main' is a protected alias and has no signed "
+                                        "pointer: the newest-release fallback is refused")
 
     # -- what is refused ----------------------------------------------------------------
 
@@ -216,22 +289,6 @@ class HubPolicy:
             return describe(failed) if failed else None
         return self._cached(("gates", model_id, version), GATE_TTL, compute)
 
-    def _signature(self, rel: Release) -> str | None:
-        """Why the release's signature is not accepted, or None."""
-        trust = self.trust
-        if trust is None:
-            return None
-
-        def compute() -> str | None:
-            from registry.model_sig import verify_release
-            try:
-                verify_release(self.store, rel.prefix, rel.manifest, model_id=rel.model_id,
-                               version=rel.version, trust=trust)
-            except RegistryError as e:
-                return str(e).splitlines()[0]
-            return None
-        return self._cached(("sig", rel.manifest.digest), SIGNATURE_TTL, compute)
-
     def passing(self, rel: Release) -> bool:
         """Whether ``rel`` passes its gates now (verdicts kept GATE_TTL seconds)."""
         return self._gates(rel.model_id, rel.version) is None
@@ -243,7 +300,3 @@ class HubPolicy:
                 raise HubError(403, "GatedRepo", f"{rel.model_id}@{rel.version}: fails its "
                                f"gates now ({why}); this server serves only passing releases",
                                commit=rel.commit)
-        why = self._signature(rel)
-        if why is not None:
-            raise HubError(403, "GatedRepo", f"{rel.model_id}@{rel.version}: signature not "
-                           f"accepted: {why}", commit=rel.commit)

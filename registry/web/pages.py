@@ -48,12 +48,14 @@ def model(request: Request, model_id: str, before: CursorQ = None,
 @router.get("/models/{model_id}/aliases/{alias}")
 def alias_log(request: Request, model_id: str, alias: str,
               at: Annotated[str | None, Query(max_length=64)] = None) -> HTMLResponse:
-    from registry.alias_history import log_document
     from registry.cli.aliases import parse_time
     from registry.names import check_name
+    from registry.trust.moves import alias_log as log_document
+    from registry.trust.source import current
 
     doc = log_document(_reg(request).store, check_name(model_id, "model_id"),
-                       check_name(alias, "alias"), at=parse_time(at) if at else None)
+                       check_name(alias, "alias"), at=parse_time(at) if at else None,
+                       trust=current(request.app.state.hub.trust))
     return HTMLResponse(render("alias.html", title=f"{model_id}@{alias} history",
                                asked=at or "", **doc))
 
