@@ -47,6 +47,7 @@ from registry.errors import (
     IndexReadOnlyError,
     InvalidNameError,
     RegistryError,
+    StorageError,
     UnknownModelError,
 )
 from registry.gates import GateResult, Threshold, passed
@@ -465,6 +466,10 @@ class Registry(LifecycleMixin):
         when a model's policy lists keys (one small read of each model's
         ``policy.json``).
 
+        A model whose ``policy.json`` cannot be read is quarantined: its row
+        says so (``quarantined``: why) and passes nothing; the other rows are
+        answered as usual (issue 50 item 4).
+
         Raises:
             UnknownModelError: the index has no such model.
         """
@@ -475,10 +480,25 @@ class Registry(LifecycleMixin):
         rows = self._query(work)
         if model_id is None:
             for r in rows:
-                if r["newest_passing"] is not None and self._store_gated(r["model_id"]):
-                    ok = self.passing(r["model_id"], latest=True)
-                    r["newest_passing"] = ok[0]["version"] if ok else None
-        elif self._store_gated(model_id):
+                try:
+                    if r["newest_passing"] is not None and self._store_gated(r["model_id"]):
+                        ok = self.passing(r["model_id"], latest=True)
+                        r["newest_passing"] = ok[0]["version"] if ok else None
+                except StorageError:
+                    raise
+                except RegistryError as e:  # quarantined: this model fails closed, alone
+                    r["newest_passing"] = None
+                    r["quarantined"] = str(e).splitlines()[0]
+            return rows
+        try:
+            gated = self._store_gated(model_id)
+        except StorageError:
+            raise
+        except RegistryError as e:
+            gated, why = False, str(e).splitlines()[0]
+            for r in rows:
+                r["passing"], r["quarantined"] = False, why
+        if gated:
             for r in rows:
                 if r["passing"]:
                     r["passing"] = all(g.passed for g in self._store_gates(model_id,

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import IO, Any
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 from registry import limits, schemas
 from registry.errors import DocumentError, IntegrityError, ObjectNotFoundError, StorageError
@@ -41,6 +41,29 @@ MIRROR_ENV = "REGISTRY_MIRROR"
 
 class MirrorDownError(StorageError):
     """The mirror cannot be reached (connection refused, timeout, DNS)."""
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to the same origin (scheme, host, port): the
+    bearer token is never sent anywhere else (urllib would carry it along)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        target = urljoin(req.full_url, newurl)
+        if _origin(target) != _origin(req.full_url):
+            raise StorageError(f"{req.full_url}: the mirror redirected to another origin "
+                               f"({_origin(target)[1]}); not followed (credentials never "
+                               "cross origins)", key=req.full_url)
+        return super().redirect_request(req, fp, code, msg, headers, target)
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
 
 
 class MirrorStore(Store):
@@ -80,7 +103,7 @@ class MirrorStore(Store):
             h["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, headers=h, method=method)
         try:
-            return urllib.request.urlopen(req, timeout=TIMEOUT)  # noqa: S310 (http only)
+            return _OPENER.open(req, timeout=TIMEOUT)
         except urllib.error.HTTPError as e:
             why = e.headers.get("X-Error-Message") or e.reason
             e.close()
@@ -183,8 +206,8 @@ class MirrorStore(Store):
         parts = key.split("/")
         if len(parts) == 4 and parts[0] == "models" and (parts[2] == "refs" or
                                                            parts[3] == "MANIFEST.json"):
-            with self.open_read(key) as f:
-                return ObjectInfo(key, len(f.read()))
+            with self.open_read(key) as f:  # never more than the cap, then the reader refuses
+                return ObjectInfo(key, len(limits.read_at_most(f, limits.MAX_MANIFEST_BYTES)))
         with self._request(self._file_url(key), method="HEAD") as r:
             return ObjectInfo(key, int(r.headers.get("Content-Length", 0)))
 
@@ -207,7 +230,10 @@ class MirrorStore(Store):
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         with self.open_read(key) as f:
-            data = f.read()
+            data = limits.read_at_most(f, limits.MAX_READ_BYTES)
+        if len(data) > limits.MAX_READ_BYTES:
+            raise DocumentError(self.url_of(key), f"larger than {limits.MAX_READ_BYTES} bytes "
+                                                  "(REGISTRY_MAX_READ_BYTES)")
         return data, ""
 
     def swap(self, key: str, data: bytes, expected: str | None) -> None:

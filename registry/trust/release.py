@@ -66,18 +66,25 @@ def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None
     (RollbackError)."""
     if is_version(store, model_id, name):
         return resolve(store, model_id, name)
-    if marks is not None:
+    if trust is None:
+        version = resolve(store, model_id, name)
+    else:
+        from registry.alias_sign import trusted_alias_version
+
+        version = trusted_alias_version(store, model_id, name, trust)
+    if marks is not None:  # after the signature: an older *signed* move is refused here
         from registry.alias_history import read_head
         from registry.layout import alias_key
 
         head = read_head(store, model_id, name)
+        if head.version != version:
+            from registry.errors import PointerConflictError
+
+            raise PointerConflictError(store.url_of(alias_key(model_id, name)),
+                                       expected=version, actual=str(head.version))
         marks.check_alias(model_id, name, head.move.seq if head.move is not None else None,
                           store.url_of(alias_key(model_id, name)))
-    if trust is None:
-        return resolve(store, model_id, name)
-    from registry.alias_sign import trusted_alias_version
-
-    return trusted_alias_version(store, model_id, name, trust)
+    return version
 
 
 def check_marks(store: Store, model_id: str, version: str, marks: Marks,
