@@ -148,7 +148,8 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
                 continue
             _release(plan, store, model_id, name, listed=True,
                      indexed=(model_id, name) in indexed["releases"])
-    seen = {(r["what"].split("@", 1)[0], r["what"].split("@", 1)[1]) for r in plan.report}
+    seen = {(r["what"].split("@", 1)[0], r["what"].split("@", 1)[1]) for r in plan.report
+            if "@" in r["what"]}
     for model_id, version in sorted(indexed["releases"] - plan.releases.keys() - seen):
         _release(plan, store, model_id, version, listed=False, indexed=True)
     _lifecycle(plan, store)

@@ -62,7 +62,11 @@ def alias_log(request: Request, model_id: str, alias: str,
 
 @router.get("/models/{model_id}/{ref}")
 def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
-    v = views.version_view(_reg(request), model_id, ref, request.app.state.release_files)
+    from registry.names import check_name
+    from registry.web.api import trusted_ref
+
+    version = trusted_ref(request, check_name(model_id, "model_id"), ref)[1]
+    v = views.version_view(_reg(request), model_id, version, request.app.state.release_files)
     d = v["doc"]
     return HTMLResponse(render("version.html", title=f"{d['model_id']}@{d['version']}", **v))
 
