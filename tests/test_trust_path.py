@@ -174,11 +174,12 @@ def test_kept_import_paths() -> None:
     assert delegate is open_release
 
 
-#: primitives only the trust function calls (registry/trust/); a door calling one of them
-#: decides trust on its own. The publish-time signature gate checks a release being
-#: made, not one being read.
-PRIMITIVES = {"refuse_retired", "trusted_alias_version", "verify_release", "start_signature_check",
-              "resolve_for_pull", "verify_move"}
+#: primitives only the trust function (registry/trust/) calls; a door calling one of them
+#: decides trust on its own (the trust package's own functions, open_release and
+#: resolve_for_pull, are what doors call). The publish-time signature gate checks a
+#: release being made, not one being read.
+PRIMITIVES = {"refuse_retired", "trusted_alias_version", "verify_release",
+              "verify_move", "precheck", "verify_bytes"}
 ALLOWED = {"registry/release/signature_gate.py", "registry/lifecycle/guard.py",
            "registry/alias_sign.py", "registry/model_sig.py"}
 
