@@ -241,8 +241,8 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
         if failed and require_passing:
             from registry.errors import GateFailedError
 
-            raise GateFailedError(f"{model_id}@{version}: refused (it fails its gates now; "
-                                  "require passing)", failed)
+            raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing, "
+                                  "require_passing: it fails its gates now)", failed)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     signature: Future[SignatureCheck] | None = None
