@@ -279,3 +279,18 @@ def test_a_signed_alias_passes_through_a_keyless_mirror(world: World, tmp_path: 
     m = world.model("through")
     # the mirror hands over the signed move, which this host checks
     assert door_mirror(world, m, tmp_path, tmp_path / "p") == "2"
+
+
+def test_a_deleted_revocation_is_not_lifted(tmp_path: Path) -> None:
+    from registry.ledger import revoke
+
+    store = open_store(str(tmp_path / "s"))
+    ModelRelease(store).publish(model_dir(tmp_path, "a"), "m", "1", ledger=[ledger_row()],
+                                eval_summary=summary())
+    revoke(store, "some-other-source", "withdrawn")
+    argv = ["pull", "m@1", "--require-passing", "--store", store.url, "--json"]
+    assert run_cli(*argv, "--to", str(tmp_path / "p1")).returncode == 0  # seen revoked
+    store.delete("ledger/revocations/some-other-source.json")
+    r = run_cli(*argv, "--to", str(tmp_path / "p2"))
+    assert r.returncode != 0 and "never taken as lifted" in r.stderr, r.stderr
+    assert not (tmp_path / "p2").exists()

@@ -18,6 +18,8 @@ tombstone of ``<m>@<v>``        that it existed; a release whose tombstone
                                 is gone stays deleted on this host
 alias pointer ``refs/<a>``      its highest move ``seq``; a pointer with a
                                 lower seq, or one without history, is refused
+``ledger/revocations/<s>.json``  that it existed (read where gates are
+                                evaluated); gone afterwards: refused
 ==============================  ============================================
 
 The marks cannot protect what this host never saw (first use): a fresh host
@@ -79,7 +81,7 @@ class Marks:
         self.path = Path(path) if path is not None else None
         self.store_url = store_url
         self._lock = threading.Lock()
-        self._memory: dict[str, dict[str, int]] = {"aliases": {}, "yanks": {}, "deleted": {}}
+        self._memory: dict[str, dict[str, int]] = {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
 
     @classmethod
     def for_store(cls, store_url: str, cache: str | os.PathLike[str] | None = None) -> Marks:
@@ -93,13 +95,13 @@ class Marks:
         try:
             doc = json.loads(self.path.read_bytes())
         except FileNotFoundError:
-            return {"aliases": {}, "yanks": {}, "deleted": {}}
+            return {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
         except (OSError, ValueError):
             # a damaged marks file is this host's own state: start over, loudly in the
             # next refusal's absence; never a crash of every pull
-            return {"aliases": {}, "yanks": {}, "deleted": {}}
+            return {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
         out: dict[str, dict[str, int]] = {}
-        for kind in ("aliases", "yanks", "deleted"):
+        for kind in ("aliases", "yanks", "deleted", "revoked"):
             table = doc.get(kind) if isinstance(doc, dict) else None
             out[kind] = {str(k): int(v) for k, v in (table or {}).items()
                          if isinstance(v, int) and not isinstance(v, bool)}
@@ -162,6 +164,20 @@ class Marks:
                                            "tombstone is gone now: refused")
             if deleted and len(state["deleted"]) < MAX_MARKS:
                 state["deleted"][key] = 1
+
+    def check_revoked(self, sources: set[str], where: str) -> None:
+        """``sources``: the data sources revoked in the store now (readable or
+        not). Raises RollbackError when one seen revoked before is missing."""
+        with self._state() as state:
+            gone = sorted(k for k in state["revoked"] if k not in sources)
+            if gone:
+                raise RollbackError(where, f"the revocation of data source {gone[0]!r} is "
+                                           f"gone, but this host saw it before (trust on first "
+                                           f"use, {self._where()}): refused, a revocation is "
+                                           "never taken as lifted")
+            for k in sources:
+                if len(state["revoked"]) < MAX_MARKS:
+                    state["revoked"][k] = 1
 
     def check_alias(self, model_id: str, alias: str, seq: int | None, where: str) -> None:
         """``seq``: the seq of the pointer's move now (None: no pointer, or one

@@ -237,6 +237,18 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
     if gates or require_passing:
         from registry.release.failing import failing_gates
 
+        if marks is not None:  # a revocation a store writer deleted is not lifted
+            from registry.layout import REVOCATIONS
+
+            from registry.errors import StorageError
+
+            try:
+                names = {n[:-5] for n, d in store.list_dir(REVOCATIONS)
+                         if not d and n.endswith(".json")}
+            except StorageError:  # a mirror lists nothing; a store's failure: the gates say
+                names = None
+            if names is not None:
+                marks.check_revoked(names, store.url_of(REVOCATIONS))
         failed = failing_gates(store, model_id, version)
         if failed and require_passing:
             from registry.errors import GateFailedError
