@@ -111,6 +111,7 @@ def fill(url: str, n: int) -> list[str]:
     from registry.layout import tombstone_key
 
     with open_store(url) as store:
+        store.ensure_root()
         if not store.exists(tombstone_key("m", "1")):
             store.write_bytes(tombstone_key("m", "1"), b"{}")
         return [append_event(store, "model_version_tag.set", model_id="m", version="1",
