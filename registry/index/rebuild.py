@@ -256,7 +256,7 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
     ``report``: one ``{"action", "what", "reason"}`` per release skipped,
     damaged, removed or kept against the listing (actions ``skipped``,
     ``damaged``, ``removed``, ``kept``), and per store record quarantined
-    (``quarantined``, counted in ``quarantined``: a model folder with an
+    (``quarantined``, counted in ``quarantined`` when any: a model folder with an
     invalid name, a garbled revocation or ``policy.json``; the others are
     indexed, issue 50 item 4).
 
@@ -311,7 +311,9 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
         counts.update(tombstones=len(plan.tombstones), yanks=len(plan.yanks),
                       tagged=len(plan.tags))
         counts["report"] = plan.report + damaged
-        counts["quarantined"] = sum(r["action"] == "quarantined" for r in plan.report)
+        quarantined = sum(r["action"] == "quarantined" for r in plan.report)
+        if quarantined:  # the document keeps its shape when there is none
+            counts["quarantined"] = quarantined
 
     index.run(work)
     return counts

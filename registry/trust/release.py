@@ -209,7 +209,8 @@ class OpenedRelease:
 
 def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None = None,
                  allow_yanked: bool = False, gates: bool = False,
-                 require_passing: bool = False, marks: Marks | None = None,
+                 require_passing: bool = False,
+                 marks: Marks | Literal["host"] | None = "host",
                  verify: Literal["async", "now"] = "async",
                  verdicts: Verdicts | None = None) -> OpenedRelease:
     """Resolve ``model_id@name`` and admit it for reading, in this order:
@@ -217,6 +218,11 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
     and yank, the gates (``gates`` or ``require_passing``), the manifest, the
     signature (its claims now; its cryptography on a thread with
     ``verify="async"``, else at once, through ``verdicts`` when given).
+
+    ``marks``: this host's high-water marks (:mod:`registry.trust.marks`);
+    ``"host"`` (the default): those of the store in this host's cache folder
+    (``$REGISTRY_CACHE``), so a door that passes nothing is still protected;
+    None: none (only for a caller that keeps no state, and says so).
 
     Raises:
         NotCommittedError, ManifestError, InvalidNameError: no such release,
@@ -229,6 +235,11 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
         SignatureError: see :func:`start_signature_check` and
             :func:`resolve_for_pull`.
     """
+    if marks == "host":
+        from registry.trust.marks import Marks as _Marks
+
+        marks = _Marks.for_store(store.url)
+    assert not isinstance(marks, str)
     version = resolve_for_pull(store, model_id, name, trust, marks)
     if marks is not None:
         check_marks(store, model_id, version, marks, allow_yanked)
