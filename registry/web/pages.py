@@ -65,8 +65,10 @@ def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
     from registry.names import check_name
     from registry.web.api import trusted_ref
 
-    version = trusted_ref(request, check_name(model_id, "model_id"), ref)[1]
-    v = views.version_view(_reg(request), model_id, version, request.app.state.release_files)
+    # the trust function admits the ref (with keys: an alias only through a signed move,
+    # never below this server's marks); the page then shows it as asked
+    trusted_ref(request, check_name(model_id, "model_id"), ref)
+    v = views.version_view(_reg(request), model_id, ref, request.app.state.release_files)
     d = v["doc"]
     return HTMLResponse(render("version.html", title=f"{d['model_id']}@{d['version']}", **v))
 
