@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from registry.errors import SignatureError
+from registry.errors import SignatureError, StorageError
 
 #: the folder under the cache that holds one marks file per store
 FOLDER = "marks"
@@ -113,8 +113,13 @@ class Marks:
             if self.path is None:
                 yield self._memory
                 return
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path.parent / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(self.path.parent / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:
+                raise StorageError(f"{self.path.parent}: cannot use as the cache directory "
+                                   f"of this host's marks ({e.strerror})",
+                                   key=str(self.path.parent)) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 state = self._read()
@@ -123,10 +128,14 @@ class Marks:
                 after = json.dumps(state, sort_keys=True)
                 if after != before:
                     tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-                    wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(wfd, "w") as f:
-                        f.write(after)
-                    os.replace(tmp, self.path)
+                    try:
+                        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                        with os.fdopen(wfd, "w") as f:
+                            f.write(after)
+                        os.replace(tmp, self.path)
+                    except OSError as e:
+                        raise StorageError(f"{self.path}: cannot record this host's marks "
+                                           f"({e.strerror})", key=str(self.path)) from None
             finally:
                 os.close(fd)
 
