@@ -47,6 +47,7 @@ from registry.errors import (
     IndexReadOnlyError,
     InvalidNameError,
     RegistryError,
+    StorageError,
     UnknownModelError,
 )
 from registry.gates import GateResult, Threshold, passed
@@ -70,7 +71,6 @@ from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
 from registry.release.events import release_event
-from registry.release.failing import failing_gates
 from registry.release.code import code_files
 from registry.release.model_release import stored_code_gate
 from registry.release.policy import forbids_code, set_policy, signed_by
@@ -360,17 +360,9 @@ class Registry(LifecycleMixin):
                 now (live ledger, policy): nothing is downloaded.
         """
         model_id, given = parse_ref(ref)
-        name = given or ""  # a bare model id: registry.pull.opened.default_version
-        if require_passing:
-            from registry.pull.opened import default_version
-
-            name = resolve(self.store, model_id, name) if name else \
-                default_version(self.store, model_id, kw.get("trust"))
-            failed = failing_gates(self.store, model_id, name)
-            if failed:
-                raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",
-                                      failed)
-        return pull(self.store, model_id, name, **kw)
+        # resolved (a bare model id: registry.trust.release.default_version), admitted
+        # and gated once, by the trust function (registry.trust.release)
+        return pull(self.store, model_id, given or "", require_passing=require_passing, **kw)
 
     def cache(self, path: str | os.PathLike[str] | None = None) -> PullCache:
         """This host's pull cache (``path``, else ``$REGISTRY_CACHE``...):
@@ -482,6 +474,10 @@ class Registry(LifecycleMixin):
         when a model's policy lists keys (one small read of each model's
         ``policy.json``).
 
+        A model whose ``policy.json`` cannot be read is quarantined: its row
+        says so (``quarantined``: why) and passes nothing; the other rows are
+        answered as usual (issue 50 item 4).
+
         Raises:
             UnknownModelError: the index has no such model.
         """
@@ -492,10 +488,25 @@ class Registry(LifecycleMixin):
         rows = self._query(work)
         if model_id is None:
             for r in rows:
-                if r["newest_passing"] is not None and self._store_gated(r["model_id"]):
-                    ok = self.passing(r["model_id"], latest=True)
-                    r["newest_passing"] = ok[0]["version"] if ok else None
-        elif self._store_gated(model_id):
+                try:
+                    if r["newest_passing"] is not None and self._store_gated(r["model_id"]):
+                        ok = self.passing(r["model_id"], latest=True)
+                        r["newest_passing"] = ok[0]["version"] if ok else None
+                except StorageError:
+                    raise
+                except RegistryError as e:  # quarantined: this model fails closed, alone
+                    r["newest_passing"] = None
+                    r["quarantined"] = str(e).splitlines()[0]
+            return rows
+        try:
+            gated = self._store_gated(model_id)
+        except StorageError:
+            raise
+        except RegistryError as e:
+            gated, why = False, str(e).splitlines()[0]
+            for r in rows:
+                r["passing"], r["quarantined"] = False, why
+        if gated:
             for r in rows:
                 if r["passing"]:
                     r["passing"] = all(g.passed for g in self._store_gates(model_id,

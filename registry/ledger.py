@@ -92,16 +92,44 @@ def revocation_of(store: Store, source_id: str) -> dict[str, Any]:
     return _read(store, revocation_key(check_name(source_id, 'source_id'))).to_dict()
 
 
-def revocations(store: Store) -> dict[str, Revocation]:
-    """Every revocation in the store, by source id."""
+def revocations(store: Store, *, quarantined: list[dict[str, str]] | None = None
+                ) -> dict[str, Revocation]:
+    """Every revocation in the store, by source id.
+
+    A record that cannot be read (garbled, over the cap, not a revocation, or
+    naming another source than its file) is quarantined: left out and named
+    in ``quarantined`` (``{"key", "reason"}``) when given, never stopping the
+    others (issue 50 item 4).
+
+    Raises:
+        DocumentError: a record cannot be read and ``quarantined`` is None.
+    """
     out = {}
     for name, is_dir in store.list_dir(PREFIX):
         if not is_dir and name.endswith(".json"):
-            rev = _read(store, join(PREFIX, name))
+            key = join(PREFIX, name)
+            try:
+                rev = _read(store, key)
+                if rev.source_id != name[:-len(".json")]:
+                    raise DocumentError(store.url_of(key), f"names source {rev.source_id!r}, "
+                                                           "not the one of its file name")
+            except (DocumentError, ValueError) as e:
+                if quarantined is None:
+                    raise
+                quarantined.append({"key": key, "reason": str(e).splitlines()[0]})
+                continue
             out[rev.source_id] = rev
     return dict(sorted(out.items()))
 
 
 def revoked_reasons(store: Store) -> dict[str, str]:
-    """source_id -> reason: the live ledger as the gates read it."""
-    return {k: v.revocation_reason for k, v in revocations(store).items()}
+    """source_id -> reason: the live ledger as the gates read it. A revocation
+    record that cannot be read still revokes the source its file names (fail
+    closed for that source alone): a store writer who garbles one record
+    neither lifts it nor stops the gates of every other release."""
+    bad: list[dict[str, str]] = []
+    out = {k: v.revocation_reason for k, v in revocations(store, quarantined=bad).items()}
+    for q in bad:
+        source_id = q["key"].rpartition("/")[2][:-len(".json")]
+        out.setdefault(source_id, f"its revocation record cannot be read ({q['reason']})")
+    return out

@@ -62,7 +62,14 @@ def test_writer_needs_a_listed_key(durable_store_url: str, tmp_path: Path,
     # an unprotected alias moves unsigned as before
     assert run_cli("alias", "set", MODEL, "staging", "1", *s).returncode == 0
     r = run_cli("alias", "log", MODEL, "prod", "--store", durable_store_url)
-    assert f"signed {fp[:16]}" in r.stdout
+    # without trusted keys a signature is a claim, never "signed by" (issue 50)
+    assert f"claims key {fp[:16]}, not verified" in r.stdout, r.stdout
+    r = run_cli("alias", "log", MODEL, "prod", "--store", durable_store_url,
+                "--trusted-key", str(keys["release"][1]))
+    assert f"verified: key {fp[:16]}" in r.stdout, r.stdout
+    r = run_cli("alias", "log", MODEL, "prod", "--store", durable_store_url,
+                "--trusted-key", str(keys["attacker"][1]))
+    assert "refused:" in r.stdout and "verified: key" not in r.stdout, r.stdout
 
 
 def test_store_writer_cannot_repoint_prod(durable_store_url: str, tmp_path: Path,

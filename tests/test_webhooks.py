@@ -105,7 +105,15 @@ def secret_file(tmp_path: Path) -> Path:
 
 
 def fill(url: str, n: int) -> list[str]:
+    """``n`` tag events of ``m@1``; what they claim is made true in the store first
+    (``m@1`` has a record: a tombstone), since an event is delivered only then
+    (issue 50, registry.trust.events)."""
+    from registry.layout import tombstone_key
+
     with open_store(url) as store:
+        store.ensure_root()
+        if not store.exists(tombstone_key("m", "1")):
+            store.write_bytes(tombstone_key("m", "1"), b"{}")
         return [append_event(store, "model_version_tag.set", model_id="m", version="1",
                              data={"i": i}) for i in range(n)]
 

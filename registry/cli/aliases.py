@@ -61,14 +61,29 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
                   "--at", metavar="TIME",
                   help="Say what ALIAS designated at TIME (RFC 3339, or a date: the end "
                        "of that day, UTC) instead of listing the moves.")] = None,
+              trusted_key: Annotated[list[str] | None, typer.Option(
+                  "--trusted-key", metavar="PATH",
+                  help="Public key (PEM) to verify the moves' signatures with "
+                       "(repeatable); without one a signature is shown as a claim, "
+                       "not verified.")] = None,
+              trusted_keys: Annotated[str | None, typer.Option(
+                  "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
+                  help="Folder of trusted public keys and revoked.json.")] = None,
               store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """The moves of ALIAS of MODEL_ID, newest first: when, from, to, who, signing key."""
-    from registry.alias_history import AliasMove, log_document
+    """The moves of ALIAS of MODEL_ID, newest first: when, from, to, who, and their
+    signatures: verified against --trusted-key(s), else shown as unverified claims."""
+    from registry.alias_history import AliasMove
     from registry.store import open_store
+    from registry.trust.moves import alias_log as log_document
 
     with error_boundary(as_json):
         when = parse_time(at) if at is not None else None
-        doc = log_document(open_store(store), model_id, alias, at=when)
+        trust = None
+        if trusted_key or trusted_keys:
+            from registry.trust import load_trust
+
+            trust = load_trust(trusted_key or [], trusted_keys)
+        doc = log_document(open_store(store), model_id, alias, at=when, trust=trust)
     for note in doc["broken"]:
         echo(f"warning: {note}", err=True)
     if as_json:
@@ -84,9 +99,7 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
         return
     moves = [AliasMove(b"", m) for m in doc["moves"]]
     for m in moves:
-        sig = m.doc["signature"]
         echo(f"{m.seq}\t{m.time}\t{m.old or '-'} -> {m.new or '(removed)'}\t"
-             f"{actor.describe(m.doc['actor'])}"
-             + (f"\tsigned {sig['key'][:16]}" if sig else ""))
+             f"{actor.describe(m.doc['actor'])}\t{m.doc['signature_state']}")
     if not moves:
         echo(f"{model_id}@{alias} has no recorded moves", err=True)

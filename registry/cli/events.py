@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -55,14 +55,14 @@ def _line(e: object) -> str:
         f"\t{extra}" if extra else "")
 
 
-def _events(store: str | None, since: str | None) -> list[object]:
-    from registry.events.log import iter_events
+def _events(store: str | None, since: str | None, newest: int | None = None) -> list[object]:
+    from registry.events.log import select_events
     from registry.store import open_store
 
     after, when = _since(since)
     damaged: list[str] = []
-    out = [e for e in iter_events(open_store(store), after=after, damaged=damaged)
-           if when is None or e.time >= when]
+    out: list[object] = list(select_events(open_store(store), after=after, when=when,
+                                           newest=newest, damaged=damaged))
     for note in damaged:
         echo(f"warning: damaged event skipped: {note}", err=True)
     return out
@@ -92,7 +92,7 @@ def events_tail(count: Annotated[int, typer.Option("--count", min=1, metavar="N"
                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Print the newest events (with --follow, then each new one as it is appended)."""
     with error_boundary(as_json):
-        events = _events(store, since)[-count:]
+        events = _events(store, since, newest=count)
         for e in events:
             echo(json_line(e) if as_json else _line(e))
         last = events[-1].seq if events else _last(store)  # type: ignore[attr-defined]
@@ -143,12 +143,20 @@ def events_deliver(webhook: WebhookOpt, secret_file: SecretOpt,
         s = open_store(store)
         c = Cursor(default_cursor(s.url, url) if cursor is None else Path(cursor))
         start = c.read()
+        aside: list[dict[str, Any]] = []
+
+        def set_aside(e: Any, why: str) -> None:
+            aside.append({"seq": e.seq, "id": e.id, "name": e.name, "reason": why})
+            echo(f"warning: set aside event {e.seq} {e.name}: not true in the store ({why}); "
+                 "not delivered", err=True)
+
         sent = deliver(s, url, secret, c, max_attempts=max_attempts, backoff=backoff,
                        follow=follow, on_event=None if as_json else lambda e, n: echo(
-                           f"delivered {e.seq} {e.name} ({n} attempt{'s' if n > 1 else ''})"))
+                           f"delivered {e.seq} {e.name} ({n} attempt{'s' if n > 1 else ''})"),
+                       on_set_aside=set_aside)
     if as_json:
         print_json({"webhook": url, "cursor": str(c.path), "from": start, "delivered": sent,
-                    "to": c.read()})
+                    "to": c.read(), "set_aside": aside})
     elif not sent:
         echo(f"nothing to deliver after event {start}", err=True)
 

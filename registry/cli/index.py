@@ -261,6 +261,9 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = N
     if not rows:
         echo(f"no model in the index {reg.index}" if model_id is None
                    else f"{model_id} has no releases in the index {reg.index}", err=True)
+    for why in sorted({(r.get("model_id") or model_id, r["quarantined"]) for r in rows
+                       if r.get("quarantined")}):  # once per model, never stopping the rest
+        echo(f"warning: quarantined {why[0]}: {why[1]} (passes nothing until mended)", err=True)
     for r in rows:
         if model_id is None:
             echo(f"{r['model_id']}\t{count(r['releases'], 'release')}\tnewest {r['newest']}\t"

@@ -95,7 +95,7 @@ def load(
             if name is not None:
                 source, version, failed = _source(mirror, hub_namespace, store, model_id,
                                                   name, trust)
-                target = f"{model_id}@{version}"
+                target = f"{model_id}@{version}" if version else model_id
                 if failed and require_passing:
                     raise GateFailedError(f"{ref}: not loaded (--require-passing)", failed)
         framework = "np" if check or importlib.util.find_spec("torch") is None else "pt"

@@ -148,8 +148,10 @@ def pull(
             version, manifest = recall(c, model_id, name or "main")
             s: Store = CacheStore(c, model_id, version, manifest)
             failed: list[GateResult] = []
+            hint: list[GateResult] | None = []
         else:
-            s, version, failed = _source(mirror, hub_namespace, store, model_id, name, trust)
+            s, version, hint = _source(mirror, hub_namespace, store, model_id, name, trust)
+            failed = hint or []
         if failed and require_passing:
             raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing)",
                                   failed)
@@ -163,8 +165,12 @@ def pull(
                              blobs=True if blobs else (False if no_blobs else None),
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
                              ref=name or None, allow_yanked=allow_yanked or offline,
+                             gates=not offline and hint is None, require_passing=require_passing
+                             and not offline and hint is None,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
+        if not offline and hint is None:
+            failed = list(result.failing)
     if as_json:
         print_json({**result.to_dict(), "passing": not failed, "offline": offline,
                     "failing_gates": [r.to_dict() for r in failed]})
@@ -190,10 +196,16 @@ def pull(
 
 
 def _source(mirror: str | None, namespace: str, store: str | None, model_id: str,
-            name: str, trust: Any = None) -> tuple[Store, str, list[GateResult]]:
-    """The store to pull from, the version ``name`` resolves to there, and the
-    gates it fails now. Through a mirror, the mirror evaluates the gates (it
-    refuses failing releases unless started with --allow-failing); a mirror
+            name: str, trust: Any = None) -> tuple[Store, str, list[GateResult] | None]:
+    """The store to pull from, the name to pull there, and the gates it fails
+    now (None: the pull evaluates them itself, through the trust function).
+
+    Through a mirror its answer is a hint: without trust, the version it names
+    is pulled (by version, never by alias, so a move mid-pull cannot mix
+    two releases) and its verdict on the gates is taken (it refuses failing
+    releases unless started with --allow-failing); with trust, the alias is
+    resolved by :func:`registry.trust.release.open_release` from the signed
+    move the mirror must hand over, never from the version it names. A mirror
     that cannot be reached falls back to the store when one is configured."""
     if mirror:
         from registry.pull.mirror_store import MirrorDownError, MirrorStore
@@ -212,16 +224,8 @@ def _source(mirror: str | None, namespace: str, store: str | None, model_id: str
                                        "registry version (not a registry serve?)", name=name)
             failed = [] if doc.get("passing", True) else [
                 GateResult("gates", False, "the mirror reports it fails its gates now")]
-            return ms, resolve(ms, model_id, version), failed
-    s = open_store(store)
-    from registry.pull.opened import default_version, resolve_for_pull
-
-    # with trust: signed alias moves only
-    version = (resolve_for_pull(s, model_id, name, trust) if name
-               else default_version(s, model_id, trust))
-    from registry.release.failing import failing_gates  # the gates read release documents
-
-    return s, version, failing_gates(s, model_id, version)
+            return ms, (name if trust is not None else resolve(ms, model_id, version)), failed
+    return open_store(store), name, None
 
 
 def _signer(check: dict[str, Any]) -> str:

@@ -146,10 +146,10 @@ def serve(
                              "--token-file (every request must then carry the token)")
         trust = None
         if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.trust import load_trust
+            from registry.trust.source import TrustSource  # re-read when its files change
 
-            trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
-                               ca_folder=trusted_cas)
+            trust = TrustSource(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
+                                ca_folder=trusted_cas)
         from registry.names import check_name
         from registry.web.hub import HubStats
         from registry.web.hubrefs import HubPolicy
@@ -163,10 +163,11 @@ def serve(
             raise UsageError(str(e)) from None
         hook = _webhook(webhook, webhook_secret_file)
         reg = Registry(store, db)
+        from registry.trust.marks import Marks
         from registry.web.fresh import MIRROR_FRESH_FOR, Facts
 
         policy = HubPolicy(reg.store, namespace=hub_namespace, allow_failing=allow_failing,
-                           trust=trust,
+                           trust=trust, marks=Marks.for_store(reg.store.url),
                            facts=Facts(fresh_for if fresh_for is not None
                                        else MIRROR_FRESH_FOR if mirror_cache else 0.0,
                                        stale_for))

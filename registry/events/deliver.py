@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 from registry.errors import DocumentError, RegistryError, UsageError
 from registry.events.log import Event, iter_events
 from registry.store import Store
+from registry.trust.events import claim_refuted
 
 HEADER_ID = "X-Registry-Event-Id"
 HEADER_NAME = "X-Registry-Event"
@@ -118,10 +119,14 @@ class Cursor:
         return int(doc["delivered"])
 
     def write(self, seq: int, event_id: str) -> None:
-        """Record ``seq`` as delivered (durable on return)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Record ``seq`` as delivered (durable on return). The folder is
+        created 0700 and the file 0600 whatever the umask: another local user
+        who could rewrite the cursor could silence the notifications."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
             json.dump({"delivered": seq, "event_id": event_id}, f)
             f.flush()
             os.fsync(f.fileno())
@@ -164,7 +169,8 @@ def deliver(store: Store, url: str, secret: bytes, cursor: Cursor, *,
             max_attempts: int = 10, backoff: float = 0.5, max_backoff: float = 60.0,
             follow: bool = False, poll: float = 2.0,
             on_event: Callable[[Event, int], None] | None = None,
-            stop: Callable[[], bool] | None = None) -> int:
+            stop: Callable[[], bool] | None = None,
+            on_set_aside: Callable[[Event, str], None] | None = None) -> int:
     """Deliver every event after the cursor, in order; returns how many.
 
     Args:
@@ -173,6 +179,10 @@ def deliver(store: Store, url: str, secret: bytes, cursor: Cursor, *,
         follow: keep polling the log for new events (every ``poll`` seconds)
             until ``stop()`` says so.
         on_event: called with each event and the attempts it took.
+        on_set_aside: called with each event not delivered because what it
+            claims is not true in the store (a store writer's event:
+            :func:`registry.trust.events.claim_refuted`) and why; the cursor
+            moves past it and delivery goes on.
 
     Raises:
         DeliveryError: an event was refused ``max_attempts`` times (cursor
@@ -183,6 +193,12 @@ def deliver(store: Store, url: str, secret: bytes, cursor: Cursor, *,
     sent = 0
     while True:
         for event in iter_events(store, after=cursor.read()):
+            why = claim_refuted(store, event)
+            if why is not None:  # set aside, named; never signed and sent
+                cursor.write(event.seq, event.id)
+                if on_set_aside is not None:
+                    on_set_aside(event, why)
+                continue
             attempt = 0
             while True:
                 attempt += 1

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.errors import DocumentError, ObjectExistsError, ObjectNotFoundError, StorageError
-from registry.layout import EVENTS, EVENTS_TMP_PREFIX, event_key
+from registry.layout import EVENT_DIGITS, EVENTS, EVENTS_TMP_PREFIX, event_key
 from registry.manifest import utc_now
 from registry.schemas import load_json, validate
 from registry.store import Store
@@ -68,14 +68,43 @@ class Event:
                 "version": self.version, "data": self.data, "actor": self.actor}
 
 
-def event_numbers(store: Store) -> list[int]:
-    """The numbers of the events in the store, ascending (one listing).
+#: the largest step from one event number to the next that readers and writers
+#: accept: numbers have no holes, so a jump is a store writer's object (an event
+#: numbered 10**30 would otherwise push every later append past every reader)
+MAX_GAP = 1000
+
+
+def split_numbers(names: list[str]) -> tuple[list[int], list[str]]:
+    """``(numbers, quarantined)`` of the event object names ``names``: the
+    numbers of ``<seq:012d>.json`` names, ascending, up to the first jump of
+    more than :data:`MAX_GAP` from the one before (from 0 for the first); the
+    names past it, or of more than 12 digits, are quarantined (issue 50 item 4:
+    bounded sequence numbers)."""
+    found = sorted((int(n[:-5]), n) for n in names if _NAME.fullmatch(n))
+    numbers: list[int] = []
+    quarantined: list[str] = []
+    for seq, name in found:
+        if len(name) != EVENT_DIGITS + 5 or seq - (numbers[-1] if numbers else 0) > MAX_GAP \
+                or quarantined:
+            quarantined.append(name)
+        else:
+            numbers.append(seq)
+    return numbers, quarantined
+
+
+def event_numbers(store: Store, *, quarantined: list[str] | None = None) -> list[int]:
+    """The numbers of the events in the store, ascending (one listing); the
+    object names out of bounds (:func:`split_numbers`) go to ``quarantined``
+    when given, and are never read or numbered after.
 
     Raises:
         StorageError: the store could not be listed.
     """
-    return sorted(int(name[:-5]) for name, is_dir in store.list_dir(EVENTS)
-                  if not is_dir and _NAME.fullmatch(name))
+    numbers, bad = split_numbers([name for name, is_dir in store.list_dir(EVENTS)
+                                  if not is_dir])
+    if quarantined is not None:
+        quarantined.extend(bad)
+    return numbers
 
 
 def _create_whole(store: Store, key: str, data: bytes) -> None:
@@ -159,10 +188,62 @@ def read_event(store: Store, seq: int) -> Event:
 
     Raises:
         ObjectNotFoundError: no such event.
-        DocumentError: see :func:`parse_event`.
+        DocumentError: see :func:`parse_event`; larger than
+            ``limits.MAX_JSON_BYTES`` (nothing more is read).
     """
-    key = event_key(seq)
-    return parse_event(store.read_bytes(key), where=store.url_of(key), seq=seq)
+    from registry import limits
+
+    key = event_key(seq)  # an event is a JSON document: read at most its cap
+    return parse_event(store.read_bytes(key, limit=limits.MAX_JSON_BYTES),
+                       where=store.url_of(key), seq=seq)
+
+
+def _time_of(store: Store, seq: int) -> str | None:
+    try:
+        return read_event(store, seq).time
+    except (ObjectNotFoundError, DocumentError):
+        return None
+
+
+def select_events(store: Store, *, after: int = 0, when: str | None = None,
+                  newest: int | None = None, damaged: list[str] | None = None
+                  ) -> list[Event]:
+    """The events above ``after`` and at or after the time ``when``, in order;
+    with ``newest``, only the last ``newest`` of them. Costs one listing plus
+    the events asked for (and, with ``when``, about log2(n) reads to find the
+    first): never a read of the whole log (issue 50 item 5).
+
+    An event's time is its writer's clock at append: the numbers' order is the
+    log's order, times of concurrent writers may be a little out of it, so
+    ``when`` is found by bisection on the numbers (an event within that
+    skew of ``when`` may be left out or kept).
+
+    Raises:
+        as :func:`iter_events`.
+    """
+    import bisect
+
+    numbers = [n for n in event_numbers(store) if n > after]
+    if when is not None and numbers:
+        lo = bisect.bisect_left(range(len(numbers)), True,
+                                key=lambda i: (_time_of(store, numbers[i]) or "") >= when)
+        numbers = numbers[lo:]
+    if newest is not None:
+        numbers = numbers[-newest:] if newest > 0 else []
+    out = []
+    for seq in numbers:
+        try:
+            event = read_event(store, seq)
+        except ObjectNotFoundError:
+            continue
+        except DocumentError as e:
+            if damaged is None:
+                raise
+            damaged.append(str(e))
+            continue
+        if when is None or event.time >= when:
+            out.append(event)
+    return out
 
 
 def iter_events(store: Store, *, after: int = 0, damaged: list[str] | None = None

@@ -41,8 +41,9 @@ from registry.events import (
     MODEL_VERSION_YANKED,
     append_event,
 )
-from registry.events.log import Event, iter_events
-from registry.layout import MODELS, TAGS, TOMBSTONES, YANKS, release_prefix, yank_key
+from registry.events.log import Event, event_numbers, iter_events
+from registry import limits
+from registry.layout import EVENTS, MODELS, TAGS, TOMBSTONES, YANKS, release_prefix, yank_key
 from registry.lifecycle import records
 from registry.lifecycle.tags import read_tags_record
 from registry.lifecycle.tombstone import tombstones
@@ -65,8 +66,10 @@ def repair(store: Store, *, damaged: list[str] | None = None) -> list[str]:
             or history is garbled and ``damaged`` is None.
     """
     notes: list[str] = []
-    events = list(iter_events(store, damaged=notes))
     out: list[str] = []
+    for line in set_aside(store):
+        (damaged.append(line) if damaged is not None else out.append(line))
+    events = list(iter_events(store, damaged=notes))
     for model_id in store.subdirs(MODELS):
         for version in store.subdirs(f"{MODELS}/{model_id}"):
             _guarded(damaged, lambda: _release(store, model_id, version, events, out))
@@ -83,10 +86,34 @@ def repair(store: Store, *, damaged: list[str] | None = None) -> list[str]:
     return out
 
 
+#: where ``events repair`` sets aside event objects out of bounds
+QUARANTINE = "events-quarantine"
+
+
+def set_aside(store: Store) -> list[str]:
+    """Move every event object out of bounds (:func:`registry.events.log.split_numbers`:
+    a number past a jump, more than 12 digits) to ``events-quarantine/`` (copy,
+    then delete), so appends number after the real log again; a line each."""
+    bad: list[str] = []
+    event_numbers(store, quarantined=bad)
+    lines = []
+    for name in bad:
+        src, dst = f"{EVENTS}/{name}", f"{QUARANTINE}/{name}"
+        try:
+            data = store.read_bytes(src, limit=limits.MAX_JSON_BYTES)
+        except DocumentError:  # over the cap: its first bytes are no use to anyone
+            data = b'{"set_aside": "larger than REGISTRY_MAX_JSON_BYTES"}\n'
+        store.write_bytes(dst, data)
+        store.delete(src)
+        lines.append(f"set aside {store.url_of(src)} (its number is out of bounds) to "
+                     f"{store.url_of(dst)}")
+    return lines
+
+
 def _guarded(damaged: list[str] | None, step: Callable[[], None]) -> None:
     try:
         step()
-    except (DocumentError, PointerError) as e:
+    except (DocumentError, PointerError, InvalidNameError) as e:
         if damaged is None:
             raise
         damaged.append(str(e))

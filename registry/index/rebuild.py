@@ -127,7 +127,12 @@ def _release(plan: _Plan, store: Store, model_id: str, version: str, *,
 
 def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     plan = _Plan()
-    listed_models = store.subdirs_confirmed(MODELS)
+    listed_models = []
+    for model_id in store.subdirs_confirmed(MODELS):
+        try:
+            listed_models.append(check_name(model_id, "model_id"))
+        except InvalidNameError as e:  # quarantined: named, the other models still indexed
+            plan.note("quarantined", join(MODELS, model_id), str(e))
     for model_id in listed_models:
         for name in store.subdirs_confirmed(join(MODELS, model_id)):
             if name == "refs":
@@ -143,7 +148,8 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
                 continue
             _release(plan, store, model_id, name, listed=True,
                      indexed=(model_id, name) in indexed["releases"])
-    seen = {(r["what"].split("@", 1)[0], r["what"].split("@", 1)[1]) for r in plan.report}
+    seen = {(r["what"].split("@", 1)[0], r["what"].split("@", 1)[1]) for r in plan.report
+            if "@" in r["what"]}
     for model_id, version in sorted(indexed["releases"] - plan.releases.keys() - seen):
         _release(plan, store, model_id, version, listed=False, indexed=True)
     _lifecycle(plan, store)
@@ -167,8 +173,9 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
             plan.policies[model_id] = thresholds(store, model_id)
         except StorageError:
             raise
-        except RegistryError:
-            pass  # a malformed policy.json is reported by gate checks, not here
+        except RegistryError as e:  # quarantined: its gates fail where they are checked
+            plan.note("quarantined", join(MODELS, model_id, "policy.json"),
+                      str(e).splitlines()[0])
     for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys() - unreadable):
         if model_id not in models:
             continue
@@ -186,7 +193,10 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     for run_id, step in sorted(indexed["checkpoints"] - plan.checkpoints.keys()):
         if not manifest_absent(store, CheckpointTree(store, run_root(run_id)).prefix(step)):
             _checkpoint(plan, store, run_id, step)
-    plan.revocations = dict(revocations(store))
+    bad: list[dict[str, str]] = []
+    plan.revocations = dict(revocations(store, quarantined=bad))
+    for q in bad:
+        plan.note("quarantined", q["key"], q["reason"])
     for source_id in sorted(indexed["revocations"] - plan.revocations.keys()):
         try:
             plan.revocations[source_id] = read_revocation(
@@ -245,7 +255,10 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
     """Recompute the index from the store; returns counts per kind and
     ``report``: one ``{"action", "what", "reason"}`` per release skipped,
     damaged, removed or kept against the listing (actions ``skipped``,
-    ``damaged``, ``removed``, ``kept``).
+    ``damaged``, ``removed``, ``kept``), and per store record quarantined
+    (``quarantined``, counted in ``quarantined`` when any: a model folder with an
+    invalid name, a garbled revocation or ``policy.json``; the others are
+    indexed, issue 50 item 4).
 
     The store is read completely first (every listing, every verification,
     every confirming read); only then, in one transaction, are the rows
@@ -298,6 +311,9 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
         counts.update(tombstones=len(plan.tombstones), yanks=len(plan.yanks),
                       tagged=len(plan.tags))
         counts["report"] = plan.report + damaged
+        quarantined = sum(r["action"] == "quarantined" for r in plan.report)
+        if quarantined:  # the document keeps its shape when there is none
+            counts["quarantined"] = quarantined
 
     index.run(work)
     return counts

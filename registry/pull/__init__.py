@@ -29,7 +29,9 @@ from registry.store import Store
 from registry.verify import default_workers
 
 if TYPE_CHECKING:
+    from registry.gates import GateResult
     from registry.trust import Trust
+    from registry.trust.marks import Marks
 
 #: headroom kept free on the cache's filesystem, bytes.
 FREE_MARGIN = 64 * 1024 * 1024
@@ -71,9 +73,12 @@ class PullResult:
     rehashed: bool
     signer: str | None = None
     signed_by: dict[str, Any] | None = None
+    #: the gates it fails now (evaluated only when the pull was asked: ``gates``)
+    failing: tuple[GateResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return {k: getattr(self, k) for k in self.__slots__  # type: ignore[attr-defined]
+                if k != "failing"}
 
 
 def _check_space(cache: Cache, target: Path, need_blobs: int, total: int) -> None:
@@ -213,7 +218,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          on_start: Callable[[int], None] | None = None,
          range_threshold: int | None = None, fsync: bool = True,
          trust: Trust | None = None, blobs: bool | None = None,
-         ref: str | None = None, allow_yanked: bool = False) -> PullResult:
+         ref: str | None = None, allow_yanked: bool = False, gates: bool = False,
+         require_passing: bool = False, marks: Marks | None = None) -> PullResult:
     """Pull release ``model_id@name`` (a version or an alias) to a model directory.
 
     Args:
@@ -256,6 +262,13 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             (registry.pull.offline) beside ``name`` itself.
         allow_yanked: pull a yanked release anyway (issue 32: a plain pull
             refuses one, :mod:`registry.lifecycle.guard`).
+        gates: evaluate the release's gates now (``PullResult.failing``);
+            ``require_passing``: refuse it (GateFailedError, nothing read of
+            its files) when it fails one.
+        marks: this host's high-water marks of the store
+            (:mod:`registry.trust.marks`); default: those in the cache folder.
+            Everything from the alias to the signature is decided by
+            :func:`registry.trust.release.open_release`.
 
     Returns:
         A PullResult.
@@ -266,6 +279,9 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         ReleaseDeletedError: the release was deleted (its tombstone).
         ReleaseYankedError: the release is yanked and not ``allow_yanked``;
             nothing is read of it.
+        GateFailedError: ``require_passing`` and it fails a gate now.
+        RollbackError: a yank record, tombstone or alias went back below
+            what this host saw before (a SignatureError).
         IntegrityError: a stored file's size or sha256 differs from the
             manifest; nothing is placed under a final name. A cache blob found
             changed when placed is dropped and downloaded again, once
@@ -312,7 +328,12 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         raise UsageError(f"--range-threshold-mib: {range_threshold} bytes: must not be "
                          "negative (0: any file may be split)")
     blobs = blob_mode(store) if blobs is None else blobs
-    opened = open_release(store, model_id, name, trust=trust, allow_yanked=allow_yanked)
+    if marks is None:
+        from registry.trust.marks import Marks as _Marks
+
+        marks = _Marks.for_store(store.url, cache)
+    opened = open_release(store, model_id, name, trust=trust, allow_yanked=allow_yanked,
+                          gates=gates, require_passing=require_passing, marks=marks)
     version, prefix, manifest = opened.version, opened.prefix, opened.manifest
     signature = opened.signature
     c = Cache(cache)
@@ -382,7 +403,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer,
-                      check.to_dict() if check is not None else None)
+                      check.to_dict() if check is not None else None, tuple(opened.failed))
 
 
 __all__ = ["BLOBS_ENV", "DIGEST_ENV", "PullResult", "blob_mode", "digest_mode", "pull",

@@ -7,7 +7,12 @@ and the pull checks them exactly as from the store (sizes, sha256 or pieces
 of every byte, the signature against this host's trusted keys). A version is
 always fetched by its name, never by an alias, so an alias moved mid-pull
 cannot mix two releases. Aliases are read from the revision API
-(``/api/models/{repo}/revision/{alias}``: its ``registry.version``).
+(``/api/models/{repo}/revision/{alias}``): the alias pointer this store
+shows is the signed move the mirror hands over (``registry.alias_move``),
+so :func:`registry.trust.release.open_release` checks it exactly like a
+store's pointer; a mirror that names only a version (``registry.version``)
+shows a bare pointer, which a host with trusted keys refuses (issue 50: a
+mirror's answer is a hint, never the evidence).
 
 Keys the mirror cannot serve (the ledger, policies, checkpoints) are absent
 (ObjectNotFoundError); nothing can be written (StorageError). Stdlib HTTP only
@@ -22,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import IO, Any
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 from registry import limits, schemas
 from registry.errors import DocumentError, IntegrityError, ObjectNotFoundError, StorageError
@@ -36,6 +41,29 @@ MIRROR_ENV = "REGISTRY_MIRROR"
 
 class MirrorDownError(StorageError):
     """The mirror cannot be reached (connection refused, timeout, DNS)."""
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to the same origin (scheme, host, port): the
+    bearer token is never sent anywhere else (urllib would carry it along)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        target = urljoin(req.full_url, newurl)
+        if _origin(target) != _origin(req.full_url):
+            raise StorageError(f"{req.full_url}: the mirror redirected to another origin "
+                               f"({_origin(target)[1]}); not followed (credentials never "
+                               "cross origins)", key=req.full_url)
+        return super().redirect_request(req, fp, code, msg, headers, target)
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
 
 
 class MirrorStore(Store):
@@ -75,7 +103,7 @@ class MirrorStore(Store):
             h["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, headers=h, method=method)
         try:
-            return urllib.request.urlopen(req, timeout=TIMEOUT)  # noqa: S310 (http only)
+            return _OPENER.open(req, timeout=TIMEOUT)
         except urllib.error.HTTPError as e:
             why = e.headers.get("X-Error-Message") or e.reason
             e.close()
@@ -112,15 +140,21 @@ class MirrorStore(Store):
         return (f"{self.url}/{self._repo(parts[1])}/resolve/{quote(parts[2], safe='')}/"
                 + "/".join(quote(p, safe="") for p in parts[3:]))
 
-    def _version_of(self, key: str) -> str | None:
+    def _answer(self, key: str) -> dict[str, Any] | None:
         """For ``models/<m>/refs/<alias>`` or ``models/<m>/<name>/MANIFEST.json``:
-        the version the mirror resolves ``<alias>``/``<name>`` to (None: none)."""
+        the ``registry`` object of the mirror's answer for ``<alias>``/``<name>``
+        (None: it has none)."""
         parts = key.split("/")
         try:
             doc = self.revision(parts[1], parts[3] if parts[2] == "refs" else parts[2])
         except ObjectNotFoundError:
             return None
-        version = doc.get("registry", {}).get("version")
+        reg = doc.get("registry")
+        return reg if isinstance(reg, dict) else None
+
+    def _version_of(self, key: str) -> str | None:
+        """The version the mirror resolves the name of ``key`` to (None: none)."""
+        version = (self._answer(key) or {}).get("version")
         return str(version) if version else None
 
     # -- primitives -------------------------------------------------------------------
@@ -130,10 +164,14 @@ class MirrorStore(Store):
         if len(parts) == 4 and parts[0] == "models" and parts[2] == "refs":
             import io
 
-            version = self._version_of(key)
+            answer = self._answer(key) or {}
+            version = str(answer.get("version") or "") or None
             if version is None or version == parts[3]:
                 raise ObjectNotFoundError(f"{self.url}: no alias {parts[3]!r} of "
                                           f"{parts[1]!r}", key=key)
+            move = answer.get("alias_move")
+            if isinstance(move, str) and move:  # the signed move: checked by the reader
+                return io.BytesIO(move.encode())
             return io.BytesIO(f"{version}\n".encode())
         if len(parts) == 4 and parts[3] == "MANIFEST.json" and \
                 self._version_of(key) != parts[2]:
@@ -168,8 +206,8 @@ class MirrorStore(Store):
         parts = key.split("/")
         if len(parts) == 4 and parts[0] == "models" and (parts[2] == "refs" or
                                                            parts[3] == "MANIFEST.json"):
-            with self.open_read(key) as f:
-                return ObjectInfo(key, len(f.read()))
+            with self.open_read(key) as f:  # never more than the cap, then the reader refuses
+                return ObjectInfo(key, len(limits.read_at_most(f, limits.MAX_MANIFEST_BYTES)))
         with self._request(self._file_url(key), method="HEAD") as r:
             return ObjectInfo(key, int(r.headers.get("Content-Length", 0)))
 
@@ -192,7 +230,10 @@ class MirrorStore(Store):
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         with self.open_read(key) as f:
-            data = f.read()
+            data = limits.read_at_most(f, limits.MAX_READ_BYTES)
+        if len(data) > limits.MAX_READ_BYTES:
+            raise DocumentError(self.url_of(key), f"larger than {limits.MAX_READ_BYTES} bytes "
+                                                  "(REGISTRY_MAX_READ_BYTES)")
         return data, ""
 
     def swap(self, key: str, data: bytes, expected: str | None) -> None:

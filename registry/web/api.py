@@ -74,11 +74,13 @@ def aliases(request: Request, model_id: str) -> dict[str, str]:
                     "then (registry alias log MODEL_ID ALIAS [--at TIME] --json)")
 def alias_log(request: Request, model_id: str, alias: str,
               at: Annotated[str | None, Query(max_length=64)] = None) -> dict[str, Any]:
-    from registry.alias_history import log_document
     from registry.cli.aliases import parse_time
+    from registry.trust.moves import alias_log as log_document
+    from registry.trust.source import current
 
     return log_document(_reg(request).store, check_name(model_id, "model_id"),
-                        check_name(alias, "alias"), at=parse_time(at) if at else None)
+                        check_name(alias, "alias"), at=parse_time(at) if at else None,
+                        trust=current(request.app.state.hub.trust))
 
 
 @router.get("/models/{model_id}/diff",
@@ -95,7 +97,20 @@ def diff(request: Request, model_id: str, a: str, b: str) -> dict[str, Any]:
                     "(registry show --json)")
 def show(request: Request, model_id: str, ref: str) -> dict[str, Any]:
     reg = _reg(request)
-    return reg.show(*reg.resolve(f"{check_name(model_id, 'model_id')}@{ref}"))
+    return reg.show(*trusted_ref(request, check_name(model_id, "model_id"), ref))
+
+
+def trusted_ref(request: Request, model_id: str, ref: str) -> tuple[str, str]:
+    """``(model_id, version)`` of ``ref`` as the server's trust function resolves it
+    (:func:`registry.trust.release.resolve_for_pull`: with trusted keys an alias only
+    through a signed move; never below this server's marks)."""
+    from registry.trust.release import resolve_for_pull
+    from registry.trust.source import current
+
+    hub = request.app.state.hub
+    return model_id, resolve_for_pull(_reg(request).store, model_id,
+                                      check_name(ref, "version or alias"),
+                                      current(hub.trust), hub.marks)
 
 
 @router.get("/releases/{model_id}/{ref}/gates",

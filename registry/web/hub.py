@@ -73,9 +73,17 @@ POINTER_SIZE = 134
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
+def header_value(text: str) -> str:
+    """``text`` as a header value: one line of printable ASCII (anything else
+    escaped as ``\\uXXXX``), at most 1000 characters: a yank reason or a store's
+    name in any script never turns an answer into a 500."""
+    one = "".join(c if c.isprintable() else " " for c in text)
+    return one.encode("ascii", "backslashreplace").decode("ascii")[:1000]
+
+
 def error_response(err: HubError, method: str = "GET",
                    extra: dict[str, str] | None = None) -> Response:
-    headers = {"X-Error-Message": err.message.replace("\n", " ")[:1000], **(extra or {})}
+    headers = {"X-Error-Message": header_value(err.message), **(extra or {})}
     if err.code:
         headers["X-Error-Code"] = err.code
     if err.commit:
@@ -125,7 +133,10 @@ def info_document(rel: Release, passing: bool) -> dict[str, Any]:
             "private": False, "disabled": False, "gated": False, "tags": [],
             "siblings": [_sibling(e) for e in _entries(rel)],
             "registry": {"model_id": rel.model_id, "version": rel.version,
-                         "manifest_sha256": rel.manifest.digest, "passing": passing}}
+                         "manifest_sha256": rel.manifest.digest, "passing": passing,
+                         # the evidence of an alias (its signed move), for a client's
+                         # trust function to check (registry.trust.release)
+                         **({"alias_move": rel.move.decode()} if rel.move else {})}}
 
 
 def error_of(e: BaseException, method: str) -> Response:

@@ -26,33 +26,36 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from registry.aliases import resolve
 from registry.errors import (
     AmbiguousRefError,
     DocumentError,
+    GateFailedError,
     InvalidNameError,
     NotCommittedError,
     RegistryError,
     SignatureError,
 )
-from registry.manifest import MANIFEST, Manifest
+from registry.manifest import Manifest
 from registry.names import check_name
 from registry.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
+from registry.trust.release import OpenedRelease, Verdicts, is_version, open_release
+from registry.trust.source import current
 from registry.verify import read_manifest
 from registry.web.failure import failure_of
 from registry.web.fresh import Facts
 
 if TYPE_CHECKING:
     from registry.trust import Trust
+    from registry.trust.marks import Marks
+    from registry.trust.source import TrustSource
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_NAMESPACE = "registry"
 #: seconds a gate verdict (live ledger, policy) and a signature check are
 #: reused at least, whatever the server's freshness interval (registry.web.fresh)
 GATE_TTL = 5.0
-SIGNATURE_TTL = 60.0
 
 
 def _outage(exc: BaseException) -> bool:
@@ -78,6 +81,8 @@ class Release:
     model_id: str
     version: str
     manifest: Manifest
+    #: the bytes of the alias's pointer (its signed move) when it was named by alias
+    move: bytes | None = None
 
     @property
     def prefix(self) -> str:
@@ -96,16 +101,28 @@ class HubPolicy:
     Attributes:
         namespace: the ``<namespace>`` of ``<namespace>/<model_id>`` repo ids.
         allow_failing: serve releases that fail their gates now.
-        trust: keys and CAs a release must be signed by (None: no signature needed).
+        trust: keys and CAs a release must be signed by (None: no signature
+            needed); a :class:`registry.trust.source.TrustSource` is re-read
+            when its files change.
+        marks: this server's high-water marks (:mod:`registry.trust.marks`;
+            default: in memory for the process).
     """
 
     store: Store
     namespace: str = DEFAULT_NAMESPACE
     allow_failing: bool = False
-    trust: Trust | None = None
+    trust: Trust | TrustSource | None = None
+    marks: Marks | None = None
     facts: Facts = field(default_factory=Facts)
+    _signatures: Verdicts = field(default_factory=Verdicts)
     _manifests: dict[tuple[str, str], Manifest] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.marks is None:
+            from registry.trust.marks import Marks
+
+            self.marks = Marks(None, self.store.url)
 
     # -- names ------------------------------------------------------------------------
 
@@ -168,36 +185,68 @@ class HubPolicy:
                 continue
             dated.append((m.created_at, v))
         for _, v in sorted(dated, reverse=True):
-            if self.allow_failing or self._gates(model_id, v) is None:
-                return v
+            if not self.allow_failing and self._gates(model_id, v) is not None:
+                continue
+            try:  # deleted, yanked, unsigned or rolled back: the trust function decides
+                self._open(model_id, v)
+            except (RegistryError, OSError) as e:
+                if failure_of(e) is not None:
+                    raise  # an outage: registry.web.failure answers it
+                continue
+            return v
         return None
 
+    def _open(self, model_id: str, name: str) -> OpenedRelease:
+        """:func:`registry.trust.release.open_release` with this server's trust (as
+        its files say now), marks and signature verdicts."""
+        return open_release(self.store, model_id, name, trust=current(self.trust),
+                            allow_yanked=self.allow_failing, marks=self.marks, verify="now",
+                            verdicts=self._signatures)
+
     def release(self, repo_id: str, revision: str) -> Release:
-        """The release ``revision`` of ``repo_id`` names, right now (its
-        mutable facts at most ``facts.fresh_for`` seconds old, or stale
-        within ``facts.stale_for`` while the store cannot be reached).
+        """The release ``revision`` of ``repo_id`` names, right now, as the trust
+        function admits it (:func:`registry.trust.release.open_release`), its
+        mutable facts at most ``facts.fresh_for`` seconds old (or stale within
+        ``facts.stale_for`` while the store cannot be reached).
 
         Raises:
-            HubError: 404 RepoNotFound / RevisionNotFound; 403 GatedRepo when
-                it fails its gates or its signature; 502 for a manifest that
-                is not valid.
+            HubError: 404 RepoNotFound / RevisionNotFound (also a deleted
+                release); 403 GatedRepo when it fails its gates, is yanked,
+                its signature or its alias's signed move is not accepted, or
+                a record went back below this server's marks; 502 for a
+                manifest that is not valid.
             StorageError: the store cannot be read (registry.web.failure).
         """
         model_id = self.model_of(repo_id)
-        version = self.facts.get(("version", model_id, revision),
-                                 lambda: self._version(repo_id, model_id, revision))
-        if version not in self.versions(model_id):
-            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no such "
-                           "release")
+        name = self.facts.get(("version", model_id, revision),
+                              lambda: self._version(repo_id, model_id, revision))
+        trust = current(self.trust)
         try:
-            manifest = self.manifest(model_id, version)
-        except NotCommittedError:
-            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no such "
-                           "release") from None
+            opened = self.facts.get(("open", model_id, name, id(trust)),
+                                    lambda: self._open(model_id, name))
+        except SignatureError as e:
+            raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: signature not accepted: "
+                           f"{e}") from None
+        except GateFailedError as e:
+            raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: {e}") from None
+        except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
+            raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: {e}") from None
         except DocumentError as e:
             raise HubError(502, None, f"{repo_id}@{revision}: cannot read its manifest "
                            f"({e})") from None
-        rel = Release(repo_id, model_id, version, manifest)
+        except (RegistryError, OSError) as e:
+            if failure_of(e) is not None:
+                raise  # an outage: registry.web.failure answers it
+            raise HubError(502, None, f"{repo_id}@{revision}: cannot read it ({e})") from None
+        rel = Release(repo_id, model_id, opened.version, opened.manifest)
+        if name != opened.version:  # an alias: hand over its signed move, the evidence
+            try:
+                head = read_head(self.store, model_id, name)
+                if head.version == opened.version and head.move is not None:
+                    rel = Release(repo_id, model_id, opened.version, opened.manifest,
+                                  head.move.raw)
+            except (RegistryError, OSError):
+                pass
         if COMMIT.fullmatch(revision) and rel.commit != revision:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
                            "this commit id")
@@ -205,6 +254,7 @@ class HubPolicy:
         return rel
 
     def _version(self, repo_id: str, model_id: str, revision: str) -> str:
+        """The name to open: a commit id's version, ``main``'s fallback, else ``revision``."""
         if COMMIT.fullmatch(revision):
             for v in self.versions(model_id):
                 if (self._digest(model_id, v) or "").startswith(revision):
@@ -212,19 +262,18 @@ class HubPolicy:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
                            "this commit id")
         try:
-            if revision == "main" and read_head(self.store, model_id, "main").version \
-                    is None and not self.store.exists(join("models", model_id, "main", MANIFEST)):
-                newest = self._newest_passing(model_id)
-                if newest is None:
-                    raise HubError(404, "RevisionNotFound", f"{repo_id}@main: no alias 'main' "
-                                   "and no release passing its gates")
-                return newest
-            if self.trust is not None:  # an alias only through a signed move (alias_sign)
-                from registry.pull import resolve_for_pull
-
-                return resolve_for_pull(self.store, model_id,
-                                        check_name(revision, "revision"), self.trust)
-            return resolve(self.store, model_id, check_name(revision, "revision"))
+            name = check_name(revision, "revision")
+            if revision != "main" or is_version(self.store, model_id, "main"):
+                return name
+            head = read_head(self.store, model_id, "main")
+            if head.version is not None or head.move is not None:
+                return name  # an alias, or one removed by a move: the trust function decides
+            self._refuse_fallback(model_id)
+            newest = self._newest_passing(model_id)
+            if newest is None:
+                raise HubError(404, "RevisionNotFound", f"{repo_id}@main: no alias 'main' "
+                               "and no release passing its gates")
+            return newest
         except SignatureError as e:
             raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: {e}") from None
         except (NotCommittedError, InvalidNameError, AmbiguousRefError) as e:
@@ -234,6 +283,36 @@ class HubPolicy:
                 raise  # an outage: registry.web.failure answers it
             raise HubError(502, None, f"{repo_id}@{revision}: cannot resolve it ({e})") from None
 
+    def _refuse_fallback(self, model_id: str) -> None:
+        """``main`` has no pointer at all. The newest-release fallback is refused
+        when this server saw a move of ``main`` before (its pointer was erased,
+        :mod:`registry.trust.marks`) or, with trust, when the model's policy
+        protects ``main`` (a protected alias is served only through a signed move).
+
+        Raises:
+            SignatureError: either of the two.
+        """
+        where = self.store.url_of(join("models", model_id, "refs", "main"))
+        if self.marks is not None:
+            self.marks.check_alias(model_id, "main", None, where)
+        if current(self.trust) is None:
+            return
+        from registry.alias_sign import protected_keys
+        from registry.layout import policy_key
+        from registry.schemas import load_json
+
+        try:
+            doc = load_json(self.store.read_bytes(policy_key(model_id)),
+                            path=self.store.url_of(policy_key(model_id)))
+        except FileNotFoundError:
+            return
+        except (RegistryError, OSError) as e:
+            raise SignatureError(where, f"the policy cannot be read ({e}); 'main' has no "
+                                        "pointer, so nothing is served for it") from None
+        if protected_keys(doc, "main", where=where) is not None:
+            raise SignatureError(where, "'main' is a protected alias and has no signed "
+                                        "pointer: the newest-release fallback is refused")
+
     # -- what is refused ----------------------------------------------------------------
 
     def _gates(self, model_id: str, version: str) -> str | None:
@@ -242,24 +321,6 @@ class HubPolicy:
             failed = failing_gates(self.store, model_id, version, unavailable=_outage)
             return describe(failed) if failed else None
         return self.facts.get(("gates", model_id, version), compute, at_least=GATE_TTL)
-
-    def _signature(self, rel: Release) -> str | None:
-        """Why the release's signature is not accepted, or None."""
-        trust = self.trust
-        if trust is None:
-            return None
-
-        def compute() -> str | None:
-            from registry.model_sig import verify_release
-            try:
-                verify_release(self.store, rel.prefix, rel.manifest, model_id=rel.model_id,
-                               version=rel.version, trust=trust)
-            except RegistryError as e:
-                if _outage(e):
-                    raise
-                return str(e).splitlines()[0]
-            return None
-        return self.facts.get(("sig", rel.manifest.digest), compute, at_least=SIGNATURE_TTL)
 
     def passing(self, rel: Release) -> bool:
         """Whether ``rel`` passes its gates now (a fact: registry.web.fresh)."""
@@ -272,7 +333,3 @@ class HubPolicy:
                 raise HubError(403, "GatedRepo", f"{rel.model_id}@{rel.version}: fails its "
                                f"gates now ({why}); this server serves only passing releases",
                                commit=rel.commit)
-        why = self._signature(rel)
-        if why is not None:
-            raise HubError(403, "GatedRepo", f"{rel.model_id}@{rel.version}: signature not "
-                           f"accepted: {why}", commit=rel.commit)

@@ -48,18 +48,26 @@ def model(request: Request, model_id: str, before: CursorQ = None,
 @router.get("/models/{model_id}/aliases/{alias}")
 def alias_log(request: Request, model_id: str, alias: str,
               at: Annotated[str | None, Query(max_length=64)] = None) -> HTMLResponse:
-    from registry.alias_history import log_document
     from registry.cli.aliases import parse_time
     from registry.names import check_name
+    from registry.trust.moves import alias_log as log_document
+    from registry.trust.source import current
 
     doc = log_document(_reg(request).store, check_name(model_id, "model_id"),
-                       check_name(alias, "alias"), at=parse_time(at) if at else None)
+                       check_name(alias, "alias"), at=parse_time(at) if at else None,
+                       trust=current(request.app.state.hub.trust))
     return HTMLResponse(render("alias.html", title=f"{model_id}@{alias} history",
                                asked=at or "", **doc))
 
 
 @router.get("/models/{model_id}/{ref}")
 def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
+    from registry.names import check_name
+    from registry.web.api import trusted_ref
+
+    # the trust function admits the ref (with keys: an alias only through a signed move,
+    # never below this server's marks); the page then shows it as asked
+    trusted_ref(request, check_name(model_id, "model_id"), ref)
     v = views.version_view(_reg(request), model_id, ref, request.app.state.release_files)
     d = v["doc"]
     return HTMLResponse(render("version.html", title=f"{d['model_id']}@{d['version']}", **v))

@@ -13,6 +13,14 @@ its PEM is still trusted; revoking a key revokes every certificate of it.
 
 Keys are :mod:`registry.keys`, certificates :mod:`registry.certs`; this module
 sits above both. Importing it needs no ``[signing]`` extra.
+
+The package (issue 50: one module decides trust) holds, beside the host's
+trust here: :mod:`registry.trust.release` (THE trust function,
+``open_release``: a ref plus a trust policy -> a release admitted for
+reading, or a refusal; every door calls it), :mod:`registry.trust.source`
+(trust re-read when its files change, for ``serve``) and
+:mod:`registry.trust.marks` (high-water marks: negative facts a store writer
+cannot erase unseen). This ``__init__`` imports none of them.
 """
 
 from __future__ import annotations
