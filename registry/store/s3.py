@@ -34,7 +34,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
-from registry.sourcecheck import object_state
+from registry.sourcecheck import ObjectState, object_state
 from registry.store import s3session, s3upload
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
@@ -436,9 +436,9 @@ class S3Store(Store):
                 raise
             raise PointerConflictError(key, expected=expected, actual=None) from None
 
-    def object_state(self, key: str) -> dict[str, str | None]:
-        """ETag, VersionId and whole-object SHA-256 of ``key`` (one HEAD with
-        ``ChecksumMode=ENABLED``; registry.sourcecheck.object_state)."""
+    def object_state(self, key: str) -> ObjectState:
+        """ETag, VersionId and every whole-object checksum of ``key`` (one HEAD
+        with ``ChecksumMode=ENABLED``; registry.sourcecheck.object_state)."""
         with self._translated(key):
             resp = self.call("head_object", Key=self._key(key), ChecksumMode="ENABLED")
         return object_state(resp)
