@@ -159,6 +159,13 @@ def publish(
                                   "6. Links inside it (a Hugging Face cache snapshot's links "
                                   "into its blobs/) are always read; see "
                                   "docs/confinement.md.")] = False,
+    include: Annotated[list[str] | None, typer.Option(
+        "--include", metavar="PATH|GLOB",
+        help="Carry a set of weights in another format beside the safetensors "
+             "(pytorch_model*.bin, tf_model.h5, flax_model.msgpack, *.gguf, *.onnx...): "
+             "without it such a file is refused (exit 5), since an engine that prefers its "
+             "format would serve it; the card and `registry show` then list every set. "
+             "Repeatable.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
@@ -170,7 +177,7 @@ def publish(
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
-            forbid_code=forbid_code, follow_symlinks=follow_symlinks)
+            forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [])
     for link, target in result.followed:
         echo(f"warning: followed {link} -> {target}, outside the model directory "
              "(--follow-symlinks)", err=True)
