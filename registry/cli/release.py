@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from registry import documents
+from registry import documents, interrupt
 from registry.checkpoint import get_layout
 from registry.cli.app import (
     DbOpt,
@@ -99,11 +99,13 @@ def _print_gates(results: tuple[GateResult, ...] | list[GateResult]) -> None:
 def _report(result: ReleaseResult, as_json: bool) -> None:
     if as_json:
         print_json(result.to_dict())
+        interrupt.commits_reported()
         return
     _print_gates(result.gates)
     m = result.manifest
     echo(f"released {result.model_id}@{result.version} at {result.url}: "
                f"{count(len(m.files), 'file')}, {m.total_size} bytes, manifest sha256 {m.digest}")
+    interrupt.commits_reported()  # printed: an interrupt from here on repeats nothing
 
 
 @contextmanager
