@@ -83,14 +83,28 @@ def committed_here(store: Store, key: str) -> bool:
     return layout.parse_dir(name) == meta.get("step")
 
 
+def _writer_dir(key: str) -> bool:
+    """Whether ``key`` lies where a writer claims its directory before writing:
+    ``models/<m>/<v>/<file>``, ``runs/<r>/ckpt/<step>/<file>``, a LoongSage
+    step's files (three folders deep or more)."""
+    return key.count("/") >= 3
+
+
 def _loongsage_candidate(name: str) -> bool:
     step = name.split(TMP_MARK, 1)[0].removesuffix(CLAIM_SUFFIX)
     return LOONGSAGE.parse_dir(step) is not None
 
 
+#: seconds (the store's clock) after which a multipart upload that no claim
+#: covers is aborted: writers claim before they upload, so such an upload is
+#: a dead writer's; the margin covers a claim read while it was being renewed.
+ORPHAN_UPLOAD_AGE = 60.0
+
+
 def collect(store: Store, *, older_than: float, dry_run: bool = False,
             trees: tuple[str, ...] | list[str] = (), break_claims: bool = False,
-            warn: Callable[[str], None] | None = None) -> list[str]:
+            warn: Callable[[str], None] | None = None,
+            orphan_after: float = ORPHAN_UPLOAD_AGE) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
     deleted (or that would be).
 
@@ -113,8 +127,11 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
 
     A writer's multipart uploads belong to its claim: they lie under the
     claimed directory. Once the claim is not live they are aborted at once,
-    whatever their age (issue 34 item 4); uploads under no claim go by age,
-    measured on the server's clock.
+    whatever their age (issue 34 item 4); an upload inside a model or run
+    directory that no claim covers is a dead writer's: aborted once its own
+    age passes ``orphan_after`` seconds (issue 47; default a minute), not
+    ``older_than``; other uploads go by ``older_than``. Ages are measured on
+    the server's clock.
 
     Every age is the store's time (a probe object, :mod:`registry.storeclock`)
     minus the store's stamps: no decision compares this host's clock with a
@@ -187,7 +204,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     # dead writer's at once.
     removed += [f"{k} (multipart upload)" for k in store.abort_stale_uploads(
         older_than, dry_run=dry_run, keep=lambda k: claim_over(k) is True,
-        doomed=lambda k: claim_over(k) is False, warn=warn)]
+        doomed=lambda k: claim_over(k) is False, warn=warn,
+        orphan=lambda k: _writer_dir(k) and claim_over(k) is None,
+        orphan_after=orphan_after)]
     for key, is_dir in doomed:
         if not is_dir:  # a claim that is not live: take it over, then clear under it
             folder_key = key[:-len(CLAIM_SUFFIX)]

@@ -325,14 +325,19 @@ class S3Store(Store):
 
     def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
                             keep: Any = None, doomed: Any = None,
-                            warn: Any = None) -> list[str]:
+                            warn: Any = None, orphan: Any = None,
+                            orphan_after: float = 0.0) -> list[str]:
         """Abort the multipart uploads under this store's prefix that nobody
         will complete: started more than ``older_than`` seconds ago by the
         server's clock (the listing's own time, not this host's), unless
         ``keep(key)`` spares them (a key under a live claim); or at once,
         whatever their age, when ``doomed(key)`` says their writer's claim is
         gone (an upload belongs to the claim of the directory its key lies
-        in). Returns the keys of the uploads aborted (or that would be).
+        in); or, when ``orphan(key)`` says no claim covers it at all (every
+        writer claims its directory before its first upload), once its own
+        age passes ``orphan_after`` seconds (issue 47: a writer killed with
+        its server restarted leaves such uploads; no fixed hour). Returns the
+        keys of the uploads aborted (or that would be).
 
         A server without ListMultipartUploads (s3rver; some gateways answer
         501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
@@ -358,8 +363,10 @@ class S3Store(Store):
             served = _served_at(page, now)
             for u in page.get("Uploads", []):
                 key = u["Key"][len(args["Prefix"]):]
-                if not (doomed and doomed(key)):
-                    if served - u["Initiated"].timestamp() < older_than or (keep and keep(key)):
+                age = served - u["Initiated"].timestamp()
+                if not (doomed and doomed(key)) and not (
+                        orphan and age >= orphan_after and orphan(key)):
+                    if age < older_than or (keep and keep(key)):
                         continue
                 if not dry_run:
                     with self._translated(key):
