@@ -37,7 +37,7 @@ from registry.layout import (
     TMP_MARK,
     run_root,
 )
-from registry.store import Store, join
+from registry.store import Store, join, s3versions
 from registry.storeclock import store_time
 from registry.verify import verify_directory
 
@@ -104,7 +104,8 @@ ORPHAN_UPLOAD_AGE = 60.0
 def collect(store: Store, *, older_than: float, dry_run: bool = False,
             trees: tuple[str, ...] | list[str] = (), break_claims: bool = False,
             warn: Callable[[str], None] | None = None,
-            orphan_after: float = ORPHAN_UPLOAD_AGE) -> list[str]:
+            orphan_after: float = ORPHAN_UPLOAD_AGE,
+            purge_versions: bool = False) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
     deleted (or that would be).
 
@@ -132,6 +133,11 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     age passes ``orphan_after`` seconds (issue 47; default a minute), not
     ``older_than``; other uploads go by ``older_than``. Ages are measured on
     the server's clock.
+
+    On a versioned or object-locked bucket, ``purge_versions`` also deletes
+    every noncurrent version and delete marker under the store (what was
+    deleted or replaced is otherwise still stored and readable); without it,
+    ``warn`` says so (:func:`versions`, issue 47).
 
     Every age is the store's time (a probe object, :mod:`registry.storeclock`)
     minus the store's stamps: no decision compares this host's clock with a
@@ -231,6 +237,33 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         if not dry_run:
             delete_directory(store, key)
         removed.append(key)
+    return removed + versions(store, "", purge=purge_versions, dry_run=dry_run,
+                              warn=warn or _warn)
+
+
+def versions(store: Store, prefix: str, *, purge: bool, dry_run: bool = False,
+             warn: Callable[[str], None]) -> list[str]:
+    """On a versioned or object-locked S3 bucket (registry.store.s3versions):
+    with ``purge``, delete the noncurrent versions and delete markers under
+    ``prefix`` (returned as ``"<key> (version <id>)"``; one Object Lock keeps
+    is told to ``warn``); without, ``warn`` says what the bucket keeps. Nothing
+    on other stores or plain buckets.
+
+    Raises:
+        StorageError: the server failed.
+    """
+    if not hasattr(store, "bucket"):
+        return []
+    modes = s3versions.bucket_modes(store)
+    note = s3versions.describe(modes)
+    if note is None:
+        return []
+    if not purge:
+        warn(f"{store.url}: {note}")
+        return []
+    removed, kept = s3versions.purge_noncurrent(store, prefix, dry_run=dry_run)
+    for k in kept:
+        warn(f"{store.url}: kept {k}")
     return removed
 
 

@@ -428,6 +428,12 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
        break_claims: Annotated[bool, typer.Option(
            "--break-claims", help="Also remove claims whose lease is still live (their "
                                   "writers are known to be gone).")] = False,
+       purge_versions: Annotated[bool, typer.Option(
+           "--purge-versions", help="On a bucket with versioning or object lock on: also "
+                                    "delete every noncurrent version and delete marker under "
+                                    "the store (what was deleted or replaced is otherwise "
+                                    "still stored, billed and readable; see "
+                                    "docs/s3-servers.md).")] = False,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs, uncommitted leftovers and the
     temporary files of killed event appends (events/.tmp-*); never a commit.
@@ -446,7 +452,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
         notes: list[str] = []
         removed = collect(s, older_than=seconds, dry_run=dry_run,
                           trees=checkpoint_path or [], break_claims=break_claims,
-                          warn=notes.append)
+                          warn=notes.append, purge_versions=purge_versions)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run,
                     "warnings": notes, "skipped": s.skipped})
