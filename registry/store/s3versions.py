@@ -27,12 +27,9 @@ _modes: dict[tuple[str, str], dict[str, Any]] = {}
 
 def bucket_modes(store: Any) -> dict[str, Any]:
     """``{"versioning": "Enabled" | "Suspended" | None, "object_lock": bool | None}``
-    of the store's bucket (None: the server does not say). Cached per endpoint
-    and bucket for the life of the process.
-
-    Raises:
-        StorageError: the server failed otherwise than by not implementing it.
-    """
+    of the store's bucket (None: the server does not say: not implemented, or
+    the credentials may not ask). Cached per endpoint and bucket for the life
+    of the process; never raises."""
     key = (store.endpoint, store.bucket)
     with _lock:
         if key in _modes:
@@ -40,21 +37,15 @@ def bucket_modes(store: Any) -> dict[str, Any]:
     versioning: str | None = None
     try:
         versioning = store.call("get_bucket_versioning").get("Status") or None
-    except Exception as exc:  # noqa: BLE001 - a server without the API says nothing
-        if s3_error_code(exc) not in ("NotImplemented", "501", "MethodNotAllowed", "405"):
-            with store._translated("/"):
-                raise
+    except Exception:  # noqa: BLE001 - not implemented, not permitted: unknown
+        versioning = None
     lock: bool | None = None
     try:
         conf = store.call("get_object_lock_configuration").get("ObjectLockConfiguration") or {}
         lock = conf.get("ObjectLockEnabled") == "Enabled"
     except Exception as exc:  # noqa: BLE001
-        code = s3_error_code(exc)
-        if code in ("ObjectLockConfigurationNotFoundError", "404", "NoSuchObjectLockConfiguration"):
-            lock = False
-        elif code not in ("NotImplemented", "501", "MethodNotAllowed", "405"):
-            with store._translated("/"):
-                raise
+        lock = False if s3_error_code(exc) in ("ObjectLockConfigurationNotFoundError",
+                                               "NoSuchObjectLockConfiguration") else None
     found = {"versioning": versioning, "object_lock": lock}
     with _lock:
         _modes[key] = found
