@@ -81,8 +81,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return open_store(make_store_url(request.param, request, tmp_path))
 
 
-@pytest.mark.parametrize("edit", sorted(EDITS))
-@pytest.mark.parametrize("how", ["copy", "reflink"])
+@pytest.mark.parametrize(("edit", "how"), [("flip-middle", "copy"), ("zero-head", "reflink"),
+                                           ("zero-head", "copy"), ("flip-middle", "reflink")])
 def test_a_blob_changed_under_an_unchanged_stamp_is_never_placed(
         store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str,
         how: str) -> None:

@@ -2,8 +2,8 @@
 
 ``registry publish`` is sent SIGINT at every point of its run (the start of
 each store call, tests/support/sigint_child.py), on local disk; on S3 (moto)
-at every point around the commit and a sample before it. Whatever point it lands on, what the command printed matches what
-the store holds: a committed release is named once on stdout with its
+at every point around the commit and a sample before it. Whatever point it
+lands on, what the command printed matches what the store holds: a committed release is named once on stdout with its
 manifest sha256 (the ``--json`` record with ``--json``), whether the
 interrupt came before or after the command's own report; an uncommitted one
 is never named, and the store holds nothing of it.
