@@ -78,6 +78,7 @@ from registry.release.signature_gate import signature_info, stored_gate
 from registry.release.convert import stored_summary
 from registry.weights import INDEX, SINGLE, weights_names
 from registry.model_sig import SIGNATURE
+from registry.modeldir import other_weights
 from registry.store import Store, join, open_store
 from registry.verify import read_manifest
 
@@ -432,7 +433,9 @@ class Registry(LifecycleMixin):
         config.json tells engines to load (``"bfloat16"``) or None; ``code``: the
         pickle and remote-code files it carries
         (:func:`registry.release.code.code_files`), and the ``code`` gate when
-        the policy forbids code."""
+        the policy forbids code; ``other_weights``: ``{format: [paths]}`` of
+        the sets of weights beside the safetensors
+        (registry.modeldir.other_weights)."""
         doc = self._query(lambda s: queries.show(s, model_id, version))
         # the index lists the release's files (it is immutable): a file it
         # lacks is not looked for in the store, a header it has is read once
@@ -442,6 +445,7 @@ class Registry(LifecycleMixin):
         prefix = join("models", model_id, version)
         doc["code"] = code_files(
             files, lambda n: self.store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
+        doc["other_weights"] = other_weights(files)  # sets beside the safetensors
         sig_gate = self._store_gates(model_id, version)
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]

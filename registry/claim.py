@@ -89,6 +89,8 @@ class ClaimState:
     lease: float
     age: float
     writer_gone: bool
+    #: the claim's ``owner`` token ("" when it has none): its writer's own
+    owner: str = ""
 
     @property
     def live(self) -> bool:
@@ -134,8 +136,10 @@ def read_state(store: Store, key: str, *, now: float | None = None,
     pid = raw_pid if isinstance(raw_pid, int) and 0 <= raw_pid <= 2**31 else 0
     gone = host == socket.gethostname() and pid > 0 and not _alive(pid)
     age = max(0.0, now - (mtime if mtime is not None else now))
+    owner = doc.get("owner")
     return ClaimState(host, pid, str(doc.get("started_at", doc.get("created_at", "?"))),
-                      _lease_of(doc), age, gone), token
+                      _lease_of(doc), age, gone,
+                      owner if isinstance(owner, str) else ""), token
 
 
 def _lease_of(doc: dict[str, Any]) -> float:
@@ -226,6 +230,11 @@ class Claim:
             if seen is None:
                 continue  # released meanwhile: create again
             state, token = seen
+            if state.owner == self.owner:
+                # our own create landed and its answer was lost, under a retry
+                # the store could not recognise (issue 47): the owner token says so
+                self._adopt(body)
+                return None
             if state.live and not force:
                 err = ObjectExistsError(f"{self.key}: claimed", key=self.key)
                 err.state = state  # type: ignore[attr-defined]
@@ -233,6 +242,9 @@ class Claim:
             try:
                 self.store.swap(self.key, body, token)  # one recoverer wins
             except PointerConflictError:
+                if self._holds(body):  # our swap landed, its answer lost: ours
+                    self._adopt(body)
+                    return state
                 continue  # renewed or taken over meanwhile: look again
             except BaseException:
                 self._drop_if_ours(body)
@@ -247,6 +259,23 @@ class Claim:
         err = ObjectExistsError(f"{self.key}: claim keeps changing", key=self.key)
         err.state = None  # type: ignore[attr-defined]
         raise err
+
+    def _holds(self, body: bytes) -> bool:
+        """The claim now holds exactly ``body`` (our owner token, our count of
+        renewals): a write of ours landed whatever its answer said."""
+        try:
+            return self.store.read_versioned(self.key)[0] == body
+        except ObjectNotFoundError:
+            return False
+
+    def _adopt(self, body: bytes) -> None:
+        """Take the claim holding ``body`` as ours (see :meth:`take`)."""
+        try:
+            self._learn_token(body)
+            self._start()
+        except BaseException:
+            self._drop_if_ours(body)
+            raise
 
     def _drop_if_ours(self, body: bytes) -> None:
         """After ``take`` was interrupted (SIGINT, or SIGTERM raised as an
@@ -291,6 +320,9 @@ class Claim:
             try:
                 self.store.swap(self.key, body, self._token)
             except PointerConflictError:
+                if self._holds(body):  # our renewal landed; its answer was lost
+                    self._learn_token(body)
+                    return
                 self.lost = True
                 raise ClaimLost(self.store.url_of(self.key), expected="our claim",
                                 actual="another writer's") from None

@@ -242,45 +242,61 @@ class DirectoryWriter:
         manifest = Manifest.build(self.kind, self.entries.values(), **self.meta)
         data = manifest.to_bytes()
         store = self.store
-        try:
-            if self._lease is not None and not store.atomic_rename:
-                # Still ours? (a lapsed lease was taken over) On rename stores
-                # the staging directory is this writer's alone and the rename
-                # fails rather than replace a commit, so no write is spent
-                # there: on a nearly full disk it would fail before the manifest.
-                try:
-                    self._lease.renew()
-                except ClaimLost:
-                    raise self._conflict("this writer lost its claim to another writer "
-                                         "(its lease lapsed); nothing was committed") from None
-            self._check_staged()
-            if store.atomic_rename:
-                # Every folder the files made (evals/, heads/, dist_ckpt/...),
-                # deepest first, before the manifest: its entries must not
-                # vanish in a power loss once the manifest says they exist.
-                for folder in _folders_of(self.entries):
-                    store.fsync_dir(join(self.staging, folder))
-                store.write_bytes(join(self.staging, MANIFEST), data)
-                store.fsync_dir(self.staging)
-                try:
-                    store.rename_dir(self.staging, self.prefix)
-                except ObjectExistsError:
-                    raise self._conflict("already committed by another writer") from None
-                store.fsync_dir(store.parent(self.prefix))
-            else:
-                try:
-                    store.create(join(self.prefix, MANIFEST), data)
-                except ObjectExistsError:
-                    raise self._conflict("already committed by another writer") from None
-                if getattr(store, "single_writer", False):
-                    self._read_back_unguarded(data)
-        except BaseException as exc:
-            self._abort_after(exc)
-            raise
-        self.manifest = manifest
-        if self._lease is not None:
-            self._lease.release()
+        # An interrupt (SIGINT, SIGTERM) waits until the commit marker is
+        # written and noted, or the writer aborted: a commit is never left
+        # unreported (interrupt.note_commit, issue 47 item 4).
+        with interrupt.deferred():
+            try:
+                if self._lease is not None and not store.atomic_rename:
+                    # Still ours? (a lapsed lease was taken over) On rename stores
+                    # the staging directory is this writer's alone and the rename
+                    # fails rather than replace a commit, so no write is spent
+                    # there: on a nearly full disk it would fail before the manifest.
+                    try:
+                        self._lease.renew()
+                    except ClaimLost:
+                        raise self._conflict("this writer lost its claim to another writer "
+                                             "(its lease lapsed); nothing was committed") from None
+                self._check_staged()
+                if store.atomic_rename:
+                    # Every folder the files made (evals/, heads/, dist_ckpt/...),
+                    # deepest first, before the manifest: its entries must not
+                    # vanish in a power loss once the manifest says they exist.
+                    for folder in _folders_of(self.entries):
+                        store.fsync_dir(join(self.staging, folder))
+                    store.write_bytes(join(self.staging, MANIFEST), data)
+                    store.fsync_dir(self.staging)
+                    try:
+                        store.rename_dir(self.staging, self.prefix)
+                    except ObjectExistsError:
+                        raise self._conflict("already committed by another writer") from None
+                    store.fsync_dir(store.parent(self.prefix))
+                else:
+                    try:
+                        store.create(join(self.prefix, MANIFEST), data)
+                    except ObjectExistsError:
+                        raise self._conflict("already committed by another writer") from None
+                    if getattr(store, "single_writer", False):
+                        self._read_back_unguarded(data)
+            except BaseException as exc:
+                self._abort_after(exc)
+                raise
+            self.manifest = manifest
+            interrupt.note_commit(self.commit_record())
+            if self._lease is not None:
+                self._lease.release()
         return manifest
+
+    def commit_record(self) -> dict[str, Any]:
+        """What was committed, for a report after an interrupt: ``kind``,
+        ``url``, ``manifest_sha256``, ``files``, ``bytes`` and the manifest's
+        ids (``model_id``/``version`` or ``run_id``/``step``)."""
+        assert self.manifest is not None
+        m = self.manifest
+        ids = {k: self.meta[k] for k in ("model_id", "version", "run_id", "step")
+               if k in self.meta}
+        return {"kind": self.kind, **ids, "url": self.store.url_of(self.prefix),
+                "manifest_sha256": m.digest, "files": len(m.files), "bytes": m.total_size}
 
     def _check_staged(self) -> None:
         """The staged files must be exactly those written, with their sizes:

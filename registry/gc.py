@@ -37,7 +37,7 @@ from registry.layout import (
     TMP_MARK,
     run_root,
 )
-from registry.store import Store, join
+from registry.store import Store, join, s3versions
 from registry.storeclock import store_time
 from registry.verify import verify_directory
 
@@ -83,14 +83,29 @@ def committed_here(store: Store, key: str) -> bool:
     return layout.parse_dir(name) == meta.get("step")
 
 
+def _writer_dir(key: str) -> bool:
+    """Whether ``key`` lies where a writer claims its directory before writing:
+    ``models/<m>/<v>/<file>``, ``runs/<r>/ckpt/<step>/<file>``, a LoongSage
+    step's files (three folders deep or more)."""
+    return key.count("/") >= 3
+
+
 def _loongsage_candidate(name: str) -> bool:
     step = name.split(TMP_MARK, 1)[0].removesuffix(CLAIM_SUFFIX)
     return LOONGSAGE.parse_dir(step) is not None
 
 
+#: seconds (the store's clock) after which a multipart upload that no claim
+#: covers is aborted: writers claim before they upload, so such an upload is
+#: a dead writer's; the margin covers a claim read while it was being renewed.
+ORPHAN_UPLOAD_AGE = 60.0
+
+
 def collect(store: Store, *, older_than: float, dry_run: bool = False,
             trees: tuple[str, ...] | list[str] = (), break_claims: bool = False,
-            warn: Callable[[str], None] | None = None) -> list[str]:
+            warn: Callable[[str], None] | None = None,
+            orphan_after: float = ORPHAN_UPLOAD_AGE,
+            purge_versions: bool = False) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
     deleted (or that would be).
 
@@ -113,8 +128,16 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
 
     A writer's multipart uploads belong to its claim: they lie under the
     claimed directory. Once the claim is not live they are aborted at once,
-    whatever their age (issue 34 item 4); uploads under no claim go by age,
-    measured on the server's clock.
+    whatever their age (issue 34 item 4); an upload inside a model or run
+    directory that no claim covers is a dead writer's: aborted once its own
+    age passes ``orphan_after`` seconds (issue 47; default a minute), not
+    ``older_than``; other uploads go by ``older_than``. Ages are measured on
+    the server's clock.
+
+    On a versioned or object-locked bucket, ``purge_versions`` also deletes
+    every noncurrent version and delete marker under the store (what was
+    deleted or replaced is otherwise still stored and readable); without it,
+    ``warn`` says so (:func:`versions`, issue 47).
 
     Every age is the store's time (a probe object, :mod:`registry.storeclock`)
     minus the store's stamps: no decision compares this host's clock with a
@@ -187,7 +210,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     # dead writer's at once.
     removed += [f"{k} (multipart upload)" for k in store.abort_stale_uploads(
         older_than, dry_run=dry_run, keep=lambda k: claim_over(k) is True,
-        doomed=lambda k: claim_over(k) is False, warn=warn)]
+        doomed=lambda k: claim_over(k) is False, warn=warn,
+        orphan=lambda k: _writer_dir(k) and claim_over(k) is None,
+        orphan_after=orphan_after)]
     for key, is_dir in doomed:
         if not is_dir:  # a claim that is not live: take it over, then clear under it
             folder_key = key[:-len(CLAIM_SUFFIX)]
@@ -212,6 +237,33 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         if not dry_run:
             delete_directory(store, key)
         removed.append(key)
+    return removed + versions(store, "", purge=purge_versions, dry_run=dry_run,
+                              warn=warn or _warn)
+
+
+def versions(store: Store, prefix: str, *, purge: bool, dry_run: bool = False,
+             warn: Callable[[str], None]) -> list[str]:
+    """On a versioned or object-locked S3 bucket (registry.store.s3versions):
+    with ``purge``, delete the noncurrent versions and delete markers under
+    ``prefix`` (returned as ``"<key> (version <id>)"``; one Object Lock keeps
+    is told to ``warn``); without, ``warn`` says what the bucket keeps. Nothing
+    on other stores or plain buckets.
+
+    Raises:
+        StorageError: the server failed.
+    """
+    if not hasattr(store, "bucket"):
+        return []
+    modes = s3versions.bucket_modes(store)
+    note = s3versions.describe(modes)
+    if note is None:
+        return []
+    if not purge:
+        warn(f"{store.url}: {note}")
+        return []
+    removed, kept = s3versions.purge_noncurrent(store, prefix, dry_run=dry_run)
+    for k in kept:
+        warn(f"{store.url}: kept {k}")
     return removed
 
 

@@ -9,12 +9,18 @@ abort on any ``BaseException``: staging removed, claim and writer lease
 released, nothing committed; a pull removes its partial files). The process
 then exits with 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM
 (what a shell reports for a process the signal killed).
+
+An interrupt never hides a commit (issue 47 item 4): a commit marker is
+written and noted (:func:`note_commit`) as one step an interrupt waits for,
+and a command interrupted after that still prints the committed line (and
+its ``--json`` record) before it exits 130/143.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +30,9 @@ EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
 _received: list[int] = []
+#: commits made by this process that no output has reported yet (note_commit;
+#: the newest 64: a long-lived writer that never reports keeps no more)
+_commits: deque[dict[str, Any]] = deque(maxlen=64)
 
 
 class Terminated(KeyboardInterrupt):
@@ -78,3 +87,21 @@ def deferred() -> Iterator[None]:
                 handler(signum, frame)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(signum)
+
+
+def note_commit(record: dict[str, Any]) -> None:
+    """Record that a commit happened (``record``: what a report prints, see
+    registry.commit.DirectoryWriter.commit_record). A command interrupted
+    after it prints the commit anyway (registry.cli: the committed line and
+    ``--json`` record), so that nobody takes a committed write for a failed one."""
+    _commits.append(record)
+
+
+def unreported_commits() -> list[dict[str, Any]]:
+    """The commits noted since the last :func:`commits_reported`, oldest first."""
+    return list(_commits)
+
+
+def commits_reported() -> None:
+    """The command has printed what it committed: nothing is left to report."""
+    _commits.clear()

@@ -3,11 +3,15 @@
 A model directory holds its weights (``model.safetensors``, or
 ``model.safetensors.index.json`` and exactly the shards it names: the rule
 and its checks are :mod:`registry.weights`), ``config.json``, and
-``tokenizer.json`` when config.json says ``"tl_tokenizer": "file"``.
+``tokenizer.json`` when config.json says ``"tl_tokenizer": "file"``, and no
+other set of weights (``pytorch_model.bin``, ``tf_model.h5``, ``*.gguf``...:
+:data:`OTHER_WEIGHTS`) unless the publisher names it (issue 47).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -55,3 +59,71 @@ def check_files(names: Iterable[str], config: dict[str, Any], *, where: str,
     if config.get("tl_tokenizer") == "file" and "tokenizer.json" not in present:
         raise DocumentError(f"{where}/tokenizer.json",
                             f"missing: config.json says \"tl_tokenizer\": \"file\"{for_release}")
+
+
+#: Weight formats other than safetensors that an engine may load instead of
+#: the safetensors weights (transformers, vLLM and llama.cpp each prefer some
+#: over others): ``(format, pattern)`` matched against each relative path
+#: (lower-cased). ``*.bin`` counts only under transformers' weight names: a
+#: model directory ships other binary data.
+OTHER_WEIGHTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (fmt, re.compile(pattern)) for fmt, pattern in (
+        ("pytorch", r"(^|/)(pytorch_model|adapter_model|model|consolidated)"
+                    r"([-.][^/]*)?\.bin(\.index\.json)?$"),
+        ("pytorch", r"\.(pt|pth|ckpt|pkl|pickle|joblib|nemo)$"),
+        ("pytorch", r"\.distcp$"),
+        ("tensorflow", r"\.(h5|keras|tflite)(\.index\.json)?$"),
+        ("tensorflow", r"(^|/)saved_model\.pb(txt)?$"),
+        ("flax", r"\.msgpack(\.index\.json)?$"),
+        ("gguf", r"\.(gguf|ggml|ggjt|llamafile)$"),
+        ("onnx", r"\.(onnx|onnx_data|onnx\.data|ort)$"),
+        ("coreml", r"\.(mlmodel|mlpackage/.*)$"),
+        ("openvino", r"(^|/)openvino_model\.(xml|bin)$"),
+        ("tensorrt", r"\.(engine|plan)$"),
+        ("safetensors", r"/[^/]*\.safetensors(\.index\.json)?$"),
+    ))
+
+
+def other_weights(names: Iterable[str]) -> dict[str, list[str]]:
+    """The files among ``names`` (relative POSIX paths) that hold weights in a
+    format other than the directory's safetensors (:data:`OTHER_WEIGHTS`; a
+    ``*.safetensors`` inside a sub-folder counts too), grouped by format:
+    ``{"pytorch": ["pytorch_model.bin"], ...}``, each list sorted."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(names):
+        low = name.lower()
+        for fmt, pattern in OTHER_WEIGHTS:
+            if pattern.search(low):
+                found.setdefault(fmt, []).append(name)
+                break
+    return found
+
+
+def check_other_weights(names: Iterable[str], include: Iterable[str], *, where: str) -> \
+        dict[str, list[str]]:
+    """Refuse a second set of weights beside the safetensors (issue 47).
+
+    An engine that prefers another format (transformers loads
+    ``pytorch_model.bin`` when asked for it, llama.cpp a ``*.gguf``, TF and Flax
+    their own files) would serve those weights, stale or not, whatever the
+    safetensors and the card say. Each such file must be named by ``include``
+    (a path or an ``fnmatch`` pattern, e.g. ``pytorch_model*.bin``).
+
+    Returns:
+        The other weights kept, ``{format: [paths]}`` (for the card and ``show``).
+
+    Raises:
+        DocumentError: naming the first file no ``include`` names, its format
+            and the rule.
+    """
+    patterns = list(include)
+    found = other_weights(names)
+    for fmt, paths in found.items():
+        for path in paths:
+            if not any(path == p or fnmatch.fnmatchcase(path, p) for p in patterns):
+                raise DocumentError(
+                    f"{where}/{path}",
+                    f"{fmt} weights beside the safetensors: a model directory holds one set "
+                    "of weights, and an engine that prefers this format would serve it "
+                    "instead; remove it, or name it with --include to release both sets")
+    return found

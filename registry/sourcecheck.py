@@ -9,9 +9,16 @@ file's state is taken before its copy and compared after it:
   descriptor before and after, the inode now at the path (a file replaced by
   rename), and the number of bytes copied against the size;
 * **S3**: the object's ETag and VersionId before and after (a HEAD each),
-  and, where the server keeps a SHA-256 of the whole object
-  (``x-amz-checksum-sha256``), that digest against the sha256 of the bytes
-  copied (a proxy or a link that flips a byte on the way is caught too).
+  and the bytes read against every whole-object value the server keeps and
+  this host can recompute (issue 47): ``x-amz-checksum-sha256``, ``-sha1``,
+  ``-crc32`` (``-crc32c`` and ``-crc64nvme`` where awscrt is installed), and
+  the ETag where it is the MD5 of the bytes (one PUT, no KMS or customer-key
+  encryption). A proxy or a link that flips a byte on the way is caught by
+  any of them. Where the server keeps none of these (a multipart upload
+  without full-object checksums), the caller reads the object a second time
+  and compares (registry.release.source_check.verify_object) and reports
+  which means it used; a fault that returns the same wrong bytes to both
+  reads is then the one thing not seen.
 
 Any difference is SourceChangedError naming the file and what changed; the
 copy runs inside a :class:`registry.commit.DirectoryWriter`, so nothing is
@@ -24,7 +31,12 @@ rewrite within one tick only through the descriptor's inode and size.
 from __future__ import annotations
 
 import base64
+import hashlib
+import importlib
 import os
+import re
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,33 +79,147 @@ def check_local(path: str, before: LocalState, fd: int, copied: int) -> None:
                                  key=path)
 
 
-def object_state(head: dict[str, Any]) -> dict[str, str | None]:
-    """The compared fields of an S3 HEAD answer: ETag, VersionId and the
-    whole-object SHA-256 (hex; None where the server keeps none, or keeps
-    only a composite of part checksums, ``<b64>-<parts>``)."""
-    raw = head.get("ChecksumSHA256")
-    sha = None
-    if isinstance(raw, str) and "-" not in raw and head.get("ChecksumType") != "COMPOSITE":
+#: The whole-object checksums an S3 HEAD (``ChecksumMode=ENABLED``) may carry,
+#: and the name each is compared under.
+CHECKSUM_FIELDS = {"ChecksumSHA256": "sha256", "ChecksumSHA1": "sha1",
+                   "ChecksumCRC32": "crc32", "ChecksumCRC32C": "crc32c",
+                   "ChecksumCRC64NVME": "crc64nvme"}
+
+
+class _Crc:
+    """A running CRC with hashlib's ``update``/``digest`` (``width`` bytes, big-endian,
+    as S3 sends it base64-encoded)."""
+
+    def __init__(self, fn: Callable[[bytes, int], int], width: int) -> None:
+        self._fn, self._width, self._value = fn, width, 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._value = self._fn(bytes(data), self._value)
+
+    def digest(self) -> bytes:
+        return self._value.to_bytes(self._width, "big")
+
+
+def _crt(name: str) -> Callable[[bytes, int], int] | None:
+    """awscrt's CRC ``name`` when awscrt is installed (boto3[crt]), else None."""
+    try:
+        checksums = importlib.import_module("awscrt.checksums")
+    except ImportError:
+        return None
+    return getattr(checksums, name, None)
+
+
+def _hasher(alg: str) -> Any:
+    """A new hasher for ``alg``, or None where this host cannot compute it."""
+    if alg in ("sha256", "sha1", "md5"):
+        return hashlib.new(alg)
+    if alg == "crc32":
+        return _Crc(zlib.crc32, 4)
+    fn = _crt(alg)
+    return _Crc(fn, 8 if alg == "crc64nvme" else 4) if fn is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectState:
+    """What is compared of an S3 object (see module docstring).
+
+    Attributes:
+        etag, version: the ETag and VersionId (None where the server keeps none).
+        sums: ``(algorithm, expected)`` for each whole-object value this host can
+            recompute from the bytes read: the server's full-object checksums
+            (base64, as sent) and, for an object stored in one PUT without
+            KMS or customer-key encryption, its ETag as the MD5 (hex).
+        offered: every checksum the server named, computable here or not.
+    """
+
+    etag: str | None
+    version: str | None
+    sums: tuple[tuple[str, str], ...] = ()
+    offered: tuple[str, ...] = ()
+
+    @property
+    def sha256(self) -> str | None:
+        """The server's whole-object SHA-256 as hex, or None."""
+        raw = dict(self.sums).get("sha256")
+        return base64.b64decode(raw).hex() if raw is not None else None
+
+
+def object_state(head: dict[str, Any]) -> ObjectState:
+    """The compared fields of an S3 HEAD answer (see :class:`ObjectState`).
+
+    A composite checksum (``<b64>-<parts>``, ``ChecksumType: COMPOSITE``) is a
+    checksum of part checksums: it is named in ``offered`` but not compared,
+    as is a multipart ETag (``<md5>-<parts>``) and the ETag of an object
+    encrypted with KMS or a customer key (not an MD5 of its bytes)."""
+    sums: list[tuple[str, str]] = []
+    offered: list[str] = []
+    composite = head.get("ChecksumType") == "COMPOSITE"
+    for field_name, alg in CHECKSUM_FIELDS.items():
+        raw = head.get(field_name)
+        if not isinstance(raw, str) or not raw:
+            continue
+        offered.append(alg)
+        if composite or "-" in raw or _hasher(alg) is None:
+            continue
         try:
-            sha = base64.b64decode(raw, validate=True).hex()
+            base64.b64decode(raw, validate=True)
         except ValueError:
-            sha = None
-    return {"etag": head.get("ETag"), "version": head.get("VersionId"), "sha256": sha}
+            continue
+        sums.append((alg, raw))
+    etag = head.get("ETag")
+    md5 = etag.strip('"').lower() if isinstance(etag, str) else ""
+    encrypted = (str(head.get("ServerSideEncryption") or "").startswith("aws:kms")
+                 or head.get("SSECustomerAlgorithm"))
+    if re.fullmatch(r"[0-9a-f]{32}", md5) and not encrypted:
+        sums.append(("md5", md5))
+    return ObjectState(etag, head.get("VersionId"), tuple(sums), tuple(offered))
 
 
-def check_object(where: str, before: dict[str, str | None], after: dict[str, str | None],
-                 sha256: str) -> None:
-    """Raise SourceChangedError when the object changed between the two HEADs,
-    or when the bytes copied (``sha256``) are not the server's checksum."""
-    changed = [f"{k} {before[k]} -> {after[k]}" for k in ("etag", "version")
-               if before[k] != after[k]]
+class SourceHashes:
+    """Running hashes of the bytes read from an object, one per value of
+    ``state.sums`` (feed every byte in order with :meth:`update`)."""
+
+    def __init__(self, state: ObjectState | None) -> None:
+        self._h = {alg: _hasher(alg) for alg, _ in (state.sums if state else ())}
+
+    def update(self, data: bytes | memoryview) -> None:
+        for h in self._h.values():
+            h.update(data)
+
+    def value(self, alg: str) -> str:
+        """The value as the server writes it: MD5 as hex, the others base64."""
+        digest = self._h[alg].digest()
+        return digest.hex() if alg == "md5" else base64.b64encode(digest).decode()
+
+
+def check_object(where: str, before: ObjectState, after: ObjectState,
+                 hashes: SourceHashes) -> list[str]:
+    """Compare an object's state before and after it was read, and the bytes
+    read (``hashes``) with every value the server keeps of it.
+
+    Returns:
+        The algorithms compared (empty: the server offers none this host can
+        recompute; the caller then reads twice, registry.release.source_check).
+
+    Raises:
+        SourceChangedError: the object changed between the two HEADs, or the
+            bytes read are not the object the server holds (altered on the
+            way); nothing may be committed.
+    """
+    changed = [f"{k} {getattr(before, k)} -> {getattr(after, k)}" for k in ("etag", "version")
+               if getattr(before, k) != getattr(after, k)]
     if changed:
         raise SourceChangedError(f"{where}: changed while it was copied ({', '.join(changed)}); "
                                  "nothing was committed", key=where)
-    if before["sha256"] is not None and before["sha256"] != sha256:
-        raise SourceChangedError(f"{where}: the bytes read (sha256 {sha256}) are not the object "
-                                 f"the server holds (x-amz-checksum-sha256 {before['sha256']}): "
-                                 "altered on the way; nothing was committed", key=where)
+    for alg, expected in before.sums:
+        actual = hashes.value(alg)
+        if actual != expected:
+            what = "ETag (MD5)" if alg == "md5" else f"x-amz-checksum-{alg}"
+            raise SourceChangedError(f"{where}: the bytes read ({alg} {actual}) are not the "
+                                     f"object the server holds ({what} {expected}): altered "
+                                     "on the way; nothing was committed", key=where)
+    return [alg for alg, _ in before.sums]
 
 
-__all__ = ["LocalState", "check_local", "check_object", "object_state"]
+__all__ = ["CHECKSUM_FIELDS", "LocalState", "ObjectState", "SourceHashes", "check_local",
+           "check_object", "object_state"]

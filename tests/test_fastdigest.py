@@ -320,6 +320,7 @@ def test_a_signed_repull_rehashes_what_a_blake3_pull_placed(local: Store, tmp_pa
     signature still matches the manifest's sha256): the signed re-pull refuses
     the target."""
     pytest.importorskip("model_signing")
+    monkeypatch.setenv("REGISTRY_CACHE_TRUST_STAMPS", "1")  # else every re-pull re-hashes
     from registry.errors import CommitConflictError
     from registry.keys import generate
     from registry.trust import load_trust

@@ -241,6 +241,8 @@ class WriterLease:
                 holder, _ = self._read()
             except ObjectNotFoundError:
                 holder = {}
+            if holder.get("owner") == self.owner and not holder.get("released"):
+                return  # our renewal landed and its answer was lost (issue 47)
             self._fence(holder)
 
     def _fence(self, holder: dict[str, Any]) -> None:

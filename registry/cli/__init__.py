@@ -32,6 +32,7 @@ from registry.cli import oci  # noqa: F401,E402  (push, import; after release)
 from registry.cli.app import app
 from registry.cli.errors import error_document
 from registry.cli.usage import usage_line
+from registry.words import count
 
 
 @functools.cache
@@ -94,12 +95,35 @@ def _interrupted(args: list[str], as_json: bool) -> None:
         line += ("; if the store committed the write first, `registry index rebuild` "
                  "indexes it")
     code = interrupt.exit_code()
+    committed = interrupt.unreported_commits()
+    if committed:  # the write landed: say so, as the command would have (issue 47)
+        _print_committed(committed, as_json)
+        line = (f"{command}: interrupted by {interrupt.signal_name()} after the commit "
+                "printed above, which stands in the store (do not write it again); "
+                "`registry index rebuild` indexes it if the index missed it")
     if as_json:
         doc = error_document("Interrupted", code, line, None)
         print(numbers.dumps(doc, sort_keys=True), file=sys.stderr)
     else:
         print(f"error: {line}", file=sys.stderr)
     sys.exit(code)
+
+
+def _print_committed(records: list[dict[str, Any]], as_json: bool) -> None:
+    """The committed line (or ``--json`` record, with ``"interrupted": true``)
+    of each commit an interrupted command made but did not report."""
+    for r in records:
+        if as_json:
+            print(numbers.dumps({**r, "committed": True, "interrupted": True}, sort_keys=True))
+        elif r.get("kind") == "release":
+            print(f"released {r['model_id']}@{r['version']} at {r['url']}: "
+                  f"{count(r['files'], 'file')}, {r['bytes']} bytes, "
+                  f"manifest sha256 {r['manifest_sha256']}")
+        else:
+            print(f"committed {r.get('kind', 'directory')} at {r['url']}: "
+                  f"{count(r['files'], 'file')}, {r['bytes']} bytes, "
+                  f"manifest sha256 {r['manifest_sha256']}")
+    sys.stdout.flush()
 
 
 __all__ = ["app", "main"]

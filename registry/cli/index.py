@@ -220,6 +220,9 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
         echo(f"  weights in {count(len(shards) - 1, 'shard')}, {count(doc['parameters'], 'parameter')}:")
         for f in shards:
             echo(f"    {shown(f['path'])}\t{f['bytes']} bytes\t{count(f['tensors'], 'tensor')}")
+    for fmt, paths in (doc.get("other_weights") or {}).items():
+        echo(f"  other weights ({fmt}, an engine preferring it loads these): "
+             + ", ".join(shown(p) for p in paths))
     sig = doc.get("signature")
     if sig is not None:
         state = {True: "verified against the policy's keys",

@@ -73,7 +73,13 @@ def unyank(ref: RefArg,
 
 @release_app.command("delete")
 def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: DbOpt = None,
-                   as_json: JsonOpt = False) -> None:
+                   as_json: JsonOpt = False,
+                   purge_versions: Annotated[bool, typer.Option(
+                       "--purge-versions",
+                       help="On a bucket with versioning or object lock on: also delete the "
+                            "release's noncurrent versions and delete markers (else its "
+                            "bytes stay stored and readable; see docs/s3-servers.md)."
+                   )] = False) -> None:
     """Delete a release (MANIFEST.json first), leaving a tombstone (who, when, why, the
     manifest digest): its version name is never reused. Refused while an alias
     points at it. Running it again finishes a delete that was interrupted."""
@@ -89,14 +95,24 @@ def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: D
 
         version = name if is_deleted(reg.store, model_id, name) else reg.resolve(ref)[1]
         doc, deleted = reg.delete_release(model_id, version, reason)
+        notes: list[str] = []
+        from registry.gc import versions
+
+        purged = versions(reg.store, f"models/{model_id}/{version}", purge=purge_versions,
+                          warn=notes.append)
+    for note in notes if not as_json else ():
+        echo(f"warning: {note}", err=True)
     if as_json:
-        print_json({**doc, "deleted_now": deleted})
+        print_json({**doc, "deleted_now": deleted, "purged_versions": purged,
+                    "warnings": notes})
     elif deleted:
         echo(f"deleted {model_id}@{version} (manifest sha256 {doc['manifest_sha256']}); "
              f"tombstone kept: {doc['reason']}")
     else:
         echo(f"{model_id}@{version} was already deleted ({doc.get('deleted_at')} by "
              f"{_who(doc)}); what was left of it is removed")
+    if purged and not as_json:
+        echo(f"purged {len(purged)} noncurrent version(s) of {model_id}@{version}")
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from registry import documents
+from registry import documents, interrupt
 from registry.checkpoint import get_layout
 from registry.cli.app import (
     DbOpt,
@@ -99,11 +99,13 @@ def _print_gates(results: tuple[GateResult, ...] | list[GateResult]) -> None:
 def _report(result: ReleaseResult, as_json: bool) -> None:
     if as_json:
         print_json(result.to_dict())
+        interrupt.commits_reported()
         return
     _print_gates(result.gates)
     m = result.manifest
     echo(f"released {result.model_id}@{result.version} at {result.url}: "
                f"{count(len(m.files), 'file')}, {m.total_size} bytes, manifest sha256 {m.digest}")
+    interrupt.commits_reported()  # printed: an interrupt from here on repeats nothing
 
 
 @contextmanager
@@ -159,6 +161,13 @@ def publish(
                                   "6. Links inside it (a Hugging Face cache snapshot's links "
                                   "into its blobs/) are always read; see "
                                   "docs/confinement.md.")] = False,
+    include: Annotated[list[str] | None, typer.Option(
+        "--include", metavar="PATH|GLOB",
+        help="Carry a set of weights in another format beside the safetensors "
+             "(pytorch_model*.bin, tf_model.h5, flax_model.msgpack, *.gguf, *.onnx...): "
+             "without it such a file is refused (exit 5), since an engine that prefers its "
+             "format would serve it; the card and `registry show` then list every set. "
+             "Repeatable.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
@@ -170,7 +179,7 @@ def publish(
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
-            forbid_code=forbid_code, follow_symlinks=follow_symlinks)
+            forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [])
     for link, target in result.followed:
         echo(f"warning: followed {link} -> {target}, outside the model directory "
              "(--follow-symlinks)", err=True)
@@ -419,6 +428,12 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
        break_claims: Annotated[bool, typer.Option(
            "--break-claims", help="Also remove claims whose lease is still live (their "
                                   "writers are known to be gone).")] = False,
+       purge_versions: Annotated[bool, typer.Option(
+           "--purge-versions", help="On a bucket with versioning or object lock on: also "
+                                    "delete every noncurrent version and delete marker under "
+                                    "the store (what was deleted or replaced is otherwise "
+                                    "still stored, billed and readable; see "
+                                    "docs/s3-servers.md).")] = False,
        store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Remove abandoned claims, staging dirs, uncommitted leftovers and the
     temporary files of killed event appends (events/.tmp-*); never a commit.
@@ -437,7 +452,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
         notes: list[str] = []
         removed = collect(s, older_than=seconds, dry_run=dry_run,
                           trees=checkpoint_path or [], break_claims=break_claims,
-                          warn=notes.append)
+                          warn=notes.append, purge_versions=purge_versions)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run,
                     "warnings": notes, "skipped": s.skipped})

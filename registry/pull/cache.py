@@ -37,6 +37,30 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 DEFAULT_CACHE = Path("~/.cache/model-registry")
 INCOMPLETE = ".incomplete"
+#: ``1``: place a cache blob (and call a pulled directory unchanged) by its
+#: stat stamp alone, unread; default ``0``: read and hash it (issue 47).
+TRUST_STAMPS_ENV = "REGISTRY_CACHE_TRUST_STAMPS"
+
+
+def trust_stamps() -> bool:
+    """The :data:`TRUST_STAMPS_ENV` setting (default False).
+
+    A stat stamp misses bytes that change under an unchanged inode, size,
+    mtime and ctime: a reflinked extent rewritten beneath the file, a
+    filesystem (FUSE, some network mounts) that keeps or caches ctime. By
+    default every blob placed from the cache is hashed (one read of its
+    bytes, from the page cache when warm: about the cost of a copy) and a
+    re-pull re-hashes the target; a blob this pull downloaded and verified
+    is placed unread either way.
+
+    Raises:
+        UsageError: the variable is set to something other than 0 or 1.
+    """
+    value = os.environ.get(TRUST_STAMPS_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise UsageError(f"{TRUST_STAMPS_ENV}={value!r}: must be 0 (hash every placed blob, "
+                         "the default) or 1 (trust stat stamps)")
+    return value == "1"
 
 
 def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -119,6 +143,8 @@ class Cache:
         #: :attr:`fresh` (downloaded and verified by this pull).
         self.recheck = False
         self.fresh: set[str] = set()
+        #: place blobs and judge targets by stat stamps alone (trust_stamps()).
+        self.trust_stamps = trust_stamps()
         try:
             privacy.make_private_dir(self.root, self.group)
             privacy.check_dir(self.root, self.group)
@@ -158,9 +184,10 @@ class Cache:
 
     def unread_ok(self, sha256: str) -> bool:
         """The blob may be placed without reading it: its stamp is the one
-        recorded when it was verified, and (in a signed pull) it was
-        downloaded by this pull."""
-        if self.recheck and sha256 not in self.fresh:
+        recorded when it was verified, and it was downloaded by this pull
+        (a signed pull, or by default: :func:`trust_stamps`) or stamps are
+        trusted (:data:`TRUST_STAMPS_ENV` = 1)."""
+        if (self.recheck or not self.trust_stamps) and sha256 not in self.fresh:
             return False
         return self.usable(sha256) and self.stamps.blob_unchanged(self.blob(sha256))
 

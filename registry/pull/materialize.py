@@ -7,19 +7,21 @@ filesystem has them, else a copy; never a hardlink, so nothing written to a
 materialized file (by a user, an engine, root) reaches a blob or another
 materialized directory (DESIGN section 7).
 
-A blob is checked every time it is placed, by its stat stamp: a reflink or a
-copy of a blob whose stamp equals the one recorded when its bytes were
-verified (registry.pull.stamps) is made without reading it (the kernel's
-``copy_file_range``); a blob whose stamp differs is re-hashed (while it is
-copied, or from the clone) and refused when its sha256 differs. A changed
+A blob is checked every time it is placed: hashed while it is copied, or
+from the clone, and refused when its sha256 differs (issue 47: a stat stamp
+misses bytes changed under an unchanged inode, size, mtime and ctime). A blob
+this pull downloaded and verified, or, with ``REGISTRY_CACHE_TRUST_STAMPS=1``,
+any blob whose stamp equals the one recorded when its bytes were verified
+(registry.pull.stamps), is placed without reading it (the kernel's
+``copy_file_range``). A changed
 blob raises :class:`BlobChangedError` and is never placed. (Until issue 19 a
 copy hashed every byte it copied: a second sha256 pass of every pull, on one
 core, which alone cost more than ``cp -r``; the stamp says the same thing for
 the reasons listed in registry.pull.stamps.)
 
-A target that already holds the release is checked by the stamps recorded
-when it was placed: every file whose stamp differs (or that has none) is
-re-hashed, so a re-pull notices a changed target. If the target holds the
+A target that already holds the release is re-hashed, so a re-pull notices
+a changed target (with ``REGISTRY_CACHE_TRUST_STAMPS=1``, only the files whose
+stamp differs from the one recorded when they were placed). If the target holds the
 same release unchanged, the pull is a no-op; other or changed content is
 refused unless ``force``, which swaps the directories (atomically with
 ``renameat2(RENAME_EXCHANGE)`` where the kernel has it).
@@ -233,9 +235,10 @@ def check_target(target: Path, manifest: Manifest, cache: Cache, *,
         ``(False, [])`` when ``target`` is absent, foreign or incomplete
         (:func:`current_digest` differs); else ``(True, changed)``, where
         ``changed`` lists the files (MANIFEST.json included) whose bytes
-        differ from the release. A file whose stat stamp equals the one
-        recorded when it was placed is not read; any other is re-hashed
-        (and, when its bytes are right, its new stamp recorded). With
+        differ from the release. Every file is re-hashed, except (with
+        ``REGISTRY_CACHE_TRUST_STAMPS=1``, registry.pull.cache.trust_stamps)
+        one whose stat stamp equals the one recorded when it was placed
+        (when the bytes are right, the new stamps are recorded). With
         ``need_sha256`` (a signed pull), files placed after a BLAKE3 check
         only are re-hashed with sha256 too, once.
     """
@@ -252,7 +255,7 @@ def check_target(target: Path, manifest: Manifest, cache: Cache, *,
     changed, rehashed = [], False
     for path, want in expected.items():
         try:
-            if recorded.get(path) == stamp(target / path):
+            if cache.trust_stamps and recorded.get(path) == stamp(target / path):
                 continue
             rehashed = True
             if hash_file(target / path) != want:

@@ -44,7 +44,7 @@ from registry.ledger import revoked_reasons
 from registry.lifecycle.tombstone import check_version_free, refuse_deleted
 from registry.lifecycle.yank import yank_gate
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
-from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
+from registry.modeldir import HIDDEN_KEYS, check_files, check_other_weights, hidden_size
 from registry.names import check_name
 from registry.obs.tracing import traced
 from registry.release import policy
@@ -61,9 +61,10 @@ from registry.release.step_source import check_step_source
 from registry.checkpoint.loongsage_format import DIST
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
+from registry.release.source_check import object_before, read_checked, verify_object
 from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
 from registry.model_sig import SIGNATURE
-from registry.sourcecheck import check_object
+from registry.sourcecheck import SourceHashes
 from registry.sourcedir import SourceRule
 from registry.store import LocalStore, Store, join, open_store
 from registry.store.source import SourceDirStore
@@ -85,12 +86,24 @@ class ReleaseResult:
     #: ``(link, target)`` of each symbolic link publish followed out of its
     #: source directory (``follow_symlinks``, registry.sourcedir).
     followed: tuple[tuple[str, str], ...] = field(default=())
+    #: ``(path, means)`` for each file read from an S3 source without a
+    #: manifest: the server's checksums compared (``"crc32"``, ``"md5"``,
+    #: ``"sha256+md5"`` ...) or ``"read twice"`` where it keeps none
+    #: (registry.release.source_check.verify_object, issue 47).
+    source_checks: tuple[tuple[str, str], ...] = field(default=())
+    #: ``(format, paths)`` of each set of weights other than the safetensors
+    #: that ``include`` let through (registry.modeldir.check_other_weights).
+    other_weights: tuple[tuple[str, tuple[str, ...]], ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         out = {"model_id": self.model_id, "version": self.version, "url": self.url,
                "manifest_sha256": self.manifest.digest, "files": len(self.manifest.files),
                "bytes": self.manifest.total_size, "source": self.manifest.meta.get("source"),
                "gates": [g.to_dict() for g in self.gates]}
+        if self.other_weights:
+            out["other_weights"] = {k: list(v) for k, v in self.other_weights}
+        if self.source_checks:
+            out["source_checks"] = dict(self.source_checks)
         if self.followed:
             out["followed_symlinks"] = [{"link": a, "target": b} for a, b in self.followed]
         return out
@@ -297,8 +310,16 @@ class ModelRelease:
                 cert_chain: Iterable[str | os.PathLike[str]] = (),
                 max_shard_size: int | str | None = None,
                 forbid_code: bool = False, follow_symlinks: bool = False,
-                source_uri: str | None = None) -> ReleaseResult:
+                source_uri: str | None = None,
+                include: Iterable[str] = ()) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
+
+        A second set of weights beside the safetensors (``pytorch_model.bin``,
+        its index and shards, ``tf_model.h5``, ``flax_model.msgpack``,
+        ``*.gguf``, ``*.onnx``...: registry.modeldir.OTHER_WEIGHTS) is
+        DocumentError naming the file, nothing written, unless ``include``
+        names it (a path or fnmatch pattern); then it is carried and the card,
+        ``show`` and the result (``other_weights``) list every set.
 
         Every file of ``model_dir`` is carried (the weights, one
         ``model.safetensors`` or an index and its shards, byte for byte unless
@@ -356,6 +377,7 @@ class ModelRelease:
         if not names:
             raise DocumentError(url, "not a model directory (no files)")
         card_text = None
+        checks: dict[str, str] = {}  # how each file of an S3 source was checked
         if card is not None:
             try:
                 with open(card, encoding="utf-8") as f:
@@ -363,7 +385,8 @@ class ModelRelease:
             except (OSError, UnicodeDecodeError) as e:
                 raise DocumentError(os.fspath(card), f"cannot read the model card: {e}") from None
         elif "MODEL_CARD.md" in names:
-            card_text = src_store.read_bytes("MODEL_CARD.md").decode("utf-8", "replace")
+            card_text = read_checked(src_store, "MODEL_CARD.md", limit=limits.MAX_READ_BYTES,
+                                     checks=checks).decode("utf-8", "replace")
         uri = source_uri or (url if "://" in url else os.path.abspath(url))
         result = self._release(src_store, "", names, prefix, model_id, version,
                              source={"uri": uri}, dtype=dtype, group_size=group_size,
@@ -371,7 +394,8 @@ class ModelRelease:
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
                              sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
-                             max_shard_size=max_shard_size, forbid_code=forbid_code)
+                             max_shard_size=max_shard_size, forbid_code=forbid_code,
+                             checks=checks, include=include)
         if not followed:
             return result
         return dataclasses.replace(result, followed=tuple(dict.fromkeys(followed)))
@@ -396,13 +420,17 @@ class ModelRelease:
                  cert_chain: Iterable[str | os.PathLike[str]] = (),
                  digests: Mapping[str, str] | None = None,
                  max_shard_size: int | str | None = None,
-                 forbid_code: bool = False, dcp: Any = None) -> ReleaseResult:
+                 forbid_code: bool = False, dcp: Any = None,
+                 checks: dict[str, str] | None = None,
+                 include: Iterable[str] = ()) -> ReleaseResult:
         where = src_store.url_of(src)
         if "://" not in where:  # a local folder: name it whatever the working directory
             where = os.path.abspath(where)
         shard_limit = parse_size(max_shard_size) if max_shard_size is not None else None
         signer = signature_gate.signer(sign_key, sign_cert=sign_cert, cert_chain=cert_chain)
-        config_raw = (src_store.read_bytes(join(src, "config.json"), limit=limits.MAX_JSON_BYTES)
+        checks = {} if checks is None else checks
+        config_raw = (read_checked(src_store, join(src, "config.json"), checks=checks,
+                                   relpath="config.json", limit=limits.MAX_JSON_BYTES)
                       if "config.json" in names else b"{}")
         config = schemas.load_json(config_raw, path=f"{where}/config.json")
         if not isinstance(config, dict):
@@ -411,6 +439,8 @@ class ModelRelease:
         weights = dcp if dcp is not None else load_weights(src_store, src, files=names,
                                                             where=where)
         check_files(names, config, where=where, release=f"{model_id}@{version}")
+        # publish carries every file: one set of weights unless told (issue 47)
+        others = check_other_weights(names, include, where=where) if copy_all else {}
         as_is = dcp is None and dtype is None and shard_limit is None and all(
             engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}
@@ -446,6 +476,7 @@ class ModelRelease:
                                  else shard_plan.files),
                 "config_dtype": _config_dtype(json.loads(new_config) if new_config else config),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
+                "other_weights": others,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
         kept = [n for n in names if n not in extra]
@@ -469,11 +500,11 @@ class ModelRelease:
             # against a streamed read when the source has none (publish).
             if shard_plan is None:
                 for name in weights.files:
-                    _copy(src_store, join(src, name), w, name, digests)
+                    _copy(src_store, join(src, name), w, name, digests, checks)
             else:  # converted, re-packed, or a format engines refuse: metadata fixed
-                shard_plan.write(w, digests)
+                shard_plan.write(w, digests, checks)
             for name in carried:
-                _copy(src_store, join(src, name), w, name, digests)
+                _copy(src_store, join(src, name), w, name, digests, checks)
             for name, data in extra.items():
                 w.write_bytes(name, data)
             w.write_bytes("MODEL_CARD.md", card.encode())
@@ -490,7 +521,9 @@ class ModelRelease:
                                   sequence.FIELD: str(sequence.next_sequence(
                                       self.store, model_id, publishing=version))}
             manifest = w.commit()
-        result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results)
+        result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results,
+                               source_checks=tuple(sorted(checks.items())),
+                               other_weights=tuple((k, tuple(v)) for k, v in others.items()))
         for hook in self.on_commit:
             hook(result)
         return result
@@ -598,24 +631,31 @@ def _stored(data: bytes | None, prefix: str, name: str, store: Store) -> _Stored
 
 
 def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
-          digests: Mapping[str, str] | None = None) -> None:
+          digests: Mapping[str, str] | None = None,
+          checks: dict[str, str] | None = None) -> None:
     """Copy one source file in (hashed as written); with ``digests`` (the
-    source manifest), the copy's sha256 must be the source's.
+    source manifest), the copy's sha256 must be the source's; from S3 without
+    a manifest, the bytes read must be what the server holds by every means
+    it offers (registry.release.source_check.verify_object; the means go to
+    ``checks[relpath]``).
 
     Raises:
         IntegrityError: the bytes read differ from the source manifest.
+        SourceChangedError: the source changed while read, or was altered on the way.
     """
     local = src_store.local_path(key)
     if local is not None:
         w.put_file(relpath, local)  # checked before and after: registry.sourcecheck
     else:
-        state = getattr(src_store, "object_state", None)  # S3: ETag, version, checksum
-        before = state(key) if state is not None else None
+        before = object_before(src_store, key)  # S3: ETag, version, checksums
+        hashes = SourceHashes(before)
         with src_store.open_read(key) as f, \
                 w.open(relpath, size=src_store.info(key).size) as out:
-            _pump(f, out)
-        if state is not None and before is not None:  # inside the writer: nothing committed
-            check_object(src_store.url_of(key), before, state(key), w.entries[relpath].sha256)
+            _pump(f, _Tee(out, hashes))
+        if before is not None:  # inside the writer: nothing committed
+            means = verify_object(src_store, key, before, hashes, w.entries[relpath].sha256)
+            if checks is not None:
+                checks[relpath] = means
     expected = (digests or {}).get(relpath)
     entry = w.entries[relpath]
     if expected is not None and entry.sha256 != expected:
@@ -624,6 +664,18 @@ def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
                              reason=f"the bytes read differ from the source manifest (sha256 "
                                     f"{entry.sha256}, expected {expected}); nothing was "
                                     "committed")
+
+
+class _Tee:
+    """Writes to ``out``, each block also fed to ``hashes``: the bytes
+    compared with the server's values are the bytes written."""
+
+    def __init__(self, out: Any, hashes: SourceHashes) -> None:
+        self._out, self._hashes = out, hashes
+
+    def write(self, block: bytes) -> int:
+        self._hashes.update(block)
+        return self._out.write(block)  # type: ignore[no-any-return]
 
 
 def _config_dtype(config: Mapping[str, Any]) -> str | None:

@@ -26,8 +26,14 @@ from typing import Any
 from registry.commit import DirectoryWriter
 from registry.errors import UsageError
 from registry.release.convert import _column_counts, plan, weights_groups
-from registry.release.source_check import HashedSource, stream_sha256
+from registry.release.source_check import (
+    HashedSource,
+    object_before,
+    stream_sha256,
+    verify_object,
+)
 from registry.safetensors_io import DTYPES, LazyTensor, SafetensorsHeader, write_safetensors
+from registry.sourcecheck import SourceHashes
 from registry.store import Store, join
 from registry.weights import INDEX, SINGLE, ModelWeights, index_bytes, shard_name
 
@@ -157,8 +163,11 @@ class ShardPlan:
 
     def _open(self, key: str, path: str, size: int) -> HashedSource:
         assert self._stack is not None, "source read outside ShardPlan.write"
-        return HashedSource(self._stack.enter_context(self.store.open_read(key)), size,
-                            path=path)
+        before = object_before(self.store, key)  # S3: taken before the first byte is read
+        src = HashedSource(self._stack.enter_context(self.store.open_read(key)), size,
+                           path=path, also=SourceHashes(before) if before else None)
+        src.before = before
+        return src
 
     @property
     def files(self) -> list[dict[str, Any]]:
@@ -169,13 +178,17 @@ class ShardPlan:
         return out + [{"path": n, "tensors": len(p), "bytes": b}
                       for n, p, b in zip(self.names, self.packs, sizes)]
 
-    def write(self, w: DirectoryWriter, digests: Mapping[str, str] | None = None) -> list[str]:
+    def write(self, w: DirectoryWriter, digests: Mapping[str, str] | None = None,
+              checks: dict[str, str] | None = None) -> list[str]:
         """Write the planned weights into ``w`` (shards, then the index).
 
         Args:
             w: the release being written.
             digests: source file name -> sha256 (a checkpoint's manifest); a
-                source without one is hashed by a separate streamed read.
+                source without one is checked against the server's checksums
+                (S3) or hashed by a separate streamed read
+                (registry.release.source_check.verify_object).
+            checks: gets ``{source shard: means}`` for an S3 source without one.
 
         Returns:
             The weights files written, relative.
@@ -184,6 +197,8 @@ class ShardPlan:
             IntegrityError: the bytes read from a source shard differ from its
                 sha256 (every shard is checked before this returns; the caller
                 must not commit after an exception).
+            SourceChangedError: an S3 source shard changed while read, or its
+                bytes are not what the server holds.
             SafetensorsError: a source shard ends early.
         """
         weight_map: dict[str, str] = {}
@@ -205,11 +220,18 @@ class ShardPlan:
                 self._sources.check()
             for shard in (self.weights.shards if self.weights is not None else ()):
                 key = join(self.prefix, shard.path)
-                expected = (digests or {}).get(shard.path) or stream_sha256(self.store, key)
                 lazy_file = self._files[shard.path]
                 source = lazy_file.source or self._open(key, f"{self.where}/{shard.path}",
                                                         shard.size)
-                source.check(expected)
+                expected = (digests or {}).get(shard.path)
+                if expected is None and source.before is not None:
+                    assert source.also is not None
+                    means = verify_object(self.store, key, source.before, source.also,
+                                          source.sha256())
+                    if checks is not None:
+                        checks[shard.path] = means
+                    continue
+                source.check(expected or stream_sha256(self.store, key))
         self._stack = None
         if len(self.names) == 1:
             return list(self.names)

@@ -17,7 +17,8 @@ import hashlib
 import io
 from typing import IO, Any
 
-from registry.errors import IntegrityError
+from registry.errors import IntegrityError, SourceChangedError
+from registry.sourcecheck import ObjectState, SourceHashes, check_object
 from registry.store.base import CHUNK
 
 
@@ -29,9 +30,14 @@ class HashedSource(io.RawIOBase):
     (re-reads) are served but not hashed again. Memory: one chunk.
     """
 
-    def __init__(self, f: IO[bytes], size: int, *, path: str) -> None:
+    def __init__(self, f: IO[bytes], size: int, *, path: str,
+                 also: SourceHashes | None = None) -> None:
         self._f, self._size, self.path = f, size, path
         self._hash = hashlib.sha256()
+        #: further hashes fed the same bytes in file order (the server's checksums)
+        self.also = also
+        #: the source object's state before the read (S3), for verify_object
+        self.before: ObjectState | None = None
         self._hashed = 0
         self._pos = 0
 
@@ -56,6 +62,8 @@ class HashedSource(io.RawIOBase):
             if not block:
                 break
             self._hash.update(block)
+            if self.also is not None:
+                self.also.update(block)
             self._hashed += len(block)
 
     def readinto(self, buffer: Any) -> int:
@@ -67,10 +75,18 @@ class HashedSource(io.RawIOBase):
         view[:len(data)] = data
         end = self._pos + len(data)
         if self._pos <= self._hashed < end:
-            self._hash.update(memoryview(data)[self._hashed - self._pos:])
+            fresh = memoryview(data)[self._hashed - self._pos:]
+            self._hash.update(fresh)
+            if self.also is not None:
+                self.also.update(fresh)
             self._hashed = end
         self._pos = end
         return len(data)
+
+    def sha256(self) -> str:
+        """Hash the rest of the file; the sha256 of every byte as read (hex)."""
+        self._fill(self._size)
+        return self._hash.hexdigest()
 
     def check(self, expected_sha256: str) -> None:
         """Hash the rest of the file, then compare the whole digest.
@@ -79,8 +95,7 @@ class HashedSource(io.RawIOBase):
             IntegrityError: the bytes read differ from the source's sha256
                 (names the file and both digests); nothing may be committed.
         """
-        self._fill(self._size)
-        actual = self._hash.hexdigest()
+        actual = self.sha256()
         if self._hashed != self._size or actual != expected_sha256:
             raise IntegrityError(self.path, expected_size=self._size, actual_size=self._hashed,
                                  expected_sha256=expected_sha256, actual_sha256=actual,
@@ -96,3 +111,65 @@ def stream_sha256(store: Any, key: str) -> str:
     for block in store.iter_read(key, CHUNK):
         h.update(block)
     return h.hexdigest()
+
+
+#: How a source without a manifest was checked (``ReleaseResult.source_checks``):
+#: the server's values compared (``"sha256"``, ``"crc32"``, ``"md5"`` ...,
+#: joined by ``+``), or :data:`READ_TWICE`.
+READ_TWICE = "read twice"
+
+
+def object_before(store: Any, key: str) -> ObjectState | None:
+    """The state of ``key`` before it is read, on a store that has one (S3);
+    None elsewhere (a local source is checked by registry.sourcecheck.check_local)."""
+    state = getattr(store, "object_state", None)
+    return state(key) if state is not None else None
+
+
+def verify_object(store: Any, key: str, before: ObjectState, hashes: SourceHashes,
+                  sha256: str) -> str:
+    """Check the bytes just read from ``key`` (``hashes``, ``sha256``) against
+    every value the server keeps of it; where it keeps none this host can
+    recompute, read the object once more and compare sha256.
+
+    Returns:
+        The means used: algorithms joined by ``+``, or :data:`READ_TWICE`.
+
+    Raises:
+        SourceChangedError: the object changed while it was read, the bytes
+            read are not what the server holds, or two reads differ.
+
+    Notes:
+        Cost: one HEAD after the read; with no usable checksum, a second full
+        GET of the object.
+    """
+    where = store.url_of(key)
+    compared = check_object(where, before, store.object_state(key), hashes)
+    if compared:
+        return "+".join(compared)
+    again = stream_sha256(store, key)
+    if again != sha256:
+        raise SourceChangedError(
+            f"{where}: two reads of the object differ (sha256 {sha256}, then {again}) and the "
+            f"server keeps no checksum to tell which is right (offered: "
+            f"{', '.join(before.offered) or 'none'}); nothing was committed", key=where)
+    return READ_TWICE
+
+
+def read_checked(store: Any, key: str, *, limit: int, checks: dict[str, str] | None = None,
+                 relpath: str = "") -> bytes:
+    """``store.read_bytes(key, limit=limit)`` checked as :func:`verify_object`
+    checks a copy when the store is S3 (``checks[relpath]`` gets the means).
+
+    Raises:
+        SourceChangedError: as :func:`verify_object`; DocumentError: over ``limit``.
+    """
+    before = object_before(store, key)
+    data = store.read_bytes(key, limit=limit)
+    if before is not None:
+        hashes = SourceHashes(before)
+        hashes.update(data)
+        means = verify_object(store, key, before, hashes, hashlib.sha256(data).hexdigest())
+        if checks is not None:
+            checks[relpath or key] = means
+    return data

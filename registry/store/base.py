@@ -221,7 +221,8 @@ class Store(ABC):
 
     def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
                             keep: Any = None, doomed: Any = None,
-                            warn: Any = None) -> list[str]:
+                            warn: Any = None, orphan: Any = None,
+                            orphan_after: float = 0.0) -> list[str]:
         """Abort unfinished uploads older than ``older_than`` seconds (object
         stores' multipart uploads); returns their keys. Nothing elsewhere."""
         return []

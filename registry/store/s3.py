@@ -34,7 +34,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
-from registry.sourcecheck import object_state
+from registry.sourcecheck import ObjectState, object_state
 from registry.store import s3session, s3upload
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
@@ -316,14 +316,19 @@ class S3Store(Store):
 
     def abort_stale_uploads(self, older_than: float, *, dry_run: bool = False,
                             keep: Any = None, doomed: Any = None,
-                            warn: Any = None) -> list[str]:
+                            warn: Any = None, orphan: Any = None,
+                            orphan_after: float = 0.0) -> list[str]:
         """Abort the multipart uploads under this store's prefix that nobody
         will complete: started more than ``older_than`` seconds ago by the
         server's clock (the listing's own time, not this host's), unless
         ``keep(key)`` spares them (a key under a live claim); or at once,
         whatever their age, when ``doomed(key)`` says their writer's claim is
         gone (an upload belongs to the claim of the directory its key lies
-        in). Returns the keys of the uploads aborted (or that would be).
+        in); or, when ``orphan(key)`` says no claim covers it at all (every
+        writer claims its directory before its first upload), once its own
+        age passes ``orphan_after`` seconds (issue 47: a writer killed with
+        its server restarted leaves such uploads; no fixed hour). Returns the
+        keys of the uploads aborted (or that would be).
 
         A server without ListMultipartUploads (s3rver; some gateways answer
         501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
@@ -349,8 +354,10 @@ class S3Store(Store):
             served = _served_at(page, now)
             for u in page.get("Uploads", []):
                 key = u["Key"][len(args["Prefix"]):]
-                if not (doomed and doomed(key)):
-                    if served - u["Initiated"].timestamp() < older_than or (keep and keep(key)):
+                age = served - u["Initiated"].timestamp()
+                if not (doomed and doomed(key)) and not (
+                        orphan and age >= orphan_after and orphan(key)):
+                    if age < older_than or (keep and keep(key)):
                         continue
                 if not dry_run:
                     with self._translated(key):
@@ -427,9 +434,9 @@ class S3Store(Store):
                 raise
             raise PointerConflictError(key, expected=expected, actual=None) from None
 
-    def object_state(self, key: str) -> dict[str, str | None]:
-        """ETag, VersionId and whole-object SHA-256 of ``key`` (one HEAD with
-        ``ChecksumMode=ENABLED``; registry.sourcecheck.object_state)."""
+    def object_state(self, key: str) -> ObjectState:
+        """ETag, VersionId and every whole-object checksum of ``key`` (one HEAD
+        with ``ChecksumMode=ENABLED``; registry.sourcecheck.object_state)."""
         with self._translated(key):
             resp = self.call("head_object", Key=self._key(key), ChecksumMode="ENABLED")
         return object_state(resp)

@@ -14,8 +14,10 @@ test) can choose:
 - ``REGISTRY_S3_CONNECT_TIMEOUT`` / ``config_kwargs["connect_timeout"]`` (5).
 
 The n-th retry waits a random time in ``[0, min(20, delay * 2**(n-1))]``
-("full jitter"). Retried: throttling and server errors (503 SlowDown, 500
-InternalError, 502, 504, RequestTimeout, 429), connections refused, reset or
+("full jitter"). Retried: throttling and server errors, per server in
+:data:`SERVER_TRANSIENT` (503 SlowDown, 500 InternalError, 502, 504,
+RequestTimeout, 429; Ceph RGW's UnknownError, MinIO's quorum and
+not-initialized answers), connections refused, reset or
 closed, timeouts, and answers cut short or unparsable. Everything else (404,
 412, 403...) is an answer and is raised at once. The error raised after the
 last try carries ``registry_attempts``: how many times the request was sent,
@@ -47,12 +49,33 @@ MAX_DELAY = 20.0
 MAX_ATTEMPTS, MAX_TIMEOUT = 100, 3600.0
 DEFAULT_ATTEMPTS, DEFAULT_DELAY = 5, 0.5
 
-#: S3 error codes of a request worth sending again.
-TRANSIENT_CODES = frozenset({
-    "SlowDown", "503", "ServiceUnavailable", "InternalError", "500", "502", "504",
-    "BadGateway", "GatewayTimeout", "RequestTimeout", "Throttling", "ThrottlingException",
-    "RequestLimitExceeded", "TooManyRequests", "TooManyRequestsException", "429",
-})
+#: The answers worth sending a request again for, per server family, in one
+#: table (issue 47): each code with what the server means by it. A request is
+#: sent again when any server's table has its code (the server is not known
+#: in advance; no server uses another's transient code for a final answer).
+#: A conditional write retried after an answer whose request landed meets
+#: its own write on the retry and recognises it by its write token.
+SERVER_TRANSIENT: dict[str, dict[str, str]] = {
+    "aws": {"SlowDown": "throttled (503)", "503": "unavailable",
+            "ServiceUnavailable": "unavailable (503)", "InternalError": "failed (500)",
+            "500": "failed", "502": "bad gateway", "504": "gateway timeout",
+            "BadGateway": "bad gateway (502)", "GatewayTimeout": "gateway timeout (504)",
+            "RequestTimeout": "the body came too slowly (400)",
+            "Throttling": "throttled", "ThrottlingException": "throttled",
+            "RequestLimitExceeded": "throttled", "TooManyRequests": "throttled (429)",
+            "TooManyRequestsException": "throttled (429)", "429": "throttled"},
+    "ceph-rgw": {"UnknownError": "RGW's 500 for a request it failed (a racing "
+                                 "conditional PUT, an OSD timeout)"},
+    "minio": {"XMinioServerNotInitialized": "a node still starting (503)",
+              "XMinioReadQuorum": "too few disks answered a read (503)",
+              "XMinioWriteQuorum": "too few disks took a write (503)",
+              "SlowDownRead": "throttled reads (503)", "SlowDownWrite": "throttled writes (503)"},
+    "seaweedfs": {"InternalError": "filer or volume server failed (500)",
+                  "ServiceUnavailable": "volume server restarting (503)"},
+    "gcs-interop": {"InternalError": "failed (500)", "SlowDown": "rate limited (429/503)"},
+}
+#: S3 error codes of a request worth sending again (the union of the table).
+TRANSIENT_CODES = frozenset(code for codes in SERVER_TRANSIENT.values() for code in codes)
 #: exception class names of an answer cut short or garbled (a proxy's rate
 #: limiter answering invalid XML, a body that ended early).
 _CUT_SHORT = ("ResponseParserError", "IncompleteReadError", "IncompleteRead",

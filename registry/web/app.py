@@ -36,6 +36,8 @@ from registry.web.cache import ReleaseFiles
 from registry.web.failure import failure_of
 from registry.web.hub import HubStats
 from registry.web.hubfiles import Source, StoreSource
+from registry.web.hub import error_response as hub_error_response
+from registry.web.hubpaths import hub_refusal
 from registry.web.hubrefs import HubPolicy
 from registry.web.render import render
 from registry.web.security import SECURITY_HEADERS, allowed_hosts, refuse_host
@@ -153,8 +155,12 @@ def create_app(registry: Registry, *, token: str | None = None,
             denied.headers["X-Error-Message"] = "Invalid credentials in Authorization header"
             denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
             return _secured(denied)
-        why = _bad_path(request.scope.get("raw_path") or request.url.path.encode())
-        if why:
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        why = _bad_path(raw)
+        hub = hub_refusal(raw.decode("latin-1"), why) if why else None
+        if hub is not None:  # in the Hub's terms: X-Error-Code (registry.web.hubpaths)
+            response = hub_error_response(hub, request.method)
+        elif why:
             response = _error(request, 400, "InvalidNameError", 2,
                               f"{request.url.path}: {why}", None)
         else:
@@ -184,6 +190,10 @@ def create_app(registry: Registry, *, token: str | None = None,
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        hub = hub_refusal(raw.decode("latin-1")) if exc.status_code == 404 else None
+        if hub is not None:
+            return hub_error_response(hub, request.method)
         if exc.status_code == 404:
             return _error(request, 404, "NotFound", 3,
                           f"{request.url.path}: no such page", None)
