@@ -383,7 +383,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     for attempt in (1, 2):
         try:
             placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync,
-                                 download=download, direct=direct, blake3_only=b3_only)
+                                 download=download, direct=direct, blake3_only=b3_only,
+                                 need_sha256=not fast)
             break
         except BlobChangedError as err:
             # A blob changed after it was verified (someone wrote to the cache):
