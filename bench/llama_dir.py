@@ -48,14 +48,16 @@ def layout(size_mib: int, shards: int) -> list[list[tuple[str, tuple[int, ...]]]
     tail = [("model.norm.weight", (HIDDEN,)), ("lm_head.weight", (VOCAB, HIDDEN))]
     fixed = sum(_nbytes(s) for _n, s in head + tail)
     per_layer = sum(_nbytes(s) for _n, s in _layer(0))
-    layers = max(shards, round((size_mib * MIB - fixed) / per_layer))
+    layers = max(1, round((size_mib * MIB - fixed) / per_layer))
     tensors = head + [t for i in range(layers) for t in _layer(i)] + tail
     total = sum(_nbytes(s) for _n, s in tensors)
     out: list[list[tuple[str, tuple[int, ...]]]] = [[] for _ in range(shards)]
     acc, k = 0, 0
-    for name, shape in tensors:
+    for i, (name, shape) in enumerate(tensors):
         # the next shard starts once this one holds its share of the bytes
-        if acc >= (k + 1) * total / shards and k < shards - 1 and not name.endswith("norm.weight"):
+        # (or when every shard left needs one of the tensors left: none is empty)
+        if out[k] and k < shards - 1 and (acc >= (k + 1) * total / shards
+                                          or len(tensors) - i <= shards - 1 - k):
             k += 1
         out[k].append((name, shape))
         acc += _nbytes(shape)
