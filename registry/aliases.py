@@ -38,6 +38,7 @@ from registry.errors import (
     NotCommittedError,
     ObjectNotFoundError,
     PointerError,
+    RegistryError,
     SignatureError,
     UnsafeEntryError,
 )
@@ -132,9 +133,32 @@ def resolve(store: Store, model_id: str, name: str) -> str:
     target = read_head(store, model_id, name).version
     if target is None:
         refuse_deleted(store, model_id, name)
-        raise NotCommittedError(f"{store.url_of(model_root(model_id))}: no version or "
-                                f"alias named {name!r}", path=release_prefix(model_id, name))
+        raise unknown_ref(store, model_id, name)
     return target
+
+
+def unknown_ref(store: Store, model_id: str, name: str) -> NotCommittedError:
+    """The error for ``model_id@name`` that names neither a version nor an alias:
+    it says whether the model itself is unknown, and the close matches of what
+    was typed (its versions and aliases, or the store's models)."""
+    from registry.suggest import did_you_mean
+
+    root = model_root(model_id)
+    try:
+        names = [n for n in store.subdirs(root) if n != "refs"]
+        aliases = [n for n, is_dir in store.list_dir(refs_prefix(model_id)) if not is_dir]
+    except (RegistryError, OSError):
+        names, aliases = [], []
+    if not names and not aliases:
+        try:
+            models = store.subdirs("models")
+        except (RegistryError, OSError):
+            models = []
+        return NotCommittedError(f"{store.url}: no model named {model_id!r}"
+                                 f"{did_you_mean(model_id, models)}", path=root)
+    return NotCommittedError(f"{store.url_of(root)}: no version or alias named {name!r}"
+                             f"{did_you_mean(name, [*names, *aliases])}",
+                             path=release_prefix(model_id, name))
 
 
 def _protection(store: Store, model_id: str, alias: str) -> list[str] | None:

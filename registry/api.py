@@ -206,6 +206,15 @@ class Registry(LifecycleMixin):
                 was not appended (``registry events repair``).
         """
         check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
+        from registry.aliases import unknown_ref
+        from registry.layout import release_prefix as _prefix
+        from registry.manifest import MANIFEST as _MANIFEST
+        from registry.store import join as _join
+
+        if not self.store.exists(_join(_prefix(model_id, check_name(version, "version")),
+                                       _MANIFEST)):
+            refuse_deleted(self.store, model_id, version)
+            raise unknown_ref(self.store, model_id, version)  # the model, or the version
         try:
             results = self.gate_check(model_id, version)
         except RegistryError:
@@ -340,7 +349,8 @@ class Registry(LifecycleMixin):
         return model_id, resolve(self.store, model_id, name)
 
     def pull(self, ref: str, *, require_passing: bool = False, **kw: Any) -> PullResult:
-        """Pull ``model_id@version`` or ``model_id@alias`` to a model directory
+        """Pull ``model_id@version``, ``model_id@alias`` or ``model_id`` (its
+        alias ``main``, else its newest release passing its gates) to a model directory
         on this host: :func:`registry.pull.pull` (its keyword arguments and
         errors: ``to``, ``cache``, ``workers``, ``verify``, ``force``,
         ``fsync``, ...). Reads only the store, never the index.
@@ -349,12 +359,13 @@ class Registry(LifecycleMixin):
             GateFailedError: ``require_passing`` and the release fails a gate
                 now (live ledger, policy): nothing is downloaded.
         """
-        model_id, name = parse_ref(ref)
-        if name is None:
-            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
-                                   name=ref)
+        model_id, given = parse_ref(ref)
+        name = given or ""  # a bare model id: registry.pull.opened.default_version
         if require_passing:
-            name = resolve(self.store, model_id, name)
+            from registry.pull.opened import default_version
+
+            name = resolve(self.store, model_id, name) if name else \
+                default_version(self.store, model_id, kw.get("trust"))
             failed = failing_gates(self.store, model_id, name)
             if failed:
                 raise GateFailedError(f"{model_id}@{name}: not pulled (require_passing)",

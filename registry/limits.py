@@ -52,6 +52,9 @@ _LIMITS: dict[str, tuple[str, int]] = {
     #: ``model.safetensors.index.json`` weight_map (the largest public
     #: checkpoints hold about 100,000 tensors in all)
     "MAX_TENSORS": ("REGISTRY_MAX_TENSORS", 500_000),
+    #: an OCI manifest or index read from an OCI registry (distribution's own
+    #: cap on a pushed manifest is 4 MiB)
+    "MAX_OCI_MANIFEST_BYTES": ("REGISTRY_MAX_OCI_MANIFEST_BYTES", 4 << 20),
 }
 
 

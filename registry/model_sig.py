@@ -50,6 +50,7 @@ from registry import cert_trust, certs, limits
 from registry.errors import IntegrityError, SignatureError
 from registry.keys import PublicKey, check_private_key, require_signing, unavailable
 from registry.manifest import MANIFEST, FileEntry, Manifest
+from registry.obs.tracing import traced
 from registry.store import Store, join
 from registry.trust import Trust
 
@@ -478,6 +479,7 @@ def precheck(data: bytes, entries: Iterable[FileEntry], *, model_id: str, versio
     return hint
 
 
+@traced("registry.signature")
 def verify_release(store: Store, prefix: str, manifest: Manifest, *, model_id: str,
                    version: str, trust: Trust) -> SignatureCheck:
     """Verify a committed release's signature from the store (small reads only).

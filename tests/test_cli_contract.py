@@ -156,7 +156,8 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
                               "accuracy>=0.99"], 1, ["not released"]),
     # -- bad names and arguments (2), conflicts (4), checks that say no (1)
     ("show-bad-ref", ["show", "../x@1"], 2, ["model_id"]),
-    ("pull-no-version", ["pull", "tiny"], 2, ["MODEL_ID@VERSION"]),
+    ("pull-bare-unknown-model", ["pull", "nosuch"], 3, ["nosuch", "no alias 'main'"]),
+    ("load-unknown-version", ["load", "tiny@9", "--check"], 3, ["'9'"]),
     ("gate-check-no-version", ["gate", "check", "tiny"], 2, ["MODEL_ID@VERSION"]),
     ("diff-different-models", ["diff", "tiny@1", "pub@1"], 2, ["different models"]),
     ("query-nothing-asked", ["query"], 2, ["--passing"]),

@@ -21,7 +21,8 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
 REQS = REPO / "requirements"
-LOCKED_EXTRAS = ("test", "postgres", "engines", "web", "signing", "torch")
+LOCKED_EXTRAS = ("test", "postgres", "engines", "web", "signing", "torch", "gcs", "azure",
+                 "otel")
 
 
 def read_lock(path: Path) -> dict[str, tuple[Version, list[str]]]:

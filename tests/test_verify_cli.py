@@ -35,10 +35,13 @@ def snapshot(store: Store) -> dict[str, bytes]:
 def test_verify_ok(durable_store_url: str) -> None:
     store = committed(durable_store_url)
     url = store.url_of(PREFIX)
-    for args in ([], ["--full"]):
+    for args, mode in (([], "sha256"), (["--full"], "sha256"), (["--quick"], "sizes")):
         r = run_cli("verify", url, *args)
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("OK ") and "3 files" in r.stdout
+        assert f"{mode} verified" in r.stdout
+    r = run_cli("verify", url, "--full", "--quick")
+    assert r.returncode == 2 and "--quick" in r.stderr
     r = run_cli("verify", url, "--full", "--json")
     doc = json.loads(r.stdout)
     assert doc["ok"] and doc["files"] == 3 and doc["problems"] == []
@@ -62,7 +65,9 @@ def test_verify_reports_each_failing_file(durable_store_url: str, damage: str) -
     expected = {"missing": "missing", "truncated": "size 9990 bytes, expected 10000",
                 "flipped": "sha256 "}[damage]
     assert expected in full.stdout
-    sizes_only = run_cli("verify", store.url_of(PREFIX))
+    default = run_cli("verify", store.url_of(PREFIX))  # every byte by default (issue 44)
+    assert default.returncode == 1 and expected in default.stdout
+    sizes_only = run_cli("verify", store.url_of(PREFIX), "--quick")
     assert sizes_only.returncode == (0 if damage == "flipped" else 1)
     doc = json.loads(run_cli("verify", store.url_of(PREFIX), "--full", "--json").stdout)
     assert [p["path"] for p in doc["problems"]] == ["model.safetensors"]

@@ -69,12 +69,17 @@ def serve(store_url: str, db_url: str, *args: str,
         _wait(base)
         yield base
     finally:
+        global last_stderr
         proc.terminate()
         try:
-            proc.communicate(timeout=20)
+            last_stderr = proc.communicate(timeout=20)[1]
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            last_stderr = proc.communicate()[1]
+
+
+#: the stderr of the last process :func:`serve` ran (its log)
+last_stderr = ""
 
 
 def _wait(base: str) -> None:

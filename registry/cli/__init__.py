@@ -19,6 +19,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     index,
     keys,
     lifecycle,
+    load,
     loongsage,
     pull,
     quickstart,
@@ -27,6 +28,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     verify,
 )
 from registry.cli import aliases, events  # noqa: F401,E402  (after release: alias rm, log)
+from registry.cli import oci  # noqa: F401,E402  (push, import; after release)
 from registry.cli.app import app
 from registry.cli.errors import error_document
 from registry.cli.usage import usage_line

@@ -115,10 +115,27 @@ def _root(
     version: Annotated[bool, typer.Option(
         "--version", callback=_print_version, is_eager=True,
         help="Print the package version and exit.")] = False,
+    log_format: Annotated[str | None, typer.Option(
+        "--log-format", envvar="REGISTRY_LOG_FORMAT", metavar="FORMAT",
+        help="text (default) or json: errors, and serve's request log, as one JSON "
+             "object per line.")] = None,
+    metrics_file: Annotated[str | None, typer.Option(
+        "--metrics-file", envvar="REGISTRY_METRICS_FILE", metavar="PATH",
+        help="Write the command's Prometheus metrics to this node-exporter textfile "
+             "(*.prom) when it ends.")] = None,
+    metrics_push: Annotated[str | None, typer.Option(
+        "--metrics-push", envvar="REGISTRY_METRICS_PUSH", metavar="URL",
+        help="Push the command's Prometheus metrics to this Pushgateway when it ends.")
+    ] = None,
 ) -> None:
     """Object-store-backed registry for model directories."""
     if debug:
         os.environ["REGISTRY_DEBUG"] = "1"
+    from registry.cli.errors import error_boundary
+    from registry.cli.observe import start
+
+    with error_boundary(log_format == "json"):
+        start(ctx, log_format=log_format, metrics_file=metrics_file, metrics_push=metrics_push)
     # memory:// stores live only inside one process: a command line cannot use them
     from registry.store import refuse_memory_stores
 

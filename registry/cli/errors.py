@@ -97,6 +97,15 @@ def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
          path: str | None = None, **extra: Any) -> NoReturn:
     """Report an outcome that is not a success and exit with ``code``: one
     ``error:`` line on stderr, or with ``--json`` one error document there."""
+    from registry.cli.observe import failed
+    from registry.obs.logs import json_logs
+
+    failed(cls, code)
+    if json_logs():  # --log-format json: the same document, one line with ts and level
+        from registry.obs.logs import emit
+
+        emit("error", "error", **error_document(cls, code, message, path, **extra))
+        raise typer.Exit(code)
     if as_json:
         echo(numbers.dumps(error_document(cls, code, message, path, **extra),
                               sort_keys=True, default=str), err=True)

@@ -18,6 +18,7 @@ from rich.progress import (
 from registry.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary
+from registry.cli.oci import InsecureOpt, InsecureRemoteOpt, PasswordStdinOpt, UsernameOpt
 from registry.cli.output import echo
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
@@ -28,7 +29,10 @@ from registry.words import count
 
 @app.command()
 def pull(
-    ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
+    ref: Annotated[str, typer.Argument(
+        help="MODEL_ID@VERSION or MODEL_ID@ALIAS (a bare MODEL_ID means its alias main, else "
+             "its newest release passing its gates), or an OCI artifact: "
+             "oci://HOST/REPO(:TAG|@sha256:HEX).")],
     to: Annotated[str | None, typer.Option("--to", metavar="PATH",
                                            help="Model directory to create "
                                                 "(default: inside the cache).")] = None,
@@ -97,6 +101,8 @@ def pull(
              "cached files (stamps, re-hash when changed) and place them; no store, no "
              "network, no gate re-evaluation. A ref never pulled into this cache is an "
              "error (exit 3).")] = False,
+    insecure: InsecureOpt = False, insecure_remote: InsecureRemoteOpt = False,
+    username: UsernameOpt = None, password_stdin: PasswordStdinOpt = False,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index).
@@ -105,11 +111,23 @@ def pull(
     threshold it misses) is pulled with a warning naming the failing gate, or
     refused with --require-passing."""
     show_bar = not quiet and not as_json and sys.stderr.isatty()
+    if ref.startswith("oci://"):  # registry.oci: the same pull over an OCI artifact
+        from registry.cli.oci import pull_command
+
+        return pull_command(ref, ignored={"--offline": offline,
+                                          "--require-passing": require_passing,
+                                          "--allow-yanked": allow_yanked},
+                            to=to, cache=cache, workers=workers, verify=verify,
+                            force=force, quiet=quiet, fsync=not no_fsync,
+                            blobs=True if blobs else (False if no_blobs else None),
+                            range_threshold=range_threshold_mib * 1024 * 1024,
+                            trust_args=(trusted_key, trusted_keys, trusted_ca, trusted_cas),
+                            insecure=insecure, insecure_remote=insecure_remote,
+                            username=username, password_stdin=password_stdin,
+                            as_json=as_json)
     with error_boundary(as_json):
-        model_id, name = parse_ref(ref)
-        if name is None:
-            raise InvalidNameError(f"{ref!r}: expected MODEL_ID@VERSION or MODEL_ID@ALIAS",
-                                   name=ref)
+        model_id, given = parse_ref(ref)
+        name = given or ""  # a bare model id: registry.pull.opened.default_version
         at_least("--workers", workers, 1)
         if blobs and no_blobs:
             raise UsageError("--blobs and --no-blobs: give at most one")
@@ -127,7 +145,7 @@ def pull(
             from registry.pull.offline import CacheStore, recall
 
             c = Cache(cache)
-            version, manifest = recall(c, model_id, name)
+            version, manifest = recall(c, model_id, name or "main")
             s: Store = CacheStore(c, model_id, version, manifest)
             failed: list[GateResult] = []
         else:
@@ -144,7 +162,7 @@ def pull(
                              verify=verify, force=force, fsync=not no_fsync,
                              blobs=True if blobs else (False if no_blobs else None),
                              range_threshold=range_threshold_mib * 1024 * 1024, trust=trust,
-                             ref=name, allow_yanked=allow_yanked or offline,
+                             ref=name or None, allow_yanked=allow_yanked or offline,
                              on_start=lambda total: bar.update(task, total=total),
                              progress=lambda n: bar.advance(task, n))
     if as_json:
@@ -182,7 +200,7 @@ def _source(mirror: str | None, namespace: str, store: str | None, model_id: str
 
         ms = MirrorStore(mirror, namespace=namespace)
         try:
-            doc = ms.revision(model_id, name).get("registry", {})
+            doc = ms.revision(model_id, name or "main").get("registry", {})
         except MirrorDownError as e:
             if store is None:
                 raise
@@ -196,9 +214,11 @@ def _source(mirror: str | None, namespace: str, store: str | None, model_id: str
                 GateResult("gates", False, "the mirror reports it fails its gates now")]
             return ms, resolve(ms, model_id, version), failed
     s = open_store(store)
-    from registry.pull import resolve_for_pull
+    from registry.pull.opened import default_version, resolve_for_pull
 
-    version = resolve_for_pull(s, model_id, name, trust)  # with trust: signed alias moves only
+    # with trust: signed alias moves only
+    version = (resolve_for_pull(s, model_id, name, trust) if name
+               else default_version(s, model_id, trust))
     from registry.release.failing import failing_gates  # the gates read release documents
 
     return s, version, failing_gates(s, model_id, version)

@@ -106,7 +106,8 @@ def serve(
 
     Serving stacks pull releases with HF_ENDPOINT=http://HOST:PORT (repo id
     NAMESPACE/MODEL_ID, revision a version, an alias or a commit id); see
-    docs/hub.md."""
+    docs/hub.md. OCI clients (skopeo, oras, containerd) pull the same releases
+    as ModelPack artifacts from /v2/NAMESPACE/MODEL_ID; see docs/oci.md."""
     with error_boundary(as_json):
         try:
             import uvicorn

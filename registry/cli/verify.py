@@ -18,15 +18,25 @@ from registry.words import count
 @app.command()
 def verify(
     directory: Annotated[str, typer.Argument(help="Directory path or URL (s3://b/p/dir).")],
-    full: Annotated[bool, typer.Option("--full", help="Compare sha256 of every byte "
-                                                      "(default: sizes only).")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Compare the sha256 of every byte "
+                                                      "(the default; kept for scripts).")
+                    ] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Compare sizes only (fast; a flipped "
+                                                        "byte passes).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Check that DIRECTORY is committed and every file matches its MANIFEST.json.
 
-    Exits 0 when it verifies, 1 when it does not (one line per failing file).
+    Every byte is hashed by default (by pieces, on every core); --quick compares
+    sizes only. Exits 0 when it verifies, 1 when it does not (one line per
+    failing file).
     """
     with error_boundary(as_json):
+        if full and quick:
+            from registry.errors import UsageError
+
+            raise UsageError("--full and --quick: give at most one")
+        full = not quick
         store = open_store(directory)
         if nothing_stored(store, ""):
             raise ObjectNotFoundError(f"{store.url}: no such directory (nothing stored there)",

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.manifest import FileEntry
+from registry.obs.metrics import counting_store_bytes
+from registry.obs.tracing import in_context, traced
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.offline import remember
@@ -198,7 +200,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files, \
             ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
                                thread_name_prefix="pull-pieces") as checks:
-        futures = [files.submit(one, e, ranged_pool=ranges,
+        futures = [files.submit(in_context(one), e, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,
                                 verify_pool=checks, fast_digest=fast_digest,
@@ -216,6 +218,7 @@ def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: 
 
 
 @gives_up_leases
+@traced("registry.pull")
 def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None,
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
@@ -331,7 +334,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     _refuse_overlap(target, c, store, c.models / model_id / version)
     take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
-    on_progress = progress or (lambda n: None)
+    on_progress = counting_store_bytes(progress)
     fast = trust is None and digest_mode() == "auto"
     holds, changed = check_target(target, manifest, c, need_sha256=not fast)
     wanted = [] if holds and not changed else list(manifest.files)
@@ -407,7 +410,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     check = signature.result() if signature is not None else None
     signer = check.fingerprint if check is not None else None
     record_pull(c, manifest, target)
-    remember(c, model_id, (ref or name,), version, manifest)
+    remember(c, model_id, (ref or name or "main",), version, manifest)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer,

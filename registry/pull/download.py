@@ -39,6 +39,7 @@ from registry import fastdigest
 from registry import pieces as pc
 from registry.errors import InsufficientSpaceError, IntegrityError
 from registry.manifest import FileEntry
+from registry.obs.tracing import in_context, traced
 from registry.pull import resume
 from registry.pull.cache import Cache
 from registry.store import Store, join
@@ -313,7 +314,8 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
                         end = bounds[0][1]
                         pieces = _Pieces(bounds[1:])
                         pieces.futures = [
-                            ranged_pool.submit(pieces.fetch, i, store, key, fd, size, progress)
+                            ranged_pool.submit(in_context(pieces.fetch), i, store, key, fd,
+                                               size, progress)
                             for i in range(len(pieces.bounds))]
         finally:
             stream.close()  # drops the connection of a stream cut short
@@ -428,6 +430,7 @@ def _copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
     return pos, (str(h.hexdigest()) if pos == size else None)
 
 
+@traced("registry.fetch", child_only=True)
 def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None,

@@ -69,6 +69,58 @@ def start_signature_check(store: Store, prefix: str, manifest: Manifest, model_i
         pool.shutdown(wait=False)
 
 
+#: the alias a ref without ``@`` means first (the Hub's default revision)
+DEFAULT_ALIAS = "main"
+
+
+def default_version(store: Store, model_id: str, trust: Trust | None = None) -> str:
+    """What ``model_id`` without ``@`` means (``registry pull model``, ``load``):
+    the alias ``main`` when the model has one; else, without trust, the newest
+    release (by its manifest's ``created_at``) that is neither deleted nor
+    yanked and passes its gates now. With ``trust`` only ``main`` through a
+    signed move counts: which release is "newest" is a store writer's to
+    decide (delete the newer ones), a signed move is not.
+
+    Raises:
+        NotCommittedError: no ``main`` and no release passing its gates (or
+            none at all); with trust, no ``main``.
+        SignatureError: see :func:`resolve_for_pull`.
+    """
+    from registry.errors import NotCommittedError
+    from registry.layout import alias_key, model_root
+
+    if store.exists(alias_key(model_id, DEFAULT_ALIAS)):
+        return resolve_for_pull(store, model_id, DEFAULT_ALIAS, trust)
+    where = store.url_of(model_root(model_id))
+    if trust is not None:
+        raise NotCommittedError(f"{where}: no alias {DEFAULT_ALIAS!r}; with trusted keys a "
+                                f"ref without @ means {model_id}@{DEFAULT_ALIAS} moved by a "
+                                "signed alias set: name the version or alias",
+                                path=model_root(model_id))
+    from registry.errors import RegistryError
+    from registry.lifecycle.guard import refuse_retired
+    from registry.release.failing import failing_gates
+
+    dated = []
+    for v in store.subdirs(model_root(model_id)):
+        if v == "refs":
+            continue
+        try:
+            dated.append((read_manifest(store, release_prefix(model_id, v)).created_at, v))
+        except (RegistryError, OSError):
+            continue  # not committed (or not readable): not a candidate
+    for _, v in sorted(dated, reverse=True):
+        try:
+            refuse_retired(store, model_id, v)
+        except RegistryError:
+            continue
+        if not failing_gates(store, model_id, v):
+            return v
+    raise NotCommittedError(f"{where}: no alias {DEFAULT_ALIAS!r} and no release passing its "
+                            "gates now (name a version: MODEL_ID@VERSION)",
+                            path=model_root(model_id))
+
+
 @dataclass
 class OpenedRelease:
     """A release resolved and admitted for reading.
@@ -96,7 +148,8 @@ class OpenedRelease:
 def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None = None,
                  allow_yanked: bool = False, gates: bool = False,
                  require_passing: bool = False) -> OpenedRelease:
-    """Resolve ``model_id@name`` and admit it for reading, in this order:
+    """Resolve ``model_id@name`` (``name`` empty: :func:`default_version`) and
+    admit it for reading, in this order:
     the alias (signed moves only under ``trust``), deletion and yank, the gates
     (``gates`` or ``require_passing``), the manifest, the signature's claims.
 
@@ -109,7 +162,8 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
         SignatureError: see :func:`start_signature_check` and
             :func:`resolve_for_pull`.
     """
-    version = resolve_for_pull(store, model_id, name, trust)
+    version = (resolve_for_pull(store, model_id, name, trust) if name
+               else default_version(store, model_id, trust))
     refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
     failed: list[GateResult] = []
     if gates or require_passing:
@@ -127,4 +181,5 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
     return OpenedRelease(model_id, version, prefix, manifest, failed, signature)
 
 
-__all__ = ["OpenedRelease", "open_release", "resolve_for_pull", "start_signature_check"]
+__all__ = ["DEFAULT_ALIAS", "OpenedRelease", "default_version", "open_release",
+           "resolve_for_pull", "start_signature_check"]

@@ -46,6 +46,7 @@ from registry.lifecycle.yank import yank_gate
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, hidden_size
 from registry.names import check_name
+from registry.obs.tracing import traced
 from registry.release import policy
 from registry.release import code as release_code
 from registry.release import signature_gate
@@ -285,6 +286,7 @@ class ModelRelease:
                              sign_key=sign_key, sign_cert=sign_cert, cert_chain=cert_chain,
                              max_shard_size=max_shard_size)
 
+    @traced("registry.publish")
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str, *,
                 ledger: Any, eval_summary: Any, heads: Sequence[Any] = (),
                 card: str | os.PathLike[str] | None = None,
@@ -294,7 +296,8 @@ class ModelRelease:
                 sign_cert: str | os.PathLike[str] | None = None,
                 cert_chain: Iterable[str | os.PathLike[str]] = (),
                 max_shard_size: int | str | None = None,
-                forbid_code: bool = False, follow_symlinks: bool = False) -> ReleaseResult:
+                forbid_code: bool = False, follow_symlinks: bool = False,
+                source_uri: str | None = None) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
         Every file of ``model_dir`` is carried (the weights, one
@@ -303,7 +306,9 @@ class ModelRelease:
         :meth:`create`); the release adds
         MODEL_CARD.md (``card`` file verbatim, else the directory's own, else
         rendered), ledger.json, evals/summary.json and heads. ``source`` is
-        ``{"uri": <model_dir>}``. Raises as :meth:`create`, plus DocumentError
+        ``{"uri": <model_dir>}``, or ``source_uri`` when given (an import names
+        where the directory came from: ``oci://host/repo@sha256:...``).
+        Raises as :meth:`create`, plus DocumentError
         when the directory lacks its weights or config.json, or its weights
         break a rule of :mod:`registry.weights` (both forms, a stale or
         missing shard, a tensor in two shards...). A directory
@@ -359,7 +364,7 @@ class ModelRelease:
                 raise DocumentError(os.fspath(card), f"cannot read the model card: {e}") from None
         elif "MODEL_CARD.md" in names:
             card_text = src_store.read_bytes("MODEL_CARD.md").decode("utf-8", "replace")
-        uri = url if "://" in url else os.path.abspath(url)
+        uri = source_uri or (url if "://" in url else os.path.abspath(url))
         result = self._release(src_store, "", names, prefix, model_id, version,
                              source={"uri": uri}, dtype=dtype, group_size=group_size,
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
@@ -512,6 +517,7 @@ class ModelRelease:
                            evals=_stored(read("evals/summary.json"), prefix,
                                          "evals/summary.json", self.store))
 
+    @traced("registry.gates")
     def check(self, model_id: str, version: str,
               require: Iterable[Threshold | str] = ()) -> list[GateResult]:
         """Re-evaluate every gate of a committed release against the live ledger

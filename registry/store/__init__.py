@@ -39,12 +39,16 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
     """Open the store at ``url``.
 
     Args:
-        url: a local path, ``file://path``, ``s3://bucket[/prefix]`` or
-            ``memory://name``. None: ``$REGISTRY_STORE``, else ``./artifacts``.
+        url: a local path, ``file://path``, ``s3://bucket[/prefix]``,
+            ``gs://bucket[/prefix]``, ``az://container[/prefix]`` (also
+            ``abfs://``) or ``memory://name``. None: ``$REGISTRY_STORE``, else ``./artifacts``.
         storage_options: passed to the fsspec filesystem (s3fs: ``endpoint_url``,
             ``key``, ``secret``, ``client_kwargs``...); S3 also takes
             ``single_writer`` (registry.store.s3probe), ``retry_attempts`` and
-            ``retry_delay`` (seconds; registry.store.s3retry).
+            ``retry_delay`` (seconds; registry.store.s3retry). GCS (gcsfs:
+            ``token``, ``project``, ``endpoint_url``) and Azure (adlfs:
+            ``account_name``, ``connection_string``, ``credential``...) take
+            ``single_writer`` (registry.store.condprobe) and the retry options.
 
     Raises:
         InvalidStoreURLError: unknown protocol, or ``s3://`` without a bucket.
@@ -58,6 +62,17 @@ def open_store(url: str | None = None, **storage_options: Any) -> Store:
         from registry.store.s3 import S3Store  # s3fs loads only when S3 is used
 
         return S3Store(canonical, root, **storage_options)
+    if scheme == "gs":
+        from registry.store.gcs import GCSStore  # gcsfs loads only when GCS is used
+
+        return GCSStore(canonical, root, **storage_options)
+    if scheme == "az":
+        from registry.store.azure import AzureStore  # adlfs loads only when Azure is used
+
+        netloc = urlsplit(url).netloc
+        if "@" in netloc:  # abfs://container@account.dfs.core.windows.net/prefix
+            storage_options.setdefault("account_name", netloc.split("@", 1)[1].split(".", 1)[0])
+        return AzureStore(canonical, root, **storage_options)
     if not _MEMORY_ALLOWED.get():
         raise UsageError(f"{url}: memory:// stores live only inside one process; the "
                          "command line needs a folder, file:// or s3:// URL")
@@ -89,7 +104,7 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
             raise InvalidStoreURLError("store URL: empty")
         root = os.path.abspath(os.path.expanduser(url))
         return "file", root, root
-    if scheme in ("file", "s3", "s3a") and ("?" in url or "#" in url):
+    if scheme in ("file", "s3", "s3a", *_CLOUD) and ("?" in url or "#" in url):
         raise InvalidStoreURLError(f"{url}: a {scheme}:// URL takes no '?' or '#' part "
                                    "(write a literal one as %3F or %23)")
     if scheme == "file":
@@ -111,10 +126,36 @@ def parse_store_url(url: str) -> tuple[str, str, str]:
                                        "no single prefix (S3 keys are literal)")
         root = "/".join([parts.netloc, *segs])
         return "s3", root, f"s3://{root}"
+    if scheme in _CLOUD:
+        return _cloud_url(url, scheme, parts.netloc, parts.path)
     if scheme == "memory":
         return "memory", f"{parts.netloc}{parts.path}", url
     raise InvalidStoreURLError(f"{url}: unsupported store protocol {scheme!r} "
-                               "(use a local path, file://, s3:// or memory://)")
+                               "(use a local path, file://, s3://, gs://, az:// or memory://)")
+
+
+#: the GCS and Azure Blob schemes (issue 49): gs://bucket/prefix, az://container/prefix;
+#: abfs[s]://container/prefix and abfs[s]://container@account.dfs.core.windows.net/prefix
+#: (adlfs's spellings) are az:// URLs.
+_CLOUD = ("gs", "gcs", "az", "abfs", "abfss")
+
+
+def _cloud_url(url: str, scheme: str, netloc: str, path: str) -> tuple[str, str, str]:
+    """``(scheme, root, canonical)`` of a GCS or Azure URL: ``gs`` or ``az``,
+    ``bucket/prefix`` with empty segments dropped, ``gs://...`` / ``az://...``.
+    The account of an ``abfs://container@account.<host>`` URL is the store's
+    ``account_name`` (:func:`open_store`), not part of the root."""
+    kind = "gs" if scheme in ("gs", "gcs") else "az"
+    container = netloc.split("@", 1)[0] if kind == "az" else netloc
+    if not container:
+        raise InvalidStoreURLError(f"{url}: a {scheme}:// URL needs a "
+                                   f"{'bucket' if kind == 'gs' else 'container'}")
+    segs = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in segs):
+        raise InvalidStoreURLError(f"{url}: a '.' or '..' segment in a {scheme}:// prefix names "
+                                   "no single prefix (object names are literal)")
+    root = "/".join([container, *segs])
+    return kind, root, f"{kind}://{root}"
 
 
 def __getattr__(name: str) -> Any:

@@ -93,6 +93,12 @@ class Store(ABC):
     #: knob, never a capability: it never changes what is committed).
     files_in_flight: int = 1
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from registry.obs.tracing import trace_store_methods
+
+        trace_store_methods(cls)  # each store call a span while tracing is on
+
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.url = url
         self.fs = fs
@@ -343,3 +349,12 @@ class Store(ABC):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _trace_base() -> None:
+    from registry.obs.tracing import trace_store_methods
+
+    trace_store_methods(Store)
+
+
+_trace_base()

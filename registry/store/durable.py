@@ -77,6 +77,18 @@ DIRECT_BUFFER = 8 * 1024 * 1024
 _DIRECT_WRITERS = HelperPool(4, "direct-write")
 
 
+def _close_fd(f: _DurableFile) -> None:
+    """Close ``f``'s direct descriptor once. The attribute is cleared before
+    the descriptor is closed: a signal (SIGTERM raising in the main thread)
+    between the two then leaks one descriptor of a dying process, where the
+    other order let the discard that follows close it again (EBADF, which
+    replaced the interrupt's exit 143 with a storage error, exit 6), or close
+    a descriptor another thread had just been given."""
+    fd, f._direct = f._direct, None
+    if fd is not None:
+        os.close(fd)
+
+
 class _DurableFile:
     """A file opened for writing that is flushed and fsynced at close.
 
@@ -188,8 +200,7 @@ class _DurableFile:
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                os.close(self._direct)
-                self._direct = None
+                _close_fd(self)
                 self._buffer = None
                 self._f.seek(self._written)
                 self._write_buffered(data)
@@ -307,9 +318,7 @@ class _DurableFile:
     def end_direct(self, size: int) -> None:
         """Close the direct descriptor; the file is truncated to ``size``
         bytes (dropping the last write's padding) and later writes append."""
-        if self._direct is not None:
-            os.close(self._direct)
-            self._direct = None
+        _close_fd(self)
         os.ftruncate(self._f.fileno(), size)
         self._f.seek(size)
         self._written = self._flushed = size
@@ -322,9 +331,7 @@ class _DurableFile:
             return
         try:
             self._close_direct_stream()
-            if self._direct is not None:
-                os.close(self._direct)
-                self._direct = None
+            _close_fd(self)
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
@@ -338,9 +345,10 @@ class _DurableFile:
         except Exception:  # noqa: BLE001 - the file is being thrown away
             pass
         self._buffer = self._spare = None
-        if self._direct is not None:
-            os.close(self._direct)
-            self._direct = None
+        try:
+            _close_fd(self)
+        except OSError:
+            pass
         try:
             self._f.close()  # may flush buffered bytes, and fail as the writes did
         except OSError:

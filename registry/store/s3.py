@@ -240,16 +240,7 @@ class S3Store(Store):
         object, which must never be taken for the range (issue 13 item 11)."""
         status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
         got = str(resp.get("ContentRange") or "")
-        ok = False
-        if status == 206 and got.startswith("bytes "):
-            span, _, total = got[6:].partition("/")
-            first, _, last = span.partition("-")
-            try:
-                size = int(total) if total != "*" else end
-                ok = int(first) == start and int(last) == min(end, size) - 1
-            except ValueError:
-                ok = False
-        if not ok:
+        if not range_answer_ok(status, got, start, end):
             resp["Body"].close()
             raise StorageError(
                 f"{self.url_of(key)} in {self.where}: a GET of bytes {start}-{end - 1} was "
@@ -515,6 +506,21 @@ class S3Store(Store):
                 raise StorageError(f"{self.url_of(first.get('Key', prefix))} in {self.where}: "
                                    f"delete failed ({first.get('Code')})", key=prefix)
         self.delete(prefix)
+
+
+def range_answer_ok(status: int | None, content_range: str, start: int, end: int) -> bool:
+    """Whether an answer to a GET of bytes ``[start, end)`` is that range:
+    206 with ``Content-Range: bytes start-last/total``, ``last`` being
+    ``end - 1`` or the object's last byte (also the GCS store's check)."""
+    if status != 206 or not content_range.startswith("bytes "):
+        return False
+    span, _, total = content_range[6:].partition("/")
+    first, _, last = span.partition("-")
+    try:
+        size = int(total) if total != "*" else end
+        return int(first) == start and int(last) == min(end, size) - 1
+    except ValueError:
+        return False
 
 
 class _RangeReader(io.RawIOBase):

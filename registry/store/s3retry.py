@@ -136,9 +136,13 @@ class RetryPolicy:
         """Seconds to wait before retry number ``retry`` (from 1)."""
         return random.uniform(0, min(MAX_DELAY, self.delay * 2 ** (retry - 1)))
 
-    async def run(self, attempt: Callable[[], Awaitable[T]], *, body: Any = None) -> T:
+    async def run(self, attempt: Callable[[], Awaitable[T]], *, body: Any = None,
+                  transient: Callable[[BaseException], bool] | None = None) -> T:
         """Await ``attempt()`` until it succeeds, fails for good, or the tries
         run out. ``body``: a request body to rewind before each retry.
+        ``transient``: which errors are worth another try (default
+        :func:`is_transient`, S3's classes; the GCS and Azure stores pass
+        their service's).
 
         Raises:
             the last error, with ``registry_attempts`` set on it.
@@ -149,7 +153,7 @@ class RetryPolicy:
             try:
                 return await attempt()
             except Exception as exc:
-                if n >= self.attempts or not is_transient(exc):
+                if n >= self.attempts or not (transient or is_transient)(exc):
                     try:
                         exc.registry_attempts = n  # type: ignore[attr-defined]
                     except AttributeError:

@@ -30,7 +30,7 @@ from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
 from registry.redact import redact
 from registry.resources import resource_dir
-from registry.web import api, hub, pages
+from registry.web import api, hub, oci, pages
 from registry.web.cache import ReleaseFiles
 from registry.web.hub import HubStats
 from registry.web.hubfiles import Source, StoreSource
@@ -201,10 +201,23 @@ def create_app(registry: Registry, *, token: str | None = None,
         return Response(_stylesheet(), media_type="text/css",
                         headers={"Cache-Control": "max-age=3600"})
 
+    app.include_router(oci.router)  # the OCI read API (/v2/), before the Hub's catch-alls
     app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
+    _observe(app, registry)
     return app
+
+
+def _observe(app: FastAPI, registry: Registry) -> None:
+    """``/metrics``, ``/healthz``, ``/readyz``, request metrics, spans and
+    JSON request logs (registry.web.observe)."""
+    from registry.obs.logs import json_logs
+    from registry.web.observe import instrument
+
+    cache = getattr(getattr(app.state.hub_source, "cache", None), "root", None)
+    instrument(app, registry, trust=getattr(app.state.hub, "trust", None), mirror_cache=cache,
+               request_log=json_logs())
 
 
 @cache

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from registry.errors import IntegrityError, RegistryError
 from registry.manifest import MANIFEST, FileEntry
+from registry.obs.metrics import store_bytes
 from registry.web.hubfiles import Source
 from registry.web.hubrefs import HubError, HubPolicy, Release
 
@@ -52,6 +53,7 @@ class HubStats:
     def from_store(self, n: int) -> None:
         with self._lock:
             self.store_bytes += n
+        store_bytes(n)
 
     def sent(self, n: int) -> None:
         with self._lock:

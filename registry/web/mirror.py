@@ -34,6 +34,7 @@ from filelock import FileLock
 
 from registry.errors import IntegrityError
 from registry.manifest import FileEntry, Manifest
+from registry.obs.metrics import mirror_cache
 from registry.pull.cache import Cache
 from registry.pull.download import fetch
 from registry.pull.records import (
@@ -115,7 +116,9 @@ class MirrorSource:
         self._record(manifest)
         path = self.cache.blob(entry.sha256)
         if self.cache.has(entry.sha256, entry.size):
+            mirror_cache(hit=True)
             return path
+        mirror_cache(hit=False)
         with self._lock(entry.sha256), \
                 FileLock(str(self.cache.root / "locks" / f"{entry.sha256}.lock")):
             if self.cache.has(entry.sha256, entry.size):

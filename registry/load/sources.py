@@ -1,0 +1,85 @@
+"""Where the weights reader's bytes come from: a store (local disk or any
+object store), or this host's pull cache.
+
+A source answers ``blocks(key, start, end, segments)``: it fills each segment's
+memoryview, in order, with the object's bytes ``[start, end)`` and yields each
+part as it lands (the caller hashes it before asking for the next). It never
+decides whether bytes are good: :class:`registry.load.pieces.PieceReader` does.
+
+- :class:`StoreSource` on a local store reads with ``preadv`` straight into the
+  segments (no copy) through the store's confined opener; on a remote store
+  (S3, a ``registry serve`` mirror) it sends one ranged GET per piece and
+  copies each received block into place (one copy, no buffering).
+- :class:`BlobSource` reads a file from the pull cache's blob of its sha256,
+  opened without following links.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from registry.load.pieces import CHUNK, pread_into
+from registry.store import Store
+
+Segments = list[tuple[int, int, memoryview]]
+
+
+class StoreSource:
+    """Bytes of objects in ``store``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.local = store.local_path("") is not None
+
+    def blocks(self, key: str, start: int, end: int, segments: Segments) -> Iterator[memoryview]:
+        if self.local:
+            with self.store.open_read(key) as f:
+                yield from _pread_segments(f.fileno(), segments)
+            return
+        yield from _fill(self.store.iter_range(key, start, end, chunk=CHUNK), segments)
+
+
+class BlobSource:
+    """Bytes of the pull cache's blob ``path`` (whatever key is asked)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def blocks(self, key: str, start: int, end: int, segments: Segments) -> Iterator[memoryview]:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            yield from _pread_segments(fd, segments)
+        finally:
+            os.close(fd)
+
+
+def _pread_segments(fd: int, segments: Segments) -> Iterator[memoryview]:
+    for s, _e, view in segments:
+        n = pread_into(fd, view, s)
+        if n:
+            yield view[:n]
+        if n < len(view):
+            return
+
+
+def _fill(stream: Iterator[bytes], segments: Segments) -> Iterator[memoryview]:
+    """Copy a byte stream into ``segments`` in order, yielding each filled part."""
+    i, filled = 0, 0
+    for block in stream:
+        mv = memoryview(block)
+        while len(mv) and i < len(segments):
+            view = segments[i][2]
+            take = min(len(mv), len(view) - filled)
+            view[filled:filled + take] = mv[:take]
+            yield view[filled:filled + take]
+            filled += take
+            mv = mv[take:]
+            if filled == len(view):
+                i, filled = i + 1, 0
+        if i >= len(segments):
+            return
+
+
+__all__ = ["BlobSource", "StoreSource"]

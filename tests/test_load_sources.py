@@ -1,0 +1,100 @@
+"""The weights reader's other sources and bounds (issue 43 items 2-4): a
+``registry serve`` mirror over HTTP, tensor-parallel slices reading about 1/N
+of a tensor, and memory bounded by the window while tensors stream.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as st_load
+
+from registry.load import open_weights
+from registry.store import open_store
+from tests.conftest import run_cli
+from tests.hub_util import publish, tiny_bert
+from tests.web_util import serve
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_load_through_a_mirror_checks_what_it_gets(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    src = tiny_bert(tmp_path / "bert", 1)
+    publish(store, src, "tiny", "1")
+    assert run_cli("alias", "set", "tiny", "prod", "1", "--store", store).returncode == 0
+    ref = st_load((src / "model.safetensors").read_bytes())
+    with serve(store, f"sqlite:///{tmp_path / 'i.db'}") as base:
+        p = run_cli("load", "tiny@prod", "--from", base, "--json", "--check", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["version"] == "1" and doc["tensors"] == len(ref)
+        from registry.pull.mirror_store import MirrorStore
+
+        with open_weights("tiny@1", store=MirrorStore(base)) as w:
+            got = w.state_dict()
+        assert all(torch.equal(got[n], ref[n]) for n in ref)
+        p = run_cli("load", "tiny@nope", "--from", base, "--check", cwd=tmp_path)
+        assert p.returncode == 3 and "Traceback" not in p.stderr
+
+
+def test_tensor_parallel_slices_read_about_one_nth(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.release import ModelRelease
+    from tests.release_util import ledger_row, summary
+    from tests.test_load import safetensors_bytes
+
+    piece = 64 * 1024
+    monkeypatch.setenv("REGISTRY_PIECE_SIZE", str(piece))
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((1024, 256), dtype=np.float32)  # 1 MiB: 16 pieces
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(safetensors_bytes({"w": big}))
+    (src / "config.json").write_text("{}\n")
+    store = open_store(str(tmp_path / "store"))
+    ModelRelease(store).publish(src, "tp", "1", ledger=[ledger_row()], eval_summary=summary())
+    n = 4
+    rows = big.shape[0] // n
+    for rank in range(n):
+        with open_weights("tp@1", store=store, framework="np") as w:
+            part = w.get_slice("w")[rank * rows:(rank + 1) * rows]
+            assert np.array_equal(part, big[rank * rows:(rank + 1) * rows])
+            # its quarter, at most one piece more at each end, and the header's piece
+            assert w.stats.bytes <= big.nbytes // n + 3 * piece, (rank, w.stats.bytes)
+
+
+def test_memory_is_the_window_plus_what_the_caller_keeps(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 96 MiB release streamed with an 8 MiB window, each tensor dropped as
+    it arrives: the process grows by far less than the release."""
+    from registry.release import ModelRelease
+    from tests.release_util import ledger_row, summary
+    from tests.test_load import safetensors_bytes
+
+    monkeypatch.setenv("REGISTRY_PIECE_SIZE", str(1024 * 1024))
+    rng = np.random.default_rng(1)
+    tensors = {f"layer{i}": rng.standard_normal((1024, 1024), dtype=np.float32)
+               for i in range(24)}  # 24 x 4 MiB
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+    (src / "config.json").write_text("{}\n")
+    del tensors
+    url = str(tmp_path / "store")
+    ModelRelease(open_store(url)).publish(src, "big", "1", ledger=[ledger_row()],
+                                          eval_summary=summary())
+    p = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "load_rss_child.py"),
+                        url, "big@1", str(8 * 1024 * 1024)], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["tensors"] == 24 and doc["bytes"] == (src / "model.safetensors").stat().st_size
+    grown = (doc["peak"] - doc["base"]) * 1024
+    assert grown < 48 * 1024 * 1024, doc  # 96 MiB streamed; the window is 8 MiB
