@@ -257,7 +257,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             hash to the manifest's digests, so nothing is hashed twice.
         blobs: keep a verified blob of every downloaded file in the cache
             (later pulls of other versions share it) and copy it into the
-            target. None (the default): :func:`blob_mode` decides (True for
+            target (each file as soon as its blob is verified, while the
+            others download). None (the default): :func:`blob_mode` decides (True for
             object stores, False for a local store). False (``--no-blobs``, the Hugging Face
             ``local_dir`` way) downloads files the cache lacks straight into
             the staging directory: one write per byte instead of two, and no
