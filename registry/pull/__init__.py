@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -182,18 +183,29 @@ def _missing(cache: Cache, entries: Iterable[FileEntry]) -> dict[str, FileEntry]
 def _fetch_all(store: Store, prefix: str, missing: dict[str, FileEntry], cache: Cache, *,
                workers: int, progress: Callable[[int], None], range_threshold: int | None,
                fsync: bool, dests: dict[str, Path] | None = None,
-               fast_digest: bool = False) -> int:
+               fast_digest: bool = False,
+               then: Callable[[FileEntry], None] | None = None) -> int:
     """Download ``missing`` into the cache (or, by digest, to ``dests``),
     largest first; returns bytes received. ``fast_digest``: see
-    registry.pull.download.fetch."""
+    registry.pull.download.fetch. ``then``: called with each entry on its
+    file's thread once it is in the cache (pull places it from there while
+    the other files download)."""
     if not missing:
         return 0
     transferred = 0
+
+    def one(e: FileEntry, **kw: Any) -> int:
+        got = 0 if then is not None and cache.has(e.sha256, e.size) else \
+            fetch(store, prefix, e, cache, **kw)
+        if then is not None:
+            then(e)
+        return got
+
     with ThreadPoolExecutor(workers, thread_name_prefix="pull-range") as ranges, \
             ThreadPoolExecutor(workers, thread_name_prefix="pull-file") as files, \
             ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
                                thread_name_prefix="pull-pieces") as checks:
-        futures = [files.submit(in_context(fetch), store, prefix, e, cache, ranged_pool=ranges,
+        futures = [files.submit(in_context(one), e, ranged_pool=ranges,
                                 inflight=workers, progress=progress,
                                 range_threshold=range_threshold, fsync=fsync,
                                 verify_pool=checks, fast_digest=fast_digest,
@@ -251,7 +263,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
             hash to the manifest's digests, so nothing is hashed twice.
         blobs: keep a verified blob of every downloaded file in the cache
             (later pulls of other versions share it) and copy it into the
-            target. None (the default): :func:`blob_mode` decides (True for
+            target (each file as soon as its blob is verified, while the
+            others download). None (the default): :func:`blob_mode` decides (True for
             object stores, False for a local store). False (``--no-blobs``, the Hugging Face
             ``local_dir`` way) downloads files the cache lacks straight into
             the staging directory: one write per byte instead of two, and no
@@ -355,30 +368,48 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         on_start(need)
     workers = max(1, workers)
     transferred = 0
-    if blobs:
-        transferred = _fetch_all(store, prefix, missing, c, workers=workers,
-                                 progress=on_progress, range_threshold=range_threshold,
-                                 fsync=fsync, fast_digest=fast)
     downloaded = len(missing)
-    check = signature.result() if signature is not None else None
-    signer = check.fingerprint if check is not None else None
+    if signature is not None and (not blobs or not missing):
+        signature.result()  # before the first byte lands in the staging directory
 
     def download(pairs: list[tuple[FileEntry, Path]]) -> None:
         nonlocal transferred
+        if blobs:
+            # Each file's blob is downloaded and verified, then placed in the
+            # staging directory from it (reflink or copy, while its bytes are
+            # still in the page cache) on the same thread, while the other
+            # files download (issue 43: placing only after every download
+            # left the disk idle during the downloads and the network during
+            # the copies). The signature must pass before the first is placed.
+            paths = {e.sha256: p for e, p in pairs}
+
+            def place(e: FileEntry) -> None:
+                if signature is not None:
+                    signature.result()
+                # looked up when called, as materialize's own calls are
+                sys.modules[materialize.__module__].place_file(c, e, paths[e.sha256],
+                                                               fsync=fsync)
+
+            transferred += _fetch_all(store, prefix, {e.sha256: e for e, _ in pairs}, c,
+                                      workers=workers, progress=on_progress,
+                                      range_threshold=range_threshold, fsync=fsync,
+                                      fast_digest=fast, then=place)
+            return
         transferred += _fetch_all(store, prefix, {e.sha256: e for e, _ in pairs}, c,
                                   workers=workers, progress=on_progress,
                                   range_threshold=range_threshold, fsync=fsync,
                                   dests={e.sha256: p for e, p in pairs}, fast_digest=fast)
 
-    direct = frozenset() if blobs else frozenset(missing)
+    direct = frozenset(missing)
     # files a one-write pull checks by BLAKE3 (registry.fastdigest; conservative:
     # one that falls back to streaming is checked by sha256 but still listed)
-    b3_only = tuple(e.path for e in manifest.files if fast and e.sha256 in direct
+    b3_only = tuple(e.path for e in manifest.files if fast and not blobs and e.sha256 in direct
                     and e.blake3 is not None and store.local_path("") is not None)
     for attempt in (1, 2):
         try:
             placed = materialize(manifest, c, target, force=force, verify=verify, fsync=fsync,
-                                 download=download, direct=direct, blake3_only=b3_only)
+                                 download=download, direct=direct, blake3_only=b3_only,
+                                 need_sha256=not fast)
             break
         except BlobChangedError as err:
             # A blob changed after it was verified (someone wrote to the cache):
@@ -398,6 +429,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                 if e.path == err.path:
                     c.drop(e.sha256)
             raise
+    check = signature.result() if signature is not None else None
+    signer = check.fingerprint if check is not None else None
     record_pull(c, manifest, target)
     remember(c, model_id, (ref or name or "main",), version, manifest)
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),

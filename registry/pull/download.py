@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import threading
 import time
@@ -368,9 +367,11 @@ def _copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
                    fsync: bool, chunk: int = B3_CHUNK) -> tuple[int, str | None]:
     """A local store's file into the empty file ``fd`` by ``copy_file_range``
     on this thread, while a helper thread computes the BLAKE3
-    (registry.fastdigest) of each chunk as it lands, from a read-only
-    mapping of ``fd`` (the page cache the kernel just filled: no second
-    copy, no read). The two run on two cores.
+    (registry.fastdigest) of each chunk as it lands, read back from ``fd``
+    (the page cache the kernel just filled) into one reused buffer. The two
+    run on two cores. Nothing is mapped: a mapping of the whole file cost a
+    page fault per page and address space per byte (issue 43), and a
+    buffer of ``chunk`` bytes is all the hash needs.
 
     Returns:
         ``(bytes copied, blake3 hex)``: one byte more than ``entry.size``
@@ -383,12 +384,20 @@ def _copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
             empty).
     """
     size = entry.size
-    os.ftruncate(fd, size)  # mapped whole now; pages fill as the copy lands
-    mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    view = memoryview(mm)
     h = fastdigest.hasher()
+    buf = memoryview(bytearray(min(chunk, max(size, 1))))
     pending: deque[Future[None]] = deque()
     pos = 0
+
+    def hash_back(a: int, b: int) -> None:
+        """BLAKE3 of ``fd``'s bytes ``[a, b)``, in order (one helper thread)."""
+        while a < b:
+            n = os.preadv(fd, [buf[:min(len(buf), b - a)]], a)
+            if n <= 0:  # cannot happen to a file only this pull writes: fail the digest
+                raise OSError(errno.EIO, f"{entry.path}: short read at {a}")
+            h.update(buf[:n])
+            a += n
+
     try:
         with open(src, "rb", buffering=0) as f, \
                 ThreadPoolExecutor(1, thread_name_prefix="pull-blake3") as hashing:
@@ -406,23 +415,18 @@ def _copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
                     a, b = pos, min(pos + n, size)
                     pos += n
                     if b > a:
-                        pending.append(hashing.submit(h.update, view[a:b]))
+                        pending.append(hashing.submit(hash_back, a, b))
                         progress(b - a)
                     if fsync and _sync_file_range is not None:
                         _sync_file_range(fd, a, n, _SYNC_FILE_RANGE_WRITE)
                     while len(pending) > B3_DEPTH:
                         pending.popleft().result()
             finally:
-                wait(list(pending))  # nothing reads the mapping after this
+                wait(list(pending))  # nothing reads the buffer after this
             for done in pending:
                 done.result()
     finally:
         pending.clear()
-        view.release()
-        try:
-            mm.close()
-        except BufferError:  # pragma: no cover - a slice still alive: the GC unmaps it
-            pass
     return pos, (str(h.hexdigest()) if pos == size else None)
 
 

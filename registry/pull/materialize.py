@@ -288,9 +288,10 @@ def clean_stale_staging(target: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def _refuse_foreign(target: Path, manifest: Manifest, cache: Cache) -> None:
+def _refuse_foreign(target: Path, manifest: Manifest, cache: Cache, *,
+                    need_sha256: bool = False) -> None:
     # Re-read: a concurrent pull of this very release may have placed it meanwhile.
-    holds, changed = check_target(target, manifest, cache)
+    holds, changed = check_target(target, manifest, cache, need_sha256=need_sha256)
     if changed:
         raise CommitConflictError(
             f"{target / changed[0]}: changed since it was pulled (its bytes differ from "
@@ -312,7 +313,7 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
                 verify: bool = False, fsync: bool = True,
                 download: Callable[[list[tuple[FileEntry, Path]]], None] | None = None,
                 direct: frozenset[str] = frozenset(),
-                blake3_only: tuple[str, ...] = ()) -> bool:
+                blake3_only: tuple[str, ...] = (), need_sha256: bool = False) -> bool:
     """Place the release at ``target``; returns False when it was already there.
     ``blake3_only``: paths whose download is checked by BLAKE3 only (recorded,
     so a later signed pull re-hashes them with sha256: check_target).
@@ -328,6 +329,9 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
             placed (and every file of a target that already holds the release).
         fsync: fsync every placed file and the staging directory before the
             rename (False: ``--no-fsync``).
+        need_sha256: a target file checked by BLAKE3 only is re-hashed with
+            sha256 before the target counts as holding the release (a signed
+            pull: :func:`check_target`).
 
     Raises:
         CommitConflictError: ``target`` holds other content, or this release
@@ -344,7 +348,7 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
         other materialized directory. The stamps of the placed files are
         recorded in the cache (registry.pull.stamps) for the next re-pull.
     """
-    holds, changed = check_target(target, manifest, cache)
+    holds, changed = check_target(target, manifest, cache, need_sha256=need_sha256)
     if holds and not changed:
         if verify:
             problems = verify_materialized(target, manifest)
@@ -352,7 +356,7 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
                 raise problems[0]
         return False
     if target.exists() and not is_empty_dir(target) and not force:
-        _refuse_foreign(target, manifest, cache)
+        _refuse_foreign(target, manifest, cache, need_sha256=need_sha256)
         return False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -377,7 +381,8 @@ def materialize(manifest: Manifest, cache: Cache, target: Path, *, force: bool,
             first = firsts.get(e.sha256)
             if first == dest:
                 continue
-            if first is not None:  # the same bytes twice in the release: copy, unread
+            if first is not None and not cache.has(e.sha256, e.size):
+                # the same bytes twice in the release, no blob: copy the first, unread
                 with open(first, "rb", buffering=0) as src:
                     raw = _DurableFile(str(dest), "wb") if fsync else open(dest, "wb")  # noqa: SIM115
                     with raw:
