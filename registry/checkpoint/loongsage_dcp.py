@@ -76,7 +76,13 @@ from registry.checkpoint.loongsage_dcp_read import (
 from registry.checkpoint.loongsage_dcp_resume import DistTrainingState, load_dcp, resume_dist
 from registry.checkpoint.loongsage_dp import bucket_entries, effective
 from registry.checkpoint.loongsage_format import DIST, HF
-from registry.checkpoint.loongsage_hf import INDEX, gather_owned, read_hf_files, write_shard
+from registry.checkpoint.loongsage_hf import (
+    INDEX,
+    check_placements,
+    gather_owned,
+    read_hf_files,
+    write_shard,
+)
 from registry.checkpoint.loongsage_hf import plan as hf_plan
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult, _Landed
 from registry.checkpoint.loongsage_torchdist import write_dcp
@@ -266,6 +272,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                                  optimizer, scheduler_state, rng_state, where)
         if self.save_hf:
             tensors = {k[len(MODEL_KEY):]: v for k, v in state.items() if k.startswith(MODEL_KEY)}
+            check_placements(tensors, where=f"{where}/{HF}")
             docs[f"{HF}/{INDEX}"] = hf_plan(tensors, self.world)[2]
             docs.update({f"{HF}/{name}": data for name, data in self.hf_files.items()})
         _agree(self.group, self.lease.hold)
@@ -375,7 +382,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         so that no rank waits for a peer that skipped one)."""
         model = {k[len(MODEL_KEY):]: v for k, v in job.state.items() if k.startswith(MODEL_KEY)}
         own, files, _ = hf_plan(model, self.world)
-        full = gather_owned(model, own, self.rank)
+        full = gather_owned(model, own, self.rank, self.group)
         if isinstance(mine, str) or not full:
             return mine
         try:

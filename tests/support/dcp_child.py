@@ -36,6 +36,17 @@ Options:
   --template TWEAK          resume with a changed template: ``extra`` (a model entry the
                             checkpoint lacks), ``shape`` (norm.weight [7]), ``lack`` (no
                             norm.weight), ``lack-partial`` (the same, partial=True)
+  --allreduce K             K all-reduces per step on the default group (training's
+                            collectives: a data-parallel step's gradient sync), before and
+                            after the step's save is scheduled
+  --dump-steps DIR          rank 0 writes each step's full parameters to DIR/step-<N>.pt
+                            (a full_tensor per parameter on the mesh: training's group)
+  --record-collectives      record every collective's group and thread
+                            (tests/support/collectives.py); each rank prints
+                            ``FOREIGN <thread> <group> <function>`` for a collective issued
+                            inside a save on a group other than the save's own, and
+                            ``SAVECALLS <n>`` (collectives issued inside saves)
+  --pg-timeout S            the process groups' timeout in seconds (default 600)
   --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
   --dump-resumed FILE       the same, right after resuming (before any step)
 
@@ -51,6 +62,7 @@ import signal
 import socket
 import sys
 import warnings
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -161,6 +173,10 @@ def main() -> None:
     ap.add_argument("--no-checkpoint", action="store_true")
     ap.add_argument("--shapes-from-hf", action="store_true")
     ap.add_argument("--template")
+    ap.add_argument("--allreduce", type=int, default=0)
+    ap.add_argument("--dump-steps")
+    ap.add_argument("--record-collectives", action="store_true")
+    ap.add_argument("--pg-timeout", type=float, default=600)
     a = ap.parse_args()
     port = free_port()
     pids = {}
@@ -246,7 +262,14 @@ def run(a: argparse.Namespace) -> None:
     warnings.simplefilter("always")
     if a.shapes_from_hf:
         shapes_from_hf(a.hf)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=a.pg_timeout))
+    if a.record_collectives:
+        from tests.support import collectives
+
+        collectives.install()
+        for m in ("maybe_save", "wait", "finish", "on_step_start"):
+            setattr(DistLoongSageCheckpointer, m,
+                    collectives.saving(getattr(DistLoongSageCheckpointer, m)))
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     current = {"saving": -1}
@@ -305,8 +328,14 @@ def run(a: argparse.Namespace) -> None:
     ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"
                                         f"{'' if r.tracked else ' untracked'}"))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
+
+    def training_collectives() -> None:
+        for _ in range(a.allreduce):
+            dist.all_reduce(torch.ones(257))
+
     for step in range(st.step + 1, a.steps + 1):
         ckpt.on_step_start()
+        training_collectives()
         opt["step"] += 1
         t = float(opt["step"])
         for k, p in (model.items() if a.dp else ()):
@@ -339,9 +368,23 @@ def run(a: argparse.Namespace) -> None:
                         rng_state=torch.get_rng_state(),
                         data_sources=[{"prompt_data_path": PROMPTS,
                                        "state": {"consumed": step * 4}}])
+        training_collectives()
+        if a.dump_steps:
+            full = {k: (v.full_tensor() if isinstance(v, DTensor) else v.clone())
+                    for k, v in model.items()}
+            if rank == 0:
+                torch.save(full, os.path.join(a.dump_steps, f"step-{step}.pt"))
         if a.stop_after == step:
             break
     ckpt.finish()
+    if a.record_collectives:
+        from tests.support import collectives
+
+        own = ckpt.group.group_name if ckpt.group is not None else ""
+        for thread, group, fn, _ in collectives.foreign(own):
+            say(f"RANK {rank} FOREIGN {thread} {group} {fn}")
+        inside = sum(1 for c in collectives.CALLS if c[3] and c[1] == own)
+        say(f"RANK {rank} SAVECALLS {inside}")
     if a.out:
         dump(model, opt, a.out, rank, a.dp)
     dist.barrier()
