@@ -104,9 +104,11 @@ class LoongSageCheckpointer:
         store: store URL or an open Store.
         checkpoint_path: key of the tree in the store (``""``: the store root);
             required, as the seed's table says (None is a UsageError).
-        save_freq: ``trainer.save_freq``; a save every that many steps, ``<= 0``
-            (default ``-1``): none but the final step's.
-        total_steps: the final step; it is always saved (when a switch is on).
+        save_freq: ``trainer.save_freq``; a save every that many steps; ``<= 0``
+            (default ``-1``): no saving at all, as the seed's table says (the
+            final-step rule applies only when saving is on).
+        total_steps: the final step; it is always saved when saving is on
+            (``save_freq > 0`` and a switch on).
         save_checkpoint: ``trainer.save_checkpoint``: write ``dist_ckpt/`` (and
             ``data_source/``); only such saves move the tracker.
         save_hf: ``trainer.save_hf``: write ``hf_model/`` (needs ``hf_config``).
@@ -201,10 +203,11 @@ class LoongSageCheckpointer:
 
     def should_save(self, step: int) -> bool:
         """Seed 003 4.1: every ``save_freq`` steps, and always the final step;
-        never when both ``save_checkpoint`` and ``save_hf`` are off."""
-        if not (self.save_checkpoint or self.save_hf):
+        never when ``save_freq <= 0`` (the seed's table: "no saving") or when
+        both ``save_checkpoint`` and ``save_hf`` are off."""
+        if not (self.save_checkpoint or self.save_hf) or self.save_freq <= 0:
             return False
-        return (self.save_freq > 0 and step % self.save_freq == 0) or step == self.total_steps
+        return step % self.save_freq == 0 or step == self.total_steps
 
     # -- the training loop's calls --------------------------------------------------
 
