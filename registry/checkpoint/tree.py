@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from registry.checkpoint.lease import DEFAULT_SECONDS as LEASE_SECONDS
 from registry.checkpoint.lease import live_holder
 from registry.storeclock import store_time
 from registry.claim import read_state
@@ -23,7 +24,7 @@ from registry.errors import (
     RegistryError,
     StorageError,
 )
-from registry.layout import CLAIM_SUFFIX, claim_key, leftover_base
+from registry.layout import CLAIM_SUFFIX, TMP_MARK, claim_key, leftover_base
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
 from registry.store import Store, join
@@ -270,7 +271,10 @@ class CheckpointTree:
         live lease, a leftover guarded by a live claim (its process alive on
         this host, or renewed within its lease) is left alone too. Pointer
         temp files (``LATEST.tmp-<random>``), lock files and the lease are
-        never candidates (:meth:`is_leftover`).
+        never candidates (:meth:`is_leftover`), except a pointer temp file
+        older than a writer lease (seed 000 step 6: "any stale *.tmp"):
+        ``LATEST.tmp`` or ``LATEST.tmp-<random>`` whose age is at least the
+        live lease's ``lease_seconds`` (the default lease without one).
 
         Raises:
             PointerError: the pointer exists but cannot be read (empty, as a
@@ -303,7 +307,8 @@ class CheckpointTree:
         if self.live_writer(writer=writer) is not None:
             # A save may be under way: only surplus commits the pointer passed.
             return self._delete([k for k in doomed if latest is not None
-                                 and (self.layout.parse_dir(k.rsplit("/", 1)[-1]) or 0) < latest])
+                                 and (self.layout.parse_dir(k.rsplit("/", 1)[-1]) or 0) < latest]
+                                + self._stale_pointer_temps(writer))
         owner = writer is not None  # the lease holder: any claim left is a predecessor's
         if latest is not None:
             doomed += [self.prefix(s) for s in uncommitted
@@ -315,12 +320,32 @@ class CheckpointTree:
                     continue
                 if min_age <= 0 or self._age(key, self._store_now()) >= min_age:
                     doomed.append(key)
+        doomed += self._stale_pointer_temps(writer)
         self._now = None
         return self._delete(doomed)
 
+    def _stale_pointer_temps(self, writer: str | None) -> list[str]:
+        """The pointer's temp files (the seed's ``LATEST.tmp``, the stores'
+        ``<pointer>.tmp-<random>``) older than a writer lease (the live
+        holder's ``lease_seconds``, else the default): no pointer move lasts
+        that long, since a writer whose lease lapsed must not move the pointer."""
+        base = self.layout.pointer
+        names = [name for name, is_dir in self.store.list_dir(self.root) if not is_dir
+                 and (name == base + TMP_MARK or name.startswith(base + TMP_MARK + "-"))]
+        if not names:
+            return []
+        holder = live_holder(self.store, self.root)
+        seconds = holder.get("lease_seconds") if holder else None
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            seconds = LEASE_SECONDS
+        now = self._store_now()
+        return [key for key in (join(self.root, n) for n in names)
+                if self._age(key, now) >= seconds]
+
     def _delete(self, doomed: list[str]) -> list[str]:
+        pointer_temp = join(self.root, self.layout.pointer) + TMP_MARK
         for key in doomed:
-            if key.endswith(CLAIM_SUFFIX):
+            if key.endswith(CLAIM_SUFFIX) or key.startswith(pointer_temp):
                 self.store.delete(key)
             else:
                 delete_directory(self.store, key)
