@@ -339,8 +339,15 @@ class CheckpointTree:
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
             seconds = LEASE_SECONDS
         now = self._store_now()
-        return [key for key in (join(self.root, n) for n in names)
-                if self._age(key, now) >= seconds]
+        out = []
+        for key in (join(self.root, n) for n in names):
+            try:
+                mtime = self.store.info(key).mtime
+            except FileNotFoundError:
+                continue  # renamed over the pointer meanwhile: a swap that completed
+            if mtime is not None and now - mtime >= seconds:
+                out.append(key)
+        return out
 
     def _delete(self, doomed: list[str]) -> list[str]:
         pointer_temp = join(self.root, self.layout.pointer) + TMP_MARK
