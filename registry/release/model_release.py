@@ -51,8 +51,11 @@ from registry.release import code as release_code
 from registry.release import signature_gate
 from registry.release.card import render_card
 from registry.release.convert import (
+    AUTO,
     dtype_label,
     engines_accept,
+    needs_auto,
+    off_seed,
     weights_groups,
 )
 from registry.release.dist_release import choose_part, dist_source
@@ -294,8 +297,25 @@ class ModelRelease:
                 sign_cert: str | os.PathLike[str] | None = None,
                 cert_chain: Iterable[str | os.PathLike[str]] = (),
                 max_shard_size: int | str | None = None,
-                forbid_code: bool = False, follow_symlinks: bool = False) -> ReleaseResult:
+                forbid_code: bool = False, follow_symlinks: bool = False,
+                keep_dtype: bool = False, card_verbatim: bool = False) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
+
+        Weights dtypes (seed 000's release table: "F32 or BF16, or int4"):
+        without ``dtype``, tensors already F32 or BF16 (or an int4 release's
+        ``.qweight``/``.scales``) are copied byte for byte; when a
+        floating-point tensor is in another dtype (F16, F64, F8) the weights
+        are converted, such tensors to F32 (``"auto"``); integer and boolean
+        tensors (position ids, masks: not weights) are never converted.
+        ``keep_dtype`` keeps every dtype as published instead (the earlier
+        behaviour): the rendered card then carries a warning naming the
+        dtypes that are not the seed's.
+
+        Model card (seed 000: "MODEL_CARD.md from templates/MODEL_CARD.md"):
+        the ``card`` file (or the directory's own MODEL_CARD.md) is the free
+        text of the card rendered from the template (its description), the
+        registry's facts (source, weights, evaluation, training data) around
+        it; ``card_verbatim`` stores the file as it is instead.
 
         Every file of ``model_dir`` is carried (the weights, one
         ``model.safetensors`` or an index and its shards, byte for byte unless
@@ -359,9 +379,14 @@ class ModelRelease:
                 raise DocumentError(os.fspath(card), f"cannot read the model card: {e}") from None
         elif "MODEL_CARD.md" in names:
             card_text = src_store.read_bytes("MODEL_CARD.md").decode("utf-8", "replace")
+        if card_text is not None and not card_verbatim:
+            card_fields = {"description": card_text.strip(), **dict(card_fields or {})}
+            card_text = None
         uri = url if "://" in url else os.path.abspath(url)
         result = self._release(src_store, "", names, prefix, model_id, version,
-                             source={"uri": uri}, dtype=dtype, group_size=group_size,
+                             source={"uri": uri},
+                             dtype=dtype if dtype is not None or keep_dtype else AUTO,
+                             group_size=group_size,
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
@@ -406,6 +431,10 @@ class ModelRelease:
         weights = dcp if dcp is not None else load_weights(src_store, src, files=names,
                                                             where=where)
         check_files(names, config, where=where, release=f"{model_id}@{version}")
+        if dtype == AUTO and not needs_auto(
+                d for n, (d, _) in weights.described.items()
+                if not (weights.metadata.get("quant") == "int4" and n.endswith(".qweight"))):
+            dtype = None  # every tensor is in a seed dtype already: copied as it is
         as_is = dcp is None and dtype is None and shard_limit is None and all(
             engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}
@@ -440,6 +469,8 @@ class ModelRelease:
                 "weight_files": (weight_files(weights) if shard_plan is None
                                  else shard_plan.files),
                 "config_dtype": _config_dtype(json.loads(new_config) if new_config else config),
+                "off_seed_dtypes": sorted({g["stored"] for g in groups
+                                           if off_seed(g["stored"])}),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 **dict(card_fields or {})})
             facts = ReleaseFacts(card, facts.ledger, None, facts.evals, None)
