@@ -197,7 +197,9 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         ``fully_reshardable`` a field shaped like its parameter should carry
         the parameter's placements. ``rng_state`` is per rank (JSON, tensors
         become lists); ``scheduler_state`` and ``data_sources`` are rank 0's.
-        Only rank 0 holds the writer lease and moves the tracker.
+        Only rank 0 holds the writer lease and moves the tracker. With
+        ``save_on_preemption`` every ``maybe_save`` is collective even when no
+        save is due (the ranks agree on a notice, on a process group of its own).
     """
 
     def __init__(self, store: str | Store, checkpoint_path: str | None, *,
@@ -219,6 +221,10 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         if process_group is None and dist.is_initialized():
             process_group = dist.new_group(backend="gloo")
         self.group = process_group
+        if self.preempt is not None and dist.is_initialized():
+            # the ranks agree on a notice on the main thread at every maybe_save,
+            # while the save's group may be busy on the writer thread
+            self._preempt_group = dist.new_group(backend="gloo")
         self.rank = rank_of(self.group)
         self.world = world_of(self.group)
         self.topology = effective(self.topology, self.world,
@@ -254,7 +260,8 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step {step!r} must be a non-negative integer")
-        if not self.should_save(step):
+        preempted = self._preempted()  # every rank agrees (module preempt)
+        if not preempted and not self.should_save(step):
             return False
         where = self.store.url_of(self.tree.prefix(step))
         if not model:
@@ -277,10 +284,12 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             docs.update({f"{HF}/{name}": data for name, data in self.hf_files.items()})
         _agree(self.group, self.lease.hold)
         job = _DistJob(step, state, docs if self.rank == 0 else {})
-        if self.async_save:
+        if self.async_save and not preempted:
             self._pending = self._pool.submit(self._write_dist, job)
         else:
             self._finalize(self._write_dist(job))
+        if preempted:
+            self._exit_preempted(step)
         return True
 
     def _state_dict(self, step: int, model: Mapping[str, Any], opt: Mapping[str, Any],

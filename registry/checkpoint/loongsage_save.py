@@ -10,11 +10,12 @@ A save writes ``<checkpoint_path>/train_step_<N>/`` (see
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from registry.checkpoint.loongsage_format import (
     derive_run_id,
 )
 from registry.checkpoint.manager import write_safetensors_file
+from registry.checkpoint.preempt import LATE, NONE, PreemptionWatch, Preempted
 from registry.checkpoint.state import (
     OPTIMIZERS,
     config_dict,
@@ -129,6 +131,15 @@ class LoongSageCheckpointer:
             saved as ``data_source/pipeline_buf.pt`` and returned on resume
             as ``TrainingState.pipeline_buf``.
 
+        save_on_preemption: handle ``preemption_signals`` (default SIGTERM)
+            from construction to :meth:`finish`: the next :meth:`maybe_save`
+            finishes the save in flight, saves that step whatever
+            ``save_freq`` says (sync), moves the tracker, releases the lease
+            and raises :class:`~registry.checkpoint.preempt.Preempted` (a
+            SystemExit, code 143) carrying the step; past ``grace_seconds``
+            after the notice it only finishes the save in flight
+            (:mod:`registry.checkpoint.preempt`).
+
     Raises:
         UsageError: bad switches or sizes, or ``save_hf`` without ``hf_config``.
 
@@ -156,7 +167,10 @@ class LoongSageCheckpointer:
                  tokenizer: Any = None, topology: Mapping[str, int] | None = None,
                  keep: int = 0, run_id: str | None = None,
                  lease_seconds: float = DEFAULT_SECONDS,
-                 snapshot_pipeline_buf: Callable[[], Iterable[Any]] | None = None) -> None:
+                 snapshot_pipeline_buf: Callable[[], Iterable[Any]] | None = None,
+                 save_on_preemption: bool = False,
+                 preemption_signals: Iterable[int] = (signal.SIGTERM,),
+                 grace_seconds: float = 60.0) -> None:
         if checkpoint_path is None:
             raise UsageError("checkpoint_path is required (seed 003: the training model's "
                              "checkpoint base directory)")
@@ -191,6 +205,10 @@ class LoongSageCheckpointer:
                 raise UsageError(f"{where}/{HF}/{CONFIG}: says \"tl_tokenizer\": \"file\" "
                                  "but no tokenizer was given")
         self.lease = WriterLease(self.store, self.tree.root, seconds=lease_seconds)
+        #: the preemption notices' watch (save_on_preemption), else None.
+        self.preempt = PreemptionWatch(preemption_signals, grace_seconds=grace_seconds) \
+            if save_on_preemption else None
+        self._preempt_group: Any = None  # where ranks agree on a notice (DistLoongSage...)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
         self._pending: Future[_Landed] | None = None
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
@@ -262,7 +280,8 @@ class LoongSageCheckpointer:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step {step!r} must be a non-negative integer")
-        if not self.should_save(step):
+        preempted = self._preempted()
+        if not preempted and not self.should_save(step):
             return False
         where = self.store.url_of(self.tree.prefix(step))
         if model is None or not model:
@@ -297,11 +316,32 @@ class LoongSageCheckpointer:
                                   optimizer=optimizer, path=f"{where}/{DIST}: optimizer_state")
         self.lease.hold()  # one writer per tree, checked before any byte is written
         job = _Job(step, params, opt, optimizer, docs, dcp_docs)
-        if self.async_save:
+        if self.async_save and not preempted:
             self._pending = self._pool.submit(self._write, job)
         else:
             self._finalize(self._write(job))
+        if preempted:
+            self._exit_preempted(step)
         return True
+
+    def _preempted(self) -> bool:
+        """Whether this step ends the job on a preemption notice (collective
+        under a process group: every rank agrees). Past the grace period, or
+        with nothing to save, the job exits here after the save in flight."""
+        if self.preempt is None:
+            return False
+        state = self.preempt.agreed(self._preempt_group)
+        if state == NONE:
+            return False
+        if state == LATE or not (self.save_checkpoint or self.save_hf):
+            self._exit_preempted(None)
+        return True
+
+    def _exit_preempted(self, step: int | None) -> NoReturn:
+        assert self.preempt is not None
+        signum = self.preempt.signum
+        self.finish()  # the save in flight lands and is tracked; lease released
+        raise Preempted(step, signum)
 
     def wait(self) -> LoongSaveResult | None:
         """Blocking flush: wait for the in-flight save and finalize it.
@@ -323,6 +363,8 @@ class LoongSageCheckpointer:
             self._pool.shutdown(wait=True)
             self._buffers.clear()
             self.lease.release()
+            if self.preempt is not None:
+                self.preempt.close()
 
     close = finish
 

@@ -46,6 +46,11 @@ Options:
                             ``FOREIGN <thread> <group> <function>`` for a collective issued
                             inside a save on a group other than the save's own, and
                             ``SAVECALLS <n>`` (collectives issued inside saves)
+  --preempt                 save_on_preemption: a SIGTERM saves the step it arrived in
+                            (every rank agrees), then the rank exits 143 printing
+                            ``PREEMPTED <step>``
+  --sigterm RANK:STEP       rank RANK sends itself SIGTERM in the middle of step STEP
+                            (after its update, before the step's maybe_save)
   --pg-timeout S            the process groups' timeout in seconds (default 600)
   --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
   --dump-resumed FILE       the same, right after resuming (before any step)
@@ -73,6 +78,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from registry.checkpoint import dist as regdist
 from registry.checkpoint import loongsage_dcp
 from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, resume_dist
+from registry.checkpoint.preempt import Preempted
 from registry.commit import DirectoryWriter
 from registry.safetensors_io import write_safetensors
 from registry.store import open_store
@@ -177,6 +183,8 @@ def main() -> None:
     ap.add_argument("--dump-steps")
     ap.add_argument("--record-collectives", action="store_true")
     ap.add_argument("--pg-timeout", type=float, default=600)
+    ap.add_argument("--preempt", action="store_true")
+    ap.add_argument("--sigterm")
     a = ap.parse_args()
     port = free_port()
     pids = {}
@@ -189,6 +197,9 @@ def main() -> None:
                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 run(a)
                 code = 0
+            except Preempted as e:
+                say(f"RANK {rank} PREEMPTED {e.step}")
+                code = int(e.code)  # type: ignore[arg-type]
             except BaseException as e:  # noqa: BLE001 - reported as the rank's exit
                 say(f"RANK {rank} ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
@@ -324,7 +335,8 @@ def run(a: argparse.Namespace) -> None:
                                      total_steps=a.steps, async_save=not a.sync,
                                      topology=topology, optimizer_sharding_type=a.sharding,
                                      save_hf=a.save_hf, hf_model_path=a.hf if a.save_hf else None,
-                                     save_checkpoint=not a.no_checkpoint)
+                                     save_checkpoint=not a.no_checkpoint,
+                                     save_on_preemption=a.preempt)
     ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"
                                         f"{'' if r.tracked else ' untracked'}"))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
@@ -363,6 +375,8 @@ def run(a: argparse.Namespace) -> None:
             local.mul_(1 - lr * wd)
             denom = (vl / (1 - b2 ** t)).sqrt_().add_(eps)
             local.addcdiv_(ml, denom, value=-lr / (1 - b1 ** t))
+        if a.sigterm and a.sigterm == f"{rank}:{step}":
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice, mid-step
         ckpt.maybe_save(step, model=model, optimizer_state=opt,
                         scheduler_state={"lr": lr, "last_step": step},
                         rng_state=torch.get_rng_state(),
