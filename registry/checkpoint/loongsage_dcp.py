@@ -346,7 +346,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             holder: list[DirectoryWriter] = []
 
             def begin() -> str:
-                if self.keep > 0:
+                if self.keep > 0 and self.retention is None:
                     self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
                 self.tree.clear_for_save(job.step)
                 staging = (staging_prefix(prefix, self.lease.owner[:12])

@@ -33,6 +33,7 @@ from registry.checkpoint.loongsage_format import (
     derive_run_id,
 )
 from registry.checkpoint.manager import write_safetensors_file
+from registry.checkpoint.retention import RetentionPolicy
 from registry.checkpoint.preempt import LATE, NONE, PreemptionWatch, Preempted
 from registry.checkpoint.state import (
     OPTIMIZERS,
@@ -122,6 +123,12 @@ class LoongSageCheckpointer:
             checkpoint (``common``); they gate the RNG restore on resume.
         keep: committed steps kept (the tracker's always), pruned on the writer
             before each save; ``0`` (default, as the seed): keep all.
+        retention: a :class:`~registry.checkpoint.retention.RetentionPolicy`
+            (keep last/best-by-metric/every k-th/one per interval, the union;
+            ``keep`` > 0 stands for its keep_last), applied on the writer
+            thread after each commit and tracker move (in place of ``keep``'s
+            pruning before each save); the tracker's step and any step a
+            release names are kept.
         run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
         lease_seconds: duration of the tree's writer lease
             (:mod:`registry.checkpoint.lease`).
@@ -170,7 +177,8 @@ class LoongSageCheckpointer:
                  snapshot_pipeline_buf: Callable[[], Iterable[Any]] | None = None,
                  save_on_preemption: bool = False,
                  preemption_signals: Iterable[int] = (signal.SIGTERM,),
-                 grace_seconds: float = 60.0) -> None:
+                 grace_seconds: float = 60.0,
+                 retention: RetentionPolicy | None = None) -> None:
         if checkpoint_path is None:
             raise UsageError("checkpoint_path is required (seed 003: the training model's "
                              "checkpoint base directory)")
@@ -209,6 +217,7 @@ class LoongSageCheckpointer:
         self.preempt = PreemptionWatch(preemption_signals, grace_seconds=grace_seconds) \
             if save_on_preemption else None
         self._preempt_group: Any = None  # where ranks agree on a notice (DistLoongSage...)
+        self.retention = retention
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
         self._pending: Future[_Landed] | None = None
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
@@ -400,7 +409,7 @@ class LoongSageCheckpointer:
     def _write_leased(self, job: _Job) -> _Landed:
         t0 = time.perf_counter()
         prefix = self.tree.prefix(job.step)
-        if self.keep > 0:
+        if self.keep > 0 and self.retention is None:
             self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
         self.tree.clear_for_save(job.step)
         # Writer-unique, so that no other writer's cleanup can remove it.
@@ -442,5 +451,20 @@ class LoongSageCheckpointer:
                                  landed.manifest.digest, landed.manifest.total_size,
                                  landed.seconds, self.save_checkpoint, parts)
         self.saved.append(result)
+        self._apply_retention()
         for hook in self.on_commit:
             hook(result)
+
+    def _apply_retention(self) -> None:
+        """The ``retention`` policy, after the commit and the tracker's move
+        (so that a rule such as keep_best never deletes the step the tracker
+        is about to name): async, on the writer thread before the next save;
+        sync, here (never beside a save of this writer: retention treats the
+        writer's own staging as a predecessor's)."""
+        if self.retention is None:
+            return
+        if self.async_save:
+            self._pool.submit(self.tree.retain_or_warn, self.keep, writer=self.lease.owner,
+                              policy=self.retention)
+        else:
+            self.tree.retain_or_warn(self.keep, writer=self.lease.owner, policy=self.retention)

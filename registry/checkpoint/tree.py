@@ -6,11 +6,13 @@ CheckpointManager, LoongSage saving and the ``registry ckpt`` commands.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
 from registry.checkpoint.lease import DEFAULT_SECONDS as LEASE_SECONDS
 from registry.checkpoint.lease import live_holder
+from registry.checkpoint.retention import RetentionPolicy, released_steps, step_facts
 from registry.storeclock import store_time
 from registry.claim import read_state
 from registry.commit import delete_directory
@@ -248,8 +250,15 @@ class CheckpointTree:
         return self._now
 
     def retain(self, keep: int, *, min_age: float = 0.0,
-               writer: str | None = None) -> list[str]:
+               writer: str | None = None,
+               policy: RetentionPolicy | None = None) -> list[str]:
         """Apply retention; returns the keys deleted.
+
+        With ``policy`` (:mod:`registry.checkpoint.retention`) its rules
+        choose the committed steps kept (``keep > 0`` stands for its
+        ``keep_last``), plus the newest resumable step; with or without it,
+        a step a release of this store names (its manifest's ``source``) is
+        never deleted.
 
         Keeps the ``keep`` newest committed steps (``keep <= 0``: all), the
         ``keep`` newest *resumable* ones (holding optimizer state:
@@ -293,17 +302,31 @@ class CheckpointTree:
                                        "pointer cannot be read (repair it: registry ckpt "
                                        "verify shows the steps that verify)") from None
         committed, uncommitted, resumable = [], [], []
+        manifests: dict[int, Manifest] = {}
         for step in self.steps():
             manifest = verify_directory(self.store, self.prefix(step)).manifest
             (committed if manifest is not None else uncommitted).append(step)
-            if manifest is not None and self.layout.resumable(manifest):
-                resumable.append(step)
+            if manifest is not None:
+                manifests[step] = manifest
+                if self.layout.resumable(manifest):
+                    resumable.append(step)
         doomed = []
         self._now = None
-        if keep > 0:
+        if policy is not None and keep > 0:
+            policy = dataclasses.replace(policy, keep_last=keep)
+        if policy is not None and policy.active:
+            kept = policy.kept([step_facts(self.store, self.prefix(s), s, manifests[s],
+                                           policy.metric) for s in committed])
+            kept |= set(resumable if latest is None else resumable[-1:])
+            doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
+        elif keep > 0:
             kept = set(committed[-keep:]) | set(resumable if latest is None
                                                 else resumable[-keep:])
             doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
+        if doomed:  # never a step a release names
+            named = released_steps(self.store, {str(m.meta.get("run_id"))
+                                                for m in manifests.values()})
+            doomed = [k for k in doomed if not self._released(k, manifests, named)]
         if self.live_writer(writer=writer) is not None:
             # A save may be under way: only surplus commits the pointer passed.
             return self._delete([k for k in doomed if latest is not None
@@ -323,6 +346,12 @@ class CheckpointTree:
         doomed += self._stale_pointer_temps(writer)
         self._now = None
         return self._delete(doomed)
+
+    def _released(self, key: str, manifests: dict[int, Manifest],
+                  named: set[tuple[str, int]]) -> bool:
+        step = self.layout.parse_dir(key.rsplit("/", 1)[-1])
+        m = manifests.get(step) if step is not None else None
+        return m is not None and (str(m.meta.get("run_id")), step) in named
 
     def _stale_pointer_temps(self, writer: str | None) -> list[str]:
         """The pointer's temp files (the seed's ``LATEST.tmp``, the stores'
@@ -358,12 +387,13 @@ class CheckpointTree:
                 delete_directory(self.store, key)
         return doomed
 
-    def retain_or_warn(self, keep: int, *, writer: str | None = None) -> list[str]:
+    def retain_or_warn(self, keep: int, *, writer: str | None = None,
+                       policy: RetentionPolicy | None = None) -> list[str]:
         """:meth:`retain` inside a save (``writer``: the saver's lease owner): a
         pointer that cannot be read skips retention with a
         RetentionSkippedWarning instead of failing the save."""
         try:
-            return self.retain(keep, writer=writer)
+            return self.retain(keep, writer=writer, policy=policy)
         except PointerError as e:
             warnings.warn(str(e), RetentionSkippedWarning, stacklevel=2)
             return []
