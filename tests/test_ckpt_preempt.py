@@ -82,3 +82,25 @@ def test_past_the_grace_period_only_the_save_in_flight_lands(tmp_path: Path) -> 
     assert [r.step for r in c.saved] == [2]
     assert not committed(store, 4) and committed(store, 2)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_save_every_seconds_saves_a_step_once_the_interval_passed(tmp_path: Path) -> None:
+    """A save-decision policy beside save_freq: a step is saved once
+    save_every_seconds passed since the last save landed, not before."""
+    import time
+
+    import numpy as np
+
+    from registry.checkpoint.loongsage_save import LoongSageCheckpointer
+
+    store = open_store(str(tmp_path / "store"))
+    c = LoongSageCheckpointer(store, "exp", save_freq=1000, total_steps=10_000,
+                              save_checkpoint=False, save_hf=True, hf_config={"hidden_size": 3},
+                              async_save=False, save_every_seconds=0.5)
+    model = {"w": np.ones((2, 3), np.float32)}
+    assert not c.maybe_save(1, model=model)
+    time.sleep(0.6)
+    assert c.maybe_save(2, model=model)
+    assert not c.maybe_save(3, model=model)  # the interval restarts at each save
+    c.finish()
+    assert [r.step for r in c.saved] == [2] and committed(store, 2)

@@ -221,7 +221,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         if process_group is None and dist.is_initialized():
             process_group = dist.new_group(backend="gloo")
         self.group = process_group
-        if self.preempt is not None and dist.is_initialized():
+        if (self.preempt is not None or self.save_every_seconds) and dist.is_initialized():
             # the ranks agree on a notice on the main thread at every maybe_save,
             # while the save's group may be busy on the writer thread
             self._preempt_group = dist.new_group(backend="gloo")
@@ -260,8 +260,8 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step {step!r} must be a non-negative integer")
-        preempted = self._preempted()  # every rank agrees (module preempt)
-        if not preempted and not self.should_save(step):
+        preempted, timed = self._decide()  # every rank agrees (module preempt)
+        if not (preempted or timed) and not self.should_save(step):
             return False
         where = self.store.url_of(self.tree.prefix(step))
         if not model:

@@ -34,7 +34,7 @@ from registry.checkpoint.loongsage_format import (
 )
 from registry.checkpoint.manager import write_safetensors_file
 from registry.checkpoint.retention import RetentionPolicy
-from registry.checkpoint.preempt import LATE, NONE, PreemptionWatch, Preempted
+from registry.checkpoint.preempt import LATE, NONE, PreemptionWatch, Preempted, agree
 from registry.checkpoint.state import (
     OPTIMIZERS,
     config_dict,
@@ -129,6 +129,10 @@ class LoongSageCheckpointer:
             thread after each commit and tracker move (in place of ``keep``'s
             pruning before each save); the tracker's step and any step a
             release names are kept.
+        save_every_seconds: also save when that many seconds passed since
+            the last save landed (a save-decision policy beside
+            ``save_freq``; only while saving is on, ``save_freq > 0``); on N
+            ranks the ranks agree at every :meth:`maybe_save`.
         run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
         lease_seconds: duration of the tree's writer lease
             (:mod:`registry.checkpoint.lease`).
@@ -178,7 +182,8 @@ class LoongSageCheckpointer:
                  save_on_preemption: bool = False,
                  preemption_signals: Iterable[int] = (signal.SIGTERM,),
                  grace_seconds: float = 60.0,
-                 retention: RetentionPolicy | None = None) -> None:
+                 retention: RetentionPolicy | None = None,
+                 save_every_seconds: float = 0.0) -> None:
         if checkpoint_path is None:
             raise UsageError("checkpoint_path is required (seed 003: the training model's "
                              "checkpoint base directory)")
@@ -218,6 +223,10 @@ class LoongSageCheckpointer:
             if save_on_preemption else None
         self._preempt_group: Any = None  # where ranks agree on a notice (DistLoongSage...)
         self.retention = retention
+        if not (isinstance(save_every_seconds, (int, float)) and save_every_seconds >= 0):
+            raise UsageError(f"save_every_seconds {save_every_seconds!r} must be >= 0")
+        self.save_every_seconds = float(save_every_seconds)
+        self._last_save = time.monotonic()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
         self._pending: Future[_Landed] | None = None
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
@@ -289,8 +298,8 @@ class LoongSageCheckpointer:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step {step!r} must be a non-negative integer")
-        preempted = self._preempted()
-        if not preempted and not self.should_save(step):
+        preempted, timed = self._decide()
+        if not (preempted or timed) and not self.should_save(step):
             return False
         where = self.store.url_of(self.tree.prefix(step))
         if model is None or not model:
@@ -333,18 +342,23 @@ class LoongSageCheckpointer:
             self._exit_preempted(step)
         return True
 
-    def _preempted(self) -> bool:
-        """Whether this step ends the job on a preemption notice (collective
-        under a process group: every rank agrees). Past the grace period, or
-        with nothing to save, the job exits here after the save in flight."""
-        if self.preempt is None:
-            return False
-        state = self.preempt.agreed(self._preempt_group)
+    def _decide(self) -> tuple[bool, bool]:
+        """(a preemption notice ends the job at this step, ``save_every_seconds``
+        passed since the last save): collective under a process group when
+        either is on, so every rank agrees (a notice or a timer reached on
+        any rank counts for all). Past the grace period, or with nothing to
+        save, the job exits here after the save in flight."""
+        if self.preempt is None and not self.save_every_seconds:
+            return False, False
+        timed = bool(self.save_every_seconds) and (self.save_checkpoint or self.save_hf) \
+            and self.save_freq > 0 and time.monotonic() - self._last_save >= self.save_every_seconds
+        state, due = agree([self.preempt.state() if self.preempt else NONE, int(timed)],
+                           self._preempt_group)
         if state == NONE:
-            return False
+            return False, bool(due)
         if state == LATE or not (self.save_checkpoint or self.save_hf):
             self._exit_preempted(None)
-        return True
+        return True, bool(due)
 
     def _exit_preempted(self, step: int | None) -> NoReturn:
         assert self.preempt is not None
@@ -451,6 +465,7 @@ class LoongSageCheckpointer:
                                  landed.manifest.digest, landed.manifest.total_size,
                                  landed.seconds, self.save_checkpoint, parts)
         self.saved.append(result)
+        self._last_save = time.monotonic()
         self._apply_retention()
         for hook in self.on_commit:
             hook(result)

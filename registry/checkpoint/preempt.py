@@ -91,20 +91,26 @@ class PreemptionWatch:
         return SAVE if time.monotonic() - self.at < self.grace_seconds else LATE
 
     def agreed(self, group: Any = None) -> int:
-        """The :meth:`state` of the rank furthest along (collective: one
-        all-reduce MAX on ``group``; without a process group, this
-        process's own), so every rank of ``group`` acts the same."""
-        dist = sys.modules.get("torch.distributed")  # a one-process job may have no torch
-        if dist is None or not dist.is_initialized():
-            return self.state()
-        import torch
-
-        flag = torch.tensor([self.state()], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        return int(flag.item())
+        """The :meth:`state` of the rank furthest along (collective under a
+        process group, see :func:`agree`), so every rank acts the same."""
+        return agree([self.state()], group)[0]
 
     def close(self) -> None:
         """Restore the handlers the watch replaced."""
         old, self._old = self._old, {}
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def agree(values: list[int], group: Any = None) -> list[int]:
+    """Each of ``values`` at its largest over the ranks of ``group``
+    (collective: one all-reduce MAX of a small tensor on ``group``; without
+    an initialized process group, ``values`` themselves)."""
+    dist = sys.modules.get("torch.distributed")  # a one-process job may have no torch
+    if dist is None or not dist.is_initialized():
+        return list(values)
+    import torch
+
+    flags = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in flags.tolist()]
