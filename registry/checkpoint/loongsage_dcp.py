@@ -410,6 +410,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                                  landed.manifest.digest, landed.manifest.total_size,
                                  landed.seconds, self.save_checkpoint, parts)
         self.saved.append(result)
+        self._last_save = time.monotonic()  # save_every_seconds: every rank's timer
         for hook in self.on_commit:
             hook(result)
 

@@ -104,7 +104,8 @@ def saving(method: Callable[..., Any]) -> Callable[..., Any]:
     return marked
 
 
-def foreign(own_group: str) -> list[tuple[str, str, str, bool]]:
-    """The calls made inside a save on a group other than ``own_group``."""
+def foreign(own: set[str]) -> list[tuple[str, str, str, bool]]:
+    """The calls made inside a save on a group other than the checkpointer's
+    own (``own``: their names: the save's group, its control group)."""
     with _lock:
-        return [c for c in CALLS if c[3] and c[1] != own_group]
+        return [c for c in CALLS if c[3] and c[1] not in own]

@@ -394,10 +394,10 @@ def run(a: argparse.Namespace) -> None:
     if a.record_collectives:
         from tests.support import collectives
 
-        own = ckpt.group.group_name if ckpt.group is not None else ""
+        own = {g.group_name for g in (ckpt.group, ckpt._preempt_group) if g is not None}
         for thread, group, fn, _ in collectives.foreign(own):
             say(f"RANK {rank} FOREIGN {thread} {group} {fn}")
-        inside = sum(1 for c in collectives.CALLS if c[3] and c[1] == own)
+        inside = sum(1 for c in collectives.CALLS if c[3] and c[1] in own)
         say(f"RANK {rank} SAVECALLS {inside}")
     if a.out:
         dump(model, opt, a.out, rank, a.dp)
