@@ -104,3 +104,19 @@ def test_save_every_seconds_saves_a_step_once_the_interval_passed(tmp_path: Path
     assert not c.maybe_save(3, model=model)  # the interval restarts at each save
     c.finish()
     assert [r.step for r in c.saved] == [2] and committed(store, 2)
+
+
+@pytest.mark.slow
+def test_save_every_seconds_on_two_ranks_saves_the_same_steps(tmp_path: Path) -> None:
+    """The ranks' timers drift apart (rank 1's steps take twice as long before
+    its save call), yet every step one rank's timer made due is saved by both
+    (they agree at every maybe_save), and the final step too."""
+    url = str(tmp_path / "store")
+    p = job(url, tmp_path / "hf", 2, "--steps", "8", "--save-freq", "1000",
+            "--save-every-seconds", "0.45", "--step-sleep", "0.1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    saved = {r: sorted(int(line.split()[3]) for line in lines(p, "COMMITTED")
+                       if line.startswith(f"RANK {r} ")) for r in range(2)}
+    assert saved[0] == saved[1], saved
+    assert 8 in saved[0] and 2 <= len(saved[0]) < 8, saved
+    assert tracker(open_store(url)) == 8

@@ -51,6 +51,8 @@ Options:
                             ``PREEMPTED <step>``
   --sigterm RANK:STEP       rank RANK sends itself SIGTERM in the middle of step STEP
                             (after its update, before the step's maybe_save)
+  --save-every-seconds T    save_every_seconds (a save once T seconds passed since the last)
+  --step-sleep S            each step sleeps S seconds (rank r: S * (r + 1)) before its save
   --pg-timeout S            the process groups' timeout in seconds (default 600)
   --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
   --dump-resumed FILE       the same, right after resuming (before any step)
@@ -66,6 +68,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import warnings
 from datetime import timedelta
 
@@ -185,6 +188,8 @@ def main() -> None:
     ap.add_argument("--pg-timeout", type=float, default=600)
     ap.add_argument("--preempt", action="store_true")
     ap.add_argument("--sigterm")
+    ap.add_argument("--save-every-seconds", type=float, default=0.0)
+    ap.add_argument("--step-sleep", type=float, default=0.0)
     a = ap.parse_args()
     port = free_port()
     pids = {}
@@ -336,7 +341,8 @@ def run(a: argparse.Namespace) -> None:
                                      topology=topology, optimizer_sharding_type=a.sharding,
                                      save_hf=a.save_hf, hf_model_path=a.hf if a.save_hf else None,
                                      save_checkpoint=not a.no_checkpoint,
-                                     save_on_preemption=a.preempt)
+                                     save_on_preemption=a.preempt,
+                                     save_every_seconds=a.save_every_seconds)
     ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"
                                         f"{'' if r.tracked else ' untracked'}"))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
@@ -375,6 +381,8 @@ def run(a: argparse.Namespace) -> None:
             local.mul_(1 - lr * wd)
             denom = (vl / (1 - b2 ** t)).sqrt_().add_(eps)
             local.addcdiv_(ml, denom, value=-lr / (1 - b1 ** t))
+        if a.step_sleep:
+            time.sleep(a.step_sleep * (rank + 1))  # the ranks' timers drift apart
         if a.sigterm and a.sigterm == f"{rank}:{step}":
             os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice, mid-step
         ckpt.maybe_save(step, model=model, optimizer_state=opt,
