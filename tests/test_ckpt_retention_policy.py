@@ -88,13 +88,20 @@ def test_ckpt_gc_policy_keeps_the_pointer_and_released_steps(
 
 
 def test_the_loongsage_writer_applies_its_policy_after_each_commit() -> None:
+    """keep_last 1, every 3rd, and the best 1 by the metrics the loop passes
+    (saved as the step's trainer_state.json)."""
     store = open_store("memory://retention-loong")
     hf: dict[str, Any] = {"hidden_size": 3}
-    c = LoongSageCheckpointer(store, "exp", save_freq=1, total_steps=7, save_checkpoint=False,
+    c = LoongSageCheckpointer(store, "exp", save_freq=1, total_steps=8, save_checkpoint=False,
                               save_hf=True, hf_config=hf, async_save=True,
-                              retention=RetentionPolicy(keep_last=1, keep_every=3))
-    for step in range(1, 8):
+                              retention=RetentionPolicy(keep_last=1, keep_every=3, keep_best=1,
+                                                        metric="loss"))
+    for step in range(1, 9):
         c.on_step_start()
-        c.maybe_save(step, model={"w": np.full((2, 3), step, np.float32)})
+        c.maybe_save(step, model={"w": np.full((2, 3), step, np.float32)},
+                     metrics={"loss": LOSS[step]})
     c.finish()
-    assert CheckpointTree(store, "exp", c.tree.layout).steps() == [3, 6, 7]
+    # last -> 8; every 3rd -> 3, 6; best loss -> 4
+    assert CheckpointTree(store, "exp", c.tree.layout).steps() == [3, 4, 6, 8]
+    assert json.loads(store.read_bytes("exp/train_step_4/trainer_state.json")) == \
+        {"loss": 1.0, "step": 4}

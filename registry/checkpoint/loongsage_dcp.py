@@ -246,8 +246,10 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                    optimizer_state: Mapping[str, Any] | None = None,
                    optimizer: str = "adamw", scheduler_state: Any = None,
                    rng_state: Any = None,
-                   data_sources: Iterable[Mapping[str, Any]] = ()) -> bool:
-        """Save ``step`` if due (collective: call it on every rank).
+                   data_sources: Iterable[Mapping[str, Any]] = (),
+                   metrics: Mapping[str, float] | None = None) -> bool:
+        """Save ``step`` if due (collective: call it on every rank; ``metrics``:
+        rank 0's, as in :meth:`LoongSageCheckpointer.maybe_save`).
 
         Returns:
             False when no save is due; True once scheduled (async: the tensors
@@ -272,7 +274,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         if optimizer_state is None and self.save_checkpoint:
             raise CheckpointError(f"{where}: save_checkpoint needs optimizer_state")
         docs = {rel: data for rel, data in
-                self._documents(step, None, None, data_sources, where).items()
+                self._documents(step, None, None, data_sources, where, metrics).items()
                 if not rel.startswith(f"{DIST}/")}
         self.wait()  # at most one save in flight; raises a previous failure
         state = self._state_dict(step, model, optimizer_state if self.save_checkpoint else {},

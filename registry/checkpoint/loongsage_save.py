@@ -33,7 +33,7 @@ from registry.checkpoint.loongsage_format import (
     derive_run_id,
 )
 from registry.checkpoint.manager import write_safetensors_file
-from registry.checkpoint.retention import RetentionPolicy
+from registry.checkpoint.retention import TRAINER_STATE, RetentionPolicy
 from registry.checkpoint.preempt import LATE, NONE, PreemptionWatch, Preempted, agree
 from registry.checkpoint.state import (
     OPTIMIZERS,
@@ -269,7 +269,8 @@ class LoongSageCheckpointer:
                    optimizer_state: Mapping[str, Any] | None = None,
                    optimizer: str = "adamw", scheduler_state: Any = None,
                    rng_state: Any = None,
-                   data_sources: Iterable[Mapping[str, Any]] = ()) -> bool:
+                   data_sources: Iterable[Mapping[str, Any]] = (),
+                   metrics: Mapping[str, float] | None = None) -> bool:
         """Save ``step`` if :meth:`should_save` says so; returns whether it did.
 
         Args:
@@ -282,6 +283,9 @@ class LoongSageCheckpointer:
             data_sources: ``{"prompt_data_path": str, "state": ..., "prompt_buffer":
                 [...]}`` per data source, in the run's order (``..._ds<i>.pt``,
                 see :mod:`registry.checkpoint.loongsage_data`; needs torch).
+            metrics: name -> number (e.g. ``{"loss": 1.9}``), saved as the step's
+                ``trainer_state.json`` (``{"step": N, ...}``, not a seed file)
+                for retention's keep_best (:mod:`registry.checkpoint.retention`).
 
         Returns:
             False when no save is due. True once the save is scheduled (async:
@@ -304,7 +308,7 @@ class LoongSageCheckpointer:
         where = self.store.url_of(self.tree.prefix(step))
         if model is None or not model:
             raise CheckpointError(f"{where}: no model parameters given")
-        docs = self._documents(step, scheduler_state, rng_state, data_sources, where)
+        docs = self._documents(step, scheduler_state, rng_state, data_sources, where, metrics)
         dcp_docs = None
         if self.save_checkpoint:
             try:
@@ -400,8 +404,12 @@ class LoongSageCheckpointer:
     # -- internals -------------------------------------------------------------------
 
     def _documents(self, step: int, scheduler_state: Any, rng_state: Any,
-                   data_sources: Iterable[Mapping[str, Any]], where: str) -> dict[str, bytes]:
+                   data_sources: Iterable[Mapping[str, Any]], where: str,
+                   metrics: Mapping[str, float] | None = None) -> dict[str, bytes]:
         docs: dict[str, bytes] = {}
+        if metrics:
+            docs[TRAINER_STATE] = _dumps({**dict(metrics), "step": step},
+                                         what=f"{where}/{TRAINER_STATE}: metrics")
         if self.save_checkpoint:
             pipeline = self.snapshot_pipeline_buf() if self.snapshot_pipeline_buf else None
             docs.update(data_documents(data_sources, pipeline, where=where))

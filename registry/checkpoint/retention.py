@@ -8,9 +8,9 @@ A :class:`RetentionPolicy` is the union of its rules, each off at 0:
 ``keep_best`` with ``metric`` and ``mode``
     the K steps whose metric is lowest (``min``) or highest (``max``); the
     metric is a top-level number of the step's ``trainer_state.json``
-    (seed 000's trainer state, e.g. ``loss``); a step without it (or
-    without the file: LoongSage trees have none unless the trainer wrote
-    one) is never among the best;
+    (seed 000's trainer state, e.g. ``loss``; a LoongSage step has one when
+    the loop passes ``maybe_save(..., metrics=...)``); a step without the
+    number, or without the file, is never among the best;
 ``keep_every``
     every step that is a multiple of k;
 ``keep_interval``
