@@ -139,7 +139,8 @@ def publish(
                                              help="Free text (Markdown) of the model "
                                                   "card rendered from the template "
                                                   "(default: the directory's own "
-                                                  "MODEL_CARD.md, else none).")] = None,
+                                                  "MODEL_CARD.md as it is, else a card "
+                                                  "rendered without one).")] = None,
     head: HeadOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help=(
         "Convert weights to a release dtype of the seed: f32, bf16 or int4 (default: F32 "
@@ -150,8 +151,8 @@ def publish(
         "Without --dtype: keep every tensor's dtype as published (F16 included); the "
         "card then warns that the weights are not in a release dtype."))] = False,
     card_verbatim: Annotated[bool, typer.Option("--card-verbatim", help=(
-        "Store the --card file (or the directory's own MODEL_CARD.md) as it is, instead "
-        "of as the free text of the card rendered from the template."))] = False,
+        "Store the --card file as it is, instead of as the free text of the card "
+        "rendered from the template."))] = False,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     max_shard_size: MaxShardOpt = None,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,

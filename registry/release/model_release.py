@@ -312,10 +312,12 @@ class ModelRelease:
         dtypes that are not the seed's.
 
         Model card (seed 000: "MODEL_CARD.md from templates/MODEL_CARD.md"):
-        the ``card`` file (or the directory's own MODEL_CARD.md) is the free
-        text of the card rendered from the template (its description), the
-        registry's facts (source, weights, evaluation, training data) around
-        it; ``card_verbatim`` stores the file as it is instead.
+        the ``card`` file is the free text of the card rendered from the
+        template (its description), the registry's facts (source, weights,
+        evaluation, training data) around it; ``card_verbatim`` stores the
+        file as it is instead. Without ``card``, the directory's own
+        MODEL_CARD.md is carried as it is (a file of the directory, like
+        every other), else the card is rendered.
 
         Every file of ``model_dir`` is carried (the weights, one
         ``model.safetensors`` or an index and its shards, byte for byte unless
@@ -377,11 +379,11 @@ class ModelRelease:
                     card_text = f.read()
             except (OSError, UnicodeDecodeError) as e:
                 raise DocumentError(os.fspath(card), f"cannot read the model card: {e}") from None
+            if not card_verbatim:
+                card_fields = {"description": card_text.strip(), **dict(card_fields or {})}
+                card_text = None
         elif "MODEL_CARD.md" in names:
             card_text = src_store.read_bytes("MODEL_CARD.md").decode("utf-8", "replace")
-        if card_text is not None and not card_verbatim:
-            card_fields = {"description": card_text.strip(), **dict(card_fields or {})}
-            card_text = None
         uri = url if "://" in url else os.path.abspath(url)
         result = self._release(src_store, "", names, prefix, model_id, version,
                              source={"uri": uri},
