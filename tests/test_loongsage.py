@@ -157,10 +157,13 @@ def test_save_every_freq_and_final_step(store: Store) -> None:
 
 
 @pytest.mark.parametrize("freq", [0, -1])
-def test_non_positive_save_freq_saves_only_the_final_step(freq: int) -> None:
+def test_non_positive_save_freq_saves_nothing_not_even_the_final_step(freq: int) -> None:
+    """Seed 003's table: ``save_freq <= 0`` "means no saving" (issue 46): the
+    final-step rule applies only when saving is on."""
     store = mem()
-    assert run(ckpt(store, save_freq=freq, total_steps=5), range(1, 6)) == [5]
-    assert steps_on_disk(store) == ["train_step_5"]
+    assert run(ckpt(store, save_freq=freq, total_steps=5), range(1, 6)) == []
+    assert steps_on_disk(store) == []
+    assert run(ckpt(store, save_freq=4, total_steps=5), range(1, 6)) == [4, 5]
 
 
 @pytest.mark.parametrize(("dist", "hf"), [(True, False), (False, True), (True, True),

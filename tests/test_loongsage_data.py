@@ -45,7 +45,7 @@ def mem() -> Store:
 
 def save(store: Store, step: int = 2, *, pipeline: list[Any] | None = None,
          **kw: Any) -> LoongSageCheckpointer:
-    c = LoongSageCheckpointer(store, ROOT, total_steps=step, async_save=False,
+    c = LoongSageCheckpointer(store, ROOT, save_freq=step, total_steps=step, async_save=False,
                               snapshot_pipeline_buf=(lambda: pipeline)
                               if pipeline is not None else None)
     args = save_kwargs(step)
@@ -95,7 +95,7 @@ def test_pipeline_snapshot_is_taken_when_the_save_is_called() -> None:
     background write runs: items the loop adds afterwards are not in it."""
     store = mem()
     buf = [1, 2]
-    c = LoongSageCheckpointer(store, ROOT, total_steps=2, async_save=True,
+    c = LoongSageCheckpointer(store, ROOT, save_freq=2, total_steps=2, async_save=True,
                               snapshot_pipeline_buf=lambda: buf)
     c.maybe_save(2, **save_kwargs(2))
     buf.append(3)
@@ -176,7 +176,7 @@ def test_without_torch_pt_files_are_a_clear_error(monkeypatch: pytest.MonkeyPatc
         save(other, data_sources=[])
     assert other.walk_files(ROOT) == {}  # refused before anything was written
     # An HF export needs no torch: the core keeps working.
-    c = LoongSageCheckpointer(other, ROOT, total_steps=2, async_save=False,
+    c = LoongSageCheckpointer(other, ROOT, save_freq=2, total_steps=2, async_save=False,
                               save_checkpoint=False, save_hf=True, hf_config="{}")
     c.maybe_save(2, model=save_kwargs(2)["model"])
     c.finish()
@@ -192,7 +192,7 @@ def test_save_freq_defaults_to_minus_one_and_checkpoint_path_is_required() -> No
     store = mem()
     c = LoongSageCheckpointer(store, ROOT, total_steps=5, async_save=False)
     assert c.save_freq == -1
-    assert [s for s in range(1, 6) if c.should_save(s)] == [5]  # only the final step
+    assert [s for s in range(1, 6) if c.should_save(s)] == []  # "<= 0 means no saving"
     c.finish()
     with pytest.raises(TypeError, match="checkpoint_path"):
         LoongSageCheckpointer(store, total_steps=5)  # type: ignore[call-arg]
@@ -220,7 +220,8 @@ def test_every_sub_folder_is_fsynced_before_the_commit_marker(
 
     monkeypatch.setattr(local_mod, "fsync_path", fsync)
     monkeypatch.setattr(local_mod._DurableFile, "__init__", durable_init)
-    c = LoongSageCheckpointer(store, ROOT, total_steps=2, async_save=False, save_hf=True,
+    c = LoongSageCheckpointer(store, ROOT, save_freq=2, total_steps=2, async_save=False,
+                              save_hf=True,
                               hf_config={"hidden_size": 64},
                               snapshot_pipeline_buf=lambda: [1])
     c.maybe_save(2, **save_kwargs(2))

@@ -158,7 +158,7 @@ def test_one_process_resume_of_a_dcp_step_restores_rank0_rng(tmp_path: Path) -> 
     url = str(tmp_path / "store")
     model = {"col.weight": torch.ones(10, 6)}
     opt = {"col.weight.exp_avg": torch.full((10, 6), 2.0), "step": torch.tensor(3.0)}
-    ck = DistLoongSageCheckpointer(url, "exp", total_steps=1, async_save=False)
+    ck = DistLoongSageCheckpointer(url, "exp", save_freq=1, total_steps=1, async_save=False)
     ck.maybe_save(1, model=model, optimizer_state=opt, rng_state={"seed": 7})
     ck.finish()
     st = load_training_state(url, "exp", hf_model_path=str(hf))

@@ -5,7 +5,7 @@ metadata rule on the paths that do not convert).
   row) is refused before a byte is written (exit 2 from the CLI); a partial
   int4 release lists the quantized tensors in its card, in ``registry show``
   and in the index's dtype label (``int4 (1 of 2 tensors)``).
-* ``publish`` without ``--dtype`` keeps F16 weights and says so: the card's
+* ``publish --keep-dtype`` keeps F16 weights and says so: the card's
   "Stored weights" table, ``registry show`` (text and JSON) and ``registry
   ls`` state the stored dtype of every tensor group.
 * A source whose ``format`` engines refuse is rewritten with ``"pt"`` (the
@@ -82,18 +82,20 @@ def test_partial_int4_says_which_tensors(tmp_path: Path) -> None:
     assert json.loads(ls.stdout)[0]["dtype"] == "int4 (1 of 2 tensors)", ls.stdout
 
 
-def test_publish_as_is_states_f16(tmp_path: Path) -> None:
+def test_publish_keep_dtype_states_f16(tmp_path: Path) -> None:
     f16 = {k: v.astype(np.float16) for k, v in TENSORS.items()}
     src = model_dir(tmp_path, "src", f16, {"format": "pt", "producer": "a trainer"})
     url, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
     reg = Registry(url, db=db)
-    reg.publish(src, "m", "1", ledger=[ledger_row()], eval_summary=summary(0.9, 0.5))
+    reg.publish(src, "m", "1", ledger=[ledger_row()], eval_summary=summary(0.9, 0.5),
+                keep_dtype=True)
     store = open_store(url)
     assert store.read_bytes("models/m/1/model.safetensors") == \
         (src / "model.safetensors").read_bytes()  # as is, foreign metadata included
     card = store.read_bytes("models/m/1/MODEL_CARD.md").decode()
     assert "| Weights dtype | f16 (as published: not converted) |" in card
     assert "| F16 | 2 | 480 | `norm.bias`, `proj.weight` |" in card
+    assert "**Warning:** weights stored as F16, kept as published (`--keep-dtype`)" in card
     p = run_cli("show", "m@1", "--store", url, "--db", db)
     assert p.returncode == 0, p.stderr
     assert "weights F16: 2 tensors, 480 parameters (norm.bias, proj.weight)" in p.stdout

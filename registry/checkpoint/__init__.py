@@ -21,6 +21,8 @@ if TYPE_CHECKING:
         load_training_state,
     )
     from registry.checkpoint.manager import CheckpointManager, ResumeState, SaveResult
+    from registry.checkpoint.preempt import PreemptionWatch, Preempted
+    from registry.checkpoint.retention import RetentionPolicy
     from registry.checkpoint.tree import (
         CheckpointSkippedWarning,
         CheckpointTree,
@@ -36,6 +38,8 @@ __getattr__, __dir__, __all__ = exports(__name__, {
                                       "TrainingState", "load_dist_ckpt",
                                       "load_training_state"),
     "registry.checkpoint.manager": ("CheckpointManager", "ResumeState", "SaveResult"),
+    "registry.checkpoint.preempt": ("PreemptionWatch", "Preempted"),
+    "registry.checkpoint.retention": ("RetentionPolicy",),
     "registry.checkpoint.tree": ("CheckpointSkippedWarning", "CheckpointTree",
                                  "RetentionSkippedWarning", "StepInfo"),
     "registry.layout": ("run_root",),

@@ -76,7 +76,13 @@ from registry.checkpoint.loongsage_dcp_read import (
 from registry.checkpoint.loongsage_dcp_resume import DistTrainingState, load_dcp, resume_dist
 from registry.checkpoint.loongsage_dp import bucket_entries, effective
 from registry.checkpoint.loongsage_format import DIST, HF
-from registry.checkpoint.loongsage_hf import INDEX, gather_owned, read_hf_files, write_shard
+from registry.checkpoint.loongsage_hf import (
+    INDEX,
+    check_placements,
+    gather_owned,
+    read_hf_files,
+    write_shard,
+)
 from registry.checkpoint.loongsage_hf import plan as hf_plan
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult, _Landed
 from registry.checkpoint.loongsage_torchdist import write_dcp
@@ -191,7 +197,9 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         ``fully_reshardable`` a field shaped like its parameter should carry
         the parameter's placements. ``rng_state`` is per rank (JSON, tensors
         become lists); ``scheduler_state`` and ``data_sources`` are rank 0's.
-        Only rank 0 holds the writer lease and moves the tracker.
+        Only rank 0 holds the writer lease and moves the tracker. With
+        ``save_on_preemption`` every ``maybe_save`` is collective even when no
+        save is due (the ranks agree on a notice, on a process group of its own).
     """
 
     def __init__(self, store: str | Store, checkpoint_path: str | None, *,
@@ -213,6 +221,10 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         if process_group is None and dist.is_initialized():
             process_group = dist.new_group(backend="gloo")
         self.group = process_group
+        if (self.preempt is not None or self.save_every_seconds) and dist.is_initialized():
+            # the ranks agree on a notice on the main thread at every maybe_save,
+            # while the save's group may be busy on the writer thread
+            self._preempt_group = dist.new_group(backend="gloo")
         self.rank = rank_of(self.group)
         self.world = world_of(self.group)
         self.topology = effective(self.topology, self.world,
@@ -234,8 +246,10 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                    optimizer_state: Mapping[str, Any] | None = None,
                    optimizer: str = "adamw", scheduler_state: Any = None,
                    rng_state: Any = None,
-                   data_sources: Iterable[Mapping[str, Any]] = ()) -> bool:
-        """Save ``step`` if due (collective: call it on every rank).
+                   data_sources: Iterable[Mapping[str, Any]] = (),
+                   metrics: Mapping[str, float] | None = None) -> bool:
+        """Save ``step`` if due (collective: call it on every rank; ``metrics``:
+        rank 0's, as in :meth:`LoongSageCheckpointer.maybe_save`).
 
         Returns:
             False when no save is due; True once scheduled (async: the tensors
@@ -248,7 +262,8 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step {step!r} must be a non-negative integer")
-        if not self.should_save(step):
+        preempted, timed = self._decide()  # every rank agrees (module preempt)
+        if not (preempted or timed) and not self.should_save(step):
             return False
         where = self.store.url_of(self.tree.prefix(step))
         if not model:
@@ -259,21 +274,24 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         if optimizer_state is None and self.save_checkpoint:
             raise CheckpointError(f"{where}: save_checkpoint needs optimizer_state")
         docs = {rel: data for rel, data in
-                self._documents(step, None, None, data_sources, where).items()
+                self._documents(step, None, None, data_sources, where, metrics).items()
                 if not rel.startswith(f"{DIST}/")}
         self.wait()  # at most one save in flight; raises a previous failure
         state = self._state_dict(step, model, optimizer_state if self.save_checkpoint else {},
                                  optimizer, scheduler_state, rng_state, where)
         if self.save_hf:
             tensors = {k[len(MODEL_KEY):]: v for k, v in state.items() if k.startswith(MODEL_KEY)}
+            check_placements(tensors, where=f"{where}/{HF}")
             docs[f"{HF}/{INDEX}"] = hf_plan(tensors, self.world)[2]
             docs.update({f"{HF}/{name}": data for name, data in self.hf_files.items()})
         _agree(self.group, self.lease.hold)
         job = _DistJob(step, state, docs if self.rank == 0 else {})
-        if self.async_save:
+        if self.async_save and not preempted:
             self._pending = self._pool.submit(self._write_dist, job)
         else:
             self._finalize(self._write_dist(job))
+        if preempted:
+            self._exit_preempted(step)
         return True
 
     def _state_dict(self, step: int, model: Mapping[str, Any], opt: Mapping[str, Any],
@@ -330,7 +348,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             holder: list[DirectoryWriter] = []
 
             def begin() -> str:
-                if self.keep > 0:
+                if self.keep > 0 and self.retention is None:
                     self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
                 self.tree.clear_for_save(job.step)
                 staging = (staging_prefix(prefix, self.lease.owner[:12])
@@ -375,7 +393,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
         so that no rank waits for a peer that skipped one)."""
         model = {k[len(MODEL_KEY):]: v for k, v in job.state.items() if k.startswith(MODEL_KEY)}
         own, files, _ = hf_plan(model, self.world)
-        full = gather_owned(model, own, self.rank)
+        full = gather_owned(model, own, self.rank, self.group)
         if isinstance(mine, str) or not full:
             return mine
         try:
@@ -394,6 +412,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
                                  landed.manifest.digest, landed.manifest.total_size,
                                  landed.seconds, self.save_checkpoint, parts)
         self.saved.append(result)
+        self._last_save = time.monotonic()  # save_every_seconds: every rank's timer
         for hook in self.on_commit:
             hook(result)
 

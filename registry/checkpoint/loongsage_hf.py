@@ -13,8 +13,15 @@ Every parameter has one owner rank (the parameters spread over the ranks by
 bytes, largest first); each owner writes one shard holding its parameters,
 so no rank holds more than its shard's worth of full tensors plus one tensor
 being assembled. A sharded parameter (DTensor) is assembled with one
-collective per parameter (``full_tensor``, in name order on every rank); a
-replicated one (a plain tensor, the same on every rank) is written from its
+collective per parameter, in name order on every rank, on the save's own
+process group (never the DTensor's mesh, which is training's: an async save
+runs this on its writer thread while training's own collectives run on the
+mesh, and two threads issuing collectives on one group in different orders
+hang, issue 46): each rank sends its local piece and the piece's offset
+(computed from the mesh and placements, no communication) to the owner,
+which places the pieces into the full tensor. A piece duplicated along a
+``Replicate`` mesh dimension is sent once. A replicated parameter (a plain
+tensor, or a DTensor replicated on every mesh dimension) is written from its
 owner's copy, without communication. The shards land in the step's staging
 directory (or, on object stores, under the claimed step prefix, each a
 conditional create), hashed as written; rank 0 writes the index, the config
@@ -29,11 +36,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from registry.checkpoint.dist import _HashingStream
 from registry.checkpoint.loongsage_format import HF
-from registry.errors import DocumentError, ObjectNotFoundError
+from registry.errors import CheckpointError, DocumentError, ObjectNotFoundError
 from registry.manifest import FileEntry
 from registry.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
@@ -94,18 +103,70 @@ def plan(model: Mapping[str, torch.Tensor], world: int) -> tuple[dict[str, int],
     return own, files, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
+def check_placements(model: Mapping[str, torch.Tensor], *, where: str) -> None:
+    """Every DTensor of ``model`` is placed ``Shard(dim)`` or ``Replicate`` on
+    each mesh dimension (what :func:`gather_owned` assembles by offsets).
+
+    Raises:
+        CheckpointError: a ``Partial`` (a pending reduction) or another
+            placement (e.g. a strided shard), naming the parameter.
+    """
+    for name, t in model.items():
+        if not isinstance(t, DTensor):
+            continue
+        for p in t.placements:
+            if type(p) not in (Shard, Replicate):
+                raise CheckpointError(f"{where}: parameter {name!r} is placed {p}; the HF "
+                                      "export assembles Shard(dim) and Replicate placements only")
+
+
 def gather_owned(model: Mapping[str, torch.Tensor], own: Mapping[str, int],
-                 rank: int) -> dict[str, torch.Tensor]:
-    """This rank's parameters as full tensors (collective: every rank calls
-    it with the same parameter names)."""
+                 rank: int, group: Any = None) -> dict[str, torch.Tensor]:
+    """This rank's parameters as full tensors (collective on ``group``, the
+    save's own process group: every rank calls it with the same parameter
+    names; ``rank`` is this process's rank in ``group`` and ``own`` names
+    owners by ``group`` rank). Communicates only on ``group``, never on a
+    DTensor's mesh (see the module notes); DTensors must pass
+    :func:`check_placements`."""
     out = {}
     for name in sorted(model):
         t = model[name]
-        full = t.full_tensor() if isinstance(t, DTensor) else t
+        if isinstance(t, DTensor) and not all(p.is_replicate() for p in t.placements):
+            full = _assemble(t, own[name], rank, group)
+        else:
+            full = t.to_local() if isinstance(t, DTensor) else t
         if own[name] == rank:
+            assert full is not None
             out[name] = full.detach()
         del full
     return out
+
+
+def _assemble(t: DTensor, owner: int, rank: int, group: Any) -> torch.Tensor | None:
+    """The full tensor of ``t`` on ``owner`` (None elsewhere): one
+    ``gather_object`` of (offset, local piece) on ``group``."""
+    mesh, placements = t.device_mesh, t.placements
+    coord = mesh.get_coordinate()
+    piece = None
+    # a piece is the same on every rank along a Replicate mesh dimension: sent once
+    if coord is not None and all(c == 0 for c, p in zip(coord, placements, strict=True)
+                                 if p.is_replicate()):
+        _, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
+        piece = (tuple(offset), t.to_local().detach().cpu())
+    if not dist.is_initialized():
+        parts: list[Any] | None = [piece]
+    else:
+        parts = [None] * dist.get_world_size(group) if rank == owner else None
+        dist.gather_object(piece, parts, dst=dist.get_global_rank(group, owner)
+                           if group is not None else owner, group=group)
+    if parts is None:
+        return None
+    full = torch.empty(tuple(t.shape), dtype=t.dtype)
+    for part in parts:
+        if part is not None:
+            offset, local = part
+            full[tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))] = local
+    return full
 
 
 def write_shard(store: Store, target: str, name: str,

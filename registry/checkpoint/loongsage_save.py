@@ -10,11 +10,12 @@ A save writes ``<checkpoint_path>/train_step_<N>/`` (see
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -32,6 +33,8 @@ from registry.checkpoint.loongsage_format import (
     derive_run_id,
 )
 from registry.checkpoint.manager import write_safetensors_file
+from registry.checkpoint.retention import TRAINER_STATE, RetentionPolicy
+from registry.checkpoint.preempt import LATE, NONE, PreemptionWatch, Preempted, agree
 from registry.checkpoint.state import (
     OPTIMIZERS,
     config_dict,
@@ -104,9 +107,11 @@ class LoongSageCheckpointer:
         store: store URL or an open Store.
         checkpoint_path: key of the tree in the store (``""``: the store root);
             required, as the seed's table says (None is a UsageError).
-        save_freq: ``trainer.save_freq``; a save every that many steps, ``<= 0``
-            (default ``-1``): none but the final step's.
-        total_steps: the final step; it is always saved (when a switch is on).
+        save_freq: ``trainer.save_freq``; a save every that many steps; ``<= 0``
+            (default ``-1``): no saving at all, as the seed's table says (the
+            final-step rule applies only when saving is on).
+        total_steps: the final step; it is always saved when saving is on
+            (``save_freq > 0`` and a switch on).
         save_checkpoint: ``trainer.save_checkpoint``: write ``dist_ckpt/`` (and
             ``data_source/``); only such saves move the tracker.
         save_hf: ``trainer.save_hf``: write ``hf_model/`` (needs ``hf_config``).
@@ -118,6 +123,16 @@ class LoongSageCheckpointer:
             checkpoint (``common``); they gate the RNG restore on resume.
         keep: committed steps kept (the tracker's always), pruned on the writer
             before each save; ``0`` (default, as the seed): keep all.
+        retention: a :class:`~registry.checkpoint.retention.RetentionPolicy`
+            (keep last/best-by-metric/every k-th/one per interval, the union;
+            ``keep`` > 0 stands for its keep_last), applied on the writer
+            thread after each commit and tracker move (in place of ``keep``'s
+            pruning before each save); the tracker's step and any step a
+            release names are kept.
+        save_every_seconds: also save when that many seconds passed since
+            the last save landed (a save-decision policy beside
+            ``save_freq``; only while saving is on, ``save_freq > 0``); on N
+            ranks the ranks agree at every :meth:`maybe_save`.
         run_id: the manifest's ``run_id``; default derived from ``checkpoint_path``.
         lease_seconds: duration of the tree's writer lease
             (:mod:`registry.checkpoint.lease`).
@@ -126,6 +141,15 @@ class LoongSageCheckpointer:
             flight in the pipeline (a list of tensors and plain values);
             saved as ``data_source/pipeline_buf.pt`` and returned on resume
             as ``TrainingState.pipeline_buf``.
+
+        save_on_preemption: handle ``preemption_signals`` (default SIGTERM)
+            from construction to :meth:`finish`: the next :meth:`maybe_save`
+            finishes the save in flight, saves that step whatever
+            ``save_freq`` says (sync), moves the tracker, releases the lease
+            and raises :class:`~registry.checkpoint.preempt.Preempted` (a
+            SystemExit, code 143) carrying the step; past ``grace_seconds``
+            after the notice it only finishes the save in flight
+            (:mod:`registry.checkpoint.preempt`).
 
     Raises:
         UsageError: bad switches or sizes, or ``save_hf`` without ``hf_config``.
@@ -154,7 +178,12 @@ class LoongSageCheckpointer:
                  tokenizer: Any = None, topology: Mapping[str, int] | None = None,
                  keep: int = 0, run_id: str | None = None,
                  lease_seconds: float = DEFAULT_SECONDS,
-                 snapshot_pipeline_buf: Callable[[], Iterable[Any]] | None = None) -> None:
+                 snapshot_pipeline_buf: Callable[[], Iterable[Any]] | None = None,
+                 save_on_preemption: bool = False,
+                 preemption_signals: Iterable[int] = (signal.SIGTERM,),
+                 grace_seconds: float = 60.0,
+                 retention: RetentionPolicy | None = None,
+                 save_every_seconds: float = 0.0) -> None:
         if checkpoint_path is None:
             raise UsageError("checkpoint_path is required (seed 003: the training model's "
                              "checkpoint base directory)")
@@ -189,6 +218,15 @@ class LoongSageCheckpointer:
                 raise UsageError(f"{where}/{HF}/{CONFIG}: says \"tl_tokenizer\": \"file\" "
                                  "but no tokenizer was given")
         self.lease = WriterLease(self.store, self.tree.root, seconds=lease_seconds)
+        #: the preemption notices' watch (save_on_preemption), else None.
+        self.preempt = PreemptionWatch(preemption_signals, grace_seconds=grace_seconds) \
+            if save_on_preemption else None
+        self._preempt_group: Any = None  # where ranks agree on a notice (DistLoongSage...)
+        self.retention = retention
+        if not (isinstance(save_every_seconds, (int, float)) and save_every_seconds >= 0):
+            raise UsageError(f"save_every_seconds {save_every_seconds!r} must be >= 0")
+        self.save_every_seconds = float(save_every_seconds)
+        self._last_save = time.monotonic()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loongsage-save")
         self._pending: Future[_Landed] | None = None
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
@@ -201,10 +239,11 @@ class LoongSageCheckpointer:
 
     def should_save(self, step: int) -> bool:
         """Seed 003 4.1: every ``save_freq`` steps, and always the final step;
-        never when both ``save_checkpoint`` and ``save_hf`` are off."""
-        if not (self.save_checkpoint or self.save_hf):
+        never when ``save_freq <= 0`` (the seed's table: "no saving") or when
+        both ``save_checkpoint`` and ``save_hf`` are off."""
+        if not (self.save_checkpoint or self.save_hf) or self.save_freq <= 0:
             return False
-        return (self.save_freq > 0 and step % self.save_freq == 0) or step == self.total_steps
+        return step % self.save_freq == 0 or step == self.total_steps
 
     # -- the training loop's calls --------------------------------------------------
 
@@ -230,7 +269,8 @@ class LoongSageCheckpointer:
                    optimizer_state: Mapping[str, Any] | None = None,
                    optimizer: str = "adamw", scheduler_state: Any = None,
                    rng_state: Any = None,
-                   data_sources: Iterable[Mapping[str, Any]] = ()) -> bool:
+                   data_sources: Iterable[Mapping[str, Any]] = (),
+                   metrics: Mapping[str, float] | None = None) -> bool:
         """Save ``step`` if :meth:`should_save` says so; returns whether it did.
 
         Args:
@@ -243,6 +283,9 @@ class LoongSageCheckpointer:
             data_sources: ``{"prompt_data_path": str, "state": ..., "prompt_buffer":
                 [...]}`` per data source, in the run's order (``..._ds<i>.pt``,
                 see :mod:`registry.checkpoint.loongsage_data`; needs torch).
+            metrics: name -> number (e.g. ``{"loss": 1.9}``), saved as the step's
+                ``trainer_state.json`` (``{"step": N, ...}``, not a seed file)
+                for retention's keep_best (:mod:`registry.checkpoint.retention`).
 
         Returns:
             False when no save is due. True once the save is scheduled (async:
@@ -259,12 +302,13 @@ class LoongSageCheckpointer:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise UsageError(f"step {step!r} must be a non-negative integer")
-        if not self.should_save(step):
+        preempted, timed = self._decide()
+        if not (preempted or timed) and not self.should_save(step):
             return False
         where = self.store.url_of(self.tree.prefix(step))
         if model is None or not model:
             raise CheckpointError(f"{where}: no model parameters given")
-        docs = self._documents(step, scheduler_state, rng_state, data_sources, where)
+        docs = self._documents(step, scheduler_state, rng_state, data_sources, where, metrics)
         dcp_docs = None
         if self.save_checkpoint:
             try:
@@ -294,11 +338,37 @@ class LoongSageCheckpointer:
                                   optimizer=optimizer, path=f"{where}/{DIST}: optimizer_state")
         self.lease.hold()  # one writer per tree, checked before any byte is written
         job = _Job(step, params, opt, optimizer, docs, dcp_docs)
-        if self.async_save:
+        if self.async_save and not preempted:
             self._pending = self._pool.submit(self._write, job)
         else:
             self._finalize(self._write(job))
+        if preempted:
+            self._exit_preempted(step)
         return True
+
+    def _decide(self) -> tuple[bool, bool]:
+        """(a preemption notice ends the job at this step, ``save_every_seconds``
+        passed since the last save): collective under a process group when
+        either is on, so every rank agrees (a notice or a timer reached on
+        any rank counts for all). Past the grace period, or with nothing to
+        save, the job exits here after the save in flight."""
+        if self.preempt is None and not self.save_every_seconds:
+            return False, False
+        timed = bool(self.save_every_seconds) and (self.save_checkpoint or self.save_hf) \
+            and self.save_freq > 0 and time.monotonic() - self._last_save >= self.save_every_seconds
+        state, due = agree([self.preempt.state() if self.preempt else NONE, int(timed)],
+                           self._preempt_group)
+        if state == NONE:
+            return False, bool(due)
+        if state == LATE or not (self.save_checkpoint or self.save_hf):
+            self._exit_preempted(None)
+        return True, bool(due)
+
+    def _exit_preempted(self, step: int | None) -> NoReturn:
+        assert self.preempt is not None
+        signum = self.preempt.signum
+        self.finish()  # the save in flight lands and is tracked; lease released
+        raise Preempted(step, signum)
 
     def wait(self) -> LoongSaveResult | None:
         """Blocking flush: wait for the in-flight save and finalize it.
@@ -320,6 +390,8 @@ class LoongSageCheckpointer:
             self._pool.shutdown(wait=True)
             self._buffers.clear()
             self.lease.release()
+            if self.preempt is not None:
+                self.preempt.close()
 
     close = finish
 
@@ -332,8 +404,12 @@ class LoongSageCheckpointer:
     # -- internals -------------------------------------------------------------------
 
     def _documents(self, step: int, scheduler_state: Any, rng_state: Any,
-                   data_sources: Iterable[Mapping[str, Any]], where: str) -> dict[str, bytes]:
+                   data_sources: Iterable[Mapping[str, Any]], where: str,
+                   metrics: Mapping[str, float] | None = None) -> dict[str, bytes]:
         docs: dict[str, bytes] = {}
+        if metrics:
+            docs[TRAINER_STATE] = _dumps({**dict(metrics), "step": step},
+                                         what=f"{where}/{TRAINER_STATE}: metrics")
         if self.save_checkpoint:
             pipeline = self.snapshot_pipeline_buf() if self.snapshot_pipeline_buf else None
             docs.update(data_documents(data_sources, pipeline, where=where))
@@ -355,7 +431,7 @@ class LoongSageCheckpointer:
     def _write_leased(self, job: _Job) -> _Landed:
         t0 = time.perf_counter()
         prefix = self.tree.prefix(job.step)
-        if self.keep > 0:
+        if self.keep > 0 and self.retention is None:
             self.tree.retain_or_warn(self.keep, writer=self.lease.owner)
         self.tree.clear_for_save(job.step)
         # Writer-unique, so that no other writer's cleanup can remove it.
@@ -397,5 +473,21 @@ class LoongSageCheckpointer:
                                  landed.manifest.digest, landed.manifest.total_size,
                                  landed.seconds, self.save_checkpoint, parts)
         self.saved.append(result)
+        self._last_save = time.monotonic()
+        self._apply_retention()
         for hook in self.on_commit:
             hook(result)
+
+    def _apply_retention(self) -> None:
+        """The ``retention`` policy, after the commit and the tracker's move
+        (so that a rule such as keep_best never deletes the step the tracker
+        is about to name): async, on the writer thread before the next save;
+        sync, here (never beside a save of this writer: retention treats the
+        writer's own staging as a predecessor's)."""
+        if self.retention is None:
+            return
+        if self.async_save:
+            self._pool.submit(self.tree.retain_or_warn, self.keep, writer=self.lease.owner,
+                              policy=self.retention)
+        else:
+            self.tree.retain_or_warn(self.keep, writer=self.lease.owner, policy=self.retention)

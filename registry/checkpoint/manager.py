@@ -26,6 +26,7 @@ from registry import limits
 from registry import numbers
 from registry import schemas
 from registry.checkpoint.layout import TINYLLM, Layout
+from registry.checkpoint.retention import RetentionPolicy
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
 from registry.checkpoint.state import (
     config_dict,
@@ -163,8 +164,10 @@ class CheckpointManager:
                  progress_file: str | os.PathLike[str] | None = None,
                  async_save: bool = True, background_delete: bool = False,
                  layout: Layout = TINYLLM, root: str | None = None,
-                 lease_seconds: float = DEFAULT_SECONDS) -> None:
+                 lease_seconds: float = DEFAULT_SECONDS,
+                 retention: RetentionPolicy | None = None) -> None:
         self.store = store_url if isinstance(store_url, Store) else open_store(store_url)
+        self.retention = retention  # rules beside keep_ckpts (registry.checkpoint.retention)
         self.run_id = check_name(run_id, "run_id")
         self.store.ensure_root()  # a new run may be the first writer of a new store
         self.keep_ckpts = keep_ckpts
@@ -301,7 +304,8 @@ class CheckpointManager:
         return result
 
     def _retain(self) -> None:
-        deleted = self.tree.retain_or_warn(self.keep_ckpts, writer=self.lease.owner)
+        deleted = self.tree.retain_or_warn(self.keep_ckpts, writer=self.lease.owner,
+                                           policy=self.retention)
         steps = [s for s in (self.tree.layout.parse_dir(k.rsplit("/", 1)[-1]) for k in deleted)
                  if s is not None]
         for retained in self.on_retain:

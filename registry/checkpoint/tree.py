@@ -6,10 +6,13 @@ CheckpointManager, LoongSage saving and the ``registry ckpt`` commands.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
+from registry.checkpoint.lease import DEFAULT_SECONDS as LEASE_SECONDS
 from registry.checkpoint.lease import live_holder
+from registry.checkpoint.retention import RetentionPolicy, released_steps, step_facts
 from registry.storeclock import store_time
 from registry.claim import read_state
 from registry.commit import delete_directory
@@ -23,7 +26,7 @@ from registry.errors import (
     RegistryError,
     StorageError,
 )
-from registry.layout import CLAIM_SUFFIX, claim_key, leftover_base
+from registry.layout import CLAIM_SUFFIX, TMP_MARK, claim_key, leftover_base
 from registry.manifest import Manifest
 from registry.pointer import move_pointer
 from registry.store import Store, join
@@ -247,8 +250,15 @@ class CheckpointTree:
         return self._now
 
     def retain(self, keep: int, *, min_age: float = 0.0,
-               writer: str | None = None) -> list[str]:
+               writer: str | None = None,
+               policy: RetentionPolicy | None = None) -> list[str]:
         """Apply retention; returns the keys deleted.
+
+        With ``policy`` (:mod:`registry.checkpoint.retention`) its rules
+        choose the committed steps kept (``keep > 0`` stands for its
+        ``keep_last``), plus the newest resumable step; with or without it,
+        a step a release of this store names (its manifest's ``source``) is
+        never deleted.
 
         Keeps the ``keep`` newest committed steps (``keep <= 0``: all), the
         ``keep`` newest *resumable* ones (holding optimizer state:
@@ -270,7 +280,10 @@ class CheckpointTree:
         live lease, a leftover guarded by a live claim (its process alive on
         this host, or renewed within its lease) is left alone too. Pointer
         temp files (``LATEST.tmp-<random>``), lock files and the lease are
-        never candidates (:meth:`is_leftover`).
+        never candidates (:meth:`is_leftover`), except a pointer temp file
+        older than a writer lease (seed 000 step 6: "any stale *.tmp"):
+        ``LATEST.tmp`` or ``LATEST.tmp-<random>`` whose age is at least the
+        live lease's ``lease_seconds`` (the default lease without one).
 
         Raises:
             PointerError: the pointer exists but cannot be read (empty, as a
@@ -289,21 +302,36 @@ class CheckpointTree:
                                        "pointer cannot be read (repair it: registry ckpt "
                                        "verify shows the steps that verify)") from None
         committed, uncommitted, resumable = [], [], []
+        manifests: dict[int, Manifest] = {}
         for step in self.steps():
             manifest = verify_directory(self.store, self.prefix(step)).manifest
             (committed if manifest is not None else uncommitted).append(step)
-            if manifest is not None and self.layout.resumable(manifest):
-                resumable.append(step)
+            if manifest is not None:
+                manifests[step] = manifest
+                if self.layout.resumable(manifest):
+                    resumable.append(step)
         doomed = []
         self._now = None
-        if keep > 0:
+        if policy is not None and keep > 0:
+            policy = dataclasses.replace(policy, keep_last=keep)
+        if policy is not None and policy.active:
+            kept = policy.kept([step_facts(self.store, self.prefix(s), s, manifests[s],
+                                           policy.metric) for s in committed])
+            kept |= set(resumable if latest is None else resumable[-1:])
+            doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
+        elif keep > 0:
             kept = set(committed[-keep:]) | set(resumable if latest is None
                                                 else resumable[-keep:])
             doomed += [self.prefix(s) for s in committed if s not in kept and s != latest]
+        if doomed:  # never a step a release names
+            named = released_steps(self.store, {str(m.meta.get("run_id"))
+                                                for m in manifests.values()})
+            doomed = [k for k in doomed if not self._released(k, manifests, named)]
         if self.live_writer(writer=writer) is not None:
             # A save may be under way: only surplus commits the pointer passed.
             return self._delete([k for k in doomed if latest is not None
-                                 and (self.layout.parse_dir(k.rsplit("/", 1)[-1]) or 0) < latest])
+                                 and (self.layout.parse_dir(k.rsplit("/", 1)[-1]) or 0) < latest]
+                                + self._stale_pointer_temps(writer))
         owner = writer is not None  # the lease holder: any claim left is a predecessor's
         if latest is not None:
             doomed += [self.prefix(s) for s in uncommitted
@@ -315,23 +343,57 @@ class CheckpointTree:
                     continue
                 if min_age <= 0 or self._age(key, self._store_now()) >= min_age:
                     doomed.append(key)
+        doomed += self._stale_pointer_temps(writer)
         self._now = None
         return self._delete(doomed)
 
+    def _released(self, key: str, manifests: dict[int, Manifest],
+                  named: set[tuple[str, int]]) -> bool:
+        step = self.layout.parse_dir(key.rsplit("/", 1)[-1])
+        m = manifests.get(step) if step is not None else None
+        return m is not None and (str(m.meta.get("run_id")), step) in named
+
+    def _stale_pointer_temps(self, writer: str | None) -> list[str]:
+        """The pointer's temp files (the seed's ``LATEST.tmp``, the stores'
+        ``<pointer>.tmp-<random>``) older than a writer lease (the live
+        holder's ``lease_seconds``, else the default): no pointer move lasts
+        that long, since a writer whose lease lapsed must not move the pointer."""
+        base = self.layout.pointer
+        names = [name for name, is_dir in self.store.list_dir(self.root) if not is_dir
+                 and (name == base + TMP_MARK or name.startswith(base + TMP_MARK + "-"))]
+        if not names:
+            return []
+        holder = live_holder(self.store, self.root)
+        seconds = holder.get("lease_seconds") if holder else None
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            seconds = LEASE_SECONDS
+        now = self._store_now()
+        out = []
+        for key in (join(self.root, n) for n in names):
+            try:
+                mtime = self.store.info(key).mtime
+            except FileNotFoundError:
+                continue  # renamed over the pointer meanwhile: a swap that completed
+            if mtime is not None and now - mtime >= seconds:
+                out.append(key)
+        return out
+
     def _delete(self, doomed: list[str]) -> list[str]:
+        pointer_temp = join(self.root, self.layout.pointer) + TMP_MARK
         for key in doomed:
-            if key.endswith(CLAIM_SUFFIX):
+            if key.endswith(CLAIM_SUFFIX) or key.startswith(pointer_temp):
                 self.store.delete(key)
             else:
                 delete_directory(self.store, key)
         return doomed
 
-    def retain_or_warn(self, keep: int, *, writer: str | None = None) -> list[str]:
+    def retain_or_warn(self, keep: int, *, writer: str | None = None,
+                       policy: RetentionPolicy | None = None) -> list[str]:
         """:meth:`retain` inside a save (``writer``: the saver's lease owner): a
         pointer that cannot be read skips retention with a
         RetentionSkippedWarning instead of failing the save."""
         try:
-            return self.retain(keep, writer=writer)
+            return self.retain(keep, writer=writer, policy=policy)
         except PointerError as e:
             warnings.warn(str(e), RetentionSkippedWarning, stacklevel=2)
             return []

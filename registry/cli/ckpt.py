@@ -209,9 +209,23 @@ def ckpt_verify(run: RunArg, store: StoreOpt = None, layout: LayoutOpt = "auto",
 
 
 @ckpt_app.command("gc")
-def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
+def ckpt_gc(run: RunArg, keep: Annotated[int | None, typer.Option(
                 "--keep", help="Committed steps to keep, at least 1 (the pointer's "
-                                      "step is always kept too).")],
+                                      "step is always kept too).")] = None,
+            keep_best: Annotated[int, typer.Option(
+                "--keep-best", metavar="K", help="Also keep the K steps with the best "
+                "--metric (a number in the step's trainer_state.json).")] = 0,
+            metric: Annotated[str | None, typer.Option(
+                "--metric", help="trainer_state.json field --keep-best ranks by, e.g. "
+                                 "loss.")] = None,
+            mode: Annotated[str, typer.Option(
+                "--mode", help="min (lowest is best, default) or max.")] = "min",
+            keep_every: Annotated[int, typer.Option(
+                "--keep-every", metavar="K", help="Also keep every step that is a multiple "
+                                                  "of K.")] = 0,
+            keep_interval: Annotated[str | None, typer.Option(
+                "--keep-interval", metavar="DURATION", help="Also keep the newest step of "
+                "each interval of commit time, e.g. 1h or 30m.")] = None,
             store: StoreOpt = None, layout: LayoutOpt = "auto",
             force: Annotated[bool, typer.Option(
                 "--force", help="LoongSage trees: delete step dirs without a manifest (and "
@@ -228,15 +242,32 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
     delete them (exit 2) unless --force. Beside a live writer (the run's
     WRITER.lease held by a process that is alive or renewed it in time) only
     committed steps older than the pointer go; staging dirs, claims and
-    uncommitted steps stay, and a note names the writer."""
+    uncommitted steps stay, and a note names the writer.
+
+    --keep-best/--keep-every/--keep-interval add retention rules (kept: the
+    union of every rule given; see docs/loongsage-ranks.md). Whatever the
+    rules, the pointer's step, the newest resumable step and every step a
+    release names are kept."""
     with error_boundary(as_json):
-        at_least("--keep", keep, 1)
+        if keep is not None:
+            at_least("--keep", keep, 1)
+        from registry.checkpoint.retention import RetentionPolicy
+        from registry.gc import parse_duration
+
+        policy = RetentionPolicy(
+            keep_last=keep or 0, keep_best=keep_best, metric=metric, mode=mode,
+            keep_every=keep_every,
+            keep_interval=0.0 if keep_interval is None else parse_duration(
+                keep_interval, what="--keep-interval"))
+        if not policy.active:
+            raise UsageError("ckpt gc needs --keep, --keep-best, --keep-every or "
+                             "--keep-interval")
         tree = open_tree(run, store, layout)
         _require_tree(tree, run)
         if tree.layout is LOONGSAGE and not force:
             _refuse_foreign(tree)
         busy = tree.live_writer()
-        deleted = tree.retain(keep)
+        deleted = tree.retain(keep or 0, policy=policy)
     spared = None if busy is None else describe_holder(busy)
     if spared:
         echo(f"{tree.store.url_of(tree.root)}: a writer is saving into this run "
@@ -248,8 +279,9 @@ def ckpt_gc(run: RunArg, keep: Annotated[int, typer.Option(
         for k in deleted:
             echo(f"deleted {tree.store.url_of(k)}")
         if not deleted:
-            echo(f"nothing to delete in {tree.store.url_of(tree.root)} (keeping the "
-                       f"{keep} newest committed steps and the pointer's)", err=True)
+            what = f"the {keep} newest committed steps" if keep else "the steps its rules name"
+            echo(f"nothing to delete in {tree.store.url_of(tree.root)} (keeping "
+                       f"{what} and the pointer's)", err=True)
 
 
 @ckpt_app.command("adopt")

@@ -138,13 +138,23 @@ def publish(
         "names (see docs/sharded-weights.md)."))],
     model_id: ModelIdOpt, version: VersionOpt, ledger: LedgerOpt, evals: EvalsOpt,
     card: Annotated[str | None, typer.Option("--card", metavar="PATH",
-                                             help="MODEL_CARD.md to use "
-                                                  "(default: rendered).")] = None,
+                                             help="Free text (Markdown) of the model "
+                                                  "card rendered from the template "
+                                                  "(default: the directory's own "
+                                                  "MODEL_CARD.md as it is, else a card "
+                                                  "rendered without one).")] = None,
     head: HeadOpt = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help=(
-        "Convert weights to a release dtype of the seed: f32, bf16 or int4 (default: as "
-        "is: the source's dtypes, F16 included, are kept; the card and `registry show` "
-        "list the stored dtype of every tensor group)."))] = None,
+        "Convert weights to a release dtype of the seed: f32, bf16 or int4 (default: F32 "
+        "and BF16 tensors as they are, other floats (F16, F64, F8) converted to F32, "
+        "integer tensors kept; "
+        "the card and `registry show` list the stored dtype of every tensor group)."))] = None,
+    keep_dtype: Annotated[bool, typer.Option("--keep-dtype", help=(
+        "Without --dtype: keep every tensor's dtype as published (F16 included); the "
+        "card then warns that the weights are not in a release dtype."))] = False,
+    card_verbatim: Annotated[bool, typer.Option("--card-verbatim", help=(
+        "Store the --card file as it is, instead of as the free text of the card "
+        "rendered from the template."))] = False,
     group_size: Annotated[int, typer.Option("--group-size", help="int4 group size.")] = 128,
     max_shard_size: MaxShardOpt = None,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
@@ -179,7 +189,8 @@ def publish(
             heads=head or [], card=card, dtype=dtype, group_size=group_size,
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
-            forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [])
+            forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [],
+            keep_dtype=keep_dtype, card_verbatim=card_verbatim)
     for link, target in result.followed:
         echo(f"warning: followed {link} -> {target}, outside the model directory "
              "(--follow-symlinks)", err=True)

@@ -22,7 +22,7 @@ other key of the source's metadata; the registry's own facts go under
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 import ml_dtypes
@@ -34,6 +34,13 @@ from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, r
 from registry.words import count
 
 RELEASE_DTYPES = ("f32", "bf16", "int4")
+#: ``publish``'s default conversion (seed 000's release table: "F32 or BF16, or
+#: int4"): F32 and BF16 tensors as they are, other floating-point ones (F16,
+#: F64, F8) to F32; integer and boolean tensors as they are (see :func:`off_seed`).
+AUTO = "auto"
+#: safetensors dtypes a release stores unconverted under :data:`AUTO` (int4
+#: is stored as U8 ``.qweight`` beside F32 ``.scales``: only --dtype int4 makes it).
+SEED_DTYPES = frozenset({"F32", "BF16"})
 #: ``__metadata__["format"]`` values transformers (4.x: modeling_utils) and
 #: safetensors' framework loaders accept; a weights file keeps one of them.
 ENGINE_FORMATS = ("pt", "tf", "flax", "mlx")
@@ -114,8 +121,10 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
     Args:
         header: the validated source header.
         f: the open source file (read as the writer asks for each tensor).
-        dtype: ``"f32"``, ``"bf16"``, ``"int4"``, or None: every tensor as is
-            (only the metadata is rewritten, see :func:`weights_metadata`).
+        dtype: ``"f32"``, ``"bf16"``, ``"int4"``, ``"auto"`` (F32 and BF16
+            as they are, other floats to F32: seed 000's release dtypes),
+            or None: every tensor as is (only the metadata is rewritten, see
+            :func:`weights_metadata`).
         group_size: int4 group length along columns (even, >= 2).
         require_quantized: int4 with no qualifying tensor is refused; False for
             one shard of several (the caller checks the whole model).
@@ -130,7 +139,7 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
         UsageError: unknown dtype or bad group size; int4 when no tensor
             qualifies (the release would be labelled int4 with none).
     """
-    if dtype is not None and dtype not in RELEASE_DTYPES:
+    if dtype is not None and dtype not in (*RELEASE_DTYPES, AUTO):
         raise UsageError(f"dtype {dtype!r}: expected one of {', '.join(RELEASE_DTYPES)}")
     if dtype == "int4" and (group_size < 2 or group_size % 2):
         raise UsageError(f"group_size {group_size}: must be an even number >= 2")
@@ -143,7 +152,10 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
     out: list[tuple[str, LazyTensor]] = []
     for name, info in header.tensors.items():
         src = load(name)
-        if info.dtype not in _FLOAT or dtype is None:
+        if dtype == AUTO:
+            out.append((name, LazyTensor("F32", info.shape, _cast(src, np.float32))
+                        if off_seed(info.dtype) else LazyTensor(info.dtype, info.shape, src)))
+        elif info.dtype not in _FLOAT or dtype is None:
             out.append((name, LazyTensor(info.dtype, info.shape, src)))
         elif dtype == "f32":
             out.append((name, LazyTensor("F32", info.shape, _cast(src, np.float32))))
@@ -203,6 +215,20 @@ def _column_counts(header: SafetensorsHeader) -> str:
     cols = sorted({i.shape[1] for i in header.tensors.values()
                    if i.dtype in _FLOAT and len(i.shape) == 2})
     return ", ".join(map(str, cols)) or "no 2-D float tensor"
+
+
+def off_seed(dtype: str) -> bool:
+    """Whether a floating-point safetensors dtype is not a seed release dtype
+    (F16, F64, F8_*): :data:`AUTO` converts such tensors to F32. Integer and
+    boolean tensors (position ids, masks: indices and buffers, not weights)
+    are never converted."""
+    return dtype.startswith("F") and dtype not in SEED_DTYPES
+
+
+def needs_auto(dtypes: Iterable[str]) -> bool:
+    """Whether a publish converts (``dtype`` :data:`AUTO`): some tensor is in
+    a floating-point dtype that is not one of the seed's (:func:`off_seed`)."""
+    return any(off_seed(d) for d in dtypes)
 
 
 def _cast(src: Callable[[], np.ndarray], to: Any) -> Callable[[], np.ndarray]:

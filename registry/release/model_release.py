@@ -52,8 +52,11 @@ from registry.release import code as release_code
 from registry.release import signature_gate
 from registry.release.card import render_card
 from registry.release.convert import (
+    AUTO,
     dtype_label,
     engines_accept,
+    needs_auto,
+    off_seed,
     weights_groups,
 )
 from registry.release.dist_release import choose_part, dist_source
@@ -310,8 +313,8 @@ class ModelRelease:
                 cert_chain: Iterable[str | os.PathLike[str]] = (),
                 max_shard_size: int | str | None = None,
                 forbid_code: bool = False, follow_symlinks: bool = False,
-                source_uri: str | None = None,
-                include: Iterable[str] = ()) -> ReleaseResult:
+                source_uri: str | None = None, include: Iterable[str] = (),
+                keep_dtype: bool = False, card_verbatim: bool = False) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
 
         A second set of weights beside the safetensors (``pytorch_model.bin``,
@@ -320,6 +323,24 @@ class ModelRelease:
         DocumentError naming the file, nothing written, unless ``include``
         names it (a path or fnmatch pattern); then it is carried and the card,
         ``show`` and the result (``other_weights``) list every set.
+
+        Weights dtypes (seed 000's release table: "F32 or BF16, or int4"):
+        without ``dtype``, tensors already F32 or BF16 (or an int4 release's
+        ``.qweight``/``.scales``) are copied byte for byte; when a
+        floating-point tensor is in another dtype (F16, F64, F8) the weights
+        are converted, such tensors to F32 (``"auto"``); integer and boolean
+        tensors (position ids, masks: not weights) are never converted.
+        ``keep_dtype`` keeps every dtype as published instead (the earlier
+        behaviour): the rendered card then carries a warning naming the
+        dtypes that are not the seed's.
+
+        Model card (seed 000: "MODEL_CARD.md from templates/MODEL_CARD.md"):
+        the ``card`` file is the free text of the card rendered from the
+        template (its description), the registry's facts (source, weights,
+        evaluation, training data) around it; ``card_verbatim`` stores the
+        file as it is instead. Without ``card``, the directory's own
+        MODEL_CARD.md is carried as it is (a file of the directory, like
+        every other), else the card is rendered.
 
         Every file of ``model_dir`` is carried (the weights, one
         ``model.safetensors`` or an index and its shards, byte for byte unless
@@ -384,12 +405,17 @@ class ModelRelease:
                     card_text = f.read()
             except (OSError, UnicodeDecodeError) as e:
                 raise DocumentError(os.fspath(card), f"cannot read the model card: {e}") from None
+            if not card_verbatim:
+                card_fields = {"description": card_text.strip(), **dict(card_fields or {})}
+                card_text = None
         elif "MODEL_CARD.md" in names:
             card_text = read_checked(src_store, "MODEL_CARD.md", limit=limits.MAX_READ_BYTES,
                                      checks=checks).decode("utf-8", "replace")
         uri = source_uri or (url if "://" in url else os.path.abspath(url))
         result = self._release(src_store, "", names, prefix, model_id, version,
-                             source={"uri": uri}, dtype=dtype, group_size=group_size,
+                             source={"uri": uri},
+                             dtype=dtype if dtype is not None or keep_dtype else AUTO,
+                             group_size=group_size,
                              ledger=ledger, evals=eval_summary, heads=heads, card=card_text,
                              card_fields=card_fields, generation_config=None,
                              tokenizer_config=None, require=require, copy_all=True,
@@ -441,6 +467,10 @@ class ModelRelease:
         check_files(names, config, where=where, release=f"{model_id}@{version}")
         # publish carries every file: one set of weights unless told (issue 47)
         others = check_other_weights(names, include, where=where) if copy_all else {}
+        if dtype == AUTO and not needs_auto(
+                d for n, (d, _) in weights.described.items()
+                if not (weights.metadata.get("quant") == "int4" and n.endswith(".qweight"))):
+            dtype = None  # every tensor is in a seed dtype already: copied as it is
         as_is = dcp is None and dtype is None and shard_limit is None and all(
             engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}
@@ -475,6 +505,8 @@ class ModelRelease:
                 "weight_files": (weight_files(weights) if shard_plan is None
                                  else shard_plan.files),
                 "config_dtype": _config_dtype(json.loads(new_config) if new_config else config),
+                "off_seed_dtypes": sorted({g["stored"] for g in groups
+                                           if off_seed(g["stored"])}),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
                 "other_weights": others,
                 **dict(card_fields or {})})

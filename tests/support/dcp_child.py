@@ -36,6 +36,24 @@ Options:
   --template TWEAK          resume with a changed template: ``extra`` (a model entry the
                             checkpoint lacks), ``shape`` (norm.weight [7]), ``lack`` (no
                             norm.weight), ``lack-partial`` (the same, partial=True)
+  --allreduce K             K all-reduces per step on the default group (training's
+                            collectives: a data-parallel step's gradient sync), before and
+                            after the step's save is scheduled
+  --dump-steps DIR          rank 0 writes each step's full parameters to DIR/step-<N>.pt
+                            (a full_tensor per parameter on the mesh: training's group)
+  --record-collectives      record every collective's group and thread
+                            (tests/support/collectives.py); each rank prints
+                            ``FOREIGN <thread> <group> <function>`` for a collective issued
+                            inside a save on a group other than the save's own, and
+                            ``SAVECALLS <n>`` (collectives issued inside saves)
+  --preempt                 save_on_preemption: a SIGTERM saves the step it arrived in
+                            (every rank agrees), then the rank exits 143 printing
+                            ``PREEMPTED <step>``
+  --sigterm RANK:STEP       rank RANK sends itself SIGTERM in the middle of step STEP
+                            (after its update, before the step's maybe_save)
+  --save-every-seconds T    save_every_seconds (a save once T seconds passed since the last)
+  --step-sleep S            each step sleeps S seconds (rank r: S * (r + 1)) before its save
+  --pg-timeout S            the process groups' timeout in seconds (default 600)
   --out FILE                rank 0 writes the final full parameters and AdamW state (torch.save)
   --dump-resumed FILE       the same, right after resuming (before any step)
 
@@ -50,7 +68,9 @@ import os
 import signal
 import socket
 import sys
+import time
 import warnings
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -61,6 +81,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from registry.checkpoint import dist as regdist
 from registry.checkpoint import loongsage_dcp
 from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, resume_dist
+from registry.checkpoint.preempt import Preempted
 from registry.commit import DirectoryWriter
 from registry.safetensors_io import write_safetensors
 from registry.store import open_store
@@ -161,6 +182,14 @@ def main() -> None:
     ap.add_argument("--no-checkpoint", action="store_true")
     ap.add_argument("--shapes-from-hf", action="store_true")
     ap.add_argument("--template")
+    ap.add_argument("--allreduce", type=int, default=0)
+    ap.add_argument("--dump-steps")
+    ap.add_argument("--record-collectives", action="store_true")
+    ap.add_argument("--pg-timeout", type=float, default=600)
+    ap.add_argument("--preempt", action="store_true")
+    ap.add_argument("--sigterm")
+    ap.add_argument("--save-every-seconds", type=float, default=0.0)
+    ap.add_argument("--step-sleep", type=float, default=0.0)
     a = ap.parse_args()
     port = free_port()
     pids = {}
@@ -173,6 +202,9 @@ def main() -> None:
                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 run(a)
                 code = 0
+            except Preempted as e:
+                say(f"RANK {rank} PREEMPTED {e.step}")
+                code = int(e.code)  # type: ignore[arg-type]
             except BaseException as e:  # noqa: BLE001 - reported as the rank's exit
                 say(f"RANK {rank} ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
@@ -246,7 +278,14 @@ def run(a: argparse.Namespace) -> None:
     warnings.simplefilter("always")
     if a.shapes_from_hf:
         shapes_from_hf(a.hf)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=a.pg_timeout))
+    if a.record_collectives:
+        from tests.support import collectives
+
+        collectives.install()
+        for m in ("maybe_save", "wait", "finish", "on_step_start"):
+            setattr(DistLoongSageCheckpointer, m,
+                    collectives.saving(getattr(DistLoongSageCheckpointer, m)))
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     current = {"saving": -1}
@@ -301,12 +340,20 @@ def run(a: argparse.Namespace) -> None:
                                      total_steps=a.steps, async_save=not a.sync,
                                      topology=topology, optimizer_sharding_type=a.sharding,
                                      save_hf=a.save_hf, hf_model_path=a.hf if a.save_hf else None,
-                                     save_checkpoint=not a.no_checkpoint)
+                                     save_checkpoint=not a.no_checkpoint,
+                                     save_on_preemption=a.preempt,
+                                     save_every_seconds=a.save_every_seconds)
     ckpt.on_commit.append(lambda r: say(f"RANK {rank} COMMITTED {r.step}"
                                         f"{'' if r.tracked else ' untracked'}"))
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
+
+    def training_collectives() -> None:
+        for _ in range(a.allreduce):
+            dist.all_reduce(torch.ones(257))
+
     for step in range(st.step + 1, a.steps + 1):
         ckpt.on_step_start()
+        training_collectives()
         opt["step"] += 1
         t = float(opt["step"])
         for k, p in (model.items() if a.dp else ()):
@@ -334,14 +381,32 @@ def run(a: argparse.Namespace) -> None:
             local.mul_(1 - lr * wd)
             denom = (vl / (1 - b2 ** t)).sqrt_().add_(eps)
             local.addcdiv_(ml, denom, value=-lr / (1 - b1 ** t))
+        if a.step_sleep:
+            time.sleep(a.step_sleep * (rank + 1))  # the ranks' timers drift apart
+        if a.sigterm and a.sigterm == f"{rank}:{step}":
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice, mid-step
         ckpt.maybe_save(step, model=model, optimizer_state=opt,
                         scheduler_state={"lr": lr, "last_step": step},
                         rng_state=torch.get_rng_state(),
                         data_sources=[{"prompt_data_path": PROMPTS,
                                        "state": {"consumed": step * 4}}])
+        training_collectives()
+        if a.dump_steps:
+            full = {k: (v.full_tensor() if isinstance(v, DTensor) else v.clone())
+                    for k, v in model.items()}
+            if rank == 0:
+                torch.save(full, os.path.join(a.dump_steps, f"step-{step}.pt"))
         if a.stop_after == step:
             break
     ckpt.finish()
+    if a.record_collectives:
+        from tests.support import collectives
+
+        own = {g.group_name for g in (ckpt.group, ckpt._preempt_group) if g is not None}
+        for thread, group, fn, _ in collectives.foreign(own):
+            say(f"RANK {rank} FOREIGN {thread} {group} {fn}")
+        inside = sum(1 for c in collectives.CALLS if c[3] and c[1] in own)
+        say(f"RANK {rank} SAVECALLS {inside}")
     if a.out:
         dump(model, opt, a.out, rank, a.dp)
     dist.barrier()
