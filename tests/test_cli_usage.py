@@ -152,6 +152,7 @@ def test_a_read_only_store_is_one_line_naming_the_path_and_the_rule(
     with reg.checkpoint_manager("r1", keep_ckpts=0) as m:
         save(m, 10)
         save(m, 20)
+        save(m, 30)  # gc --keep 1 deletes step 20 (10 is released, 30 the pointer's)
     reg.create_release("r1", 10, "tiny", "1", ledger=[ledger_row("wiki")],
                        eval_summary=summary())
     reg.close()

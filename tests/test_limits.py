@@ -53,7 +53,7 @@ def test_each_limit_is_read_when_used_not_at_import(monkeypatch: pytest.MonkeyPa
     notebook, a server reconfigured) is obeyed; unset or empty is the
     default; every limit is listed and an unknown one is an AttributeError."""
     names = [n for n in dir(limits) if n.startswith("MAX_")]
-    assert len(names) == 11 and "MAX_TENSORS" in names
+    assert len(names) == 12 and "MAX_TENSORS" in names and "MAX_OCI_MANIFEST_BYTES" in names
     default = limits.MAX_POINTER_BYTES
     assert default == 64 << 10
     monkeypatch.setenv("REGISTRY_MAX_POINTER_BYTES", "12")

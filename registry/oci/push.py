@@ -20,15 +20,13 @@ from registry import limits, schemas
 from registry.obs.tracing import traced
 from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
 from registry.layout import release_prefix
-from registry.lifecycle.guard import refuse_retired
 from registry.manifest import Manifest
 from registry.model_sig import SIGNATURE, read_signature
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef, check_tag
-from registry.pull import resolve_for_pull
+from registry.trust.release import open_release
 from registry.store import Store, join
-from registry.verify import read_manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,20 +139,17 @@ def push(store: Store, model_id: str, name: str, target: OciRef, client: OciClie
         raise UsageError(f"--workers {workers}: must be at least 1")
     if (target.host, target.repo) != (client.ref.host, client.ref.repo):
         raise UsageError(f"{target}: the client is for {client.ref}")
-    version = resolve_for_pull(store, model_id, name, None)
-    refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
-    if not allow_failing:
-        from registry.release.failing import failing_gates
-
-        failed = failing_gates(store, model_id, version)
-        if failed:
-            raise GateFailedError(f"{model_id}@{version}: not pushed (--allow-failing "
-                                  "pushes a release that fails its gates)", failed)
+    # admitted by the trust function (registry.trust.release), as every door
+    opened = open_release(store, model_id, name, allow_yanked=allow_yanked,
+                          gates=not allow_failing)
+    version = opened.version
+    if opened.failed and not allow_failing:
+        raise GateFailedError(f"{model_id}@{version}: not pushed (--allow-failing "
+                              "pushes a release that fails its gates)", opened.failed)
     tags = [check_tag(target.tag or version, what="tag")]
     if alias_tag and alias_tag not in tags:
         tags.append(check_tag(alias_tag, what="alias tag"))
-    prefix = release_prefix(model_id, version)
-    manifest = read_manifest(store, prefix)
+    prefix, manifest = opened.prefix, opened.manifest
     sig = read_signature(store, prefix, manifest)
     artifact = release_artifact(store, manifest)
     on = progress or (lambda n: None)

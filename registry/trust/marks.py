@@ -114,7 +114,12 @@ class Marks:
                 yield self._memory
                 return
             try:
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                from registry.pull import privacy
+
+                # the cache's folders are private whatever the umask (a cache made
+                # here first, by a door that only reads its marks, stays the
+                # cache registry.pull.privacy accepts)
+                privacy.make_private_dir(self.path.parent, privacy.cache_group())
                 fd = os.open(self.path.parent / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as e:
                 raise StorageError(f"{self.path.parent}: cannot use as the cache directory "

@@ -221,9 +221,22 @@ class HubPolicy:
         name = self.facts.get(("version", model_id, revision),
                               lambda: self._version(repo_id, model_id, revision))
         trust = current(self.trust)
-        try:
-            opened = self.facts.get(("open", model_id, name, id(trust)),
-                                    lambda: self._open(model_id, name))
+
+        def admitted() -> Release:
+            opened = self._open(model_id, name)
+            rel = Release(repo_id, model_id, opened.version, opened.manifest)
+            if name != opened.version:  # an alias: hand over its signed move, the evidence
+                try:
+                    head = read_head(self.store, model_id, name)
+                    if head.version == opened.version and head.move is not None:
+                        rel = Release(repo_id, model_id, opened.version, opened.manifest,
+                                      head.move.raw)
+                except (RegistryError, OSError) as e:
+                    if failure_of(e) is not None:
+                        raise
+            return rel
+        try:  # a fact: read at most once per freshness interval (registry.web.fresh)
+            rel = self.facts.get(("release", repo_id, model_id, name, id(trust)), admitted)
         except SignatureError as e:
             raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: signature not accepted: "
                            f"{e}") from None
@@ -238,15 +251,6 @@ class HubPolicy:
             if failure_of(e) is not None:
                 raise  # an outage: registry.web.failure answers it
             raise HubError(502, None, f"{repo_id}@{revision}: cannot read it ({e})") from None
-        rel = Release(repo_id, model_id, opened.version, opened.manifest)
-        if name != opened.version:  # an alias: hand over its signed move, the evidence
-            try:
-                head = read_head(self.store, model_id, name)
-                if head.version == opened.version and head.move is not None:
-                    rel = Release(repo_id, model_id, opened.version, opened.manifest,
-                                  head.move.raw)
-            except (RegistryError, OSError):
-                pass
         if COMMIT.fullmatch(revision) and rel.commit != revision:
             raise HubError(404, "RevisionNotFound", f"{repo_id}@{revision}: no release has "
                            "this commit id")
