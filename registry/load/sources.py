@@ -8,8 +8,11 @@ decides whether bytes are good: :class:`registry.load.pieces.PieceReader` does.
 
 - :class:`StoreSource` on a local store reads with ``preadv`` straight into the
   segments (no copy) through the store's confined opener; on a remote store
-  (S3, a ``registry serve`` mirror) it sends one ranged GET per piece and
-  copies each received block into place (one copy, no buffering).
+  it sends one ranged GET per piece: on S3 through a synchronous client per
+  reading thread that receives the body straight into the segments
+  (:mod:`registry.store.s3direct`: no event loop, no copy); on other stores
+  (a ``registry serve`` mirror, GCS, Azure) it copies each received block
+  into place (one copy, no buffering).
 - :class:`BlobSource` reads a file from the pull cache's blob of its sha256,
   opened without following links.
 """
@@ -32,11 +35,19 @@ class StoreSource:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.local = store.local_path("") is not None
+        self.direct = None
+        if not self.local and type(store).__name__ == "S3Store":
+            from registry.store.s3direct import DirectReader
+
+            self.direct = DirectReader(store)
 
     def blocks(self, key: str, start: int, end: int, segments: Segments) -> Iterator[memoryview]:
         if self.local:
             with self.store.open_read(key) as f:
                 yield from _pread_segments(f.fileno(), segments)
+            return
+        if self.direct is not None:
+            yield from self.direct.read_into(key, start, segments)
             return
         yield from _fill(self.store.iter_range(key, start, end, chunk=CHUNK), segments)
 
