@@ -98,3 +98,46 @@ def test_memory_is_the_window_plus_what_the_caller_keeps(tmp_path: Path,
     assert doc["tensors"] == 24 and doc["bytes"] == (src / "model.safetensors").stat().st_size
     grown = (doc["peak"] - doc["base"]) * 1024
     assert grown < 48 * 1024 * 1024, doc  # 96 MiB streamed; the window is 8 MiB
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_local_tensors_are_the_bytes_that_verified(tmp_path: Path, mapped: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a local store, tensors come from the file that verified (mapped:
+    private mappings of the file opened once; not mapped: copies): a file
+    renamed over in the store after the first tensor arrived changes no later
+    tensor (not mapped: a piece read after the swap is refused instead), and
+    writing into a tensor never reaches the store's file."""
+    from registry.errors import PieceMismatchError
+    from registry.layout import release_prefix
+    from registry.store import join
+    from tests.test_load import publish, reference, same, stored
+
+    monkeypatch.setenv("REGISTRY_PIECE_SIZE", "4096")
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1")
+    key = join(release_prefix("tiny", "1"), "model.safetensors")
+    original = stored(store, "1")
+    ref = reference(store, "1")
+    path = tmp_path / "store" / key
+    with open_weights("tiny@1", store=store, mapped=mapped) as w:
+        it = iter(w)
+        got = dict([next(it)])
+        other = bytearray(original)
+        n = int.from_bytes(original[:8], "little")
+        other[8 + n:] = bytes(b ^ 0x55 for b in original[8 + n:])
+        swap = path.with_name("swap.tmp")
+        swap.write_bytes(bytes(other))
+        swap.replace(path)  # a writer's rename over the object
+        try:
+            got.update(it)
+        except PieceMismatchError:
+            assert not mapped  # a mapped reader reads only the file it opened first
+    assert all(same(got[k], ref[k]) for k in got)
+    if mapped:
+        assert got.keys() == ref.keys()
+    path.write_bytes(original)
+    with open_weights("tiny@1", store=store, mapped=mapped) as w:
+        a = w.get_tensor("a")
+    a.fill_(7.0)
+    assert path.read_bytes() == original

@@ -66,7 +66,7 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
                  framework: str = "pt", checkpoint: bool = False, allow_yanked: bool = False,
                  require_passing: bool = False, cache: str | os.PathLike[str] | None = None,
                  place: bool = False, offline: bool = False, workers: int | None = None,
-                 window_bytes: int = WINDOW_BYTES) -> WeightsReader:
+                 window_bytes: int = WINDOW_BYTES, mapped: bool = True) -> WeightsReader:
     """Open the weights of ``model_id@version|alias`` (or, with ``checkpoint``,
     ``run_id@step``) for verified reading straight into memory.
 
@@ -91,6 +91,16 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
         workers: pieces read at once (default 8 on a local store, 16 on an
             object store).
         window_bytes: bytes of pieces in flight at once (default 1 GiB).
+        mapped: on a local source (a local store, the pull cache) and the CPU,
+            hash each piece where the kernel holds it and hand out tensors as
+            private (copy-on-write) mappings of the very file that verified,
+            as ``safe_open`` does: no copy, memory shared with the page cache.
+            The file stays open until the reader closes, so a file renamed over
+            in the store is not what later tensors map; a writer modifying
+            a store file *in place* (which no registry writer does: objects are
+            written once and renamed into place) would change what a tensor
+            reads. ``False``: tensors in private memory, filled by copies, and
+            immune to that.
 
     Returns:
         A :class:`WeightsReader` (a context manager: close it).
@@ -138,14 +148,14 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
         prefix, manifest, version = opened.prefix, opened.manifest, opened.version
     weights = plan_weights(s, prefix, manifest, where=s.url_of(prefix))
     entries = {e.path: e for e in manifest.files}
-    store_reader = PieceReader(StoreSource(s))
+    store_reader = PieceReader(StoreSource(s), mapped=mapped)
     files: dict[str, WeightFile] = {}
     placing = []
     for shard in weights.shards:
         entry = entries[shard.path]
         reader = store_reader
         if c is not None and c.has(entry.sha256, entry.size):
-            reader = PieceReader(BlobSource(c.blob(entry.sha256)))
+            reader = PieceReader(BlobSource(c.blob(entry.sha256)), mapped=mapped)
         f = WeightFile(entry, join(prefix, shard.path), shard.header, reader)
         if place and c is not None and reader is store_reader:
             from registry.load.place import BlobWriter
@@ -170,7 +180,7 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
 
     reader = WeightsReader(files, tensors, framework=framework, device=device,
                            workers=_workers(s, workers), window_bytes=window_bytes,
-                           ref=ref, metadata=metadata, on_close=on_close)
+                           ref=ref, metadata=metadata, on_close=on_close, mapped=mapped)
     reader.store, reader.prefix, reader.manifest = s, prefix, manifest
     reader.version = version
     return reader

@@ -101,8 +101,11 @@ class PieceReader:
         source: where bytes come from (:mod:`registry.load.sources`).
     """
 
-    def __init__(self, source: object) -> None:
+    def __init__(self, source: object, *, mapped: bool = False) -> None:
         self.source = source
+        #: read through the source's mapping of the file (a local file):
+        #: bytes no target asks for are hashed where they lie, unmapped after
+        self.mapped = mapped and bool(getattr(source, "can_map", False))
         self._local = threading.local()
         self.bytes_read = 0
         self._lock = threading.Lock()
@@ -139,12 +142,17 @@ class PieceReader:
     def _read_once(self, key: str, entry: FileEntry, k: int, targets: list[Target]) -> None:
         start, end = piece_bounds(entry, k)
         segs = list(_segments(start, end, targets))
-        scratch = self._scratch()
-        blocks = self.source.blocks(key, start, end,  # type: ignore[attr-defined]
-                                    [(s, e, v if v is not None else scratch[:e - s])
-                                     for s, e, v in segs])
-        counted = _Counted(blocks)
-        actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
+        if self.mapped:
+            with self.source.mapped(key, start, end) as view:  # type: ignore[attr-defined]
+                counted = _Counted(_from_mapping(view, start, segs))
+                actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
+        else:
+            scratch = self._scratch()
+            blocks = self.source.blocks(key, start, end,  # type: ignore[attr-defined]
+                                        [(s, e, v if v is not None else scratch[:e - s])
+                                         for s, e, v in segs])
+            counted = _Counted(blocks)
+            actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
         with self._lock:
             self.bytes_read += counted.n
         if counted.n != end - start:
@@ -158,6 +166,26 @@ class PieceReader:
             raise PieceMismatchError(entry.path, size=entry.size, piece=k, start=start, end=end,
                                      expected_state=pc.expected_state(geo, entry.sha256, k),
                                      actual_state=actual, last=k == geo.count() - 1)
+
+
+def _from_mapping(view: memoryview, start: int,
+                  segs: list[tuple[int, int, memoryview | None]]) -> Iterator[memoryview]:
+    """The piece's bytes from ``view`` (the mapped bytes from ``start``, shorter
+    when the file is): copied into each segment's target first, then hashed
+    from the target (what is handed out is what was hashed); bytes no target
+    asks for are hashed in the mapping, copied nowhere."""
+    for s, e, v in segs:
+        have = min(e, start + len(view)) - s
+        if have <= 0:
+            return
+        part = view[s - start:s - start + have]
+        if v is None:
+            yield part
+        else:
+            v[:have] = part
+            yield v[:have]
+        if have < e - s:
+            return
 
 
 class _Counted:

@@ -19,8 +19,12 @@ one the plan was made from is refused. A bad piece raises
 :class:`~registry.errors.PieceMismatchError` (file, piece, expected digest);
 no tensor touching it is returned.
 
-**Memory.** Tensors are allocated at their final size and filled in place
-(no copy on a local store, one on a remote one). At most ``window_bytes`` of
+**Memory.** On a local source (a local store, the pull cache) and the CPU,
+each piece is hashed where the kernel holds it (a mapping of the file, opened
+once) and each verified tensor is a private copy-on-write mapping of that same
+open file, as ``safe_open``'s tensors are (``mapped=False``: copies instead).
+Otherwise tensors are allocated at their final size and filled in place (one
+copy on a local store, none beyond the socket's on S3). At most ``window_bytes`` of
 pieces (default 1 GiB) are in flight at once, plus one 4 MiB scratch buffer
 per thread for bytes no tensor asked for. Nothing is written to disk, unless
 ``place`` asks for the pull cache to be filled (see :func:`open_weights`).
@@ -86,7 +90,8 @@ class _Want:
     file: WeightFile
     start: int
     end: int
-    alloc: Callable[[], tuple[Any, memoryview | None]]
+    dtype: str
+    shape: tuple[int, ...]
     obj: Any = None
     view: memoryview | None = None
 
@@ -101,7 +106,7 @@ class WeightsReader:
                  *, framework: str = "pt", device: str = "cpu", workers: int = 8,
                  window_bytes: int = WINDOW_BYTES, ref: str = "",
                  metadata: dict[str, str] | None = None,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None, mapped: bool = True) -> None:
         if framework not in ("pt", "np"):
             raise UsageError(f"framework {framework!r}: expected 'pt' (torch) or 'np' (numpy)")
         if framework == "np" and device != "cpu":
@@ -116,6 +121,8 @@ class WeightsReader:
         self.window_bytes, self.ref = window_bytes, ref
         self._metadata = metadata if metadata is not None else {}
         self._on_close = on_close
+        #: hand out tensors of local files as mappings (see open_weights)
+        self.mapped = mapped
         self._pool: ThreadPoolExecutor | None = None
         if framework == "pt":
             import registry.load.torchio  # noqa: F401  (imported before the clock starts)
@@ -150,8 +157,7 @@ class WeightsReader:
         path, info = self._info(name)
         f = self.files[path]
         start = f.header.data_start
-        want = _Want(name, f, start + info.begin, start + info.end,
-                     lambda: self._alloc(info.dtype, info.shape))
+        want = _Want(name, f, start + info.begin, start + info.end, info.dtype, info.shape)
         for w in self._read([want]):
             return self._finish(w.obj)
         raise AssertionError("unreachable")
@@ -195,8 +201,8 @@ class WeightsReader:
             path, info = self._info(name)
             f = self.files[path]
             start = f.header.data_start
-            wanted.append(_Want(name, f, start + info.begin, start + info.end,
-                                lambda info=info: self._alloc(info.dtype, info.shape)))
+            wanted.append(_Want(name, f, start + info.begin, start + info.end, info.dtype,
+                                info.shape))
         wanted.sort(key=lambda w: (w.file.key, w.start))
         for w in self._read(wanted):
             yield w.name, self._finish(w.obj)
@@ -214,6 +220,10 @@ class WeightsReader:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        for f in self.files.values():
+            closing = getattr(f.reader.source, "close", None)
+            if closing is not None:
+                closing()  # its open files (tensors handed out keep their mappings)
         if self._on_close is not None:
             self._on_close()
             self._on_close = None
@@ -245,6 +255,30 @@ class WeightsReader:
                         pin_memory=self.device.startswith("cuda"))
         flat = t.reshape(-1).view(torch.uint8)
         return t, memoryview(flat.numpy()) if flat.numel() else None
+
+    def _maps(self, f: WeightFile) -> bool:
+        """Whether tensors of ``f`` are handed out as private mappings of its
+        verified file (a local source, on the CPU, nothing placed)."""
+        return self.mapped and f.reader.mapped and f.written is None and self.device == "cpu"
+
+    def _mapped_tensor(self, w: _Want) -> Any:
+        """The verified bytes of ``w`` as a tensor backed by a private
+        (copy-on-write) mapping of the file they were verified in."""
+        got = w.file.reader.source.map_span(w.file.key, w.start, w.end)  # type: ignore[attr-defined]
+        if got is None or got[2] != w.end - w.start:
+            raise IntegrityError(w.file.entry.path, reason="the file shrank after its pieces "
+                                                           "verified")
+        m, off, n = got
+        if self.framework == "np":
+            dt = np.dtype(DTYPES[w.dtype])
+            return np.frombuffer(m, dtype=dt, count=n // dt.itemsize, offset=off).reshape(w.shape)
+        import torch
+
+        from registry.load.torchio import TORCH_DTYPES
+
+        dtype = TORCH_DTYPES[w.dtype]
+        count = n // torch.empty((), dtype=dtype).element_size()
+        return torch.frombuffer(m, dtype=dtype, count=count, offset=off).reshape(w.shape)
 
     def _finish(self, obj: Any) -> Any:
         self.stats.tensors += 1
@@ -300,7 +334,7 @@ class WeightsReader:
                 add((fid, k))
         index = {id(w): i for i, w in enumerate(wanted)}
         for w in ready:
-            w.obj, w.view = w.alloc()
+            w.obj, w.view = self._alloc(w.dtype, w.shape)
             yield w
             w.obj = w.view = _DONE
 
@@ -319,9 +353,13 @@ class WeightsReader:
                     targets = []
                     if fid in hbufs and k in header_left.get(fid, ()):
                         targets.append(Target(0, f.header.data_start, hbufs[fid]))
+                    mapped = self._maps(f)
                     for w in need.get((fid, k), []):
                         if w.obj is None and w.view is None:
-                            w.obj, w.view = w.alloc()
+                            if mapped and w.end > w.start:
+                                w.view = memoryview(b"")  # mapped once verified
+                                continue
+                            w.obj, w.view = self._alloc(w.dtype, w.shape)
                             if w.view is None:
                                 w.view = memoryview(b"")
                         if len(w.view):
@@ -350,6 +388,8 @@ class WeightsReader:
                         i = index[id(w)]
                         left[i] -= 1
                         if not left[i]:
+                            if w.obj is None:
+                                w.obj = self._mapped_tensor(w)
                             yield w
                             w.obj = w.view = _DONE  # the caller holds it now, or dropped it
         finally:
@@ -420,8 +460,8 @@ class TensorSlice:
         f = r.files[self.path]
         base = f.header.data_start + info.begin
         shape = (hi - lo,) + tuple(info.shape[1:])
-        want = _Want(info.name, f, base + lo * row_bytes, base + hi * row_bytes,
-                     lambda: r._alloc(info.dtype, shape))
+        want = _Want(info.name, f, base + lo * row_bytes, base + hi * row_bytes, info.dtype,
+                     shape)
         block = None
         for w in r._read([want]):
             block = w.obj
