@@ -10,8 +10,8 @@ the file's sha256) matches the manifest. Until then the caller must not expose
 any target memory: :class:`PieceReader` only returns once the piece verified,
 and raises otherwise, so nothing unverified ever leaves it.
 
-Nothing is staged on disk. Memory used here: one ``CHUNK``-byte scratch buffer
-per reading thread.
+Nothing is staged on disk. Memory used here: one ``2 * CHUNK``-byte scratch
+buffer per reading thread (touched only where no target asks for bytes).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class PieceReader:
     def _scratch(self) -> memoryview:
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = memoryview(bytearray(CHUNK))
+            buf = self._local.buf = memoryview(bytearray(2 * CHUNK))
         return buf
 
     def read(self, key: str, entry: FileEntry, k: int, targets: list[Target]) -> None:
@@ -147,10 +147,17 @@ class PieceReader:
                 counted = _Counted(_from_mapping(view, start, segs))
                 actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
         else:
+            # bytes no target asks for land in the thread's scratch, its two
+            # halves in turn: a source may receive one segment ahead of the hash
             scratch = self._scratch()
-            blocks = self.source.blocks(key, start, end,  # type: ignore[attr-defined]
-                                        [(s, e, v if v is not None else scratch[:e - s])
-                                         for s, e, v in segs])
+            gaps = 0
+            filled = []
+            for s, e, v in segs:
+                if v is None:
+                    half = (gaps % 2) * CHUNK
+                    v, gaps = scratch[half:half + e - s], gaps + 1
+                filled.append((s, e, v))
+            blocks = self.source.blocks(key, start, end, filled)  # type: ignore[attr-defined]
             counted = _Counted(blocks)
             actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
         with self._lock:

@@ -20,40 +20,41 @@ must answer 206 with the asked ``Content-Range``); errors are translated into
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from registry.errors import StorageError
 
-#: connections each thread's client keeps (one request at a time per thread)
-POOL_CONNECTIONS = 2
+#: connections the client keeps (one request at a time per reading thread)
+POOL_CONNECTIONS = 64
 
 
 class DirectReader:
-    """Per-thread botocore clients of one :class:`~registry.store.s3.S3Store`."""
+    """A synchronous botocore client of one :class:`~registry.store.s3.S3Store`,
+    shared by the reading threads (botocore clients are thread-safe; each
+    request takes a connection of its own from the client's pool)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self._local = threading.local()
         self._lock = threading.Lock()
         self._session: Any = None
+        self._shared: Any = None
 
     def _client(self) -> Any:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = self._new_client()
-        return client
+        with self._lock:
+            if self._shared is None:
+                self._shared = self._new_client()
+            return self._shared
 
     def _new_client(self) -> Any:
         import botocore.session
         from botocore.config import Config
 
         fs = self.store.fs
-        with self._lock:
-            if self._session is None:
-                self._session = botocore.session.Session(
-                    profile=(fs.kwargs or {}).get("profile"))
+        if self._session is None:
+            self._session = botocore.session.Session(profile=(fs.kwargs or {}).get("profile"))
         client_kwargs = dict(fs.client_kwargs or {})
         init: dict[str, Any] = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
                                 "aws_session_token": fs.token, "endpoint_url": fs.endpoint_url}
@@ -77,7 +78,9 @@ class DirectReader:
                   ) -> Iterator[memoryview]:
         """GET bytes ``[segments[0].start, segments[-1].end)`` of ``key`` and
         receive them into each segment's view in order, yielding each filled
-        part (shorter at the object's end, then nothing more).
+        part (shorter at the object's end, then nothing more). The next
+        segment is received while the caller holds the last one yielded, never
+        further ahead: segments two apart may share memory.
 
         Raises:
             ObjectNotFoundError, StoragePermissionError: as the store's GET.
@@ -101,29 +104,58 @@ class DirectReader:
         raw = getattr(body, "_raw_stream", None)
         fp = getattr(raw, "_fp", None)
         direct = fp is not None and hasattr(fp, "readinto") and not resp.get("ContentEncoding")
+        # A helper thread receives while the caller hashes what already landed
+        # (the socket keeps draining); it is joined before this returns, so it
+        # never writes into the segments after the caller is done with them.
+        filled: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stop = threading.Event()
+        # at most one segment ahead of the caller: segments may share memory
+        # two apart (registry.load.pieces' scratch halves)
+        credit = threading.Semaphore(2)
+
+        def receive() -> None:
+            try:
+                for _s, _e, view in segments:
+                    while not credit.acquire(timeout=0.5):
+                        if stop.is_set():
+                            return
+                    got = 0
+                    while got < len(view) and not stop.is_set():
+                        n = fp.readinto(view[got:]) if direct else _copy_into(body, view[got:])
+                        if not n:
+                            break
+                        got += n
+                    if got:
+                        filled.put(view[:got])
+                    if got < len(view):
+                        break
+                filled.put(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                filled.put(exc)
+
+        helper = threading.Thread(target=receive, name="s3-receive", daemon=True)
+        helper.start()
         complete = False
         try:
-            for _s, _e, view in segments:
-                got = 0
-                while got < len(view):
-                    try:
-                        n = fp.readinto(view[got:]) if direct else _copy_into(body, view[got:])
-                    except Exception as exc:
-                        raise StorageError(f"{store.url_of(key)} in {store.where}: the "
-                                           f"connection failed while reading bytes {start}-"
-                                           f"{end - 1}: {exc}", key=key) from exc
-                    if not n:
-                        break
-                    got += n
-                if got:
-                    yield view[:got]
-                if got < len(view):
+            while True:
+                item = filled.get()
+                if item is None:
+                    complete = True
                     return
-            complete = True
+                if isinstance(item, BaseException):
+                    raise StorageError(f"{store.url_of(key)} in {store.where}: the connection "
+                                       f"failed while reading bytes {start}-{end - 1}: {item}",
+                                       key=key) from item
+                yield item
+                credit.release()  # the caller is done with that segment
         finally:
+            stop.set()
+            if not complete:
+                body.close()  # ends a receive still waiting on the socket
+            helper.join()
             if complete and direct:
                 raw.release_conn()
-            else:
+            elif complete:
                 body.close()
 
 
