@@ -411,6 +411,8 @@ def test_cli_load(tmp_path: Path) -> None:
     doc = json.loads(p.stdout)
     assert doc["tensors"] == len(weights()) and doc["bytes"] == entry(store, "1").size
     assert doc["version"] == "1"
+    # the phases: resolve (admission and plan), then first and last tensor
+    assert doc["resolve_seconds"] > 0 and 0 < doc["first_tensor_seconds"] <= doc["seconds"]
     p = run_cli("load", f"{MODEL}@1", "--store", url, "--check", "--list", cwd=tmp_path)
     assert p.returncode == 0 and f"loaded tiny@1: {len(weights())} tensors" in p.stdout
     assert "a\tF32\t[40, 50]" in p.stdout

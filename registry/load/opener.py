@@ -11,6 +11,7 @@ file is read). A checkpoint step is a committed step directory (its
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,6 +118,7 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
     """
     from registry.store import open_store
 
+    began = time.perf_counter()
     if trust is None and trusted_keys:
         from registry.trust import load_trust
 
@@ -183,6 +185,7 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
                            ref=ref, metadata=metadata, on_close=on_close, mapped=mapped)
     reader.store, reader.prefix, reader.manifest = s, prefix, manifest
     reader.version = version
+    reader.stats.resolve_seconds = time.perf_counter() - began
     return reader
 
 

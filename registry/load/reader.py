@@ -70,17 +70,23 @@ class WeightFile:
 @dataclass
 class LoadStats:
     """What a read cost: ``tensors`` returned, ``bytes`` read and verified,
-    ``seconds`` from the first read to the last tensor."""
+    ``seconds`` from the first read to the last tensor, ``first_tensor_seconds``
+    from the first read to the first tensor, ``resolve_seconds`` what
+    ``open_weights`` took before it (admission, signature, plan)."""
 
     tensors: int = 0
     bytes: int = 0
     seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    first_tensor_seconds: float = 0.0
+    resolve_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         gbps = self.bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
         return {"tensors": self.tensors, "bytes": self.bytes,
-                "seconds": round(self.seconds, 6), "gbps": round(gbps, 3)}
+                "seconds": round(self.seconds, 6), "gbps": round(gbps, 3),
+                "resolve_seconds": round(self.resolve_seconds, 6),
+                "first_tensor_seconds": round(self.first_tensor_seconds, 6)}
 
 
 @dataclass
@@ -284,6 +290,8 @@ class WeightsReader:
     def _finish(self, obj: Any) -> Any:
         self.stats.tensors += 1
         self.stats.seconds = time.perf_counter() - self.stats.started
+        if self.stats.tensors == 1:
+            self.stats.first_tensor_seconds = self.stats.seconds
         if self.framework == "pt" and self.device != "cpu":
             return obj.to(self.device, non_blocking=True)
         return obj
