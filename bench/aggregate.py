@@ -151,7 +151,20 @@ def _rows_shards(r: dict[str, Any]) -> Iterator[Row]:
            "peak RSS < 512 MiB")
 
 
-EXTRACT = {"checkpoint": _rows_checkpoint, "release": _rows_release, "pull": _rows_pull,
+def _rows_load(r: dict[str, Any]) -> Iterator[Row]:
+    """registry load against the fastest unverified peer, per store (issue 43)."""
+    level = f"{r['size_mib']} MiB in {r['shards']} shards, load {r['load_before'][0]:.0f}"
+    for store in ("local", "s3"):
+        d = r.get(store)
+        if not d or "fastest_peer" not in d or "registry_load" not in d["ratios_to_fastest_peer"]:
+            continue
+        ours = d["arms"]["registry_load"]
+        yield ("load", f"{store} registry load, to the last tensor ({level}; peak RSS "
+               f"{ours['peak_rss_mib']:.0f} MiB)", ours["seconds"], d["fastest_peer"],
+               d["ratios_to_fastest_peer"]["registry_load"], "<= 1.1")
+
+
+EXTRACT = {"checkpoint": _rows_checkpoint, "load": _rows_load, "release": _rows_release, "pull": _rows_pull,
            "index": _rows_index, "mlflow": _rows_mlflow, "pieces": _rows_pieces,
            "shards": _rows_shards}
 
