@@ -70,6 +70,7 @@ from registry.certs import Certificate
 from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
+from registry.progress import NULL, Progress
 from registry.release.events import release_event
 from registry.release.code import code_files
 from registry.release.model_release import stored_code_gate
@@ -173,22 +174,23 @@ class Registry(LifecycleMixin):
         c.on_commit.append(hook)
         return c
 
-    def _releaser(self) -> ModelRelease:
+    def _releaser(self, progress: Progress | None) -> ModelRelease:
         rel = ModelRelease(self.store)
+        rel.progress = progress or NULL
         rel.on_commit.append(lambda r: self._record(
             r.url, lambda s: record_release(s, self.store, r.model_id, r.version)))
         rel.on_commit.append(lambda r: release_event(self.store, r))
         return rel
 
     def create_release(self, run_id: str, step: int, model_id: str, version: str,
-                       **kw: Any) -> ReleaseResult:
-        """:meth:`ModelRelease.create`, then index it."""
-        return self._releaser().create(run_id, step, model_id, version, **kw)
+                       progress: Progress | None = None, **kw: Any) -> ReleaseResult:
+        """:meth:`ModelRelease.create` (``progress``: registry.progress), then index it."""
+        return self._releaser(progress).create(run_id, step, model_id, version, **kw)
 
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str,
-                **kw: Any) -> ReleaseResult:
-        """:meth:`ModelRelease.publish`, then index it."""
-        return self._releaser().publish(model_dir, model_id, version, **kw)
+                progress: Progress | None = None, **kw: Any) -> ReleaseResult:
+        """:meth:`ModelRelease.publish` (``progress``: registry.progress), then index it."""
+        return self._releaser(progress).publish(model_dir, model_id, version, **kw)
 
     def set_alias(self, model_id: str, alias: str, version: str, *,
                   force: bool = False, sign_key: str | os.PathLike[str] | None = None
