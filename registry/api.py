@@ -293,7 +293,7 @@ class Registry(LifecycleMixin):
                            "protected_aliases": sorted(protected_aliases or {})})
         return parsed
 
-    def rebuild_index(self) -> dict[str, Any]:
+    def rebuild_index(self, progress: Progress | None = None) -> dict[str, Any]:
         """Recompute the whole index from the store (see
         :func:`registry.index.rebuild.rebuild`): counts per kind, and
         ``report``, the releases skipped, damaged, removed or kept against
@@ -303,7 +303,7 @@ class Registry(LifecycleMixin):
             IndexDamagedError: the SQLite file is not a database: see
                 :meth:`repair_index`.
         """
-        return rebuild(self.index, self.store)
+        return rebuild(self.index, self.store, progress or NULL)
 
     def repair_index(self) -> str | None:
         """Move a damaged SQLite index file aside (``<file>.damaged-<time>``) so

@@ -3,9 +3,10 @@
 The library never draws anything. A long operation (publish, release create,
 pull, load, gc, index rebuild) is handed a :class:`Progress` and tells it:
 
-* ``start(what, files=N, total=BYTES)`` once the amount of work is known (from
-  the manifest, or the scan of the source directory), before the first byte
-  moves; ``total`` is None for work that is counted in items, not bytes;
+* ``start(what, files=N, total=BYTES, unit="files")`` once the amount of work
+  is known (from the manifest, or the scan of the source directory), before
+  the first byte moves; ``total`` is None for work counted in items only
+  (``unit`` names them: files, tensors, objects, releases);
 * ``advance(n)`` as ``n`` more bytes (or items) are done, from any thread;
 * ``file_done(name, size)`` as each file is complete (``size`` in bytes);
 * ``gates(results)`` as release gates are decided (before a byte is written);
@@ -30,7 +31,7 @@ class Progress(Protocol):
     """What a long operation reports; every method is cheap and thread-safe."""
 
     def start(self, what: str, *, files: int | None = None,
-              total: int | None = None) -> None: ...
+              total: int | None = None, unit: str = "files") -> None: ...
 
     def advance(self, n: int) -> None: ...
 
@@ -45,7 +46,7 @@ class NullProgress:
     """Reports to nobody (the default of every library call)."""
 
     def start(self, what: str, *, files: int | None = None,
-              total: int | None = None) -> None:
+              total: int | None = None, unit: str = "files") -> None:
         pass
 
     def advance(self, n: int) -> None:

@@ -61,15 +61,18 @@ class _Counts:
     """Totals and counts shared by the renderers (thread-safe)."""
 
     def __init__(self) -> None:
-        self.what, self.files, self.total = "", None, None  # type: str, int | None, int | None
+        self.what, self.unit = "", "files"
+        self.files: int | None = None
+        self.total: int | None = None
         self.files_done = self.done = 0
         self.rate = RateWindow()
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
 
-    def start(self, what: str, files: int | None, total: int | None) -> None:
+    def start(self, what: str, files: int | None, total: int | None, unit: str) -> None:
         with self.lock:
-            self.what, self.files, self.total = what, files, total
+            self.what, self.files, self.total, self.unit = what, files, total, unit
+            self.files_done = self.done = 0  # a new phase counts from nothing
         self.rate = RateWindow()
 
     def advance(self, n: int) -> None:
@@ -93,10 +96,10 @@ class _Counts:
         no ETA until measured; no ``/?`` for an unknown total)."""
         parts = []
         if self.files is not None:  # "N files" until files are reported done
-            parts.append(f"{self.files_done}/{self.files} files" if self.files_done
-                         else f"{self.files} files")
+            parts.append(f"{self.files_done}/{self.files} {self.unit}" if self.files_done
+                         else f"{self.files} {self.unit}")
         elif self.files_done:
-            parts.append(f"{self.files_done} files")
+            parts.append(f"{self.files_done} {self.unit}")
         if self.total is not None:
             parts.append(f"{_si(self.done)}/{_si(self.total)}")
         elif self.done:
@@ -135,8 +138,9 @@ class BarProgress:
         done = self.c.done if self.c.total is not None else self.c.files_done
         self._bar.update(self._task, total=total, completed=done, line=self.c.line())
 
-    def start(self, what: str, *, files: int | None = None, total: int | None = None) -> None:
-        self.c.start(what, files, total)
+    def start(self, what: str, *, files: int | None = None, total: int | None = None,
+              unit: str = "files") -> None:
+        self.c.start(what, files, total, unit)
         self._bar.start_task(self._task)
         self._show()
 
@@ -177,9 +181,10 @@ class JsonLinesProgress:
             self._out.write(line + "\n")
             self._out.flush()
 
-    def start(self, what: str, *, files: int | None = None, total: int | None = None) -> None:
-        self.c.start(what, files, total)
-        self._emit("start", what=what, files=files, bytes=total)
+    def start(self, what: str, *, files: int | None = None, total: int | None = None,
+              unit: str = "files") -> None:
+        self.c.start(what, files, total, unit)
+        self._emit("start", what=what, files=files, bytes=total, unit=unit)
 
     def advance(self, n: int) -> None:
         self.c.advance(n)
@@ -209,7 +214,8 @@ class _GatesOnly:
     def __init__(self, on_gates: Callable[[Sequence[Any]], None] | None) -> None:
         self._on_gates = on_gates
 
-    def start(self, what: str, *, files: int | None = None, total: int | None = None) -> None:
+    def start(self, what: str, *, files: int | None = None, total: int | None = None,
+              unit: str = "files") -> None:
         pass
 
     def advance(self, n: int) -> None:

@@ -471,7 +471,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
                                     "the store (what was deleted or replaced is otherwise "
                                     "still stored, billed and readable; see "
                                     "docs/s3-servers.md).")] = False,
-       store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+       store: StoreOpt = None, as_json: JsonOpt = False, progress: ProgressOpt = None) -> None:
     """Remove abandoned claims, staging dirs, uncommitted leftovers and the
     temporary files of killed event appends (events/.tmp-*); never a commit.
 
@@ -479,7 +479,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
     host's; when this host's clock is further from the store's than
     REGISTRY_CLOCK_TOLERANCE (60 s), claims are left alone and a warning
     says so."""
-    with error_boundary(as_json):
+    with error_boundary(as_json), reporter(progress, as_json, "gc") as bar:
         s = open_store(store)
         seconds = parse_duration(older_than, what="--older-than")
         for tree in checkpoint_path or []:
@@ -489,7 +489,7 @@ def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION
         notes: list[str] = []
         removed = collect(s, older_than=seconds, dry_run=dry_run,
                           trees=checkpoint_path or [], break_claims=break_claims,
-                          warn=notes.append, purge_versions=purge_versions)
+                          warn=notes.append, purge_versions=purge_versions, progress=bar)
     if as_json:
         print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run,
                     "warnings": notes, "skipped": s.skipped})
