@@ -94,7 +94,7 @@ class RateWindow:
             self._trim(now)
 
     def _trim(self, now: float) -> None:
-        while self._samples and now - self._samples[0][0] > self.window:
+        while self._samples and now - self._samples[0][0] >= self.window:
             self._samples.popleft()
 
     def rate(self) -> float | None:
