@@ -217,7 +217,7 @@ class Registry(LifecycleMixin):
         if not self.store.exists(_join(_prefix(model_id, check_name(version, "version")),
                                        _MANIFEST)):
             refuse_deleted(self.store, model_id, version)
-            raise unknown_ref(self.store, model_id, version)  # the model, or the version
+            raise unknown_ref(self.store, model_id, version, kind="version")
         try:
             results = self.gate_check(model_id, version)
         except RegistryError:

@@ -29,7 +29,7 @@ from registry.cli.errors import (
     index_writes,
     report_not_indexed,
 )
-from registry.errors import GateFailedError, ObjectNotFoundError, UsageError
+from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
 from registry.gates import GateResult
 from registry.gc import collect, parse_duration
 from registry.certs import Certificate
@@ -89,7 +89,13 @@ def _require_model(store: Store, model_id: str) -> None:
     (so a typo is exit 3, not an empty answer)."""
     key = model_root(model_id)
     if nothing_stored(store, key):
-        raise ObjectNotFoundError(f"{store.url_of(key)}: no such model in the store", key=key)
+        from registry.suggest import unknown_model
+
+        try:
+            models = store.subdirs("models")
+        except (RegistryError, OSError):
+            models = []
+        raise ObjectNotFoundError(unknown_model(store.url, model_id, models), key=key)
 
 
 def _print_gates(results: Sequence[GateResult]) -> None:

@@ -33,6 +33,7 @@ from registry.commit import DirectoryWriter
 from registry.errors import (
     DocumentError,
     IntegrityError,
+    NotCommittedError,
     ObjectNotFoundError,
     RegistryError,
     UsageError,
@@ -60,7 +61,7 @@ from registry.release.convert import (
     weights_groups,
 )
 from registry.release.dist_release import choose_part, dist_source
-from registry.release.step_source import check_step_source
+from registry.release.step_source import check_step_source, missing_step
 from registry.checkpoint.loongsage_format import DIST
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
@@ -274,7 +275,10 @@ class ModelRelease:
             raise UsageError("run_id is required for a run's checkpoints (runs/<run>/ckpt)")
         tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
                               else run_root(check_name(run_id, "run_id")), layout)
-        src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        try:
+            src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        except NotCommittedError:
+            raise missing_step(tree, run_id, step) from None
         run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
         if layout.name == "loongsage":
