@@ -83,6 +83,7 @@ class RateWindow:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window, self.min_span, self._clock = window, min_span, clock
         self._samples: deque[tuple[float, int]] = deque()
+        self._sum = 0  # of the samples' counts: rate() is O(1) amortized
         self._lock = threading.Lock()
         self._started = clock()
 
@@ -91,11 +92,12 @@ class RateWindow:
         now = self._clock()
         with self._lock:
             self._samples.append((now, n))
+            self._sum += n
             self._trim(now)
 
     def _trim(self, now: float) -> None:
         while self._samples and now - self._samples[0][0] >= self.window:
-            self._samples.popleft()
+            self._sum -= self._samples.popleft()[1]
 
     def rate(self) -> float | None:
         """Units per second over the window; None while unmeasured (less than
@@ -109,7 +111,7 @@ class RateWindow:
             # predecessor: the time since the work began)
             begin = max(self._started, now - self.window)
             span = now - begin
-            done = sum(n for _, n in self._samples)
+            done = self._sum
         if span < self.min_span or done <= 0:
             return None
         return done / span

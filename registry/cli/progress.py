@@ -131,9 +131,17 @@ class BarProgress:
                                  transient=True, refresh_per_second=8)
         self._task = self._bar.add_task(label, total=None, line="", start=False)
         self._label = label
+        self._shown = 0.0
         self._bar.start()
 
-    def _show(self) -> None:
+    def _show(self, *, now: bool = True) -> None:
+        """Update the bar; ``now=False`` (per chunk, from download threads) at
+        most ten times a second (rich redraws eight times a second anyway)."""
+        if not now:
+            t = time.monotonic()
+            if t - self._shown < 0.1:
+                return
+            self._shown = t
         total = self.c.total if self.c.total is not None else self.c.files
         done = self.c.done if self.c.total is not None else self.c.files_done
         self._bar.update(self._task, total=total, completed=done, line=self.c.line())
@@ -146,7 +154,7 @@ class BarProgress:
 
     def advance(self, n: int) -> None:
         self.c.advance(n)
-        self._show()
+        self._show(now=False)
 
     def file_done(self, name: str, size: int) -> None:
         self.c.file_done()
