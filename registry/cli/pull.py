@@ -116,7 +116,7 @@ def pull(
                             trust_args=(trusted_key, trusted_keys, trusted_ca, trusted_cas),
                             insecure=insecure, insecure_remote=insecure_remote,
                             username=username, password_stdin=password_stdin,
-                            as_json=as_json)
+                            as_json=as_json, progress=progress)
     with error_boundary(as_json):
         model_id, given = parse_ref(ref)
         name = given or ""  # a bare model id: registry.pull.opened.default_version
