@@ -90,6 +90,8 @@ class _Counts:
         with self.lock:
             if self.files is not None and not self.files_done:
                 self.files_done = self.files
+            if self.total is not None:
+                self.total = max(self.total, self.done)
 
     def line(self) -> str:
         """``3/10 files  120.0 MB/300.0 MB  45.1 MB/s  ETA 0:00:04`` (no rate and
@@ -100,8 +102,8 @@ class _Counts:
                          else f"{self.files} {self.unit}")
         elif self.files_done:
             parts.append(f"{self.files_done} {self.unit}")
-        if self.total is not None:
-            parts.append(f"{_si(self.done)}/{_si(self.total)}")
+        if self.total is not None:  # an estimate (converted shards) never reads as overrun
+            parts.append(f"{_si(self.done)}/{_si(max(self.total, self.done))}")
         elif self.done:
             parts.append(_si(self.done))
         r = self.rate.rate()
