@@ -200,3 +200,20 @@ def test_json_progress_records_add_up_and_stdout_is_unchanged(tmp_path: Path) ->
         json.loads(r.stdout)
         records = _records(r.stderr)
         assert records[0]["event"] == "start" and records[-1]["event"] == "finish", argv
+
+
+def test_failing_gates_are_told_once_as_decided(tmp_path: Path) -> None:
+    _world(tmp_path)
+    failing = [*_publish_args("1"), "--require", "accuracy>=0.99"]
+    r = run_cli(*failing, cwd=tmp_path)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(set(lines)) and lines[-1].startswith("FAIL policy:accuracy>=0.99")
+    r = run_cli(*failing, "--json", "--progress", cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == ""
+    docs = [json.loads(line) for line in r.stderr.splitlines()]
+    gates = [d for d in docs[:-1] if d["event"] == "gate"]
+    assert [g["passed"] for g in gates][-1] is False and len(gates) == len(docs) - 1
+    assert docs[-1]["error"]["gates"] == [
+        {"gate": g["gate"], "passed": g["passed"], "reason": g["reason"]} for g in gates]
+    assert not (tmp_path / "artifacts/models/pub/1").exists()

@@ -172,6 +172,7 @@ class ModelRelease:
                                                 carries_signature=carries_signature)
         if code_found is not None and (forbid_code or policy.forbids_code(self.store, model_id)):
             results.append(release_code.gate_code(code_found))
+        self.progress.gates(results)  # as decided, passing or not
         if not gates.passed(results):
             raise GateFailedError(where, results)
         return tuple(results)
@@ -531,7 +532,6 @@ class ModelRelease:
                          and not n.startswith("evals/") and not n.startswith("heads/")
                          and (copy_all or n in CARRIED) and n not in extra
                          and not (n == SIGNATURE and signer is not None))
-        self.progress.gates(results)
         docs = {"MODEL_CARD.md": card.encode(), "ledger.json": _dump(facts.ledger),
                 "evals/summary.json": _dump(facts.evals),
                 **{f"heads/{h['name']}.json": _dump(h) for h in head_docs}}
