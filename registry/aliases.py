@@ -47,8 +47,8 @@ from registry.events import (
     MODEL_VERSION_ALIAS_DELETED,
     append_event,
 )
-from registry.layout import alias_entry_key, alias_key, model_root, policy_key, refs_prefix, \
-    release_prefix
+from registry.layout import MODELS, TMP_MARK, alias_entry_key, alias_key, model_root, \
+    policy_key, refs_prefix, release_prefix
 from registry.lifecycle.tombstone import is_deleted, refuse_deleted
 from registry.manifest import MANIFEST, utc_now
 from registry.names import check_name
@@ -137,28 +137,42 @@ def resolve(store: Store, model_id: str, name: str) -> str:
     return target
 
 
-def unknown_ref(store: Store, model_id: str, name: str) -> NotCommittedError:
-    """The error for ``model_id@name`` that names neither a version nor an alias:
-    it says whether the model itself is unknown, and the close matches of what
-    was typed (its versions and aliases, or the store's models)."""
-    from registry.suggest import did_you_mean
+def unknown_ref(store: Store, model_id: str, name: str, *,
+                kind: str = "ref") -> NotCommittedError:
+    """The error for ``model_id@name`` that names no committed version nor
+    alias, in the user's words (registry.suggest): the model itself is unknown;
+    or ``name`` is an incomplete version (a publish that never finished); or it
+    is not one of the model's versions (``kind="version"``), aliases
+    (``"alias"``) or either (``"ref"``), with the close matches and what exists.
+    Listing errors only make the message shorter."""
+    from registry import suggest
 
     root = model_root(model_id)
     try:
-        names = [n for n in store.subdirs(root) if n != "refs"]
+        listed = [n for n in store.subdirs(root)
+                  if n != "refs" and TMP_MARK not in n and not n.startswith(".")]
         aliases = [n for n, is_dir in store.list_dir(refs_prefix(model_id)) if not is_dir]
     except (RegistryError, OSError):
-        names, aliases = [], []
-    if not names and not aliases:
+        listed, aliases = [], []
+    if not listed and not aliases:
         try:
-            models = store.subdirs("models")
+            models = store.subdirs(MODELS)
         except (RegistryError, OSError):
             models = []
-        return NotCommittedError(f"{store.url}: no model named {model_id!r}"
-                                 f"{did_you_mean(model_id, models)}", path=root)
-    return NotCommittedError(f"{store.url_of(root)}: no version or alias named {name!r}"
-                             f"{did_you_mean(name, [*names, *aliases])}",
-                             path=release_prefix(model_id, name))
+        return NotCommittedError(suggest.unknown_model(store.url, model_id, models), path=root)
+    prefix = release_prefix(model_id, name)
+    if name in listed and kind != "alias":
+        return NotCommittedError(suggest.incomplete_version(store.url, model_id, name),
+                                 path=prefix)
+    versions = listed
+    if len(listed) <= 4 * suggest.LISTED:  # only committed ones (a few HEADs, on an error path)
+        try:
+            versions = [v for v in listed
+                        if store.exists(join(release_prefix(model_id, v), MANIFEST))]
+        except (RegistryError, OSError):
+            pass
+    return NotCommittedError(suggest.unknown_name(store.url, model_id, name, versions, aliases,
+                                                  kind=kind), path=prefix)
 
 
 def _protection(store: Store, model_id: str, alias: str) -> list[str] | None:
@@ -217,8 +231,7 @@ def move_alias(store: Store, model_id: str, alias: str, version: str | None, *,
         head = AliasHead(None, None, raw, token)
         damaged = True
     if version is None and head.version is None and not damaged:
-        raise NotCommittedError(f"{store.url_of(key)}: {model_id} has no alias {alias!r}",
-                                path=key)
+        raise unknown_ref(store, model_id, alias, kind="alias")
     if head.version == version and not damaged:
         return head, None
     allowed = _protection(store, model_id, alias)

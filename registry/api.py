@@ -70,6 +70,7 @@ from registry.certs import Certificate
 from registry.keys import PublicKey
 from registry.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
+from registry.progress import NULL, Progress
 from registry.release.events import release_event
 from registry.release.code import code_files
 from registry.release.model_release import stored_code_gate
@@ -173,22 +174,23 @@ class Registry(LifecycleMixin):
         c.on_commit.append(hook)
         return c
 
-    def _releaser(self) -> ModelRelease:
+    def _releaser(self, progress: Progress | None) -> ModelRelease:
         rel = ModelRelease(self.store)
+        rel.progress = progress or NULL
         rel.on_commit.append(lambda r: self._record(
             r.url, lambda s: record_release(s, self.store, r.model_id, r.version)))
         rel.on_commit.append(lambda r: release_event(self.store, r))
         return rel
 
     def create_release(self, run_id: str, step: int, model_id: str, version: str,
-                       **kw: Any) -> ReleaseResult:
-        """:meth:`ModelRelease.create`, then index it."""
-        return self._releaser().create(run_id, step, model_id, version, **kw)
+                       progress: Progress | None = None, **kw: Any) -> ReleaseResult:
+        """:meth:`ModelRelease.create` (``progress``: registry.progress), then index it."""
+        return self._releaser(progress).create(run_id, step, model_id, version, **kw)
 
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str,
-                **kw: Any) -> ReleaseResult:
-        """:meth:`ModelRelease.publish`, then index it."""
-        return self._releaser().publish(model_dir, model_id, version, **kw)
+                progress: Progress | None = None, **kw: Any) -> ReleaseResult:
+        """:meth:`ModelRelease.publish` (``progress``: registry.progress), then index it."""
+        return self._releaser(progress).publish(model_dir, model_id, version, **kw)
 
     def set_alias(self, model_id: str, alias: str, version: str, *,
                   force: bool = False, sign_key: str | os.PathLike[str] | None = None
@@ -215,7 +217,7 @@ class Registry(LifecycleMixin):
         if not self.store.exists(_join(_prefix(model_id, check_name(version, "version")),
                                        _MANIFEST)):
             refuse_deleted(self.store, model_id, version)
-            raise unknown_ref(self.store, model_id, version)  # the model, or the version
+            raise unknown_ref(self.store, model_id, version, kind="version")
         try:
             results = self.gate_check(model_id, version)
         except RegistryError:
@@ -291,7 +293,7 @@ class Registry(LifecycleMixin):
                            "protected_aliases": sorted(protected_aliases or {})})
         return parsed
 
-    def rebuild_index(self) -> dict[str, Any]:
+    def rebuild_index(self, progress: Progress | None = None) -> dict[str, Any]:
         """Recompute the whole index from the store (see
         :func:`registry.index.rebuild.rebuild`): counts per kind, and
         ``report``, the releases skipped, damaged, removed or kept against
@@ -301,7 +303,7 @@ class Registry(LifecycleMixin):
             IndexDamagedError: the SQLite file is not a database: see
                 :meth:`repair_index`.
         """
-        return rebuild(self.index, self.store)
+        return rebuild(self.index, self.store, progress or NULL)
 
     def repair_index(self) -> str | None:
         """Move a damaged SQLite index file aside (``<file>.damaged-<time>``) so

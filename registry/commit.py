@@ -49,6 +49,7 @@ from registry.manifest import (
     check_path,
     list_local_files,
 )
+from registry.progress import NULL, Progress
 from registry.sourcecheck import LocalState, check_local
 from registry.sourcedir import SourceRule
 from registry.store import Store, join
@@ -70,6 +71,8 @@ class DirectoryWriter:
             run's own checkpoints): a stale staging directory or claim left by a
             crashed predecessor is removed instead of being a conflict.
         conflict_error: the CommitConflictError subclass to raise.
+        progress: told the bytes of every write as they are written and each
+            file as it is complete (registry.progress).
 
     Raises:
         CommitConflictError: ``prefix`` is already committed, or (object stores)
@@ -83,8 +86,10 @@ class DirectoryWriter:
 
     def __init__(self, store: Store, prefix: str, *, kind: str, meta: dict[str, Any],
                  staging: str | None = None, sole_writer: bool = False,
-                 conflict_error: type[CommitConflictError] = CommitConflictError) -> None:
+                 conflict_error: type[CommitConflictError] = CommitConflictError,
+                 progress: Progress = NULL) -> None:
         self.store = store
+        self.progress = progress
         self.prefix = prefix.strip("/")
         self.kind = kind
         self.meta = meta
@@ -172,7 +177,8 @@ class DirectoryWriter:
             # A conditional create: a writer that lost its claim can never
             # replace a file of the directory another writer now owns.
             with self.store.open_write(key, exclusive=True, size=size) as raw:
-                w = HashingWriter(raw, blake3=self.kind == "release")
+                w = HashingWriter(raw, blake3=self.kind == "release",
+                                  on_bytes=self.progress.advance)
                 yield w
         except RegistryError:
             raise
@@ -182,6 +188,7 @@ class DirectoryWriter:
         if token:
             self._tokens[relpath] = token
         self.entries[relpath] = FileEntry(relpath, w.size, w.sha256, w.pieces, w.blake3)
+        self.progress.file_done(relpath, w.size)
 
     def write_bytes(self, relpath: str, data: bytes) -> FileEntry:
         """Write a small file whole; returns its manifest entry."""

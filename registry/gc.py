@@ -38,6 +38,7 @@ from registry.layout import (
     run_root,
 )
 from registry.store import Store, join, s3versions
+from registry.progress import NULL, Progress
 from registry.storeclock import store_time
 from registry.verify import verify_directory
 
@@ -105,7 +106,7 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
             trees: tuple[str, ...] | list[str] = (), break_claims: bool = False,
             warn: Callable[[str], None] | None = None,
             orphan_after: float = ORPHAN_UPLOAD_AGE,
-            purge_versions: bool = False) -> list[str]:
+            purge_versions: bool = False, progress: Progress = NULL) -> list[str]:
     """Delete (or with ``dry_run`` only list) abandoned leftovers; returns the keys
     deleted (or that would be).
 
@@ -125,6 +126,8 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         warn: told what could not be looked at (a server without
             ListMultipartUploads), or why claims were left alone, one
             message each (default for the clock: a RuntimeWarning).
+        progress: told each folder as it is scanned (unit ``folders``), then
+            each leftover as it is looked at and removed (unit ``leftovers``).
 
     A writer's multipart uploads belong to its claim: they lie under the
     claimed directory. Once the claim is not live they are aborted at once,
@@ -163,7 +166,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
     doomed: list[tuple[str, bool]] = []
     folders = [(f, False) for f in top]
     folders += [(t.strip("/"), True) for t in trees]
+    progress.start("gc scan", files=len(folders), unit="folders")
     for folder, loong in folders:
+        progress.file_done(folder, 0)
         try:
             entries = store.list_dir(folder)
         except UnsafeEntryError as e:  # a link where the folder should be: never followed
@@ -213,7 +218,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         doomed=lambda k: claim_over(k) is False, warn=warn,
         orphan=lambda k: _writer_dir(k) and claim_over(k) is None,
         orphan_after=orphan_after)]
+    progress.start("gc remove", files=len(doomed), unit="leftovers")
     for key, is_dir in doomed:
+        progress.file_done(key, 0)
         if not is_dir:  # a claim that is not live: take it over, then clear under it
             folder_key = key[:-len(CLAIM_SUFFIX)]
             if dry_run:
@@ -237,8 +244,9 @@ def collect(store: Store, *, older_than: float, dry_run: bool = False,
         if not dry_run:
             delete_directory(store, key)
         removed.append(key)
-    return removed + versions(store, "", purge=purge_versions, dry_run=dry_run,
-                              warn=warn or _warn)
+    removed += versions(store, "", purge=purge_versions, dry_run=dry_run, warn=warn or _warn)
+    progress.finish()
+    return removed
 
 
 def versions(store: Store, prefix: str, *, purge: bool, dry_run: bool = False,

@@ -28,6 +28,7 @@ import errno
 import mmap
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
@@ -50,16 +51,23 @@ PIPELINE_CHUNK = 8 * 1024 * 1024
 _WRITERS = HelperPool(4, "hash-write")
 
 
+def _nothing(n: int) -> None:
+    pass
+
+
 class HashingWriter:
     """Wraps a binary writer; hashes and counts every byte written through it.
 
     Used to hash files while they are written (one pass over the bytes).
     """
 
-    def __init__(self, raw: IO[bytes], *, blake3: bool = False) -> None:
+    def __init__(self, raw: IO[bytes], *, blake3: bool = False,
+                 on_bytes: Callable[[int], None] | None = None) -> None:
         self.raw = raw
         self.size = 0
         self._h = ChainHasher(blake3=blake3)
+        #: told each block's byte count as it is written (registry.progress)
+        self._told = on_bytes or _nothing
 
     def write(self, data: bytes | memoryview) -> int:
         """Hash and write ``data``. A write over PIPELINE_CHUNK bytes (a whole
@@ -77,6 +85,7 @@ class HashingWriter:
                 self._h.update(piece)
                 written.result()
         self.size += n
+        self._told(n)
         return n
 
     def copy_from(self, src: IO[bytes], *, chunk: int = COPY_CHUNK,
@@ -129,6 +138,7 @@ class HashingWriter:
                     pending.append(hasher.submit(self._h.update, view))
                     self.raw.write(view)
                     self.size += n
+                    self._told(n)
                     i += 1
                     if len(pending) == depth:  # the next buffer is free again
                         pending.popleft().result()
@@ -192,6 +202,7 @@ class HashingWriter:
                                                 view[:padded], offset)
                     pending.append((hasher.submit(self._h.update, view[:n]), written))
                     offset += n
+                    self._told(n)
                     i += 1
                     if n < chunk:
                         break
@@ -235,6 +246,7 @@ class HashingWriter:
             with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher:
                 def on_chunk(offset: int, length: int) -> None:
                     pending.append(hasher.submit(hash_back, offset, length))
+                    self._told(length)
                     if len(pending) > 2:
                         pending.popleft().result()
                 try:

@@ -88,6 +88,12 @@ def read_manifest(store: Store, prefix: str) -> Manifest:
     try:
         data = store.read_bytes(key, limit=limits.MAX_MANIFEST_BYTES)
     except FileNotFoundError:
+        parts = prefix.strip("/").split("/")
+        if len(parts) == 3 and parts[0] == "models":  # a release: in the user's words
+            from registry.suggest import incomplete_version
+
+            raise NotCommittedError(incomplete_version(store.url, parts[1], parts[2]),
+                                    path=prefix) from None
         raise NotCommittedError(f"{store.url_of(prefix)}: not committed (no {MANIFEST})",
                                 path=prefix) from None
     except DocumentError:

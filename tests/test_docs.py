@@ -104,7 +104,9 @@ def test_real_help_matches_docs_cli_and_shows_the_fields_metavars(path: list[str
                 assert re.search(re.escape(opt) + r"\s+" + re.escape(metavar) + r"(\s|$)", out), \
                     (name, out)
             else:
-                assert re.search(re.escape(opt) + r"\s+[A-Z][a-z]", out), (name, out)
+                # a --flag/--no-flag pair shows both names, then the help
+                assert re.search(re.escape(opt) + r"(\s+--no-[a-z-]+)?\s+[A-Z][a-z]", out), \
+                    (name, out)
         else:  # an argument: its name, in the usage line and the arguments panel
             assert re.search(r"\b" + re.escape(name) + r"\b", out.split("Usage:", 1)[1]), name
 

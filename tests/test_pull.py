@@ -459,7 +459,7 @@ def _escaping_manifest(path: str) -> bytes:
 
 REFUSED = {
     # case: (API error, CLI exit code, message fragment)
-    "uncommitted": (NotCommittedError, 3, "no version or alias named '2'"),
+    "uncommitted": (NotCommittedError, 3, "version '2' of model 'tiny' is incomplete"),
     "not-json": (ManifestError, 5, "MANIFEST.json"),
     "schema": (ManifestError, 5, "MANIFEST.json"),
     "escape": (UnsafePathError, 5, "'..' segment"),

@@ -83,7 +83,14 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
             from registry.trust import load_trust
 
             trust = load_trust(trusted_key or [], trusted_keys)
-        doc = log_document(open_store(store), model_id, alias, at=when, trust=trust)
+        s = open_store(store)
+        doc = log_document(s, model_id, alias, at=when, trust=trust)
+        if not doc["moves"] and not doc["broken"] and when is None:
+            from registry.aliases import unknown_ref
+            from registry.layout import alias_key
+
+            if not s.exists(alias_key(model_id, alias)):  # never set: a typo?
+                raise unknown_ref(s, model_id, alias, kind="alias")
     for note in doc["broken"]:
         echo(f"warning: {note}", err=True)
     if as_json:

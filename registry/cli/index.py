@@ -12,6 +12,7 @@ import typer
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, RegistryTyper, app, print_json
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo, shown
+from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import RegistryError, UsageError
 from registry.store import open_store
 from registry.documents import revocation_list
@@ -53,7 +54,8 @@ def db_upgrade(db: DbOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @index_app.command("rebuild")
-def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
+                  progress: ProgressOpt = None) -> None:
     """Recompute the whole index from the store alone (local or S3).
 
     A SQLite file that is not a database (or whose schema no migration can
@@ -62,10 +64,10 @@ def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = F
     listing's word: a release missing from the listing is removed only when a
     HEAD of its manifest finds none. Each release skipped (staging, claimed),
     damaged, removed or kept against the listing is printed with the reason."""
-    with error_boundary(as_json):
+    with error_boundary(as_json), reporter(progress, as_json, "index rebuild") as bar:
         reg = _registry(store, db)
         aside = reg.repair_index()
-        counts = reg.rebuild_index()
+        counts = reg.rebuild_index(progress=bar)
     if as_json:
         # the counts document keeps its shape; a repair adds the file it moved
         print_json({**counts, **({"moved_aside": aside} if aside else {}),

@@ -10,6 +10,7 @@ import typer
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary
 from registry.cli.output import echo
+from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import GateFailedError
 from registry.words import count
 
@@ -65,14 +66,14 @@ def load(
         help="Also write the release's files other than the weights (config, tokenizer, "
              "card), each verified, into DIR: the folder an engine such as vLLM reads its "
              "config from while the weights stream (--load-format registry).")] = None,
-    store: StoreOpt = None, as_json: JsonOpt = False,
+    store: StoreOpt = None, as_json: JsonOpt = False, progress: ProgressOpt = None,
 ) -> None:
     """Stream every tensor of a release into memory, verified piece by piece; write nothing.
 
     Prints the tensors, bytes, GB/s and the time to the last tensor. Refusals
     (yanked, unsigned under trusted keys, failing gates with
     --require-passing, a bad piece) exit as `registry pull` does."""
-    with error_boundary(as_json):
+    with error_boundary(as_json), reporter(progress, as_json, f"load {ref}") as shown:
         from registry.load import open_weights
 
         if workers is not None:
@@ -111,10 +112,15 @@ def load(
 
                 Path(config_to).mkdir(parents=True, exist_ok=True)
                 write_small_files(w, Path(config_to))
+            shown.start("load", files=len(w), unit="tensors",
+                        total=sum(w.nbytes(n) for n in w.keys()))
             for name, tensor in w:
                 if list_tensors and not as_json:
                     echo(f"{name}\t{w.get_slice(name).get_dtype()}\t{list(tensor.shape)}")
                 del tensor
+                shown.advance(w.nbytes(name))
+                shown.file_done(name, w.nbytes(name))
+            shown.finish()
             stats = w.stats.to_dict()
             version = getattr(w, "version", None)
     doc = {"ref": ref, "version": version, "checkpoint": checkpoint, "framework": framework,

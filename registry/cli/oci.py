@@ -158,12 +158,16 @@ def pull_command(ref: str, *, ignored: dict[str, Any], to: str | None, cache: st
                  workers: int, verify: bool, force: bool, quiet: bool, fsync: bool,
                  blobs: bool | None, range_threshold: int,
                  trust_args: tuple[Any, Any, Any, Any], insecure: bool, insecure_remote: bool,
-                 username: str | None, password_stdin: bool, as_json: bool) -> None:
+                 username: str | None, password_stdin: bool, as_json: bool,
+                 progress: bool | None = None) -> None:
     """``registry pull oci://...``: :func:`registry.oci.pull.pull_oci`, reported
-    as a store pull is."""
+    (its progress included) as a store pull is."""
+    from registry.cli.progress import reporter
     from registry.oci.pull import pull_oci
 
-    with error_boundary(as_json):
+    files: list[int] = []
+    with error_boundary(as_json), reporter(False if quiet and progress is None else progress,
+                                           as_json, f"pull {ref}") as shown:
         given = [name for name, value in ignored.items() if value]
         if given:
             raise UsageError(f"{', '.join(given)}: not for an oci:// reference (an OCI "
@@ -176,7 +180,11 @@ def pull_command(ref: str, *, ignored: dict[str, Any], to: str | None, cache: st
         with client:
             result = pull_oci(client, oref, to=to, cache=cache, trust=trust, workers=workers,
                               verify=verify, force=force, fsync=fsync, blobs=blobs,
-                              range_threshold=range_threshold)
+                              range_threshold=range_threshold, on_files=files.append,
+                              on_start=lambda total: shown.start("pull", files=files[-1],
+                                                                 total=total),
+                              progress=shown.advance)
+            shown.finish()
     if as_json:
         print_json({**result.to_dict(), "ref": ref})
         return

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from registry.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary
 from registry.cli.oci import InsecureOpt, InsecureRemoteOpt, PasswordStdinOpt, UsernameOpt
 from registry.cli.output import echo
+from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
 from registry.gates import GateResult
@@ -44,7 +36,8 @@ def pull(
                                                           "materialized.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a target directory "
                                                         "holding other content.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar; print only the "
+                                                        "model directory's path.")] = False,
     range_threshold_mib: Annotated[int, typer.Option(
         "--range-threshold-mib", metavar="MIB",
         help="Files larger than this many MiB may be split into "
@@ -103,14 +96,13 @@ def pull(
              "error (exit 3).")] = False,
     insecure: InsecureOpt = False, insecure_remote: InsecureRemoteOpt = False,
     username: UsernameOpt = None, password_stdin: PasswordStdinOpt = False,
-    store: StoreOpt = None, as_json: JsonOpt = False,
+    store: StoreOpt = None, as_json: JsonOpt = False, progress: ProgressOpt = None,
 ) -> None:
     """Download, verify and place a release where the engine reads it (needs no index).
 
     A release that fails its gates now (a data source revoked since, a policy
     threshold it misses) is pulled with a warning naming the failing gate, or
     refused with --require-passing."""
-    show_bar = not quiet and not as_json and sys.stderr.isatty()
     if ref.startswith("oci://"):  # registry.oci: the same pull over an OCI artifact
         from registry.cli.oci import pull_command
 
@@ -124,7 +116,7 @@ def pull(
                             trust_args=(trusted_key, trusted_keys, trusted_ca, trusted_cas),
                             insecure=insecure, insecure_remote=insecure_remote,
                             username=username, password_stdin=password_stdin,
-                            as_json=as_json)
+                            as_json=as_json, progress=progress)
     with error_boundary(as_json):
         model_id, given = parse_ref(ref)
         name = given or ""  # a bare model id: registry.pull.opened.default_version
@@ -155,11 +147,9 @@ def pull(
         if failed and require_passing:
             raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing)",
                                   failed)
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                      console=Console(stderr=True), disable=not show_bar,
-                      transient=True) as bar:
-            task = bar.add_task(f"pull {ref}", total=None)
+        files: list[int] = []
+        with reporter(False if quiet and progress is None else progress, as_json,
+                      f"pull {ref}") as shown:
             result = do_pull(s, model_id, version, to=to, cache=cache, workers=workers,
                              verify=verify, force=force, fsync=not no_fsync,
                              blobs=True if blobs else (False if no_blobs else None),
@@ -167,8 +157,11 @@ def pull(
                              ref=name or None, allow_yanked=allow_yanked or offline,
                              gates=not offline and hint is None, require_passing=require_passing
                              and not offline and hint is None,
-                             on_start=lambda total: bar.update(task, total=total),
-                             progress=lambda n: bar.advance(task, n))
+                             on_files=files.append,
+                             on_start=lambda total: shown.start("pull", files=files[-1],
+                                                                total=total),
+                             progress=shown.advance)
+            shown.finish()
         if not offline and hint is None:
             failed = list(result.failing)
     if as_json:

@@ -49,7 +49,7 @@ def render() -> str:
                 continue
             if p.param_type_name == "option":
                 flags = ", ".join(f"`{o}{' ' + p.metavar if p.metavar else ''}`"
-                                  for o in p.opts)
+                                  for o in [*p.opts, *p.secondary_opts])
                 required = " (required)" if p.required else ""
                 lines.append(f"- {flags}{required}: {_first_paragraph(p.help)}")
             else:

@@ -1,10 +1,10 @@
-"""``registry publish``, ``release create``, ``gate check``, ``alias``, ``policy``, ``gc``."""
+"""``registry publish``, ``release create``, ``gate check``, ``alias``, ``policy``."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -29,11 +29,11 @@ from registry.cli.errors import (
     index_writes,
     report_not_indexed,
 )
-from registry.errors import GateFailedError, ObjectNotFoundError, UsageError
+from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
 from registry.gates import GateResult
-from registry.gc import collect, parse_duration
 from registry.certs import Certificate
 from registry.cli.output import echo
+from registry.cli.progress import ProgressOpt, reporter
 from registry.keys import PublicKey
 from registry.layout import model_root
 from registry.release.policy import signed_by, thresholds
@@ -88,20 +88,38 @@ def _require_model(store: Store, model_id: str) -> None:
     (so a typo is exit 3, not an empty answer)."""
     key = model_root(model_id)
     if nothing_stored(store, key):
-        raise ObjectNotFoundError(f"{store.url_of(key)}: no such model in the store", key=key)
+        from registry.suggest import unknown_model
+
+        try:
+            models = store.subdirs("models")
+        except (RegistryError, OSError):
+            models = []
+        raise ObjectNotFoundError(unknown_model(store.url, model_id, models), key=key)
 
 
-def _print_gates(results: tuple[GateResult, ...] | list[GateResult]) -> None:
+def _print_gates(results: Sequence[GateResult]) -> None:
     for r in results:
         echo(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.reason}")
 
 
-def _report(result: ReleaseResult, as_json: bool) -> None:
+class _GatePrinter:
+    """Prints gate results as they are decided (before the upload), then only
+    the ones decided later (a carried signature's, at the commit)."""
+
+    def __init__(self) -> None:
+        self.printed = 0
+
+    def __call__(self, results: Sequence[GateResult]) -> None:
+        _print_gates(results[self.printed:])
+        self.printed = len(results)
+
+
+def _report(result: ReleaseResult, as_json: bool, printed: int = 0) -> None:
     if as_json:
         print_json(result.to_dict())
         interrupt.commits_reported()
         return
-    _print_gates(result.gates)
+    _print_gates(result.gates[printed:])
     m = result.manifest
     echo(f"released {result.model_id}@{result.version} at {result.url}: "
                f"{count(len(m.files), 'file')}, {m.total_size} bytes, manifest sha256 {m.digest}")
@@ -109,14 +127,14 @@ def _report(result: ReleaseResult, as_json: bool) -> None:
 
 
 @contextmanager
-def _gate_failures(as_json: bool) -> Iterator[None]:
-    """Print every gate (failing ones with their reasons) before exiting 1; with
-    --json the gates are in the error document."""
+def _gate_failures(as_json: bool, printed: _GatePrinter | None = None) -> Iterator[None]:
+    """Print every gate (failing ones with their reasons) not printed yet
+    before exiting 1; with --json the gates are in the error document."""
     try:
         yield
     except GateFailedError as e:
         if not as_json:
-            _print_gates(e.results)
+            _print_gates(list(e.results)[printed.printed if printed else 0:])
         fail(f"{e.where}: not released: fails the release gates", EXIT_FAILED,
              as_json=as_json, cls="GateFailedError", path=e.where,
              gates=[r.to_dict() for r in e.results])
@@ -179,9 +197,16 @@ def publish(
              "format would serve it; the card and `registry show` then list every set. "
              "Repeatable.")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
+    progress: ProgressOpt = None,
 ) -> None:
-    """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
-    with error_boundary(as_json), _gate_failures(as_json), index_writes():
+    """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION.
+
+    On a terminal a bar shows the files and bytes written; the gate results
+    print as they are decided, before the first byte is written."""
+    gates = _GatePrinter()
+    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
+            reporter(progress, as_json, f"publish {model_id}@{version}",
+                     on_gates=gates) as shown:
         at_least("--group-size", group_size, 1)
         reg = _registry(store, db)
         result = reg.publish(
@@ -190,11 +215,11 @@ def publish(
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
             forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [],
-            keep_dtype=keep_dtype, card_verbatim=card_verbatim)
+            keep_dtype=keep_dtype, card_verbatim=card_verbatim, progress=shown)
     for link, target in result.followed:
         echo(f"warning: followed {link} -> {target}, outside the model directory "
              "(--follow-symlinks)", err=True)
-    _report(result, as_json)
+    _report(result, as_json, gates.printed)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
@@ -232,10 +257,16 @@ def release_create(
              "tokenizer files go with the weights (default: the step's hf_model/ ones).")] = None,
     require: RequireOpt = None, sign_key: SignKeyOpt = None, sign_cert: SignCertOpt = None,
     cert_chain: CertChainOpt = None, store: StoreOpt = None, db: DbOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonOpt = False, progress: ProgressOpt = None,
 ) -> None:
-    """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE)."""
-    with error_boundary(as_json), _gate_failures(as_json), index_writes():
+    """Release checkpoint STEP of RUN as MODEL_ID@VERSION (weights converted to DTYPE).
+
+    On a terminal a bar shows the files and bytes written; the gate results
+    print as they are decided, before the first byte is written."""
+    gates = _GatePrinter()
+    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
+            reporter(progress, as_json, f"release {model_id}@{version}",
+                     on_gates=gates) as shown:
         at_least("--step", step, 0)
         at_least("--group-size", group_size, 1)
         fields = {}
@@ -258,8 +289,8 @@ def release_create(
             checkpoint_root=(checkpoint_path or "") if loong else None,
             subdir=part if loong else "", sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
-            hf_model_path=hf_model_path)
-    _report(result, as_json)
+            hf_model_path=hf_model_path, progress=shown)
+    _report(result, as_json, gates.printed)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
@@ -426,54 +457,6 @@ def _anchor_text(k: PublicKey | Certificate) -> str:
     return f"a certificate of CA {k.subject!r} ({k.name}, {k.fingerprint})"
 
 
-@app.command()
-def gc(older_than: Annotated[str, typer.Option("--older-than", metavar="DURATION",
-                                               help="Only leftovers older than "
-                                                    "this; the unit is required "
-                                                    "(90s, 15m, 2h, 7d).")] = "1h",
-       dry_run: Annotated[bool, typer.Option("--dry-run", help="List, delete nothing.")] = False,
-       checkpoint_path: Annotated[list[str] | None, typer.Option(
-           "--checkpoint-path", metavar="PATH",
-           help="Also scan this LoongSage checkpoint tree (relative to "
-                "the store; repeatable).")] = None,
-       break_claims: Annotated[bool, typer.Option(
-           "--break-claims", help="Also remove claims whose lease is still live (their "
-                                  "writers are known to be gone).")] = False,
-       purge_versions: Annotated[bool, typer.Option(
-           "--purge-versions", help="On a bucket with versioning or object lock on: also "
-                                    "delete every noncurrent version and delete marker under "
-                                    "the store (what was deleted or replaced is otherwise "
-                                    "still stored, billed and readable; see "
-                                    "docs/s3-servers.md).")] = False,
-       store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Remove abandoned claims, staging dirs, uncommitted leftovers and the
-    temporary files of killed event appends (events/.tmp-*); never a commit.
-
-    Ages are measured on the store's clock (a probe object), never this
-    host's; when this host's clock is further from the store's than
-    REGISTRY_CLOCK_TOLERANCE (60 s), claims are left alone and a warning
-    says so."""
-    with error_boundary(as_json):
-        s = open_store(store)
-        seconds = parse_duration(older_than, what="--older-than")
-        for tree in checkpoint_path or []:
-            if nothing_stored(s, tree.strip("/")):
-                raise ObjectNotFoundError(f"{s.url_of(tree.strip('/'))}: no such checkpoint "
-                                          "tree (nothing there)", key=tree.strip("/"))
-        notes: list[str] = []
-        removed = collect(s, older_than=seconds, dry_run=dry_run,
-                          trees=checkpoint_path or [], break_claims=break_claims,
-                          warn=notes.append, purge_versions=purge_versions)
-    if as_json:
-        print_json({"removed": [s.url_of(k) for k in removed], "dry_run": dry_run,
-                    "warnings": notes, "skipped": s.skipped})
-    else:
-        for note in notes:
-            echo(f"warning: {note}", err=True)
-        for why in s.skipped:
-            echo(f"warning: skipped {why}", err=True)
-        for k in removed:
-            echo(f"{'would remove' if dry_run else 'removed'} {s.url_of(k)}")
-        if not removed:
-            echo(f"nothing to remove in {s.url} (no leftover older than {older_than})",
-                       err=True)
+# ``registry gc`` lives in its own module; registered here, after policy, so
+# that --help and docs/cli.md keep their order.
+from registry.cli import gc as _gc  # noqa: E402,F401

@@ -57,6 +57,7 @@ from registry.alias_history import AliasMove, history_aliases, read_head, walk
 from registry.release.policy import thresholds
 from registry.sequence import sequence_of
 from registry.store import Store, join
+from registry.progress import NULL, Progress
 
 __all__ = ["rebuild"]
 
@@ -251,7 +252,7 @@ def _legacy_ranks(plan: _Plan) -> dict[tuple[str, str], int]:
             for rank, (_, v) in enumerate(sorted(rows), start=1)}
 
 
-def rebuild(index: Index, store: Store) -> dict[str, Any]:
+def rebuild(index: Index, store: Store, progress: Progress = NULL) -> dict[str, Any]:
     """Recompute the index from the store; returns counts per kind and
     ``report``: one ``{"action", "what", "reason"}`` per release skipped,
     damaged, removed or kept against the listing (actions ``skipped``,
@@ -265,10 +266,14 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
     replaced: readers see the old index or the new one, never an emptied
     one, and a store that cannot be read leaves the index as it was.
 
+    ``progress`` is told the scan (no total), then each release as it is
+    recorded (unit ``releases``).
+
     Raises:
         StorageError: the store could not be read; the index is unchanged.
         IndexDatabaseError: the database failed; the index is unchanged.
     """
+    progress.start("index scan", unit="releases")
     plan = _scan(store, index.read(_indexed))
     legacy = _legacy_ranks(plan)
     counts: dict[str, Any] = {}
@@ -283,7 +288,9 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
         damaged: list[dict[str, str]] = []
         models = sorted({m for m, _ in plan.releases} | {m for m, _ in plan.aliases}
                         | set(plan.policies))
+        progress.start("index rebuild", files=len(plan.releases), unit="releases")
         for model_id, version in sorted(plan.releases):
+            progress.file_done(f"{model_id}@{version}", 0)
             if _guarded(s, damaged, f"{model_id}@{version}", lambda: record_release(
                     s, store, model_id, version, legacy_seq=legacy.get((model_id, version)))):
                 counts["releases"] += 1
@@ -316,6 +323,7 @@ def rebuild(index: Index, store: Store) -> dict[str, Any]:
             counts["quarantined"] = quarantined
 
     index.run(work)
+    progress.finish()
     return counts
 
 

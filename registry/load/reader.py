@@ -147,6 +147,11 @@ class WeightsReader:
         """Tensor names, file by file in file order."""
         return list(self._tensors)
 
+    def nbytes(self, name: str) -> int:
+        """Bytes of tensor ``name``'s data in its file (KeyError: no such tensor)."""
+        info = self._tensors[name][1]
+        return info.end - info.begin
+
     def metadata(self) -> dict[str, str]:
         """The weights' ``__metadata__`` (of every shard, merged; verified before it
         is returned: the headers' pieces are read)."""

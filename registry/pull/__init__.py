@@ -228,6 +228,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
          cache: str | Path | None = None, workers: int = 8, verify: bool = False,
          force: bool = False, progress: Callable[[int], None] | None = None,
          on_start: Callable[[int], None] | None = None,
+         on_files: Callable[[int], None] | None = None,
          range_threshold: int | None = None, fsync: bool = True,
          trust: Trust | None = None, blobs: bool | None = None,
          ref: str | None = None, allow_yanked: bool = False, gates: bool = False,
@@ -243,6 +244,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         force: replace a target directory that holds other content.
         progress: called with each chunk's byte count as it lands.
         on_start: called once with the number of bytes to download.
+        on_files: called once, just before ``on_start``, with the number of
+            files to download (registry.cli.progress shows both).
         range_threshold: files larger than this (bytes, default 64 MiB) may be
             split into parallel byte ranges, when their stream's measured rate
             and time to first byte say it pays (see registry.pull.download);
@@ -364,6 +367,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     need = sum(e.size for e in missing.values())
     _check_space(c, target, need if blobs else 0,
                  0 if holds and not changed else manifest.total_size)
+    if on_files:
+        on_files(len(missing))
     if on_start:
         on_start(need)
     workers = max(1, workers)

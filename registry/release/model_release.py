@@ -33,6 +33,7 @@ from registry.commit import DirectoryWriter
 from registry.errors import (
     DocumentError,
     IntegrityError,
+    NotCommittedError,
     ObjectNotFoundError,
     RegistryError,
     UsageError,
@@ -60,7 +61,7 @@ from registry.release.convert import (
     weights_groups,
 )
 from registry.release.dist_release import choose_part, dist_source
-from registry.release.step_source import check_step_source
+from registry.release.step_source import check_step_source, missing_step
 from registry.checkpoint.loongsage_format import DIST
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
@@ -69,6 +70,7 @@ from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
 from registry.model_sig import SIGNATURE
 from registry.sourcecheck import SourceHashes
 from registry.sourcedir import SourceRule
+from registry.progress import NULL, Progress
 from registry.store import LocalStore, Store, join, open_store
 from registry.store.source import SourceDirStore
 from registry.verify import read_manifest, require_verified
@@ -148,6 +150,8 @@ class ModelRelease:
     def __init__(self, store: str | Store | None = None) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
         self.on_commit: list[Callable[[ReleaseResult], None]] = []
+        #: told the gates as decided, then the files and bytes as written
+        self.progress: Progress = NULL
 
     # -- inputs and gates --------------------------------------------------------
 
@@ -168,6 +172,7 @@ class ModelRelease:
                                                 carries_signature=carries_signature)
         if code_found is not None and (forbid_code or policy.forbids_code(self.store, model_id)):
             results.append(release_code.gate_code(code_found))
+        self.progress.gates(results)  # as decided, passing or not
         if not gates.passed(results):
             raise GateFailedError(where, results)
         return tuple(results)
@@ -271,7 +276,10 @@ class ModelRelease:
             raise UsageError("run_id is required for a run's checkpoints (runs/<run>/ckpt)")
         tree = CheckpointTree(self.store, checkpoint_root if checkpoint_root is not None
                               else run_root(check_name(run_id, "run_id")), layout)
-        src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        try:
+            src_manifest = require_verified(self.store, tree.prefix(step), full=True)
+        except NotCommittedError:
+            raise missing_step(tree, run_id, step) from None
         run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
         if layout.name == "loongsage":
@@ -524,9 +532,18 @@ class ModelRelease:
                          and not n.startswith("evals/") and not n.startswith("heads/")
                          and (copy_all or n in CARRIED) and n not in extra
                          and not (n == SIGNATURE and signer is not None))
+        docs = {"MODEL_CARD.md": card.encode(), "ledger.json": _dump(facts.ledger),
+                "evals/summary.json": _dump(facts.evals),
+                **{f"heads/{h['name']}.json": _dump(h) for h in head_docs}}
+        planned = ({n: names[n] for n in weights.files} if shard_plan is None
+                   else {f["path"]: f["bytes"] or 0 for f in shard_plan.files})
+        planned |= {n: names[n] for n in carried} | {n: len(b) for n, b in extra.items()}
+        planned |= {n: len(b) for n, b in docs.items()}
+        self.progress.start("release", files=len(planned) + (signer is not None),
+                            total=sum(planned.values()))
         with DirectoryWriter(self.store, prefix, kind="release",
                              meta={"model_id": model_id, "version": version, "source": source},
-                             conflict_error=VersionExistsError) as w:
+                             conflict_error=VersionExistsError, progress=self.progress) as w:
             # Every byte taken from the source is checked against the source's
             # manifest (release create) before the commit; a converted file
             # against a streamed read when the source has none (publish).
@@ -539,11 +556,8 @@ class ModelRelease:
                 _copy(src_store, join(src, name), w, name, digests, checks)
             for name, data in extra.items():
                 w.write_bytes(name, data)
-            w.write_bytes("MODEL_CARD.md", card.encode())
-            w.write_bytes("ledger.json", _dump(facts.ledger))
-            w.write_bytes("evals/summary.json", _dump(facts.evals))
-            for h in head_docs:
-                w.write_bytes(f"heads/{h['name']}.json", _dump(h))
+            for name, data in docs.items():
+                w.write_bytes(name, data)
             results = signature_gate.seal(w, signer, self.store, model_id, version, results)
             # The store's order, not this host's clock (registry.sequence):
             # taken last, under the claim, right before the commit marker.
@@ -553,6 +567,7 @@ class ModelRelease:
                                   sequence.FIELD: str(sequence.next_sequence(
                                       self.store, model_id, publishing=version))}
             manifest = w.commit()
+        self.progress.finish()
         result = ReleaseResult(model_id, version, self.store.url_of(prefix), manifest, results,
                                source_checks=tuple(sorted(checks.items())),
                                other_weights=tuple((k, tuple(v)) for k, v in others.items()))

@@ -10,11 +10,16 @@ sha256, read in full) -- the same guarantee ``release create`` gives for a step.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from registry.checkpoint.layout import LAYOUTS
-from registry.errors import IntegrityError, NotCommittedError
+from registry.errors import IntegrityError, NotCommittedError, RegistryError
+from registry.manifest import MANIFEST
 from registry.store import join, open_store
 from registry.verify import read_manifest, verify_entries
+
+if TYPE_CHECKING:
+    from registry.checkpoint.tree import CheckpointTree
 
 
 def check_step_source(url: str) -> str | None:
@@ -63,3 +68,29 @@ def check_step_source(url: str) -> str | None:
                              actual_size=p.actual_size, expected_sha256=p.expected_sha256,
                              actual_sha256=p.actual_sha256, reason=p.reason)
     return manifest.digest
+
+
+def missing_step(tree: CheckpointTree, run_id: str | None, step: int) -> NotCommittedError:
+    """The error for ``release create`` of a step with no committed checkpoint,
+    in the user's words (:func:`registry.suggest.missing_step`): the run is
+    unknown (with close matches), the step's save did not finish, or the run
+    has no such step (its committed steps listed)."""
+    from registry import suggest
+    from registry.layout import RUNS
+
+    store = tree.store
+    run = run_id or tree.root
+    try:
+        started = tree.steps()
+        committed = [s for s in started if store.exists(join(tree.prefix(s), MANIFEST))]
+    except (RegistryError, OSError):
+        started, committed = [], []
+    runs = None
+    if not started and run_id is not None:
+        try:
+            empty = not store.list_dir(tree.root)
+            runs = store.subdirs(RUNS) if empty else None
+        except (RegistryError, OSError):
+            runs = []
+    return NotCommittedError(suggest.missing_step(store.url, run, step, committed, started,
+                                                  runs), path=tree.prefix(step))
