@@ -10,26 +10,8 @@ import functools
 import sys
 from typing import Any
 
-import typer
-
 from registry import interrupt, numbers
-from registry.cli import (  # noqa: F401  (registers commands)
-    cache,
-    ckpt,
-    index,
-    keys,
-    lifecycle,
-    load,
-    loongsage,
-    pull,
-    quickstart,
-    release,
-    serve,
-    verify,
-)
-from registry.cli import aliases, events  # noqa: F401,E402  (after release: alias rm, log)
-from registry.cli import oci  # noqa: F401,E402  (push, import; after release)
-from registry.cli.app import app
+from registry.cli.app import app  # the Typer app; its commands load on use (commands.py)
 from registry.cli.errors import error_document
 from registry.cli.usage import usage_line
 from registry.words import count
@@ -37,9 +19,11 @@ from registry.words import count
 
 @functools.cache
 def _command() -> Any:
-    """The click command typer builds from :data:`app` (built once: a few
-    hundred ms, which a process calling :func:`main` per case pays once)."""
-    return typer.main.get_command(app)
+    """The root click command (built once): the root options, and each command
+    built from its module when it runs (registry.cli.commands)."""
+    from registry.cli.commands import root
+
+    return root()
 
 
 def main() -> None:
@@ -88,7 +72,9 @@ def _interrupted(args: list[str], as_json: bool) -> None:
     unwound (staging removed, claim released) unless it had committed; a command
     that also indexes says how to index what may have committed."""
     words = [a for a in args if not a.startswith("-")][:2]
-    groups = {n for n, c in _command().commands.items() if hasattr(c, "list_commands")}
+    from registry.cli.commands import COMMANDS
+
+    groups = {n for n, (_, group, _) in COMMANDS.items() if group}
     command = " ".join(["registry", *words[:2 if words and words[0] in groups else 1]])
     line = f"{command}: interrupted by {interrupt.signal_name()}"
     if command.removeprefix("registry ") in _INDEX_WRITERS:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from registry import numbers
 from registry.cli.output import echo
-from registry.store import Store
+
+if TYPE_CHECKING:
+    from registry.store import Store
 
 
 def _fix_metavar(param: Any) -> None:
@@ -90,7 +92,43 @@ class RegistryTyper(typer.Typer):
         return super().command(*args, **kw)
 
 
-app = RegistryTyper(
+class RootTyper(RegistryTyper):
+    """The root app. Its command modules register on it when imported
+    (registry.cli.commands imports only the one a command line runs); reading
+    ``registered_commands`` / ``registered_groups`` from outside a registration
+    (``typer.main.get_command(app)``, a test's CliRunner) imports them all
+    first, so the whole tree is there."""
+
+    _registering = 0  # > 0 while registry.cli.commands imports command modules
+    _loaded = False
+
+    def _all(self) -> None:
+        if not self._registering and not RootTyper._loaded:
+            RootTyper._loaded = True
+            from registry.cli.commands import load_all
+
+            load_all()
+
+    @property  # type: ignore[override]
+    def registered_commands(self) -> list[Any]:
+        self._all()
+        return self._commands
+
+    @registered_commands.setter
+    def registered_commands(self, value: list[Any]) -> None:
+        self._commands = value
+
+    @property  # type: ignore[override]
+    def registered_groups(self) -> list[Any]:
+        self._all()
+        return self._groups
+
+    @registered_groups.setter
+    def registered_groups(self, value: list[Any]) -> None:
+        self._groups = value
+
+
+app = RootTyper(
     name="registry",
     help="Object-store-backed registry for model directories: checkpoints, releases, "
          "gates and pull.",
