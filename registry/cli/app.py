@@ -39,9 +39,29 @@ def _fix_metavar(param: Any) -> None:
         param.metavar = (param.name or "").upper()
 
 
+class RegistryContext(typer.Context):
+    """A click context whose defaults come from the config file's profile
+    (registry.config) when neither the flag nor its environment variable is
+    given: click asks ``lookup_default`` only then, so the order is flag >
+    environment variable > profile > built-in default."""
+
+    def lookup_default(self, name: str, call: bool = True) -> Any:
+        value = super().lookup_default(name, call)
+        if value is None:
+            value = self.find_root().meta.get(PROFILE_DEFAULTS, {}).get(name)
+        return value
+
+
+#: ``ctx.meta`` key of the root context: {parameter name: the profile's value}
+PROFILE_DEFAULTS = "registry.profile_defaults"
+
+
 class _NamesItsCommand:
     """Parsing errors name their command: the parser raises some (an option
-    missing its value) without a context, which would name only ``registry``."""
+    missing its value) without a context, which would name only ``registry``.
+    Its contexts read the profile's defaults (:class:`RegistryContext`)."""
+
+    context_class = RegistryContext
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
@@ -165,14 +185,20 @@ def _root(
         "--metrics-push", envvar="REGISTRY_METRICS_PUSH", metavar="URL",
         help="Push the command's Prometheus metrics to this Pushgateway when it ends.")
     ] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", envvar="REGISTRY_PROFILE", metavar="NAME",
+        help="Profile of the config file to take settings from (flags and environment "
+             "variables still win; docs/configuration.md).")] = None,
 ) -> None:
     """Object-store-backed registry for model directories."""
     if debug:
         os.environ["REGISTRY_DEBUG"] = "1"
     from registry.cli.errors import error_boundary
     from registry.cli.observe import start
+    from registry.cli.profile import apply_profile
 
     with error_boundary(log_format == "json"):
+        apply_profile(ctx, profile)
         start(ctx, log_format=log_format, metrics_file=metrics_file, metrics_push=metrics_push)
     # memory:// stores live only inside one process: a command line cannot use them
     from registry.store import refuse_memory_stores
