@@ -119,3 +119,9 @@ def test_built_command_is_the_full_one(name: str) -> None:
     full = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
     assert [p.name for p in lazy.params] == [p.name for p in full.params]
     assert sorted(getattr(lazy, "commands", {})) == sorted(getattr(full, "commands", {}))
+
+
+def test_modules_lists_every_module_of_the_table() -> None:
+    from registry.cli.commands import MODULES
+
+    assert {m for mods, _, _ in COMMANDS.values() for m in mods} == set(MODULES)

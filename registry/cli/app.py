@@ -10,6 +10,7 @@ so ``--help`` reads the same whatever typer/click versions render it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -197,8 +198,10 @@ def _root(
     from registry.cli.observe import start
     from registry.cli.profile import apply_profile
 
-    with error_boundary(log_format == "json"):
+    # the command's --json is not parsed yet: the console script's argv says it
+    with error_boundary(log_format == "json" or "--json" in sys.argv[1:]):
         apply_profile(ctx, profile)
+    with error_boundary(log_format == "json"):
         start(ctx, log_format=log_format, metrics_file=metrics_file, metrics_push=metrics_push)
     # memory:// stores live only inside one process: a command line cannot use them
     from registry.store import refuse_memory_stores

@@ -86,9 +86,12 @@ COMMANDS: dict[str, tuple[tuple[str, ...], bool, str]] = {
                "The config file and its profiles (store, index, trusted keys, token file)."),
 }
 
-#: every command module, in the order that registers the commands as listed
-MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for mods, _, _ in COMMANDS.values()
-                                               for m in mods))
+#: every command module, in the order that registers the commands as
+#: ``docs/cli.md`` lists them (release before aliases, oci and lifecycle's
+#: additions to its groups)
+MODULES: tuple[str, ...] = tuple(f"registry.cli.{m}" for m in (
+    "cache", "ckpt", "index", "keys", "lifecycle", "load", "loongsage", "pull", "quickstart",
+    "release", "serve", "verify", "aliases", "events", "oci", "config"))
 
 
 def load_all() -> None:
