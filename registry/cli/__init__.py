@@ -2,19 +2,42 @@
 
 Each command module builds the library objects, calls them and converts errors
 at the boundary (:mod:`registry.cli.errors`).
+
+``import registry.cli`` loads neither typer nor any command: ``registry
+--version`` answers before typer loads, and the root command imports a
+command's module only when it runs (:mod:`registry.cli.commands`).
+``registry.cli.app`` is the Typer app (:mod:`registry.cli.app`'s ``app``),
+loaded on first use.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import types
 from typing import Any
 
 from registry import interrupt, numbers
-from registry.cli.app import app  # the Typer app; its commands load on use (commands.py)
-from registry.cli.errors import error_document
-from registry.cli.usage import usage_line
 from registry.words import count
+
+
+class _Package(types.ModuleType):
+    """This package's module type: its ``app`` attribute is the Typer app,
+    loaded on first use, never the submodule of the same name (which the
+    import system would bind there when it loads it)."""
+
+    @property
+    def app(self) -> Any:
+        from registry.cli.app import app
+
+        return app
+
+    @app.setter
+    def app(self, value: Any) -> None:
+        pass  # the submodule registry.cli.app: the property answers instead
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 @functools.cache
@@ -36,6 +59,11 @@ def main() -> None:
     A group given no command prints its help (exit 2).
     """
     args = sys.argv[1:]
+    if args == ["--version"]:  # the answer needs no typer, no command
+        from registry import __version__
+
+        print(f"registry {__version__}")
+        sys.exit(0)
     as_json = "--json" in args
     interrupt.terminate_like_interrupt()
     try:
@@ -45,6 +73,9 @@ def main() -> None:
         # typer carries its own copy of click
         if not (hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
             raise
+        from registry.cli.errors import error_document
+        from registry.cli.usage import usage_line
+
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(exc.format_message())
             sys.exit(exc.exit_code)
@@ -71,6 +102,8 @@ def _interrupted(args: list[str], as_json: bool) -> None:
     """One line for SIGINT/SIGTERM, exit 130/143 (docs/errors.md): a write was
     unwound (staging removed, claim released) unless it had committed; a command
     that also indexes says how to index what may have committed."""
+    from registry.cli.errors import error_document
+
     words = [a for a in args if not a.startswith("-")][:2]
     from registry.cli.commands import COMMANDS
 
