@@ -28,6 +28,7 @@ class _Package(types.ModuleType):
 
     @property
     def app(self) -> Any:
+        import registry.cli.commands  # noqa: F401  (reading its commands loads them all)
         from registry.cli.app import app
 
         return app

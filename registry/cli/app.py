@@ -19,6 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from registry import numbers
 from registry.cli.output import echo
+from registry.cli.profile import PROFILE_DEFAULTS
 
 if TYPE_CHECKING:
     from registry.store import Store
@@ -51,10 +52,6 @@ class RegistryContext(typer.Context):
         if value is None:
             value = self.find_root().meta.get(PROFILE_DEFAULTS, {}).get(name)
         return value
-
-
-#: ``ctx.meta`` key of the root context: {parameter name: the profile's value}
-PROFILE_DEFAULTS = "registry.profile_defaults"
 
 
 class _NamesItsCommand:
@@ -122,13 +119,14 @@ class RootTyper(RegistryTyper):
 
     _registering = 0  # > 0 while registry.cli.commands imports command modules
     _loaded = False
+    #: imports every command module: registry.cli.commands.load_all, set when
+    #: that module loads (``registry.cli.app`` of the package loads it)
+    loader: Callable[[], None] | None = None
 
     def _all(self) -> None:
-        if not self._registering and not RootTyper._loaded:
+        if not self._registering and not RootTyper._loaded and RootTyper.loader is not None:
             RootTyper._loaded = True
-            from registry.cli.commands import load_all
-
-            load_all()
+            RootTyper.loader()
 
     @property  # type: ignore[override]
     def registered_commands(self) -> list[Any]:

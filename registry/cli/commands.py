@@ -21,7 +21,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from registry.cli.app import RegistryGroup, app
+from registry.cli.app import RegistryGroup, RootTyper, app
 
 _I, _R, _L = "registry.cli.index", "registry.cli.release", "registry.cli.lifecycle"
 
@@ -178,3 +178,6 @@ def root() -> Any:
 def first_paragraph(text: str | None) -> str:
     """The first paragraph of a help text, as :data:`COMMANDS` records it."""
     return inspect.cleandoc(text or "").split("\n\n")[0]
+
+
+RootTyper.loader = load_all  # reading the whole app's commands loads them all

@@ -6,7 +6,7 @@ options are parsed: it puts the profile's settings where
 environment variables a profile stands for (S3 endpoint, region, AWS profile;
 the token ``pull``/``load --from`` send) for the command, unless they are set.
 
-May import: registry.config, registry.cli.app.
+May import: registry.config (not registry.cli.app, which imports this).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import os
 from typing import Any
 
 from registry import config
-from registry.cli.app import PROFILE_DEFAULTS
+
+#: ``ctx.meta`` key of the root context: {parameter name: the profile's value},
+#: what registry.cli.app.RegistryContext gives as defaults
+PROFILE_DEFAULTS = "registry.profile_defaults"
 
 #: commands that read the mirror token ($HF_TOKEN) a profile's token_file gives
 _MIRROR_CLIENTS = ("pull", "load")
