@@ -137,3 +137,17 @@ def test_modules_lists_every_module_of_the_table() -> None:
     from registry.cli.commands import MODULES
 
     assert {m for mods, _, _ in COMMANDS.values() for m in mods} == set(MODULES)
+
+
+def test_importing_one_command_module_loads_no_other(tmp_path: Path) -> None:
+    """The web pages import registry.cli.aliases for its time parser: a
+    command module registering itself must not start loading every other
+    one (some import each other: a half-imported module broke that)."""
+    out = tmp_path / "cli.json"
+    code = ("import json, sys\nimport registry.cli.commands\nimport registry.cli.aliases\n"
+            f"open({str(out)!r}, 'w').write(json.dumps(sorted(m for m in sys.modules "
+            "if m.startswith('registry.cli.'))))")
+    _loaded(tmp_path, code)
+    loaded = set(json.loads(out.read_text()))
+    assert {"registry.cli.aliases", "registry.cli.release"} <= loaded
+    assert not loaded & {"registry.cli.pull", "registry.cli.serve", "registry.cli.lifecycle"}

@@ -123,6 +123,25 @@ class RootTyper(RegistryTyper):
     #: that module loads (``registry.cli.app`` of the package loads it)
     loader: Callable[[], None] | None = None
 
+    def command(self, *args: Any, **kw: Any) -> Callable[..., Any]:
+        decorator = super().command(*args, **kw)
+
+        def register(f: Any) -> Any:
+            self._registering += 1  # a module registering itself loads no other
+            try:
+                return decorator(f)
+            finally:
+                self._registering -= 1
+
+        return register
+
+    def add_typer(self, *args: Any, **kw: Any) -> None:
+        self._registering += 1
+        try:
+            super().add_typer(*args, **kw)
+        finally:
+            self._registering -= 1
+
     def _all(self) -> None:
         if not self._registering and not RootTyper._loaded and RootTyper.loader is not None:
             RootTyper._loaded = True
