@@ -151,6 +151,28 @@ def _signing_key(work: Path, say: Callable[[str], None]) -> tuple[Path, Path] | 
     return priv, pub
 
 
+#: what ``registry serve`` imports from the web extra
+WEB_MODULES = ("fastapi", "uvicorn")
+
+
+def missing_web_module() -> str | None:
+    """The first module of the web extra this environment lacks; None when
+    ``registry serve`` can run (the quickstart lock installs the extra)."""
+    import importlib.util
+
+    return next((m for m in WEB_MODULES if importlib.util.find_spec(m) is None), None)
+
+
+def browse_line(serve: str, missing: str | None) -> str:
+    """The quickstart's closing hint: the ``serve`` command, and the extra to
+    install only when a module of it is ``missing``."""
+    if missing is None:
+        return f"see it all in a browser (read-only): {serve}, then open http://127.0.0.1:8080/"
+    return (f"see it all in a browser (read-only): {serve}   # needs the web extra "
+            f"({missing} is missing): pip install 'modeldir-registry[web]'; then open "
+            "http://127.0.0.1:8080/")
+
+
 def serve_line(store: str | None = None, db: str | None = None) -> str:
     """The ``registry serve`` command for ``store`` and ``db`` (None: the defaults)."""
     parts = ["registry", "serve"]
@@ -260,8 +282,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     store_url, db_url = reg.store.url, reg.index.url
     reg.close()
     serve = serve_line(store_url if store else None, db_url if db else None)
-    say(f"see it all in a browser (read-only): {serve}   # needs the web extra: "
-        "pip install 'modeldir-registry[web]'; then open http://127.0.0.1:8080/")
+    say(browse_line(serve, missing_web_module()))
     listing = cache_ls_line(cache)
     say("what the serving host's pull cache holds (`registry cache prune` gives disk back, "
         "`registry cache verify` re-hashes it):")

@@ -243,6 +243,15 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
                                  "--to", "{w}/p3"], 5, ["ledger.json", "PEM"]),
     ("publish-sign-cert-without-key", ["publish", "{w}/hf", *PUB, "--version", "7",
                                        "--sign-cert", "{w}/ledger.json"], 2, ["--sign-key"]),
+    # -- the config file and its profiles (issue 44)
+    ("config-set-unknown-key", ["config", "set", "colour", "red"], 2, ["'colour'", "unknown"]),
+    ("config-set-inline-secret", ["config", "set", "token", "s3cr3t"], 2,
+     ["'token'", "token_file = PATH"]),
+    ("config-set-bad-profile", ["config", "set", "store", "{w}/s", "--profile", "a b"], 2,
+     ["profile 'a b'"]),
+    ("config-show-unknown-profile", ["config", "show", "--profile", "nope"], 2,
+     ["no profile 'nope'"]),
+    ("profile-unknown", ["--profile", "nope", "ls"], 2, ["no profile 'nope'", "config.toml"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a
@@ -296,6 +305,7 @@ def _run(w: Path, cases: list[list[str]]) -> list[tuple[int, str, str]]:
     env.pop("REGISTRY_STORE", None)
     env.pop("REGISTRY_DB", None)
     env.pop("REGISTRY_DEBUG", None)
+    env["REGISTRY_CONFIG"] = str(w / "config" / "config.toml")
     # a module-scoped caller runs before the per-test REGISTRY_CACHE is set:
     # never let a pull fill the user's ~/.cache/model-registry
     env.setdefault("REGISTRY_CACHE", str(w.parent / f"{w.name}-pull-cache"))
@@ -404,6 +414,7 @@ SUCCESS: list[list[str]] = [
     ["pull", "tiny@1", "--to", "{w}/ok3", "--cache", "{w}/cache"],
     ["cache", "ls", "--cache", "{w}/cache"], ["cache", "verify", "--cache", "{w}/cache"],
     ["cache", "prune", "--keep-last", "0", "--cache", "{w}/cache"],
+    ["config", "set", "store", "{w}/artifacts"], ["config", "show"],
 ]
 
 #: Empty answers, in text mode: exit 0 and a sentence on stderr, stdout clean.

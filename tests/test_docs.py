@@ -154,3 +154,26 @@ def test_every_relative_link_resolves(doc: str) -> None:
         assert dest.exists(), f"{doc}: link {target} names no file"
         if anchor and dest.suffix == ".md":
             assert anchor in _anchors(dest), f"{doc}: link {target}: no such heading"
+
+
+def test_readme_says_its_install_commands_share_one_venv() -> None:
+    """A newcomer runs the README's commands in one checkout: when they create
+    the same virtual environment, the README says so (issue 44)."""
+    text = (DOCS.parent / "README.md").read_text()
+    folders = re.findall(r"^python3 -m venv (\S+) ", text, re.M)
+    assert len(folders) == 2
+    if len(set(folders)) == 1:
+        assert f"Both commands create the same `{folders[0]}` in the checkout" in text
+
+
+def test_readme_names_the_command_adding_the_postgres_driver() -> None:
+    """The quickstart lock has no Postgres driver: the README gives the one
+    command that adds the postgres extra's requirement (issue 44)."""
+    import tomllib
+
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    driver = project["optional-dependencies"]["postgres"][0]
+    lock = (DOCS.parent / "requirements" / "quickstart.lock").read_text()
+    if not re.search(r"^psycopg==", lock, re.M):
+        text = (DOCS.parent / "README.md").read_text()
+        assert f"`.venv/bin/pip install '{driver}'`" in text

@@ -54,7 +54,9 @@ def test_quickstart_embedded_default(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr + r.stdout
     assert (tmp_path / "registry.db").exists()
     check_outcome(str(tmp_path / "artifacts"), tmp_path / "quickstart", r.stdout)
-    assert "registry serve   # needs the web extra" in r.stdout  # the defaults: no options
+    # the defaults: no options; the web extra is installed here, so no hint to install it
+    assert "registry serve, then open http://127.0.0.1:8080/" in r.stdout
+    assert "needs the web extra" not in r.stdout
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -67,3 +69,12 @@ def test_quickstart_s3_and_postgres(tmp_path: Path, s3_bucket: str, db_url: str)
     assert f"registry serve --store {store} --db {db_url}" in r.stdout
     r = run_cli("query", "tiny-lm", "--passing", "--json", "--store", store, "--db", db_url)
     assert [v["version"] for v in json.loads(r.stdout)] == ["1.1"]
+
+
+def test_browse_line_names_the_web_extra_only_when_missing() -> None:
+    from registry.quickstart import browse_line, missing_web_module
+
+    assert missing_web_module() is None  # the test lock installs the web extra
+    assert "extra" not in browse_line("registry serve", None)
+    line = browse_line("registry serve", "uvicorn")
+    assert "needs the web extra (uvicorn is missing): pip install 'modeldir-registry[web]'" in line

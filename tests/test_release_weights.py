@@ -114,3 +114,25 @@ def test_a_format_engines_refuse_is_rewritten_as_pt(tmp_path: Path) -> None:
     out = safetensors.numpy.load_file(str(path))
     for k, v in TENSORS.items():
         np.testing.assert_array_equal(out[k], v)
+
+
+def test_card_names_a_local_source_by_its_folder_name_only(tmp_path: Path) -> None:
+    """The card is inside an immutable release: it must not carry the
+    publisher's absolute path (their home, their working directory)."""
+    src = model_dir(tmp_path, "my-model", TENSORS, {"format": "pt"})
+    url, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
+    Registry(url, db=db).publish(src, "m", "1", ledger=[ledger_row()],
+                                 eval_summary=summary(0.9, 0.5))
+    card = open_store(url).read_bytes("models/m/1/MODEL_CARD.md").decode()
+    assert "| Source | imported from a local folder named `my-model` |" in card
+    assert str(tmp_path) not in card
+
+
+def test_card_source_keeps_remote_uris_and_checkpoints() -> None:
+    from registry.release.card import card_source
+
+    assert card_source({"uri": "s3://b/models/x"}) == {"uri": "s3://b/models/x"}
+    assert card_source({"uri": "file:///home/al/x/"}) == {"uri": "x", "local": True}
+    assert card_source({"uri": "/home/al/x"}) == {"uri": "x", "local": True}
+    ckpt = {"run_id": "r1", "step": 10, "manifest_sha256": "ab"}
+    assert card_source(ckpt) == ckpt

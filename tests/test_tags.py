@@ -195,3 +195,40 @@ def test_web_search_box_tags_and_yanks(tmp_path: Path) -> None:
             assert c.get("/api/v1/releases/m/1").json()["tags"]["team"] == "nlp"
             gates = c.get("/api/v1/releases/m/2/gates").json()
             assert gates["passed"] is False and gates["gates"][-1]["gate"] == "yanked"
+
+
+def test_query_source_finds_the_family_when_no_source_matches_exactly(tmp_path: Path) -> None:
+    """``query --source books`` finds ``books-2025`` (issue 44): an exact id
+    first; when no release lists it, the ids of its family (``books`` followed
+    by - _ . / :), never another word that starts the same (``bookshelf``)."""
+    from tests.lifecycle_util import model_dir
+    from tests.release_util import ledger_row, summary
+
+    url, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
+    with Registry(url, db=db) as reg:
+        for version, sources in (("1", ["books-2025"]), ("2", ["books-2026", "wiki"]),
+                                 ("3", ["bookshelf"]), ("4", ["books_v2"])):
+            reg.publish(model_dir(tmp_path), "m", version,
+                        ledger=[ledger_row(s) for s in sources], eval_summary=summary())
+        family = reg.releases_for_source("books")
+        assert [(r["version"], r["source_id"]) for r in family] == [
+            ("1", "books-2025"), ("2", "books-2026"), ("4", "books_v2")]
+        assert [r["version"] for r in reg.releases_for_source("books-2025")] == ["1"]
+        assert [r["version"] for r in reg.releases_for_source("bookshelf")] == ["3"]
+        assert reg.releases_for_source("book") == []  # no separator after "book"
+        assert reg.releases_for_source("books%") == []  # LIKE wildcards are literal
+        r = run_cli("query", "--source", "books", "--store", url, "--db", db)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr == ("no source is named books exactly: showing the releases of "
+                            "books-2025, books-2026, books_v2\n")
+        assert [ln.split("\t")[0] + " " + ln.split("\t")[-1]
+                for ln in r.stdout.splitlines()] == [
+            "m@1 books-2025", "m@2 books-2026", "m@4 books_v2"]
+        reg.publish(model_dir(tmp_path), "m", "5", ledger=[ledger_row("books")],
+                    eval_summary=summary())
+        assert [r["version"] for r in reg.releases_for_source("books")] == ["5"]  # exact wins
+    r = run_cli("query", "--source", "books-20", "--store", url, "--db", db)
+    assert r.returncode == 0 and r.stdout == "" and "no release" in r.stderr
+    r = run_cli("query", "--source", "wiki", "--store", url, "--db", db)
+    assert r.returncode == 0 and r.stdout.splitlines()[0].startswith("m@2\t")
+    assert r.stderr == ""

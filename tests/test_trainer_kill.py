@@ -227,8 +227,27 @@ def test_resume_from_older_step_adopts_and_matches(tmp_path: Path) -> None:
     assert np.isfinite(loss) and loss < np.log(make_spec(50)["model"]["vocab_size"])
     with pytest.raises(TrainerError, match="already has checkpoints"):
         train(url, "r", 50, **kw)
-    with pytest.raises(TrainerError, match="spec"):
+    # a resume with other arguments names the field that differs, not two digests
+    with pytest.raises(TrainerError) as e:
         train(url, "r", 50, resume=True, seed=1, **kw)
+    assert "seed: 0 in the checkpoint, 1 now (--seed)" in str(e.value)
+    assert first["spec_sha256"] not in str(e.value)
+    with pytest.raises(TrainerError, match=r"steps: 50 in the checkpoint, 60 now \(--steps\); "
+                                           r"schedule.warmup_steps: 5 in the checkpoint, 6 now"):
+        train(url, "r", 60, resume=True, **kw)
+    with pytest.raises(TrainerError, match=r"model.d_hidden: \d+ in the checkpoint, 7 now"):
+        train(url, "r", 50, resume=True, model={"d_hidden": 7}, **kw)
+
+
+def test_spec_difference_of_a_checkpoint_without_its_spec() -> None:
+    """A checkpoint written before trainer_state recorded the spec: the model
+    config is compared; otherwise the message says which options to check."""
+    from registry.examples.tinytrainer import spec_difference
+
+    spec = make_spec(50)
+    assert "model.d_embed: 4 in the checkpoint" in spec_difference(
+        None, spec, {**spec["model"], "d_embed": 4})
+    assert "give the --steps and --seed" in spec_difference(None, spec, spec["model"])
 
 
 def test_importing_the_trainer_changes_no_environment() -> None:

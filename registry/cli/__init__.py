@@ -2,44 +2,52 @@
 
 Each command module builds the library objects, calls them and converts errors
 at the boundary (:mod:`registry.cli.errors`).
+
+``import registry.cli`` loads neither typer nor any command: ``registry
+--version`` answers before typer loads, and the root command imports a
+command's module only when it runs (:mod:`registry.cli.commands`).
+``registry.cli.app`` is the Typer app (:mod:`registry.cli.app`'s ``app``),
+loaded on first use.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import types
 from typing import Any
 
-import typer
-
 from registry import interrupt, numbers
-from registry.cli import (  # noqa: F401  (registers commands)
-    cache,
-    ckpt,
-    index,
-    keys,
-    lifecycle,
-    load,
-    loongsage,
-    pull,
-    quickstart,
-    release,
-    serve,
-    verify,
-)
-from registry.cli import aliases, events  # noqa: F401,E402  (after release: alias rm, log)
-from registry.cli import oci  # noqa: F401,E402  (push, import; after release)
-from registry.cli.app import app
-from registry.cli.errors import error_document
-from registry.cli.usage import usage_line
 from registry.words import count
+
+
+class _Package(types.ModuleType):
+    """This package's module type: its ``app`` attribute is the Typer app,
+    loaded on first use, never the submodule of the same name (which the
+    import system would bind there when it loads it)."""
+
+    @property
+    def app(self) -> Any:
+        import registry.cli.commands  # noqa: F401  (reading its commands loads them all)
+        from registry.cli.app import app
+
+        return app
+
+    @app.setter
+    def app(self, value: Any) -> None:
+        pass  # the submodule registry.cli.app: the property answers instead
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 @functools.cache
 def _command() -> Any:
-    """The click command typer builds from :data:`app` (built once: a few
-    hundred ms, which a process calling :func:`main` per case pays once)."""
-    return typer.main.get_command(app)
+    """The root click command (built once): the root options, and each command
+    built from its module when it runs (registry.cli.commands)."""
+    from registry.cli.commands import root
+
+    return root()
 
 
 def main() -> None:
@@ -52,6 +60,11 @@ def main() -> None:
     A group given no command prints its help (exit 2).
     """
     args = sys.argv[1:]
+    if args == ["--version"]:  # the answer needs no typer, no command
+        from registry import __version__
+
+        print(f"registry {__version__}")
+        sys.exit(0)
     as_json = "--json" in args
     interrupt.terminate_like_interrupt()
     try:
@@ -61,6 +74,9 @@ def main() -> None:
         # typer carries its own copy of click
         if not (hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
             raise
+        from registry.cli.errors import error_document
+        from registry.cli.usage import usage_line
+
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(exc.format_message())
             sys.exit(exc.exit_code)
@@ -87,8 +103,12 @@ def _interrupted(args: list[str], as_json: bool) -> None:
     """One line for SIGINT/SIGTERM, exit 130/143 (docs/errors.md): a write was
     unwound (staging removed, claim released) unless it had committed; a command
     that also indexes says how to index what may have committed."""
+    from registry.cli.errors import error_document
+
     words = [a for a in args if not a.startswith("-")][:2]
-    groups = {n for n, c in _command().commands.items() if hasattr(c, "list_commands")}
+    from registry.cli.commands import COMMANDS
+
+    groups = {n for n, (_, group, _) in COMMANDS.items() if group}
     command = " ".join(["registry", *words[:2 if words and words[0] in groups else 1]])
     line = f"{command}: interrupted by {interrupt.signal_name()}"
     if command.removeprefix("registry ") in _INDEX_WRITERS:

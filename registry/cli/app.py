@@ -10,15 +10,19 @@ so ``--help`` reads the same whatever typer/click versions render it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from registry import numbers
 from registry.cli.output import echo
-from registry.store import Store
+from registry.cli.profile import PROFILE_DEFAULTS
+
+if TYPE_CHECKING:
+    from registry.store import Store
 
 
 def _fix_metavar(param: Any) -> None:
@@ -37,9 +41,25 @@ def _fix_metavar(param: Any) -> None:
         param.metavar = (param.name or "").upper()
 
 
+class RegistryContext(typer.Context):
+    """A click context whose defaults come from the config file's profile
+    (registry.config) when neither the flag nor its environment variable is
+    given: click asks ``lookup_default`` only then, so the order is flag >
+    environment variable > profile > built-in default."""
+
+    def lookup_default(self, name: str, call: bool = True) -> Any:
+        value = super().lookup_default(name, call)
+        if value is None:
+            value = self.find_root().meta.get(PROFILE_DEFAULTS, {}).get(name)
+        return value
+
+
 class _NamesItsCommand:
     """Parsing errors name their command: the parser raises some (an option
-    missing its value) without a context, which would name only ``registry``."""
+    missing its value) without a context, which would name only ``registry``.
+    Its contexts read the profile's defaults (:class:`RegistryContext`)."""
+
+    context_class = RegistryContext
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
@@ -90,7 +110,63 @@ class RegistryTyper(typer.Typer):
         return super().command(*args, **kw)
 
 
-app = RegistryTyper(
+class RootTyper(RegistryTyper):
+    """The root app. Its command modules register on it when imported
+    (registry.cli.commands imports only the one a command line runs); reading
+    ``registered_commands`` / ``registered_groups`` from outside a registration
+    (``typer.main.get_command(app)``, a test's CliRunner) imports them all
+    first, so the whole tree is there."""
+
+    _registering = 0  # > 0 while registry.cli.commands imports command modules
+    _loaded = False
+    #: imports every command module: registry.cli.commands.load_all, set when
+    #: that module loads (``registry.cli.app`` of the package loads it)
+    loader: Callable[[], None] | None = None
+
+    def command(self, *args: Any, **kw: Any) -> Callable[..., Any]:
+        decorator = super().command(*args, **kw)
+
+        def register(f: Any) -> Any:
+            self._registering += 1  # a module registering itself loads no other
+            try:
+                return decorator(f)
+            finally:
+                self._registering -= 1
+
+        return register
+
+    def add_typer(self, *args: Any, **kw: Any) -> None:
+        self._registering += 1
+        try:
+            super().add_typer(*args, **kw)
+        finally:
+            self._registering -= 1
+
+    def _all(self) -> None:
+        if not self._registering and not RootTyper._loaded and RootTyper.loader is not None:
+            RootTyper._loaded = True
+            RootTyper.loader()
+
+    @property  # type: ignore[override]
+    def registered_commands(self) -> list[Any]:
+        self._all()
+        return self._commands
+
+    @registered_commands.setter
+    def registered_commands(self, value: list[Any]) -> None:
+        self._commands = value
+
+    @property  # type: ignore[override]
+    def registered_groups(self) -> list[Any]:
+        self._all()
+        return self._groups
+
+    @registered_groups.setter
+    def registered_groups(self, value: list[Any]) -> None:
+        self._groups = value
+
+
+app = RootTyper(
     name="registry",
     help="Object-store-backed registry for model directories: checkpoints, releases, "
          "gates and pull.",
@@ -127,13 +203,21 @@ def _root(
         "--metrics-push", envvar="REGISTRY_METRICS_PUSH", metavar="URL",
         help="Push the command's Prometheus metrics to this Pushgateway when it ends.")
     ] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", envvar="REGISTRY_PROFILE", metavar="NAME",
+        help="Profile of the config file to take settings from (flags and environment "
+             "variables still win; docs/configuration.md).")] = None,
 ) -> None:
     """Object-store-backed registry for model directories."""
     if debug:
         os.environ["REGISTRY_DEBUG"] = "1"
     from registry.cli.errors import error_boundary
     from registry.cli.observe import start
+    from registry.cli.profile import apply_profile
 
+    # the command's --json is not parsed yet: the console script's argv says it
+    with error_boundary(log_format == "json" or "--json" in sys.argv[1:]):
+        apply_profile(ctx, profile)
     with error_boundary(log_format == "json"):
         start(ctx, log_format=log_format, metrics_file=metrics_file, metrics_push=metrics_push)
     # memory:// stores live only inside one process: a command line cannot use them

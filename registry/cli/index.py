@@ -138,8 +138,11 @@ def query(
     latest: Annotated[bool, typer.Option("--latest", help="Only the newest.")] = False,
     source: Annotated[str | None, typer.Option("--source", metavar="SOURCE_ID",
                                                help="Releases trained on this "
-                                                    "data source (with --tag, --since or "
-                                                    "--dtype: also a source run id or URI).")
+                                                    "data source; when no source has this "
+                                                    "exact id, on its family (books: "
+                                                    "books-2025, books_v2...). With --tag, "
+                                                    "--since or --dtype: exact, and also a "
+                                                    "source run id or URI.")
                       ] = None,
     tag: Annotated[list[str] | None, typer.Option(
         "--tag", metavar="KEY=VALUE", help="Releases carrying this tag (KEY alone: any "
@@ -182,12 +185,17 @@ def query(
         return
     if not rows and source is not None:
         echo(f"no release in the index was trained on source {source}", err=True)
+    elif source is not None and not searching and rows[0]["source_id"] != source:
+        family = sorted({r["source_id"] for r in rows})
+        echo(f"no source is named {source} exactly: showing the releases of "
+             f"{', '.join(family)}", err=True)
     elif not rows:
         extra = f" with {', '.join(require)}" if require else ""
         echo(f"no version of {model_id} passes its gates{extra} now", err=True)
     for r in rows:
-        if source is not None:
-            echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['uri']}")
+        if source is not None:  # a family's releases also say which source
+            which = f"\t{r['source_id']}" if r["source_id"] != source else ""
+            echo(f"{r['model_id']}@{r['version']}\t{r['created_at']}\t{r['uri']}{which}")
         else:
             echo(f"{model_id}@{r['version']}\t{r['created_at']}\t{r['dtype']}\t"
                        f"{r['manifest_sha256']}")

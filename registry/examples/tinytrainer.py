@@ -120,7 +120,48 @@ def _trainer_state(spec: Mapping[str, Any], sha: str, step: int, tokens_seen: in
     return {"step": step, "tokens_seen": tokens_seen, "data_cursor": data.cursor.to_dict(),
             "generator": data.gen.to_dict(),
             "learning_rate": learning_rate(spec, step) if step else 0.0,
-            "spec_sha256": sha, "git_sha": git_sha(os.getcwd())}
+            "spec_sha256": sha, "git_sha": git_sha(os.getcwd()), "spec": dict(spec)}
+
+
+#: spec fields the command line sets, and the option that sets each
+_OPTIONS = {"steps": "--steps", "seed": "--seed"}
+
+
+def spec_difference(saved: Any, spec: Mapping[str, Any], saved_config: Any) -> str:
+    """What differs between the spec a checkpoint was written with and this
+    run's: each differing field with both values (``seed: 0 in the
+    checkpoint, 1 now (--seed)``). ``saved`` is trainer_state's ``spec``
+    (None for checkpoints written before it was recorded: then the model
+    config is compared, and the fields that could differ are named)."""
+    if not isinstance(saved, Mapping):
+        if isinstance(saved_config, Mapping) and dict(saved_config) != spec["model"]:
+            saved = {**spec, "model": dict(saved_config)}
+        else:
+            return ("written with another train spec (this checkpoint does not record "
+                    "its spec: give the --steps and --seed it was trained with)")
+    diffs = []  # the fields an option sets first: what the user changed
+    for path, old, new in sorted(_differences(saved, spec, ""),
+                                 key=lambda d: (d[0].split(".")[0] not in _OPTIONS, d[0])):
+        top = path.split(".")[0]
+        how = f" ({_OPTIONS[top]})" if top in _OPTIONS else ""
+        diffs.append(f"{path}: {_short(old)} in the checkpoint, {_short(new)} now{how}")
+    return "written with another train spec: " + "; ".join(diffs[:5]) + (
+        f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else "")
+
+
+def _differences(old: Any, new: Any, path: str) -> list[tuple[str, Any, Any]]:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            out += _differences(old.get(key, "(none)"), new.get(key, "(none)"), sub)
+        return out
+    return [] if old == new else [(path, old, new)]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Saver:
@@ -266,8 +307,9 @@ def _start(mgr: CheckpointManager, spec: Mapping[str, Any], sha: str, shards: li
                 _log(str(w.message))
             ts = rs.trainer_state
             if ts["spec_sha256"] != sha:
-                raise TrainerError(f"{rs.path}: written by spec {ts['spec_sha256']}, "
-                                   f"not this run's spec {sha}")
+                raise TrainerError(f"{rs.path}: {spec_difference(ts.get('spec'), spec, rs.config)}"
+                                   "; resume with the arguments the run was started with, "
+                                   "or train another run id")
             if rs.optimizer != "adamw" or rs.config != spec["model"]:
                 raise TrainerError(f"{rs.path}: optimizer {rs.optimizer!r} / config "
                                    "differ from the spec")

@@ -108,17 +108,38 @@ def passing(s: Session, model_id: str, *, require: Iterable[Threshold] = (),
     return [dict(r._mapping) for r in s.execute(q)]
 
 
+#: what may follow a source id's family name: ``books`` names ``books-2025``,
+#: ``books_v2``, ``books.en``, ``books/2025``, ``books:2025``, never ``bookshelf``
+FAMILY_SEPARATORS = "-_./:"
+
+
 def releases_for_source(s: Session, source_id: str) -> list[dict[str, Any]]:
-    """Every release whose ledger lists ``source_id``, by model then release order."""
+    """Every release whose ledger lists ``source_id``, by model then release
+    order; when none does, every release whose ledger lists a source of the
+    family ``source_id`` names (``books`` -> ``books-2025``, ``books-2026``:
+    the id followed by one of :data:`FAMILY_SEPARATORS`). Each row says its
+    ``source_id``."""
+    rows = _for_sources(s, [source_id])
+    if rows:
+        return rows
+    family = s.scalars(select(LedgerSource.source_id).distinct().where(or_(*(
+        LedgerSource.source_id.startswith(source_id + sep, autoescape=True)
+        for sep in FAMILY_SEPARATORS)))).all()
+    return _for_sources(s, sorted(family)) if family else []
+
+
+def _for_sources(s: Session, source_ids: Sequence[str]) -> list[dict[str, Any]]:
     q = (select(Model.model_id, Release.version, Release.uri, Release.created_at,
-                ReleaseSource.allowed_uses, ReleaseSource.revoked_in_file)
+                ReleaseSource.allowed_uses, ReleaseSource.revoked_in_file,
+                LedgerSource.source_id)
          .select_from(Release).join(Model).join(ReleaseSource)
          .join(LedgerSource, LedgerSource.id == ReleaseSource.source_pk)
-         .where(LedgerSource.source_id == source_id)
-         .order_by(Model.model_id, Release.seq, Release.version))
-    revoked = s.scalar(select(Revocation.reason).where(Revocation.source_id == source_id))
+         .where(LedgerSource.source_id.in_(source_ids))
+         .order_by(Model.model_id, Release.seq, Release.version, LedgerSource.source_id))
+    revoked = set(s.scalars(select(Revocation.source_id)
+                            .where(Revocation.source_id.in_(source_ids))))
     return [{**dict(r._mapping), "allowed_uses": r.allowed_uses.split(",") if r.allowed_uses
-             else [], "live_revoked": revoked is not None} for r in s.execute(q)]
+             else [], "live_revoked": r.source_id in revoked} for r in s.execute(q)]
 
 
 def _release(s: Session, model_id: str, version: str) -> Any:

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from registry.resources import resource_dir
+
+
+def card_source(source: Any) -> Any:
+    """``source`` as the card names it: a local folder (a path, or a
+    ``file://`` URL) by its last name only, with ``"local": True``, so an
+    immutable release does not carry the publisher's home or working
+    directory; a remote URI (``s3://``, an OCI reference) and a checkpoint
+    source unchanged. The manifest's own ``meta.source`` is not changed here."""
+    uri = source.get("uri") if isinstance(source, Mapping) else None
+    if not isinstance(uri, str) or ("://" in uri and not uri.startswith("file://")):
+        return source
+    path = uri.removeprefix("file://").rstrip("/")
+    return {**source, "uri": os.path.basename(path) or path, "local": True}
 
 
 def render_card(facts: dict[str, Any]) -> str:
@@ -12,7 +27,8 @@ def render_card(facts: dict[str, Any]) -> str:
 
     Args:
         facts: ``model_id``, ``version``, ``created_at``, ``source`` (run/step/
-            manifest_sha256 or uri), ``dtype`` (the label of
+            manifest_sha256 or uri; a local folder named by its last name only,
+            :func:`card_source`), ``dtype`` (the label of
             :func:`registry.release.convert.dtype_label`), ``weights`` (the
             stored tensor groups, :func:`~registry.release.convert.weights_groups`),
             ``converted`` (the ``--dtype`` asked, or None: as published),
@@ -29,4 +45,5 @@ def render_card(facts: dict[str, Any]) -> str:
 
     env = jinja2.Environment(undefined=jinja2.ChainableUndefined, keep_trailing_newline=True,
                              autoescape=False, trim_blocks=False)
-    return env.from_string(template_text).render(**facts)
+    return env.from_string(template_text).render(**{**facts,
+                                                     "source": card_source(facts.get("source"))})

@@ -1,0 +1,153 @@
+"""Start-up cost of the command line (issue 44 item 6): ``import registry.cli``,
+``registry --version`` and ``registry --help`` load none of the heavy modules,
+and the root's table of commands (registry.cli.commands) says what the
+commands themselves say.
+
+Each check runs a fresh interpreter and reads ``sys.modules`` when it exits:
+no wall-clock time is asserted (bench/startup_bench.py measures those).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry.cli.commands import COMMANDS, first_paragraph
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: top-level packages that cost tens to hundreds of ms each to import, measured
+#: with ``python -X importtime`` (bench/results.md, start-up): none is needed to
+#: parse a command line, print the version or list the commands
+HEAVY = ("fsspec", "s3fs", "aiobotocore", "boto3", "botocore", "sqlalchemy", "alembic",
+         "numpy", "ml_dtypes", "torch", "safetensors", "cryptography", "jinja2",
+         "starlette", "uvicorn", "httpx", "requests", "aiohttp", "prometheus_client",
+         "rich", "yaml")
+
+_PROBE = """
+import atexit, json, sys
+def _report():
+    with open({out!r}, "w") as f:
+        json.dump(sorted({{m.split(".")[0] for m in sys.modules}}), f)
+atexit.register(_report)
+{code}
+"""
+
+
+def _loaded(tmp_path: Path, code: str) -> set[str]:
+    """Top-level packages imported by a fresh interpreter running ``code``."""
+    out = tmp_path / "modules.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", _PROBE.format(out=str(out), code=code)],
+                   env=env, cwd=tmp_path, capture_output=True, timeout=120)
+    return set(json.loads(out.read_text()))
+
+
+def _main(*args: str) -> str:
+    return f"import sys; sys.argv = ['registry', *{list(args)!r}]\nfrom registry.cli import main\nmain()"
+
+
+def test_import_registry_cli_loads_no_heavy_module(tmp_path: Path) -> None:
+    """Not even typer: the console script's import is the package's own."""
+    loaded = _loaded(tmp_path, "import registry.cli")
+    assert "registry" in loaded
+    assert sorted(loaded & {*HEAVY, "typer", "click"}) == []
+
+
+def test_version_loads_no_heavy_module(tmp_path: Path) -> None:
+    assert sorted(_loaded(tmp_path, _main("--version")) & {*HEAVY, "typer", "click"}) == []
+
+
+def test_registry_cli_app_is_the_typer_app() -> None:
+    """``registry.cli.app`` stays the Typer app (tests invoke it) even after
+    its submodule of the same name is imported."""
+    import registry.cli
+    import registry.cli.app
+    from registry.cli import app
+    from registry.cli.app import RootTyper
+
+    assert isinstance(app, RootTyper) and registry.cli.app is app
+
+
+def test_help_loads_no_command_module(tmp_path: Path) -> None:
+    """The root's --help lists every command from the table: no command's
+    module (nor what it imports) loads; rich renders the help."""
+    loaded = _loaded(tmp_path, _main("--help"))
+    assert sorted(loaded & (set(HEAVY) - {"rich"})) == []
+
+
+def test_a_command_loads_only_its_own_modules(tmp_path: Path) -> None:
+    out = tmp_path / "cli.json"
+    code = ("import json, sys\nsys.argv = ['registry', 'verify', '--help']\n"
+            "from registry.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"open({str(out)!r}, 'w').write(json.dumps(sorted(m for m in sys.modules "
+            "if m.startswith('registry.cli.'))))")
+    _loaded(tmp_path, code)
+    loaded = set(json.loads(out.read_text()))
+    assert "registry.cli.verify" in loaded
+    assert not loaded & {"registry.cli.release", "registry.cli.pull", "registry.cli.serve",
+                         "registry.cli.index", "registry.cli.ckpt"}
+
+
+def _modules_of(cmd: object) -> set[str]:
+    callback = getattr(cmd, "callback", None)
+    found = {getattr(callback, "__wrapped__", callback).__module__} if callback else set()
+    for sub in getattr(cmd, "commands", {}).values():
+        found |= _modules_of(sub)
+    return found
+
+
+def test_table_matches_the_commands() -> None:
+    """Every command registered on the app is in the table, as a group or not,
+    with its help's first paragraph, and the modules that define it."""
+    import typer
+
+    from registry.cli import app
+
+    full = typer.main.get_command(app)
+    assert set(full.commands) == set(COMMANDS)  # type: ignore[attr-defined]
+    for name, cmd in full.commands.items():  # type: ignore[attr-defined]
+        modules, group, text = COMMANDS[name]
+        assert hasattr(cmd, "list_commands") == group, name
+        assert first_paragraph(cmd.short_help or cmd.help) == text, name
+        defined = _modules_of(cmd) - {"registry.cli.app"}
+        assert defined <= set(modules), (name, defined)
+
+
+@pytest.mark.parametrize("name", ["ls", "release", "alias", "ckpt", "config"])
+def test_built_command_is_the_full_one(name: str) -> None:
+    """The lazily built command has the same parameters and subcommands as
+    the one typer builds from the whole app."""
+    import typer
+
+    from registry.cli import _command, app
+
+    lazy = _command().get_command(None, name)
+    full = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    assert [p.name for p in lazy.params] == [p.name for p in full.params]
+    assert sorted(getattr(lazy, "commands", {})) == sorted(getattr(full, "commands", {}))
+
+
+def test_modules_lists_every_module_of_the_table() -> None:
+    from registry.cli.commands import MODULES
+
+    assert {m for mods, _, _ in COMMANDS.values() for m in mods} == set(MODULES)
+
+
+def test_importing_one_command_module_loads_no_other(tmp_path: Path) -> None:
+    """The web pages import registry.cli.aliases for its time parser: a
+    command module registering itself must not start loading every other
+    one (some import each other: a half-imported module broke that)."""
+    out = tmp_path / "cli.json"
+    code = ("import json, sys\nimport registry.cli.commands\nimport registry.cli.aliases\n"
+            f"open({str(out)!r}, 'w').write(json.dumps(sorted(m for m in sys.modules "
+            "if m.startswith('registry.cli.'))))")
+    _loaded(tmp_path, code)
+    loaded = set(json.loads(out.read_text()))
+    assert {"registry.cli.aliases", "registry.cli.release"} <= loaded
+    assert not loaded & {"registry.cli.pull", "registry.cli.serve", "registry.cli.lifecycle"}
