@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], bool, str]] = {
     "publish": ((_R,), False,
                 "Release an existing model directory (e.g. a Hugging Face one) as "
                 "MODEL_ID@VERSION."),
-    "gc": ((_R,), False,
+    "gc": (("registry.cli.gc",), False,
            "Remove abandoned claims, staging dirs, uncommitted leftovers and the\n"
            "temporary files of killed event appends (events/.tmp-*); never a commit."),
     "yank": ((_L,), False,
@@ -91,7 +91,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], bool, str]] = {
 #: additions to its groups)
 MODULES: tuple[str, ...] = tuple(f"registry.cli.{m}" for m in (
     "cache", "ckpt", "index", "keys", "lifecycle", "load", "loongsage", "pull", "quickstart",
-    "release", "serve", "verify", "aliases", "events", "oci", "config"))
+    "release", "gc", "serve", "verify", "aliases", "events", "oci", "config"))
 
 
 def load_all() -> None:
