@@ -25,6 +25,7 @@ from registry.cli import (  # noqa: F401  (registers commands)
     quickstart,
     release,
     serve,
+    snapshot,
     verify,
 )
 from registry.cli import aliases, events  # noqa: F401,E402  (after release: alias rm, log)

@@ -64,7 +64,8 @@ CertChainOpt = Annotated[list[str] | None, typer.Option(
 MoveKeyOpt = Annotated[str | None, typer.Option(
     "--sign-key", metavar="PATH",
     help="EC private key (PEM): sign the alias move (required for an alias the "
-         "model's policy protects; hosts pulling with trusted keys require it).")]
+         "model's policy protects; hosts pulling with trusted keys require it), and the "
+         "model's snapshot again when it has one (registry snapshot sign).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", metavar="METRIC>=VALUE",
     help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
@@ -307,11 +308,16 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
         reg = _registry(store, db)
         previous = reg.set_alias(model_id, alias, version, force=force, sign_key=sign_key)
     if as_json:
+        from registry.cli.snapshot import signed
+
         print_json({"model_id": model_id, "alias": alias, "version": version,
-                    "previous": previous})
+                    "previous": previous, **signed(reg.snapshots)})
     else:
+        from registry.cli.snapshot import report
+
         echo(f"{model_id}@{alias} -> {version}"
                    + (f" (was {previous})" if previous else ""))
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

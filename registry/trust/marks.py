@@ -50,6 +50,8 @@ from registry.errors import SignatureError, StorageError
 
 #: the folder under the cache that holds one marks file per store
 FOLDER = "marks"
+#: what a marks file remembers, one table each
+KINDS = ("aliases", "yanks", "deleted", "revoked", "snapshots", "timestamps")
 #: marks kept per kind at most (a store writer cannot grow the file without bound)
 MAX_MARKS = 100_000
 
@@ -81,7 +83,7 @@ class Marks:
         self.path = Path(path) if path is not None else None
         self.store_url = store_url
         self._lock = threading.Lock()
-        self._memory: dict[str, dict[str, int]] = {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
+        self._memory: dict[str, dict[str, int]] = {k: {} for k in KINDS}
 
     @classmethod
     def for_store(cls, store_url: str, cache: str | os.PathLike[str] | None = None) -> Marks:
@@ -95,13 +97,13 @@ class Marks:
         try:
             doc = json.loads(self.path.read_bytes())
         except FileNotFoundError:
-            return {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
+            return {k: {} for k in KINDS}
         except (OSError, ValueError):
             # a damaged marks file is this host's own state: start over, loudly in the
             # next refusal's absence; never a crash of every pull
-            return {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
+            return {k: {} for k in KINDS}
         out: dict[str, dict[str, int]] = {}
-        for kind in ("aliases", "yanks", "deleted", "revoked"):
+        for kind in KINDS:
             table = doc.get(kind) if isinstance(doc, dict) else None
             out[kind] = {str(k): int(v) for k, v in (table or {}).items()
                          if isinstance(v, int) and not isinstance(v, bool)}
@@ -208,4 +210,27 @@ class Marks:
                 state["aliases"][key] = seq
 
 
-__all__ = ["FOLDER", "MAX_MARKS", "Marks", "RollbackError", "marks_path"]
+    def seen_snapshot(self, model_id: str) -> int:
+        """The newest snapshot version of ``model_id`` this host accepted (0: none)."""
+        with self._state() as state:
+            return state["snapshots"].get(model_id, 0)
+
+    def check_snapshot(self, model_id: str, snapshot: int, timestamp: int, where: str) -> None:
+        """A signed snapshot and timestamp of ``model_id`` (their versions) that
+        verified; raises RollbackError when either is below the newest this
+        host accepted, else records them (a host never goes back)."""
+        with self._state() as state:
+            for kind, got, what in (("snapshots", snapshot, "snapshot"),
+                                    ("timestamps", timestamp, "timestamp")):
+                seen = state[kind].get(model_id, 0)
+                if got < seen:
+                    raise RollbackError(where, f"the signed {what} of {model_id} is at version "
+                                               f"{got}, but this host accepted version {seen} "
+                                               f"before ({self._where()}): refused, a host "
+                                               "never goes back to an older signed state")
+            for kind, got in (("snapshots", snapshot), ("timestamps", timestamp)):
+                if got > state[kind].get(model_id, 0) and len(state[kind]) < MAX_MARKS:
+                    state[kind][model_id] = got
+
+
+__all__ = ["FOLDER", "KINDS", "MAX_MARKS", "Marks", "RollbackError", "marks_path"]
