@@ -179,11 +179,29 @@ def publish(
              "without it such a file is refused (exit 5), since an engine that prefers its "
              "format would serve it; the card and `registry show` then list every set. "
              "Repeatable.")] = None,
+    trusted_key: Annotated[list[str] | None, typer.Option(
+        "--trusted-key", metavar="PATH",
+        help="Public key (PEM) this host trusts (repeatable): a MODEL_DIR that is a "
+             "release's folder in a store must be signed by one of them.")] = None,
+    trusted_keys: Annotated[str | None, typer.Option(
+        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
+        help="Folder of trusted public keys (*.pem, *.pub) and revoked.json, for a "
+             "MODEL_DIR that is a release's folder (as --trusted-key).")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION."""
+    """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION.
+
+    A MODEL_DIR that is a release's folder in a store (STORE/models/M/V: a
+    release from a release) is admitted as `registry pull` admits it (deleted,
+    yanked, failing its gates, rolled back or, with trusted keys, unsigned:
+    refused, nothing written), and only its manifest's files are taken."""
     with error_boundary(as_json), _gate_failures(as_json), index_writes():
         at_least("--group-size", group_size, 1)
+        source_trust = None
+        if trusted_key or trusted_keys:
+            from registry.trust import load_trust
+
+            source_trust = load_trust(trusted_key or [], trusted_keys)
         reg = _registry(store, db)
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
@@ -191,7 +209,7 @@ def publish(
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
             forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [],
-            keep_dtype=keep_dtype, card_verbatim=card_verbatim)
+            keep_dtype=keep_dtype, card_verbatim=card_verbatim, source_trust=source_trust)
     for link, target in result.followed:
         echo(f"warning: followed {link} -> {target}, outside the model directory "
              "(--follow-symlinks)", err=True)
