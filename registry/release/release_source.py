@@ -49,10 +49,10 @@ def check_release_source(url: str, trust: Trust | None) -> str | None:
         The admitted manifest's sha256, or None when ``url`` is no release.
 
     Raises:
-        ReleaseDeletedError, ReleaseYankedError, GateFailedError,
-        RollbackError, SignatureError: see
-            :func:`registry.trust.release.open_release` (``require_passing``,
-            the signature verified now).
+        ReleaseDeletedError, ReleaseYankedError, RollbackError,
+            SignatureError: see :func:`registry.trust.release.open_release`
+            (the signature verified now).
+        GateFailedError: the source fails its gates now (a revoked data source).
         IntegrityError: a file of the folder is not in the admitted manifest,
             or a listed one is missing or differs.
     """
@@ -63,8 +63,13 @@ def check_release_source(url: str, trust: Trust | None) -> str | None:
     from registry.trust.release import open_release
     from registry.verify import verify_entries
 
-    opened = open_release(store, model_id, version, trust=trust, require_passing=True,
-                          verify="now")
+    opened = open_release(store, model_id, version, trust=trust, gates=True, verify="now")
+    if opened.failed:
+        from registry.errors import GateFailedError
+        from registry.release.failing import describe
+
+        raise GateFailedError(f"{url} (the source, {model_id}@{version}, fails its gates "
+                              f"now: {describe(opened.failed)})", opened.failed)
     opened.signature_check()
     prefix = opened.prefix
     listed = {e.path for e in opened.manifest.files}
