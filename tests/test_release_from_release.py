@@ -35,11 +35,14 @@ class Source:
         ModelRelease(self.store).publish(model_dir(root), "base", "1",
                                          ledger=[ledger_row("wiki")], eval_summary=summary(),
                                          sign_key=self.key)
+        # unsigned: without the trust function's check its folder would be released as is
+        ModelRelease(self.store).publish(model_dir(root, "src-plain", seed=3), "plain", "1",
+                                         ledger=[ledger_row("wiki")], eval_summary=summary())
         self.ledger, self.evals = root / "ledger.json", root / "summary.json"
         self.ledger.write_text(json.dumps([ledger_row("books")]))
         self.evals.write_text(json.dumps(summary()))
 
-    def publish(self, version: str, *extra: str, src: str = "base/1") -> tuple[int, str]:
+    def publish(self, version: str, *extra: str, src: str = "plain/1") -> tuple[int, str]:
         r = run_cli("publish", f"{self.url}/models/{src}", "--model-id", "derived",
                     "--version", version, "--ledger", str(self.ledger), "--evals",
                     str(self.evals), "--store", self.url, "--db",
@@ -58,7 +61,7 @@ def src(request: pytest.FixtureRequest, tmp_path: Path) -> Source:
 
 
 def test_a_good_source_is_released_with_its_bytes(src: Source) -> None:
-    code, err = src.publish("1", "--trusted-key", str(src.pub))
+    code, err = src.publish("1", "--trusted-key", str(src.pub), src="base/1")
     assert code == 0, err
     assert src.store.read_bytes("models/derived/1/model.safetensors") == \
         src.store.read_bytes("models/base/1/model.safetensors")
@@ -66,22 +69,20 @@ def test_a_good_source_is_released_with_its_bytes(src: Source) -> None:
 
 
 def test_a_yanked_source_is_refused(src: Source) -> None:
-    yank(src.store, "base", "1", "bad weights")
+    yank(src.store, "plain", "1", "bad weights")
     code, err = src.publish("1")
     assert code != 0 and "yanked" in err and not src.released("1"), err
 
 
 def test_a_source_failing_its_gates_is_refused(src: Source) -> None:
-    revoke(src.store, "wiki", "licence withdrawn")  # base@1 was trained on it
+    revoke(src.store, "wiki", "licence withdrawn")  # plain@1 was trained on it
     code, err = src.publish("1")
     assert code != 0 and "revoked" in err and not src.released("1"), err
 
 
 def test_an_unsigned_source_is_refused_with_trust(src: Source) -> None:
-    ModelRelease(src.store).publish(model_dir(src.root, "src2", seed=2), "base", "2",
-                                    ledger=[ledger_row("wiki")], eval_summary=summary())
-    assert src.publish("0", src="base/2")[0] == 0  # without trust it is a release
-    code, err = src.publish("1", "--trusted-key", str(src.pub), src="base/2")
+    assert src.publish("0")[0] == 0  # without trust it is a release
+    code, err = src.publish("1", "--trusted-key", str(src.pub))
     assert code != 0 and "unsigned" in err and not src.released("1"), err
 
 
@@ -90,20 +91,20 @@ def test_a_source_signed_by_a_revoked_key_is_refused(src: Source) -> None:
     keys.mkdir()
     (keys / "release.pub").write_bytes(src.pub.read_bytes())
     revoke_key(keys, load_public_key(keys / "release.pub"), "leaked")
-    code, err = src.publish("1", "--trusted-keys", str(keys))
+    code, err = src.publish("1", "--trusted-keys", str(keys), src="base/1")
     assert code != 0 and "revoked" in err and not src.released("1"), err
 
 
 def test_a_removed_yank_of_the_source_is_refused(src: Source) -> None:
-    yank(src.store, "base", "1", "bad weights")
+    yank(src.store, "plain", "1", "bad weights")
     assert src.publish("1")[0] != 0  # this host sees the yank
-    src.store.delete("ledger/yanks/base/1.json")
+    src.store.delete("ledger/yanks/plain/1.json")
     code, err = src.publish("1")
     assert code != 0 and "never taken as lifted" in err and not src.released("1"), err
 
 
 def test_a_planted_file_in_the_source_is_refused(src: Source) -> None:
-    src.store.write_bytes("models/base/1/extra.py", b"import os\n")
+    src.store.write_bytes("models/plain/1/extra.py", b"import os\n")
     code, err = src.publish("1")
     assert code != 0 and "extra.py" in err and "not listed" in err, err
     assert not src.released("1")
@@ -113,10 +114,10 @@ def test_a_deleted_source_with_leftover_files_is_refused(src: Source) -> None:
     """A delete interrupted after its tombstone and MANIFEST.json: the files stay."""
     from registry.lifecycle.delete import delete_release
 
-    kept = {n: src.store.read_bytes(f"models/base/1/{n}")
+    kept = {n: src.store.read_bytes(f"models/plain/1/{n}")
             for n in ("config.json", "model.safetensors")}
-    delete_release(src.store, "base", "1", "withdrawn")
+    delete_release(src.store, "plain", "1", "withdrawn")
     for n, data in kept.items():
-        src.store.write_bytes(f"models/base/1/{n}", data)
+        src.store.write_bytes(f"models/plain/1/{n}", data)
     code, err = src.publish("1")
     assert code != 0 and "deleted" in err and not src.released("1"), err

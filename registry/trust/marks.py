@@ -41,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,14 +116,22 @@ class Marks:
             if self.path is None:
                 yield self._memory
                 return
-            try:
-                from registry.pull import privacy
+            from registry.pull import privacy
 
+            group = privacy.cache_group()
+            try:
                 # the cache's folders are private whatever the umask (a cache made
                 # here first, by a door that only reads its marks, stays the
                 # cache registry.pull.privacy accepts)
-                privacy.make_private_dir(self.path.parent, privacy.cache_group())
-                fd = os.open(self.path.parent / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                privacy.make_private_dir(self.path.parent, group)
+            except OSError as e:
+                raise StorageError(f"{self.path.parent}: cannot use as the cache directory "
+                                   f"of this host's marks ({e.strerror})",
+                                   key=str(self.path.parent)) from None
+            self._check_private(privacy, group)
+            try:
+                fd = os.open(self.path.parent / ".lock",
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             except OSError as e:
                 raise StorageError(f"{self.path.parent}: cannot use as the cache directory "
                                    f"of this host's marks ({e.strerror})",
@@ -145,6 +154,31 @@ class Marks:
                                            f"({e.strerror})", key=str(self.path)) from None
             finally:
                 os.close(fd)
+
+    def _check_private(self, privacy: Any, group: int | None) -> None:
+        """Refuse marks another local user could have written (UnsafeEntryError):
+        the cache folder or the marks folder owned by another user or writable by
+        others or the group, or a marks file likewise. Never read as "nothing
+        seen": erasing the marks would lift every yank this host saw."""
+        from registry.errors import UnsafeEntryError
+
+        assert self.path is not None
+        for folder in (self.path.parent.parent, self.path.parent):
+            try:
+                privacy.check_dir(folder, group)
+            except NotADirectoryError:
+                raise StorageError(f"{folder}: cannot use as the cache directory of this "
+                                   "host's marks (not a directory)", key=str(folder)) from None
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        why = "not a regular file" if not stat.S_ISREG(st.st_mode) else privacy.problem(st, group)
+        if why:
+            raise UnsafeEntryError(f"{self.path}: {why}; this host's marks must be its user's "
+                                   "alone (another user could erase what it saw): remove the "
+                                   "file, and trust on first use starts over",
+                                   key=str(self.path))
 
     def _where(self) -> str:
         return f"{self.path}" if self.path is not None else "this process's memory"
