@@ -22,8 +22,8 @@ SnapshotKeyOpt = Annotated[str | None, typer.Option(
          "and timestamp again after the change (registry snapshot sign).")]
 ExpiresOpt = Annotated[str, typer.Option(
     "--expires-in", metavar="DURATION",
-    help="How long the signed timestamp is valid; the unit is required (90s, 15m, 2h, 7d). "
-         "Hosts with trusted keys refuse the model once it expired.")]
+    help="How long the signed timestamp is valid (default 1d); the unit is required (90s, "
+         "15m, 2h, 7d). Hosts with trusted keys refuse the model once it expired.")]
 
 
 def _expires(text: str) -> float:
@@ -79,7 +79,7 @@ def snapshot_refresh(
         help="Model id (repeatable; default: every model that has a signed snapshot).")] = None,
     sign_key: Annotated[str, typer.Option("--sign-key", metavar="PATH",
                                           help="EC private key (PEM) of a key the reading "
-                                               "hosts trust.")] = "",
+                                               "hosts trust (required).")] = "",
     expires_in: ExpiresOpt = "1d",
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
