@@ -4,8 +4,10 @@ through every door as through the best-guarded one.
 
 The matrix runs each attack through each door with real components: the Python
 API, the CLI (real processes), ``pull --from`` a real ``registry serve`` mirror
-that holds no keys (behind it, a store writer), and the Hub routes of a real
-``registry serve --trusted-key``. A door added later must be wired to the trust
+that holds no keys (behind it, a store writer), the Hub routes of a real
+``registry serve --trusted-key``, the weights reader (``registry load``) and a
+release made from a release (``registry publish STORE/models/M/V``). The second
+uid's attacks on a host's marks are tests/test_trust_second_uid.py. A door added later must be wired to the trust
 function: :func:`test_no_door_decides_trust_alone` reads the package and
 fails on a module outside ``registry/trust/`` that calls the primitives itself.
 """
