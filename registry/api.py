@@ -113,6 +113,8 @@ class Registry(LifecycleMixin):
         self.db = db
         self._index: Index | None = None
         self.index_errors: list[str] = []
+        #: the signed snapshots this object's writes made (registry.trust.snapshot.sign_snapshot)
+        self.snapshots: list[dict[str, Any]] = []
         #: weights summaries (stored_summary), by the sha256s of the weights files
         #: (a long-lived Registry, such as `registry serve`'s, reads each header once)
         self._weights: dict[str, dict[str, Any]] = {}
@@ -229,6 +231,7 @@ class Registry(LifecycleMixin):
         if not passed(results) and not force:
             raise GateFailedError(f"{model_id}@{version}", results)
         head, move = move_alias(self.store, model_id, alias, version, sign_key=sign_key)
+        self._resign([model_id], sign_key, only_signed=True)
         undo = undo_if_deleted(self.store, model_id, alias, version, head, move,
                                sign_key=sign_key)
         if undo is not None:  # raced a delete of the release (registry.lifecycle.delete)
@@ -252,6 +255,7 @@ class Registry(LifecycleMixin):
         damaged, unreadable). Raises as :meth:`set_alias`."""
         check_name(alias, "alias")
         head, move = move_alias(self.store, model_id, alias, None, sign_key=sign_key)
+        self._resign([model_id], sign_key, only_signed=True)
         self._record(f"alias {model_id}@{alias}",
                      lambda s: _index_move(s, model_id, alias, None, move))
         if move is not None:
@@ -264,11 +268,15 @@ class Registry(LifecycleMixin):
         broken: list[str] = []
         return list(walk(self.store, model_id, alias, broken=broken)), broken
 
-    def revoke(self, source_id: str, reason: str) -> tuple[Revocation, bool]:
+    def revoke(self, source_id: str, reason: str, *,
+               sign_key: str | os.PathLike[str] | None = None) -> tuple[Revocation, bool]:
         """Revoke a data source: store (``ledger/``) first, then the index, then
         the event ``source.revoked`` (a repeated revocation appends none).
+        With ``sign_key``, every model's signed snapshot is signed again, listing
+        the revocation (:mod:`registry.trust.snapshot`; into :attr:`snapshots`).
         Raises EventNotRecordedError after both stand when the event fails."""
         rev, created = revoke(self.store, source_id, reason)
+        self._resign(None, sign_key)
         self._record(f"revocation of {source_id}", lambda s: record_revocation(s, rev))
         if created:
             append_event(self.store, SOURCE_REVOKED, data={"source_id": source_id,

@@ -7,6 +7,7 @@ never an undone store write (``registry index rebuild`` repairs the index).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -44,32 +45,69 @@ class LifecycleMixin:
     _record: Callable[[str, Callable[[Session], Any]], None]
     _query: Callable[[Callable[[Session], Any]], Any]
 
-    def yank(self, model_id: str, version: str, reason: str) -> tuple[dict[str, Any], bool]:
-        """:func:`registry.lifecycle.yank.yank`, then index it: ``(record, changed)``."""
-        return _committed(lambda: yank.yank(self.store, model_id, version, reason),
-                          lambda: self._sync_yank(model_id, version))
+    snapshots: list[dict[str, Any]]
 
-    def unyank(self, model_id: str, version: str, *,
-               reason: str | None = None) -> tuple[dict[str, Any], bool]:
-        """:func:`registry.lifecycle.yank.unyank`, then index it."""
-        return _committed(lambda: yank.unyank(self.store, model_id, version, reason=reason),
-                          lambda: self._sync_yank(model_id, version))
+    def _resign(self, model_ids: list[str] | None, sign_key: str | os.PathLike[str] | None,
+                *, only_signed: bool = False) -> None:
+        """A new signed snapshot of ``model_ids`` (None: every model that has
+        one) after a change of their records, when ``sign_key`` is given
+        (:func:`registry.trust.snapshot.resign`); ``only_signed``: only of a
+        model that has one already (an alias move's key signs the move, and
+        opts no model into snapshots)."""
+        if sign_key is None:
+            return
+        from registry.trust import snapshot
+
+        if only_signed and model_ids is not None:
+            have = set(snapshot.signed_models(self.store))
+            model_ids = [m for m in model_ids if m in have]
+        self.snapshots += snapshot.resign(self.store, model_ids, sign_key)
+
+    def _signed(self, write: Callable[[], T], model_id: str,
+                sign_key: str | os.PathLike[str] | None) -> T:
+        """``write``, then a new snapshot of ``model_id`` with ``sign_key``
+        (also when only its event failed)."""
+        try:
+            out = write()
+        except EventNotRecordedError:
+            self._resign([model_id], sign_key)
+            raise
+        self._resign([model_id], sign_key)
+        return out
+
+    def yank(self, model_id: str, version: str, reason: str, *,
+             sign_key: str | os.PathLike[str] | None = None) -> tuple[dict[str, Any], bool]:
+        """:func:`registry.lifecycle.yank.yank`, then index it: ``(record, changed)``.
+        With ``sign_key``, the model's snapshot is signed again (into :attr:`snapshots`)."""
+        return self._signed(lambda: _committed(
+            lambda: yank.yank(self.store, model_id, version, reason),
+            lambda: self._sync_yank(model_id, version)), model_id, sign_key)
+
+    def unyank(self, model_id: str, version: str, *, reason: str | None = None,
+               sign_key: str | os.PathLike[str] | None = None) -> tuple[dict[str, Any], bool]:
+        """:func:`registry.lifecycle.yank.unyank`, then index it (``sign_key``: as yank)."""
+        return self._signed(lambda: _committed(
+            lambda: yank.unyank(self.store, model_id, version, reason=reason),
+            lambda: self._sync_yank(model_id, version)), model_id, sign_key)
 
     def _sync_yank(self, model_id: str, version: str) -> None:
         self._record(f"yank record of {model_id}@{version}",
                      lambda s: sync_yank(s, self.store, model_id, version))
 
-    def delete_release(self, model_id: str, version: str,
-                       reason: str) -> tuple[dict[str, Any], bool]:
+    def delete_release(self, model_id: str, version: str, reason: str, *,
+                       sign_key: str | os.PathLike[str] | None = None
+                       ) -> tuple[dict[str, Any], bool]:
         """:func:`registry.lifecycle.delete.delete_release`, then index the
-        tombstone (the release's rows go): ``(tombstone, deleted)``."""
+        tombstone (the release's rows go): ``(tombstone, deleted)``. With
+        ``sign_key``, the model's snapshot is signed again, listing the tombstone."""
         def index() -> None:
             doc = read_tombstone(self.store, model_id, version)
             if doc is not None:
                 self._record(f"delete of {model_id}@{version}",
                              lambda s: record_tombstone(s, doc))
-        return _committed(lambda: lifecycle_delete.delete_release(self.store, model_id,
-                                                                  version, reason), index)
+        return self._signed(lambda: _committed(
+            lambda: lifecycle_delete.delete_release(self.store, model_id, version, reason),
+            index), model_id, sign_key)
 
     def release_gc(self, *, keep_last: int | None = None, unaliased: bool = False,
                    older_than: float | None = None, model_id: str | None = None,

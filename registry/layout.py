@@ -18,6 +18,8 @@ each other. It imports nothing but the naming rule and ``join``::
     ledger/yanks/<model_id>/<version>.json      yank_key(model_id, version) (issue 32 item 1)
     ledger/tombstones/<model_id>/<version>.json tombstone_key(model_id, version) (item 2)
     ledger/tags/<model_id>/<version>.json       tags_key(model_id, version) (item 3)
+    ledger/snapshots/<model_id>/<n>.snapshot.json  snapshot_key(model_id, n) (issue 50)
+    ledger/snapshots/<model_id>/timestamp.json     timestamp_key(model_id)
     <prefix>.claim                              claim_key(prefix)
     <prefix>.tmp-<tag>                          staging_prefix(prefix, tag)
 
@@ -49,6 +51,7 @@ ALIAS_HISTORY = "ledger/aliases"
 YANKS = "ledger/yanks"
 TOMBSTONES = "ledger/tombstones"
 TAGS = "ledger/tags"
+SNAPSHOTS = "ledger/snapshots"
 #: digits of an event's sequence number in its key (``events/000000000042.json``).
 EVENT_DIGITS = 12
 #: digits of an alias move's sequence number in its history entry's key.
@@ -150,6 +153,19 @@ def tombstone_key(model_id: str, version: str) -> str:
     ``ledger/tombstones/<model_id>/<version>.json``."""
     return join(TOMBSTONES, check_name(model_id, "model_id"),
                 f"{check_name(version, 'version')}.json")
+
+
+def snapshot_key(model_id: str, version: int) -> str:
+    """Key of version ``version`` of a model's signed trust snapshot:
+    ``ledger/snapshots/<model_id>/<version>.snapshot.json`` (each version its own
+    object, as TUF's consistent snapshots: a timestamp names one exactly)."""
+    return join(SNAPSHOTS, check_name(model_id, "model_id"), f"{int(version)}.snapshot.json")
+
+
+def timestamp_key(model_id: str) -> str:
+    """Key of the signed timestamp naming a model's current snapshot:
+    ``ledger/snapshots/<model_id>/timestamp.json``."""
+    return join(SNAPSHOTS, check_name(model_id, "model_id"), "timestamp.json")
 
 
 def tags_key(model_id: str, version: str) -> str:

@@ -252,6 +252,16 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("config-show-unknown-profile", ["config", "show", "--profile", "nope"], 2,
      ["no profile 'nope'"]),
     ("profile-unknown", ["--profile", "nope", "ls"], 2, ["no profile 'nope'", "config.toml"]),
+    # issue 50: signed snapshots and timestamps
+    ("snapshot-sign-key-missing", ["snapshot", "sign", "tiny", "--sign-key", "{w}/nokey.pem"],
+     5, ["nokey.pem"]),
+    ("snapshot-sign-bad-expiry", ["snapshot", "sign", "tiny", "--sign-key", "{w}/nokey.pem",
+                                  "--expires-in", "soon"], 2, ["--expires-in"]),
+    ("snapshot-refresh-key-missing", ["snapshot", "refresh", "tiny", "--sign-key",
+                                      "{w}/nokey.pem"], 5, ["nokey.pem"]),
+    ("snapshot-refresh-no-key", ["snapshot", "refresh"], 2, ["--sign-key"]),
+    ("publish-release-failing-source", ["publish", "{w}/artifacts/models/tiny/2", *PUB,
+                                       "--version", "8"], 1, ["tiny@2", "revoked"]),
 ]
 
 #: Cases that may leave stdout: a check that said no prints its report there; a
@@ -259,7 +269,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
 REPORTS_ON_STDOUT = {"verify-uncommitted", "ckpt-verify-damaged", "ckpt-latest-damaged",
                      "gate-check-failing", "publish-not-indexed", "alias-not-indexed",
                      "revoke-not-indexed", "policy-not-indexed", "release-not-indexed",
-                     "publish-failing-gate"}
+                     "publish-failing-gate", "publish-release-failing-source"}
 
 
 

@@ -66,6 +66,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         reg.set_policy("tiny", ["accuracy>=0.5"])
         reg.delete_release("tiny", "1", "gone")
         reg.revoke("wiki", "withdrawn")
+    from registry.keys import generate
+    from registry.trust.snapshot import sign_snapshot
+
+    key, _, _ = generate(root / "snapshot.pem", public_path=root / "snapshot.pub")
+    sign_snapshot(open_store(url), "tiny", key)  # issue 50: the signed snapshot, timestamp
     mgr = CheckpointManager(url, "r1", keep_ckpts=2)
     save(mgr, 1)
     save(mgr, 2)

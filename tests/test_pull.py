@@ -374,7 +374,8 @@ def test_cli_pull_by_version_and_alias(durable_store_url: str, durable: Store,
     match = re.fullmatch(
         rf"pulled {MODEL}@1 to {re.escape(str(serve.resolve()))}: (\d+) files "
         r"\((\d+) downloaded\), (\d+) bytes \((\d+) transferred\), (\d+\.\d\d) s, "
-        r"(\d+\.\d) MB/s", p.stdout.strip())
+        r"(\d+\.\d) MB/s; records: trust on first use \(no signed snapshot checked\)",
+        p.stdout.strip())
     assert match, p.stdout
     assert [int(match[i]) for i in range(1, 5)] == [
         len(m.files), len(need), m.total_size, sum(need.values())]

@@ -26,11 +26,16 @@ def alias_rm(model_id: Annotated[str, typer.Argument(help="Model id.")],
         reg = _registry(store, db)
         previous = reg.remove_alias(model_id, alias, sign_key=sign_key)
     if as_json:
+        from registry.cli.snapshot import signed
+
         print_json({"model_id": model_id, "alias": alias, "version": None,
-                    "previous": previous})
+                    "previous": previous, **signed(reg.snapshots)})
     else:
+        from registry.cli.snapshot import report
+
         echo(f"{model_id}@{alias} removed (was "
              f"{previous if previous is not None else 'a damaged pointer'})")
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

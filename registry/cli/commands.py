@@ -73,6 +73,9 @@ COMMANDS: dict[str, tuple[tuple[str, ...], bool, str]] = {
     "db": ((_I,), True, "The index database schema."),
     "index": ((_I,), True, "The SQL index derived from the store."),
     "ledger": ((_I,), True, "The live data ledger (revocations)."),
+    "snapshot": (("registry.cli.snapshot",), True,
+                 "Signed snapshots and timestamps of a model's trust records (yanks, "
+                 "tombstones, aliases, revocations, policy)."),
     "keys": (("registry.cli.keys",), True,
              "Signing keys (elliptic curve, PEM) and a local CA for signed releases."),
     "release": ((_R, _L), True, "Releases from checkpoints."),
@@ -91,7 +94,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], bool, str]] = {
 #: additions to its groups)
 MODULES: tuple[str, ...] = tuple(f"registry.cli.{m}" for m in (
     "cache", "ckpt", "index", "keys", "lifecycle", "load", "loongsage", "pull", "quickstart",
-    "release", "gc", "serve", "verify", "aliases", "events", "oci", "config"))
+    "release", "gc", "serve", "snapshot", "verify", "aliases", "events", "oci", "config"))
 
 
 def load_all() -> None:

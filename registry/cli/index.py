@@ -82,14 +82,22 @@ def index_rebuild(store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = F
         echo(f"{r['action']} {r['what']}: {r['reason']}")
 
 
+from registry.cli.snapshot import report, signed as _signed  # noqa: E402
+
+
 @ledger_app.command("revoke")
 def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.")],
                   reason: Annotated[str, typer.Option("--reason", help="Why (kept forever).")],
+                  sign_key: Annotated[str | None, typer.Option(
+                      "--sign-key", metavar="PATH",
+                      help="EC private key (PEM) of a key the reading hosts trust: sign the "
+                           "snapshot of every model that has one again, listing the "
+                           "revocation (registry snapshot sign).")] = None,
                   store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Revoke a data source: releases trained on it stop passing the gates at once."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
-        rev, created = reg.revoke(source_id, reason)
+        rev, created = reg.revoke(source_id, reason, sign_key=sign_key)
     from registry.release.failing import failing_aliases  # loads the release builder
 
     try:  # the revocation is committed: a failing alias scan must not hide that
@@ -99,7 +107,7 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
     if as_json:
         print_json({**rev.to_dict(), "created": created,
                     "failing_aliases": [a.to_dict() for a in failing],
-                    "aliases_unchecked": unchecked})
+                    "aliases_unchecked": unchecked, **_signed(reg.snapshots)})
     else:
         echo(f"revoked {source_id} at {rev.revoked_at}: {rev.revocation_reason}"
                    + ("" if created else " (already revoked)"))
@@ -109,6 +117,7 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
                  "`registry alias set`", err=True)
         if unchecked is not None:
             echo(f"warning: the aliases could not be checked: {unchecked}", err=True)
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

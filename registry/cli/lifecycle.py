@@ -10,6 +10,8 @@ from registry.cli.app import DbOpt, JsonOpt, RegistryTyper, StoreOpt, app, print
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo
 from registry.cli.release import release_app
+from registry.cli.snapshot import SnapshotKeyOpt, report
+from registry.cli.snapshot import signed as _signed
 
 if TYPE_CHECKING:
     from registry.api import Registry
@@ -32,8 +34,8 @@ def _who(doc: dict[str, Any]) -> str:
 
 
 @app.command()
-def yank(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: DbOpt = None,
-         as_json: JsonOpt = False) -> None:
+def yank(ref: RefArg, reason: ReasonOpt, sign_key: SnapshotKeyOpt = None,
+         store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Take a release out of service, its files kept (`registry unyank` undoes it).
 
     A yanked release fails the yanked gate everywhere (alias moves, pull
@@ -42,14 +44,16 @@ def yank(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: DbOpt = Non
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         model_id, version = reg.resolve(ref)
-        doc, changed = reg.yank(model_id, version, reason)
+        doc, changed = reg.yank(model_id, version, reason, sign_key=sign_key)
     if as_json:
-        print_json({**doc, "changed": changed})
+        print_json({**doc, "changed": changed, **_signed(reg.snapshots)})
     elif changed:
         echo(f"yanked {model_id}@{version}: {doc['reason']}")
     else:
         echo(f"{model_id}@{version} was already yanked ({doc.get('at')} by {_who(doc)}: "
              f"{doc.get('reason')})")
+    if not as_json:
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
@@ -57,23 +61,25 @@ def yank(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: DbOpt = Non
 def unyank(ref: RefArg,
            reason: Annotated[str | None, typer.Option("--reason", metavar="REASON",
                                                       help="Why (optional).")] = None,
+           sign_key: SnapshotKeyOpt = None,
            store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Put a yanked release back in service (recorded, with who and when)."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         model_id, version = reg.resolve(ref)
-        doc, changed = reg.unyank(model_id, version, reason=reason)
+        doc, changed = reg.unyank(model_id, version, reason=reason, sign_key=sign_key)
     if as_json:
-        print_json({**doc, "changed": changed})
+        print_json({**doc, "changed": changed, **_signed(reg.snapshots)})
     else:
         echo(f"unyanked {model_id}@{version}" if changed
              else f"{model_id}@{version} is not yanked")
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 
 @release_app.command("delete")
-def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: DbOpt = None,
-                   as_json: JsonOpt = False,
+def release_delete(ref: RefArg, reason: ReasonOpt, sign_key: SnapshotKeyOpt = None,
+                   store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
                    purge_versions: Annotated[bool, typer.Option(
                        "--purge-versions",
                        help="On a bucket with versioning or object lock on: also delete the "
@@ -94,7 +100,7 @@ def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: D
         from registry.lifecycle.tombstone import is_deleted
 
         version = name if is_deleted(reg.store, model_id, name) else reg.resolve(ref)[1]
-        doc, deleted = reg.delete_release(model_id, version, reason)
+        doc, deleted = reg.delete_release(model_id, version, reason, sign_key=sign_key)
         notes: list[str] = []
         from registry.gc import versions
 
@@ -104,7 +110,7 @@ def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: D
         echo(f"warning: {note}", err=True)
     if as_json:
         print_json({**doc, "deleted_now": deleted, "purged_versions": purged,
-                    "warnings": notes})
+                    "warnings": notes, **_signed(reg.snapshots)})
     elif deleted:
         echo(f"deleted {model_id}@{version} (manifest sha256 {doc['manifest_sha256']}); "
              f"tombstone kept: {doc['reason']}")
@@ -113,6 +119,8 @@ def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: D
              f"{_who(doc)}); what was left of it is removed")
     if purged and not as_json:
         echo(f"purged {len(purged)} noncurrent version(s) of {model_id}@{version}")
+    if not as_json:
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

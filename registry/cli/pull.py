@@ -183,9 +183,19 @@ def pull(
                    f"({result.downloaded} downloaded), {result.bytes} bytes "
                    f"({result.transferred} transferred), {result.seconds:.2f} s, "
                    f"{mbps:.1f} MB/s" + (", every file re-hashed" if result.rehashed else "")
-                   + (f", signed by {_signer(result.signed_by)}" if result.signed_by else ""))
+                   + (f", signed by {_signer(result.signed_by)}" if result.signed_by else "")
+                   + _records(result.freshness))
     else:
         echo(result.path)
+
+
+def _records(freshness: str) -> str:
+    """The summary's last words on what protects the release's records."""
+    if not freshness:
+        return ""
+    if freshness.startswith("signed snapshot"):
+        return f"; records: {freshness.split(' (', 1)[0]}"
+    return "; records: trust on first use (no signed snapshot checked)"
 
 
 def _source(mirror: str | None, namespace: str, store: str | None, model_id: str,

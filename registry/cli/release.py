@@ -64,7 +64,8 @@ CertChainOpt = Annotated[list[str] | None, typer.Option(
 MoveKeyOpt = Annotated[str | None, typer.Option(
     "--sign-key", metavar="PATH",
     help="EC private key (PEM): sign the alias move (required for an alias the "
-         "model's policy protects; hosts pulling with trusted keys require it).")]
+         "model's policy protects; hosts pulling with trusted keys require it), and the "
+         "model's snapshot again when it has one (registry snapshot sign).")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", metavar="METRIC>=VALUE",
     help="Extra gate threshold METRIC>=VALUE or METRIC<=VALUE (repeatable).")]
@@ -196,10 +197,23 @@ def publish(
              "without it such a file is refused (exit 5), since an engine that prefers its "
              "format would serve it; the card and `registry show` then list every set. "
              "Repeatable.")] = None,
+    trusted_key: Annotated[list[str] | None, typer.Option(
+        "--trusted-key", metavar="PATH",
+        help="Public key (PEM) this host trusts (repeatable): a MODEL_DIR that is a "
+             "release's folder in a store must be signed by one of them.")] = None,
+    trusted_keys: Annotated[str | None, typer.Option(
+        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
+        help="Folder of trusted public keys (*.pem, *.pub) and revoked.json, for a "
+             "MODEL_DIR that is a release's folder (as --trusted-key).")] = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
     progress: ProgressOpt = None,
 ) -> None:
     """Release an existing model directory (e.g. a Hugging Face one) as MODEL_ID@VERSION.
+
+    A MODEL_DIR that is a release's folder in a store (STORE/models/M/V: a
+    release from a release) is admitted as `registry pull` admits it (deleted,
+    yanked, failing its gates, rolled back or, with trusted keys, unsigned:
+    refused, nothing written), and only its manifest's files are taken.
 
     On a terminal a bar shows the files and bytes written; the gate results
     print as they are decided, before the first byte is written."""
@@ -208,6 +222,11 @@ def publish(
             reporter(progress, as_json, f"publish {model_id}@{version}",
                      on_gates=gates) as shown:
         at_least("--group-size", group_size, 1)
+        source_trust = None
+        if trusted_key or trusted_keys:
+            from registry.trust import load_trust
+
+            source_trust = load_trust(trusted_key or [], trusted_keys)
         reg = _registry(store, db)
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
@@ -215,7 +234,8 @@ def publish(
             require=require or [], sign_key=sign_key, sign_cert=sign_cert,
             cert_chain=cert_chain or [], max_shard_size=max_shard_size,
             forbid_code=forbid_code, follow_symlinks=follow_symlinks, include=include or [],
-            keep_dtype=keep_dtype, card_verbatim=card_verbatim, progress=shown)
+            keep_dtype=keep_dtype, card_verbatim=card_verbatim, progress=shown,
+            source_trust=source_trust)
     for link, target in result.followed:
         echo(f"warning: followed {link} -> {target}, outside the model directory "
              "(--follow-symlinks)", err=True)
@@ -338,11 +358,16 @@ def alias_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
         reg = _registry(store, db)
         previous = reg.set_alias(model_id, alias, version, force=force, sign_key=sign_key)
     if as_json:
+        from registry.cli.snapshot import signed
+
         print_json({"model_id": model_id, "alias": alias, "version": version,
-                    "previous": previous})
+                    "previous": previous, **signed(reg.snapshots)})
     else:
+        from registry.cli.snapshot import report
+
         echo(f"{model_id}@{alias} -> {version}"
                    + (f" (was {previous})" if previous else ""))
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

@@ -144,8 +144,12 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
         from registry.pull.opened import open_release
 
         model_id, name = _release_ref(ref)
+        from registry.trust.marks import Marks
+
+        # this host's marks live in the cache it names, as pull's (else $REGISTRY_CACHE's)
+        marks = Marks.for_store(s.url, cache) if cache is not None and not offline else "host"
         opened = open_release(s, model_id, name, trust=trust, allow_yanked=allow_yanked,
-                              require_passing=require_passing)
+                              require_passing=require_passing, marks=marks)
         opened.signature_check()  # before the first byte of a weights file is read
         prefix, manifest, version = opened.prefix, opened.manifest, opened.version
     weights = plan_weights(s, prefix, manifest, where=s.url_of(prefix))

@@ -76,6 +76,9 @@ class PullResult:
     signed_by: dict[str, Any] | None = None
     #: the gates it fails now (evaluated only when the pull was asked: ``gates``)
     failing: tuple[GateResult, ...] = ()
+    #: what protects the release's records from a store writer, in words
+    #: (:attr:`registry.trust.release.OpenedRelease.freshness`)
+    freshness: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__  # type: ignore[attr-defined]
@@ -441,7 +444,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     return PullResult(model_id, version, manifest.digest, str(target), len(manifest.files),
                       downloaded, manifest.total_size, transferred,
                       time.perf_counter() - t0, placed, verify, signer,
-                      check.to_dict() if check is not None else None, tuple(opened.failed))
+                      check.to_dict() if check is not None else None, tuple(opened.failed),
+                      opened.freshness)
 
 
 __all__ = ["BLOBS_ENV", "DIGEST_ENV", "PullResult", "blob_mode", "digest_mode", "pull",

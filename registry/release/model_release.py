@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from registry.actor import actor_metadata, current_actor
 from registry import limits, numbers
@@ -74,6 +74,9 @@ from registry.progress import NULL, Progress
 from registry.store import LocalStore, Store, join, open_store
 from registry.store.source import SourceDirStore
 from registry.verify import read_manifest, require_verified
+
+if TYPE_CHECKING:
+    from registry.trust import Trust
 
 CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 RESERVED = {MANIFEST, "ledger.json", "MODEL_CARD.md"}
@@ -322,8 +325,15 @@ class ModelRelease:
                 max_shard_size: int | str | None = None,
                 forbid_code: bool = False, follow_symlinks: bool = False,
                 source_uri: str | None = None, include: Iterable[str] = (),
-                keep_dtype: bool = False, card_verbatim: bool = False) -> ReleaseResult:
+                keep_dtype: bool = False, card_verbatim: bool = False,
+                source_trust: Trust | None = None) -> ReleaseResult:
         """Release an existing model directory (a Hugging Face export, say) as is.
+
+        A ``model_dir`` that is a release's folder in a store (a release from a
+        release) is admitted first by the trust function with
+        ``source_trust`` (:mod:`registry.release.release_source`): a deleted,
+        yanked, failing, rolled-back or (with trust) unsigned source is
+        refused, nothing written.
 
         A second set of weights beside the safetensors (``pytorch_model.bin``,
         its index and shards, ``tf_model.h5``, ``flax_model.msgpack``,
@@ -389,6 +399,11 @@ class ModelRelease:
         self._refuse_existing(prefix)
         url = os.fspath(model_dir)
         check_step_source(url)  # inside a checkpoint step: only from a committed one
+        from registry.release.release_source import check_release_source
+
+        # a release: only as the trust function admits it; its model.sig vouches for the
+        # source release, not for the new one (sign that with sign_key)
+        from_release = check_release_source(url, source_trust) is not None
         src_store = open_store(url)
         local_root = src_store.root if isinstance(src_store, LocalStore) else None
         if local_root is not None and not os.path.isdir(local_root):
@@ -400,6 +415,8 @@ class ModelRelease:
             src_store = SourceDirStore(src_store.url, local_root, rule)
             list_local_files(local_root, rule=rule)  # refuses FIFOs, sockets, links out
         names = src_store.walk_files("")
+        if from_release:
+            names.pop(SIGNATURE, None)
         if not names and local_root is None:
             raise ObjectNotFoundError(f"{url}: no such model directory (nothing stored there)",
                                       key=url)

@@ -41,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,8 @@ from registry.errors import SignatureError, StorageError
 
 #: the folder under the cache that holds one marks file per store
 FOLDER = "marks"
+#: what a marks file remembers, one table each
+KINDS = ("aliases", "yanks", "deleted", "revoked", "snapshots", "timestamps")
 #: marks kept per kind at most (a store writer cannot grow the file without bound)
 MAX_MARKS = 100_000
 
@@ -81,7 +84,7 @@ class Marks:
         self.path = Path(path) if path is not None else None
         self.store_url = store_url
         self._lock = threading.Lock()
-        self._memory: dict[str, dict[str, int]] = {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
+        self._memory: dict[str, dict[str, int]] = {k: {} for k in KINDS}
 
     @classmethod
     def for_store(cls, store_url: str, cache: str | os.PathLike[str] | None = None) -> Marks:
@@ -95,13 +98,13 @@ class Marks:
         try:
             doc = json.loads(self.path.read_bytes())
         except FileNotFoundError:
-            return {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
+            return {k: {} for k in KINDS}
         except (OSError, ValueError):
             # a damaged marks file is this host's own state: start over, loudly in the
             # next refusal's absence; never a crash of every pull
-            return {"aliases": {}, "yanks": {}, "deleted": {}, "revoked": {}}
+            return {k: {} for k in KINDS}
         out: dict[str, dict[str, int]] = {}
-        for kind in ("aliases", "yanks", "deleted", "revoked"):
+        for kind in KINDS:
             table = doc.get(kind) if isinstance(doc, dict) else None
             out[kind] = {str(k): int(v) for k, v in (table or {}).items()
                          if isinstance(v, int) and not isinstance(v, bool)}
@@ -113,14 +116,22 @@ class Marks:
             if self.path is None:
                 yield self._memory
                 return
-            try:
-                from registry.pull import privacy
+            from registry.pull import privacy
 
+            group = privacy.cache_group()
+            try:
                 # the cache's folders are private whatever the umask (a cache made
                 # here first, by a door that only reads its marks, stays the
                 # cache registry.pull.privacy accepts)
-                privacy.make_private_dir(self.path.parent, privacy.cache_group())
-                fd = os.open(self.path.parent / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                privacy.make_private_dir(self.path.parent, group)
+            except OSError as e:
+                raise StorageError(f"{self.path.parent}: cannot use as the cache directory "
+                                   f"of this host's marks ({e.strerror})",
+                                   key=str(self.path.parent)) from None
+            self._check_private(privacy, group)
+            try:
+                fd = os.open(self.path.parent / ".lock",
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             except OSError as e:
                 raise StorageError(f"{self.path.parent}: cannot use as the cache directory "
                                    f"of this host's marks ({e.strerror})",
@@ -143,6 +154,31 @@ class Marks:
                                            f"({e.strerror})", key=str(self.path)) from None
             finally:
                 os.close(fd)
+
+    def _check_private(self, privacy: Any, group: int | None) -> None:
+        """Refuse marks another local user could have written (UnsafeEntryError):
+        the cache folder or the marks folder owned by another user or writable by
+        others or the group, or a marks file likewise. Never read as "nothing
+        seen": erasing the marks would lift every yank this host saw."""
+        from registry.errors import UnsafeEntryError
+
+        assert self.path is not None
+        for folder in (self.path.parent.parent, self.path.parent):
+            try:
+                privacy.check_dir(folder, group)
+            except NotADirectoryError:
+                raise StorageError(f"{folder}: cannot use as the cache directory of this "
+                                   "host's marks (not a directory)", key=str(folder)) from None
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        why = "not a regular file" if not stat.S_ISREG(st.st_mode) else privacy.problem(st, group)
+        if why:
+            raise UnsafeEntryError(f"{self.path}: {why}; this host's marks must be its user's "
+                                   "alone (another user could erase what it saw): remove the "
+                                   "file, and trust on first use starts over",
+                                   key=str(self.path))
 
     def _where(self) -> str:
         return f"{self.path}" if self.path is not None else "this process's memory"
@@ -208,4 +244,27 @@ class Marks:
                 state["aliases"][key] = seq
 
 
-__all__ = ["FOLDER", "MAX_MARKS", "Marks", "RollbackError", "marks_path"]
+    def seen_snapshot(self, model_id: str) -> int:
+        """The newest snapshot version of ``model_id`` this host accepted (0: none)."""
+        with self._state() as state:
+            return state["snapshots"].get(model_id, 0)
+
+    def check_snapshot(self, model_id: str, snapshot: int, timestamp: int, where: str) -> None:
+        """A signed snapshot and timestamp of ``model_id`` (their versions) that
+        verified; raises RollbackError when either is below the newest this
+        host accepted, else records them (a host never goes back)."""
+        with self._state() as state:
+            for kind, got, what in (("snapshots", snapshot, "snapshot"),
+                                    ("timestamps", timestamp, "timestamp")):
+                seen = state[kind].get(model_id, 0)
+                if got < seen:
+                    raise RollbackError(where, f"the signed {what} of {model_id} is at version "
+                                               f"{got}, but this host accepted version {seen} "
+                                               f"before ({self._where()}): refused, a host "
+                                               "never goes back to an older signed state")
+            for kind, got in (("snapshots", snapshot), ("timestamps", timestamp)):
+                if got > state[kind].get(model_id, 0) and len(state[kind]) < MAX_MARKS:
+                    state[kind][model_id] = got
+
+
+__all__ = ["FOLDER", "KINDS", "MAX_MARKS", "Marks", "RollbackError", "marks_path"]

@@ -16,8 +16,11 @@ In this order:
    over the signed move itself (``registry.alias_move`` of its answer), which
    is checked here like a store's; a bare version number from it is never
    taken for an alias under trust;
-2. **the marks** (:mod:`registry.trust.marks`): the alias's move, the
-   release's tombstone and yank record are never below what this host saw;
+2. with trust, **the signed snapshot and timestamp** of the model when it
+   has them (:mod:`registry.trust.freshness`: expiry, versions never going
+   back, each listed record as listed), then **the marks**
+   (:mod:`registry.trust.marks`): the alias's move, the release's tombstone
+   and yank record are never below what this host saw;
 3. **deleted, yanked** (:func:`registry.lifecycle.guard.refuse_retired`);
 4. **the gates** when asked (``gates``, ``require_passing``);
 5. **the manifest**, validated;
@@ -246,6 +249,7 @@ class OpenedRelease:
         manifest: its validated MANIFEST.json.
         failed: the gates it fails now (only evaluated when asked: ``gates``).
         signature: the running signature verification (None without trust).
+        freshness: what protects its records (signed snapshot, or trust on first use).
     """
 
     model_id: str
@@ -254,6 +258,9 @@ class OpenedRelease:
     manifest: Manifest
     failed: list[GateResult] = field(default_factory=list)
     signature: Future[SignatureCheck] | None = None
+    #: what protects the release's records from a store writer, in words: a signed
+    #: snapshot (:mod:`registry.trust.freshness`) or trust on first use (the marks)
+    freshness: str = ""
 
     def signature_check(self) -> SignatureCheck | None:
         """Wait for the signature verification; raises SignatureError when it failed."""
@@ -294,8 +301,17 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
 
         marks = _Marks.for_store(store.url)
     assert not isinstance(marks, str)
+    fresh = None
+    if trust is not None:  # TUF's snapshot and timestamp, where the model has them
+        from registry.trust.freshness import admit
+
+        fresh = admit(store, model_id, trust, marks)
+        if fresh is not None and not (name and is_version(store, model_id, name)):
+            fresh.check_alias(store, name or DEFAULT_ALIAS)
     version = (resolve_for_pull(store, model_id, name, trust, marks) if name
                else default_version(store, model_id, trust, marks))
+    if fresh is not None:
+        fresh.check_release(store, version)
     if marks is not None:
         check_marks(store, model_id, version, marks, allow_yanked)
     refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
@@ -332,7 +348,15 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
         signature.set_result(check)
     else:
         signature = start_signature_check(store, prefix, manifest, model_id, version, trust)
-    return OpenedRelease(model_id, version, prefix, manifest, failed, signature)
+    if fresh is not None:
+        freshness = fresh.describe()
+    else:
+        from registry.trust.freshness import describe_tofu
+
+        freshness = describe_tofu(marks) if trust is None else (
+            "trusted keys, but no signed snapshot of this model: trust on first use for its "
+            "records (registry snapshot sign)")
+    return OpenedRelease(model_id, version, prefix, manifest, failed, signature, freshness)
 
 
 def _verify_now(store: Store, prefix: str, manifest: Manifest, model_id: str, version: str,
