@@ -131,7 +131,7 @@ def create_app(registry: Registry, *, token: str | None = None,
                   description="Read-only view of a model registry: the documents of the "
                               "CLI's `--json` output.",
                   docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json",
-                  default_response_class=RedactedJSONResponse)
+                  default_response_class=RedactedJSONResponse, **_no_fastapi_telemetry())
     allowed = hosts if hosts is not None else allowed_hosts("127.0.0.1")
     app.state.registry = registry
     app.state.release_files = ReleaseFiles(registry.store)
@@ -225,6 +225,22 @@ def create_app(registry: Registry, *, token: str | None = None,
     app.include_router(pages.router)
     _observe(app, registry)
     return app
+
+
+def _no_fastapi_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry spans off (FastAPI >= 0.16x has them, on
+    whenever a tracer provider is set): registry.web.observe makes the one
+    server span of a request, with its route template; FastAPI's would be a
+    second server span per request (a sibling of ours under the caller's
+    ``traceparent``, a trace of its own without one), and with its
+    ``fastapi.dependencies`` / ``fastapi.endpoint`` spans it added three
+    spans to each request (issue 48, item 8)."""
+    import inspect
+
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False,
+                          "auto_configure": False}}
 
 
 def _observe(app: FastAPI, registry: Registry) -> None:

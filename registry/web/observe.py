@@ -196,7 +196,8 @@ class Observe:
                 f.requests.labels(route, method, str(status)).inc()
                 f.duration.labels(route).observe(seconds)
                 f.sent.labels(route).inc(sent)
-                tracing.set_status(sp, status)
+                if sp is not None:  # the router put the matched route in the scope
+                    tracing.set_status(sp, status, getattr(scope.get("route"), "path", None))
                 if self.request_log:
                     trace_id = (f"{sp.get_span_context().trace_id:032x}"
                                 if sp is not None else None)
