@@ -157,12 +157,13 @@ def main() -> int:
         results: dict[str, Any] = {}
         for kind in args.services.split(","):
             results[kind] = bench(kind, src, tmp, args.repeat, args.warmup)
-        doc = {"size_mib": args.size_mib, "repeat": args.repeat, "warmup": args.warmup,
-               "cpus": os.cpu_count(), "mem_available_gib_before": available,
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
-        if args.out:
-            args.out.write_text(json.dumps(doc, indent=2) + "\n")
+            doc = {"size_mib": args.size_mib, "repeat": args.repeat, "warmup": args.warmup,
+                   "cpus": os.cpu_count(), "mem_available_gib_before": available,
+                   "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "results": results}
+            if args.out:  # after each service: a long run stopped keeps what it measured
+                args.out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"{args.size_mib} MiB, {args.repeat} rounds after {args.warmup} warm-up, "
               f"{os.cpu_count()} CPUs, load "
               f"{load_before[0]:.1f} -> {doc['loadavg_after'][0]:.1f}")
