@@ -80,7 +80,7 @@ def _setup() -> Any:
             return _tracer
         try:
             from opentelemetry import trace
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.http import trace_exporter  # noqa: F401
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -92,7 +92,9 @@ def _setup() -> Any:
                                     or "modeldir-registry",
                                     "service.version": __version__})
         provider = TracerProvider(resource=resource)
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        from registry.obs.otlp import span_exporter
+
+        provider.add_span_processor(BatchSpanProcessor(span_exporter()))
         trace.set_tracer_provider(provider)
         global _current, _emit
         _current = trace.get_current_span
