@@ -104,7 +104,7 @@ class RedactedJSONResponse(JSONResponse):
 def create_app(registry: Registry, *, token: str | None = None,
                hub_policy: HubPolicy | None = None, hub_source: Source | None = None,
                hub_stats: HubStats | None = None,
-               hosts: frozenset[str] | None = None) -> FastAPI:
+               hosts: frozenset[str] | None = None, request_log: bool = False) -> FastAPI:
     """The web application over ``registry``.
 
     Args:
@@ -122,6 +122,9 @@ def create_app(registry: Registry, *, token: str | None = None,
         hosts: the ``Host`` names answered (:func:`registry.web.security.allowed_hosts`);
             None: those of a loopback server (``localhost``, 127.0.0.1, ::1).
             Any other Host gets 421 (DNS rebinding), no Host 400.
+        request_log: write one text line per request to stderr
+            (registry.obs.logs.request_text); with ``REGISTRY_LOG_FORMAT=json``
+            every request is a JSON line whatever this says.
 
     Raises:
         IndexDatabaseError, IndexOutOfDateError: the index cannot be opened.
@@ -223,7 +226,7 @@ def create_app(registry: Registry, *, token: str | None = None,
     app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
-    _observe(app, registry)
+    _observe(app, registry, request_log)
     return app
 
 
@@ -243,15 +246,16 @@ def _no_fastapi_telemetry() -> dict[str, Any]:
                           "auto_configure": False}}
 
 
-def _observe(app: FastAPI, registry: Registry) -> None:
+def _observe(app: FastAPI, registry: Registry, request_log: bool) -> None:
     """``/metrics``, ``/healthz``, ``/readyz``, request metrics, spans and
-    JSON request logs (registry.web.observe)."""
+    request logs (registry.web.observe): JSON lines under ``--log-format
+    json``, else text lines when ``request_log``."""
     from registry.obs.logs import json_logs
     from registry.web.observe import instrument
 
     cache = getattr(getattr(app.state.hub_source, "cache", None), "root", None)
     instrument(app, registry, trust=getattr(app.state.hub, "trust", None), mirror_cache=cache,
-               request_log=json_logs())
+               request_log="json" if json_logs() else "text" if request_log else None)
 
 
 @cache
