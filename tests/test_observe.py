@@ -232,16 +232,19 @@ def test_text_request_log_has_each_request_and_no_secret(store_url: str,
         req = urllib.request.Request(base + f"/api/v1/models?token={TOKEN}&page=1",
                                      headers={"Authorization": f"Bearer {TOKEN}",
                                               "Cookie": f"session={TOKEN}"})
-        assert urllib.request.urlopen(req, timeout=10).status == 200
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
         req = urllib.request.Request(
             base + f"/registry/tiny/resolve/prod/config.json?access_token={TOKEN}",
             headers={"Authorization": f"Basic {basic}"})
-        body = urllib.request.urlopen(req, timeout=10).read()
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read()
         for path, auth, code in (("/api/v1/models", f"Bearer {TOKEN}-wrong", 401),
                                  ("/api/v1/nosuch%0Aforged%20line", f"Bearer {TOKEN}", 404)):
             req = urllib.request.Request(base + path, headers={"Authorization": auth})
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(req, timeout=10)
+            e.value.close()  # the error holds the connection
             assert e.value.code == code
     log = _served_log()
     assert TOKEN not in log and basic not in log
