@@ -164,7 +164,31 @@ def _rows_load(r: dict[str, Any]) -> Iterator[Row]:
                d["ratios_to_fastest_peer"]["registry_load"], "<= 1.1")
 
 
-EXTRACT = {"checkpoint": _rows_checkpoint, "load": _rows_load, "release": _rows_release, "pull": _rows_pull,
+def _rows_obs(name: str, r: dict[str, Any]) -> Iterator[Row]:
+    """bench/obs_bench.py: each arm's cost against everything off."""
+    code = "main's code (before)" if name.endswith("before") else "this tree"
+    for arm, what in (("metrics", "metrics"), ("traced", "metrics + every request traced")):
+        if arm in r.get("cost", {}):
+            c = r["cost"][arm]
+            yield ("obs", f"serve {what}, {code}: req/s (cost {c['throughput'] * 100:+.1f}%, "
+                   f"p95 {c['p95'] * 100:+.1f}%, CPU/request {c['cpu_per_request'] * 100:+.1f}%)",
+                   r[arm]["rps"], "everything off", r[arm]["rps"] / r["off"]["rps"],
+                   "cost < 3%")
+
+
+def _rows_cloud(r: dict[str, Any]) -> Iterator[Row]:
+    """bench/cloud_bench.py: commit and pull against gcsfs / adlfs put and get."""
+    peers = {"gcs": ("gcsfs put", "gcsfs get"), "azure": ("adlfs put", "adlfs get")}
+    for kind, d in r["results"].items():
+        size = f"{r['size_mib']} MiB"
+        yield ("cloud", f"{kind} emulator commit, {size} (s)", d["commit_seconds"],
+               peers[kind][0], d["commit_ratio"], "(reported)")
+        yield ("cloud", f"{kind} emulator pull, {size} (s)", d["pull_seconds"],
+               peers[kind][1], d["pull_ratio"], "(reported)")
+
+
+EXTRACT = {"checkpoint": _rows_checkpoint, "load": _rows_load, "release": _rows_release,
+           "pull": _rows_pull,
            "index": _rows_index, "mlflow": _rows_mlflow, "pieces": _rows_pieces,
            "shards": _rows_shards}
 
@@ -177,7 +201,12 @@ def main() -> int:
         doc = json.loads(path.read_text())
         merged[name] = doc
         try:
-            rows += list(EXTRACT.get(name, lambda d, n=name: _rows_generic(n, d))(doc))
+            if name.startswith("obs"):
+                rows += list(_rows_obs(name, doc))
+            elif name.startswith("cloud"):
+                rows += list(_rows_cloud(doc))
+            else:
+                rows += list(EXTRACT.get(name, lambda d, n=name: _rows_generic(n, d))(doc))
         except (KeyError, TypeError) as e:
             print(f"{path.name}: cannot tabulate ({e})", file=sys.stderr)
     (HERE / "results.json").write_text(json.dumps(merged, indent=2) + "\n")

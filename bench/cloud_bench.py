@@ -15,11 +15,15 @@ pull
     recursive=True)``.
 
 Rounds alternate which side goes first; medians over ``--repeat`` rounds
-after one warm-up round that is not counted. The load average is recorded.
+after ``--warmup`` rounds (default 1) that are not counted. Each side commits
+(puts) and pulls (gets) its copy, then deletes it from the emulator, so an
+in-memory emulator holds at most one copy of the directory at a time (4 GiB
+at ``--size-mib 4096``, not 2 x rounds x the size). The load average and the
+memory available before the run are recorded.
 The emulators run on this host, so the figures compare client-side costs on
 one machine, not the services' bandwidth.
 
-    python bench/cloud_bench.py [--size-mib 1024] [--repeat 3] [--out FILE]
+    python bench/cloud_bench.py [--size-mib 1024] [--repeat 3] [--warmup 1] [--out FILE]
 """
 
 from __future__ import annotations
@@ -69,13 +73,24 @@ def _service(kind: str) -> tuple[Any, str, Any]:
         connection_string=server.connection_string, skip_instance_cache=True)
 
 
-def bench(kind: str, src: Path, tmp: Path, repeat: int) -> dict[str, Any]:
+def _available_gib() -> float | None:
+    """MemAvailable of /proc/meminfo in GiB (None off Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def bench(kind: str, src: Path, tmp: Path, repeat: int, warmup: int = 1) -> dict[str, Any]:
     server, url, fs = _service(kind)
     root = url.split("://", 1)[1].split("/", 1)[0]
     try:
         store = open_store(url)
         samples: dict[str, list[float]] = {k: [] for k in ("commit", "put", "pull", "get")}
-        for i in range(-1, repeat):
+        for i in range(-warmup, repeat):
             version, peer = f"{i + 2}", f"{root}/peer-{uuid.uuid4().hex[:8]}"
             dest, target = tmp / f"{kind}-get", tmp / f"{kind}-pull"
 
@@ -94,12 +109,21 @@ def bench(kind: str, src: Path, tmp: Path, repeat: int) -> dict[str, Any]:
             def get() -> None:
                 fs.get(peer, str(dest), recursive=True)
 
-            order = [("commit", commit), ("put", put)]
-            order = order if i % 2 else order[::-1]
-            times = {name: timed(fn) for name, fn in order}
-            order = [("pull", ours_pull), ("get", get)]
-            order = order if i % 2 else order[::-1]
-            times.update({name: timed(fn) for name, fn in order})
+            def drop_ours() -> None:
+                fs.rm(f"{url.split('://', 1)[1]}/models/bench/{version}", recursive=True)
+
+            def drop_peer() -> None:
+                fs.rm(peer, recursive=True)
+
+            # each side writes, reads back and deletes its copy before the
+            # other starts: one copy in the emulator's memory at a time
+            sides = [(("commit", commit), ("pull", ours_pull), drop_ours),
+                     (("put", put), ("get", get), drop_peer)]
+            times = {}
+            for (w, write), (r, read), drop in (sides if i % 2 else sides[::-1]):
+                times[w] = timed(write)
+                times[r] = timed(read)
+                drop()
             for p in (dest, target, tmp / f"{kind}-cache-{i}"):
                 shutil.rmtree(p, ignore_errors=True)
             if i >= 0:
@@ -121,6 +145,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="Rounds run first and not counted")
     ap.add_argument("--services", default="gcs,azure")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -128,16 +153,19 @@ def main() -> int:
     try:
         src = tmp / "src"
         make_release_dir(src, args.size_mib)
-        load_before = os.getloadavg()
+        load_before, available = os.getloadavg(), _available_gib()
         results: dict[str, Any] = {}
         for kind in args.services.split(","):
-            results[kind] = bench(kind, src, tmp, args.repeat)
-        doc = {"size_mib": args.size_mib, "repeat": args.repeat, "cpus": os.cpu_count(),
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
-        if args.out:
-            args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"{args.size_mib} MiB, {args.repeat} rounds, {os.cpu_count()} CPUs, load "
+            results[kind] = bench(kind, src, tmp, args.repeat, args.warmup)
+            doc = {"size_mib": args.size_mib, "repeat": args.repeat, "warmup": args.warmup,
+                   "cpus": os.cpu_count(), "mem_available_gib_before": available,
+                   "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "results": results}
+            if args.out:  # after each service: a long run stopped keeps what it measured
+                args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"{args.size_mib} MiB, {args.repeat} rounds after {args.warmup} warm-up, "
+              f"{os.cpu_count()} CPUs, load "
               f"{load_before[0]:.1f} -> {doc['loadavg_after'][0]:.1f}")
         print("| service | commit s | peer put s | ratio | pull s | peer get s | ratio |")
         print("|---|---|---|---|---|---|---|")

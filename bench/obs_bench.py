@@ -1,16 +1,30 @@
 """The cost of metrics and tracing in ``registry serve`` (issue 48, item 8).
 
-Two ``registry serve`` processes over the same local store run side by side: one
-with everything off (``REGISTRY_METRICS=0``, no ``OTEL_*``), one with metrics on
-and every request traced (``OTEL_EXPORTER_OTLP_ENDPOINT`` at a real OTLP/HTTP
-receiver, ``oteltap``, the SDK's batch exporter; sampling: all). Each trial sends
-``--requests`` Hub downloads of a small file (``config.json``, verified before it is
-sent: the case where per-request overhead shows most) on ``--clients`` keep-alive
-connections, to one server then the other, alternating which goes first. Reported:
-the median over trials of each server's throughput (requests/s) and p95 latency, and
-the cost of "on" against "off" (the issue's bound: under 3%).
+Three ``registry serve`` processes over the same local store run side by side,
+in one interleaved run:
 
-    python bench/obs_bench.py [--trials 7] [--requests 300] [--clients 4]
+``off``
+    everything off (``REGISTRY_METRICS=0``, ``OTEL_SDK_DISABLED=true``);
+``metrics``
+    the Prometheus metrics on, no traces;
+``traced``
+    metrics on and every request traced (``OTEL_EXPORTER_OTLP_ENDPOINT`` at a
+    real OTLP/HTTP receiver, ``oteltap``, on this host; the SDK's batch
+    processor; the sampler is the SDK's default, parent-based always-on,
+    unless ``OTEL_TRACES_SAMPLER`` says otherwise).
+
+Each trial sends ``--requests`` Hub downloads of a small file (``config.json``,
+verified before it is sent: the case where per-request overhead shows most) on
+``--clients`` keep-alive connections to each server in turn, the order rotating
+from trial to trial; the batch processor keeps its defaults (exports every 5 s
+or 512 spans). Reported per arm: the median over trials of throughput
+(requests/s) and p95 latency, the server's CPU seconds per request over the
+whole run (user + system of the process from /proc, from before the first
+trial to after the last export, its export thread included: the figure a busy
+machine disturbs least), and each arm's cost against ``off`` (the issue's
+bound: under 3%).
+
+    python bench/obs_bench.py [--trials 9] [--requests 200] [--clients 4]
                               [--out bench/results-obs.json]
 """
 
@@ -20,23 +34,50 @@ import argparse
 import http.client
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import alternating  # noqa: E402
 from tests.hub_util import publish, tiny_bert  # noqa: E402
 from tests.support.obs_servers import OtlpReceiver  # noqa: E402
-from tests.web_util import serve  # noqa: E402
 
 PATH = "/registry/tiny/resolve/1/config.json"
+ARMS = ("off", "metrics", "traced")
+#: seconds for the batch processor's schedule (5 s by default) and the receiver
+EXPORT_DELAY = 6.5
+
+
+@contextmanager
+def serve(store: str, db: str, env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A ``registry serve --port 0`` process: (base URL, its pid)."""
+    proc = subprocess.Popen([sys.executable, "-m", "registry", "serve", "--port", "0",
+                             "--store", store, "--db", db], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env})
+    try:
+        assert proc.stdout is not None
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", proc.stdout.readline())
+        assert m, "registry serve did not start"
+        yield f"http://127.0.0.1:{m.group(1)}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def burst(base: str, requests: int, clients: int) -> tuple[float, float]:
@@ -74,52 +115,69 @@ def burst(base: str, requests: int, clients: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=7)
-    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--trials", type=int, default=9)
+    ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--no-tracing", action="store_true",
-                    help="'on' is metrics alone (the tracing's share of the cost)")
+    ap.add_argument("--pause", type=float, default=0.2, help="Seconds between bursts")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-obs.json"))
     args = ap.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = str(root / "store")
         publish(store, tiny_bert(root, 1), "tiny", "1")
         receiver = OtlpReceiver(collect=False)
-        off_env = {"REGISTRY_METRICS": "0", "OTEL_SDK_DISABLED": "true"}
-        on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                  "OTEL_SERVICE_NAME": "registry-bench"}
-        if args.no_tracing:
-            on_env = {"OTEL_SDK_DISABLED": "true"}
-        results: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+        envs = {"off": {"REGISTRY_METRICS": "0", "OTEL_SDK_DISABLED": "true"},
+                "metrics": {"OTEL_SDK_DISABLED": "true"},
+                "traced": {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                           "OTEL_SERVICE_NAME": "registry-bench"}}
+        results: dict[str, list[tuple[float, float]]] = {a: [] for a in ARMS}
+        cpu: dict[str, float] = {}
         try:
-            with serve(store, f"sqlite:///{root / 'off.db'}", env=off_env) as off, \
-                    serve(store, f"sqlite:///{root / 'on.db'}", env=on_env) as on:
-                for base in (off, on):  # warm up: imports, gate verdicts, page cache
+            with ExitStack() as stack:
+                servers = {a: stack.enter_context(serve(store, f"sqlite:///{root / a}.db",
+                                                        envs[a])) for a in ARMS}
+                for base, _ in servers.values():  # warm up: imports, verdicts, page cache
                     burst(base, 40, args.clients)
-                for first_off, _ in alternating(args.trials):
-                    order = [("off", off), ("on", on)] if first_off else [("on", on),
-                                                                          ("off", off)]
-                    for name, base in order:
-                        results[name].append(burst(base, args.requests, args.clients))
+                time.sleep(EXPORT_DELAY)  # the warm-up's spans exported
+                cpu = {a: -cpu_seconds(pid) for a, (_, pid) in servers.items()}
+                for trial in range(args.trials):
+                    k = trial % len(ARMS)
+                    for arm in ARMS[k:] + ARMS[:k]:
+                        results[arm].append(burst(servers[arm][0], args.requests,
+                                                  args.clients))
+                        time.sleep(args.pause)
+                time.sleep(EXPORT_DELAY)  # the last spans exported
+                done = args.trials * (args.requests // args.clients * args.clients)
+                cpu = {a: (cpu[a] + cpu_seconds(pid)) / done
+                       for a, (_, pid) in servers.items()}
         finally:
             receiver.stop()
-    med: dict[str, Any] = {name: {"rps": statistics.median(r[0] for r in rs),
-                                  "p95_s": statistics.median(r[1] for r in rs)}
-                           for name, rs in results.items()}
-    doc = {"trials": args.trials, "tracing": not args.no_tracing, "requests": args.requests, "clients": args.clients,
-           "off": med["off"], "on": med["on"],
-           "throughput_cost": 1 - med["on"]["rps"] / med["off"]["rps"],
-           "p95_cost": med["on"]["p95_s"] / med["off"]["p95_s"] - 1,
-           "sampler": "none (tracing off)" if args.no_tracing else
-           os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
-           "sampler_arg": os.environ.get("OTEL_TRACES_SAMPLER_ARG"), "raw": results}
+    med: dict[str, Any] = {a: {"rps": statistics.median(r[0] for r in rs),
+                               "p95_s": statistics.median(r[1] for r in rs),
+                               "cpu_s_per_request": cpu[a]}
+                           for a, rs in results.items()}
+    cost = {a: {"throughput": 1 - med[a]["rps"] / med["off"]["rps"],
+                "p95": med[a]["p95_s"] / med["off"]["p95_s"] - 1,
+                "cpu_per_request": med[a]["cpu_s_per_request"] /
+                med["off"]["cpu_s_per_request"] - 1} for a in ARMS[1:]}
+    doc = {"trials": args.trials, "requests": args.requests, "clients": args.clients,
+           "sampler": os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+           "sampler_arg": os.environ.get("OTEL_TRACES_SAMPLER_ARG"),
+           "cpus": os.cpu_count(), "loadavg_before": load_before,
+           "loadavg_after": os.getloadavg(),
+           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           **med, "cost": cost, "raw": results}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"off: {med['off']['rps']:.1f} req/s, p95 {med['off']['p95_s'] * 1e3:.2f} ms; "
-          f"on: {med['on']['rps']:.1f} req/s, p95 {med['on']['p95_s'] * 1e3:.2f} ms; "
-          f"throughput cost {doc['throughput_cost'] * 100:+.1f}%, "
-          f"p95 cost {doc['p95_cost'] * 100:+.1f}% (sampler {doc['sampler']} "
-          f"{doc['sampler_arg'] or ''})")
+    print(f"{args.trials} trials x {args.requests} requests, load {load_before[0]:.1f} -> "
+          f"{doc['loadavg_after'][0]:.1f}, sampler {doc['sampler']} {doc['sampler_arg'] or ''}")
+    for a in ARMS:
+        line = (f"{a:8s} {med[a]['rps']:7.1f} req/s  p95 {med[a]['p95_s'] * 1e3:7.2f} ms  "
+                f"CPU {med[a]['cpu_s_per_request'] * 1e3:6.2f} ms/request")
+        if a in cost:
+            line += (f"  cost: throughput {cost[a]['throughput'] * 100:+.1f}%, p95 "
+                     f"{cost[a]['p95'] * 100:+.1f}%, CPU {cost[a]['cpu_per_request'] * 100:+.1f}%")
+        print(line)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from typing import Any
 from registry.errors import UsageError
 from registry.fastdigest import Blake3Side
 from registry.obs.metrics import piece_checked
-from registry.obs.tracing import traced
+from registry.obs.tracing import leaf
 
 #: bytes per piece of new manifests (override: ``REGISTRY_PIECE_SIZE``, bytes,
 #: a positive multiple of 4096; tests use small pieces).
@@ -228,7 +228,7 @@ class ChainHasher:
         return Pieces(self.piece, tuple(self.states[:full]))
 
 
-@traced("registry.piece_check", child_only=True)
+@leaf("registry.piece_check")
 def check_piece(pieces: Pieces, sha256: str, file_size: int, k: int,
                 blocks: Iterable[Any]) -> str | None:
     """Check piece ``k`` of a file from its bytes.

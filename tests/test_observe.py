@@ -216,6 +216,48 @@ def test_json_logs_errors_and_requests_without_secrets(store_url: str, tmp_path:
     assert TOKEN not in logs
 
 
+def test_text_request_log_has_each_request_and_no_secret(store_url: str,
+                                                          tmp_path: Path) -> None:
+    """``serve --request-log`` (text): one line per request, refused ones too;
+    the token sent in Authorization (Bearer and Basic), in a cookie and in the
+    query string is in none of them, and a decoded ``%0A`` forges no line."""
+    import base64
+    import urllib.error
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    basic = base64.b64encode(f"user:{TOKEN}".encode()).decode()
+    with serve(store_url, f"sqlite:///{tmp_path / 'i.db'}", "--token-file", str(token),
+               "--request-log") as base:
+        req = urllib.request.Request(base + f"/api/v1/models?token={TOKEN}&page=1",
+                                     headers={"Authorization": f"Bearer {TOKEN}",
+                                              "Cookie": f"session={TOKEN}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+        req = urllib.request.Request(
+            base + f"/registry/tiny/resolve/prod/config.json?access_token={TOKEN}",
+            headers={"Authorization": f"Basic {basic}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read()
+        for path, auth, code in (("/api/v1/models", f"Bearer {TOKEN}-wrong", 401),
+                                 ("/api/v1/nosuch%0Aforged%20line", f"Bearer {TOKEN}", 404)):
+            req = urllib.request.Request(base + path, headers={"Authorization": auth})
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            e.value.close()  # the error holds the connection
+            assert e.value.code == code
+    log = _served_log()
+    assert TOKEN not in log and basic not in log
+    lines = [x for x in log.splitlines() if " request method=" in x
+             and "openapi.json" not in x]  # the fixture's readiness probe
+    assert len(lines) == 4, log
+    assert any(" method=GET path=/api/v1/models route=api status=200 " in x for x in lines)
+    assert any(f"route=hub_file status=200 bytes={len(body)} " in x for x in lines)
+    assert any("route=api status=401" in x for x in lines)
+    assert any("path=/api/v1/nosuch%0Aforged%20line route=api status=404" in x for x in lines)
+    assert not any(x.startswith("forged") for x in log.splitlines())
+
+
 def _served_log() -> str:
     from tests import web_util
 

@@ -121,6 +121,11 @@ def serve(
         "--header-timeout", metavar="SECONDS", min=0.1,
         help="Close a connection that has not sent a whole request head SECONDS after it "
              "opened or its last response ended (slowloris).")] = 10.0,
+    request_log: Annotated[bool, typer.Option(
+        "--request-log", envvar="REGISTRY_REQUEST_LOG",
+        help="Write one line per request to stderr: method, path without its query, route "
+             "class, status, bytes, seconds; never a header or the query string (always on "
+             "with --log-format json, as JSON).")] = False,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Serve web pages, a JSON API (/api/v1) and the Hugging Face Hub download API, read-only.
@@ -178,7 +183,7 @@ def serve(
 
             source = MirrorSource(reg.store, mirror_cache, on_store_bytes=stats.from_store)
         web = create_app(reg, token=token, hub_policy=policy, hub_source=source,
-                         hub_stats=stats, hosts=hosts)
+                         hub_stats=stats, hosts=hosts, request_log=request_log)
         from registry.web.server import make_server, run
 
         server = make_server(web, header_timeout=header_timeout, keep_alive=keep_alive,

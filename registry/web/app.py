@@ -104,7 +104,7 @@ class RedactedJSONResponse(JSONResponse):
 def create_app(registry: Registry, *, token: str | None = None,
                hub_policy: HubPolicy | None = None, hub_source: Source | None = None,
                hub_stats: HubStats | None = None,
-               hosts: frozenset[str] | None = None) -> FastAPI:
+               hosts: frozenset[str] | None = None, request_log: bool = False) -> FastAPI:
     """The web application over ``registry``.
 
     Args:
@@ -122,6 +122,9 @@ def create_app(registry: Registry, *, token: str | None = None,
         hosts: the ``Host`` names answered (:func:`registry.web.security.allowed_hosts`);
             None: those of a loopback server (``localhost``, 127.0.0.1, ::1).
             Any other Host gets 421 (DNS rebinding), no Host 400.
+        request_log: write one text line per request to stderr
+            (registry.obs.logs.request_text); with ``REGISTRY_LOG_FORMAT=json``
+            every request is a JSON line whatever this says.
 
     Raises:
         IndexDatabaseError, IndexOutOfDateError: the index cannot be opened.
@@ -131,7 +134,7 @@ def create_app(registry: Registry, *, token: str | None = None,
                   description="Read-only view of a model registry: the documents of the "
                               "CLI's `--json` output.",
                   docs_url=None, redoc_url=None, openapi_url="/api/v1/openapi.json",
-                  default_response_class=RedactedJSONResponse)
+                  default_response_class=RedactedJSONResponse, **_no_fastapi_telemetry())
     allowed = hosts if hosts is not None else allowed_hosts("127.0.0.1")
     app.state.registry = registry
     app.state.release_files = ReleaseFiles(registry.store)
@@ -223,19 +226,36 @@ def create_app(registry: Registry, *, token: str | None = None,
     app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
-    _observe(app, registry)
+    _observe(app, registry, request_log)
     return app
 
 
-def _observe(app: FastAPI, registry: Registry) -> None:
+def _no_fastapi_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry spans off (FastAPI >= 0.16x has them, on
+    whenever a tracer provider is set): registry.web.observe makes the one
+    server span of a request, with its route template; FastAPI's would be a
+    second server span per request (a sibling of ours under the caller's
+    ``traceparent``, a trace of its own without one), and with its
+    ``fastapi.dependencies`` / ``fastapi.endpoint`` spans it added three
+    spans to each request (issue 48, item 8)."""
+    import inspect
+
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False,
+                          "auto_configure": False}}
+
+
+def _observe(app: FastAPI, registry: Registry, request_log: bool) -> None:
     """``/metrics``, ``/healthz``, ``/readyz``, request metrics, spans and
-    JSON request logs (registry.web.observe)."""
+    request logs (registry.web.observe): JSON lines under ``--log-format
+    json``, else text lines when ``request_log``."""
     from registry.obs.logs import json_logs
     from registry.web.observe import instrument
 
     cache = getattr(getattr(app.state.hub_source, "cache", None), "root", None)
     instrument(app, registry, trust=getattr(app.state.hub, "trust", None), mirror_cache=cache,
-               request_log=json_logs())
+               request_log="json" if json_logs() else "text" if request_log else None)
 
 
 @cache

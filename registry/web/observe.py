@@ -20,8 +20,9 @@ per-request metrics, spans and log lines.
   (registry.obs.metrics); refusals of the Hub routes (403 ``GatedRepo``, 409
   for bytes that differ from the manifest) are counted by reason from the
   response's own error headers; with tracing on it is a span, child of the
-  caller's ``traceparent``; with ``REGISTRY_LOG_FORMAT=json`` it is one log
-  line (registry.obs.logs).
+  caller's ``traceparent``; with ``REGISTRY_LOG_FORMAT=json`` it is one JSON
+  log line, with ``registry serve --request-log`` one text line
+  (registry.obs.logs).
 """
 
 from __future__ import annotations
@@ -143,15 +144,16 @@ class Observe:
         app: the application to wrap.
         families: the metric families to count into (registry.obs.metrics.enable).
         readiness: the ``/readyz`` checks.
-        request_log: write one JSON line per request to stderr.
+        request_log: ``"json"`` (or True): one JSON line per request on
+            stderr; ``"text"``: one text line; None (or False): none.
     """
 
     def __init__(self, app: ASGIApp, *, families: metrics.Families | None,
-                 readiness: Readiness, request_log: bool = False) -> None:
+                 readiness: Readiness, request_log: str | bool | None = None) -> None:
         self.app = app
         self.families = families
         self.readiness = readiness
-        self.request_log = request_log
+        self.request_log = "json" if request_log is True else request_log or None
         #: nothing to count, trace or log: requests go straight through
         self.bare = families is None and not request_log and not tracing.enabled()
 
@@ -196,12 +198,15 @@ class Observe:
                 f.requests.labels(route, method, str(status)).inc()
                 f.duration.labels(route).observe(seconds)
                 f.sent.labels(route).inc(sent)
-                tracing.set_status(sp, status)
+                if sp is not None:  # the router put the matched route in the scope
+                    tracing.set_status(sp, status, getattr(scope.get("route"), "path", None))
                 if self.request_log:
                     trace_id = (f"{sp.get_span_context().trace_id:032x}"
                                 if sp is not None else None)
-                    sys.stderr.write(logs.request_line(method, path, route, status, sent,
-                                                       seconds, trace_id) + "\n")
+                    write = logs.request_line if self.request_log == "json" else \
+                        logs.request_text
+                    sys.stderr.write(write(method, path, route, status, sent, seconds,
+                                           trace_id) + "\n")
 
     async def _probe(self, path: str, scope: Scope, send: Send) -> None:
         if path == "/healthz":
@@ -281,7 +286,7 @@ class HubCollector:
 
 
 def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str | None = None,
-               request_log: bool = False) -> metrics.Families | None:
+               request_log: str | bool | None = None) -> metrics.Families | None:
     """Add ``/metrics`` and :class:`Observe` to the FastAPI ``app`` serving
     ``registry``; returns the metric families (enabled here if they were not),
     or None when ``REGISTRY_METRICS=0`` (no ``/metrics``, nothing counted;
