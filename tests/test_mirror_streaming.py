@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli
 from tests.hub_util import PIECE, publish, release_files, tiny_bert
 from tests.support.faultproxy import Action, FaultProxy
 from tests.test_hub_mirror import bytes_read, total
@@ -28,6 +30,9 @@ from tests.web_util import serve
 
 W = "/registry/tiny/resolve/1/model.safetensors"
 CLIENTS = 16
+#: the server's S3 reads wait out a held stream (the default read timeout would
+#: end the fill while a test inspects the server)
+ENV = {"REGISTRY_S3_READ_TIMEOUT": "300"}
 #: store bytes sent before the proxy holds the stream: three whole pieces
 HELD_AT = 3 * PIECE
 
@@ -74,6 +79,14 @@ def _partials(cache: Path, sha256: str) -> list[Path]:
     return sorted((cache / "tmp").glob(f"{sha256}.*.incomplete"))
 
 
+def _gauge(port: int, name: str) -> float:
+    """One unlabelled sample of the server's ``/metrics``."""
+    for line in _get(port, "/metrics")[1].decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"/metrics has no {name}")
+
+
 def _get(port: int, path: str) -> tuple[int, bytes]:
     conn, r = _open(port, path)
     try:
@@ -88,9 +101,10 @@ def test_first_piece_goes_out_before_the_fill_ends_and_16_clients_get_right_byte
     data = (src / "model.safetensors").read_bytes()
     cache = tmp_path / "m"
     with serve(url, f"sqlite:///{tmp_path / 'i.db'}", "--mirror-cache", str(cache),
-               env={"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
+               env=ENV | {"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
         port = int(base.rsplit(":", 1)[1])
         assert _get(port, "/registry/tiny/resolve/1/config.json")[0] == 200  # facts warm
+        config_size = (src / "config.json").stat().st_size
         release_store = _hold(proxy)
         proxy.log.clear()
         opened = [_open(port) for _ in range(CLIENTS)]
@@ -112,6 +126,12 @@ def test_first_piece_goes_out_before_the_fill_ends_and_16_clients_get_right_byte
             answered = sum(_get(port, "/api/v1/models")[0] == 200 for _ in range(5))
             assert answered == 5
             assert _partials(cache, digest)  # still held: nothing above waited for the fill
+            # the cache admin and /metrics show the fill in progress and the free space
+            ls = json.loads(run_cli("cache", "ls", "--cache", str(cache), "--json").stdout)
+            assert ls["totals"]["partial_fills"] == 1 and ls["totals"]["partial_bytes"] > 0
+            assert ls["disk"]["free_bytes"] > 0 and ls["disk"]["disk_bytes"] > 0
+            assert _gauge(port, "registry_mirror_cache_partial_fills") == 1
+            assert _gauge(port, "registry_mirror_cache_size_bytes") == config_size
         finally:
             release_store.set()
 
@@ -129,6 +149,12 @@ def test_first_piece_goes_out_before_the_fill_ends_and_16_clients_get_right_byte
         proxy.wait_idle()
         assert total(bytes_read(proxy, "tiny/1/model.safetensors"), len(data)) == len(data)
         assert not _partials(cache, digest)
+        assert _gauge(port, "registry_mirror_cache_partial_fills") == 0
+        assert _gauge(port, "registry_mirror_cache_files") == 2
+        assert _gauge(port, "registry_mirror_cache_size_bytes") == config_size + len(data)
+        assert _gauge(port, "registry_mirror_cache_free_bytes") > 0
+        text = run_cli("cache", "ls", "--cache", str(cache)).stdout
+        assert "disk: " in text and " free of " in text, text
 
 
 def test_a_tampered_later_piece_cuts_every_response_and_the_fill_is_discarded(
@@ -137,7 +163,7 @@ def test_a_tampered_later_piece_cuts_every_response_and_the_fill_is_discarded(
     data = (src / "model.safetensors").read_bytes()
     cache = tmp_path / "m"
     with serve(url, f"sqlite:///{tmp_path / 'i.db'}", "--mirror-cache", str(cache),
-               env={"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
+               env=ENV | {"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
         port = int(base.rsplit(":", 1)[1])
         assert _get(port, "/registry/tiny/resolve/1/config.json")[0] == 200
         release_store = _hold(proxy, "corrupt")  # the last byte flipped: the last piece is bad

@@ -53,9 +53,19 @@ def table(report: CacheReport) -> list[str]:
                  f"{t['unreferenced_blobs']} unreferenced blobs "
                  f"({human(t['unreferenced_bytes'])}, removed by `registry cache prune`)")
     if t["partial_bytes"]:
-        lines.append(f"partial downloads: {human(t['partial_bytes'])} in tmp/ (a killed pull's "
-                     "are removed by `registry cache prune`)")
+        lines.append(f"partial downloads: {count(t['partial_fills'], 'unfinished file')}, "
+                     f"{human(t['partial_bytes'])} in tmp/ (fills running now or kept to be "
+                     "resumed; a killed pull's are removed by `registry cache prune`)")
+    lines.append(disk_line(report))
     return lines
 
 
-__all__ = ["human", "table"]
+def disk_line(report: CacheReport) -> str:
+    """``disk: 120.0G free of 500.0G (the cache uses 80.5G)``."""
+    if report.free_bytes is None or report.disk_bytes is None:
+        return f"disk: free space unknown (the cache uses {human(report.size_on_disk)})"
+    return (f"disk: {human(report.free_bytes)} free of {human(report.disk_bytes)} "
+            f"(the cache uses {human(report.size_on_disk)})")
+
+
+__all__ = ["disk_line", "human", "table"]
