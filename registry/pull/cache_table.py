@@ -24,14 +24,15 @@ def _dirs(materialized: tuple[Materialized, ...]) -> str:
     return ", ".join(out) or "-"
 
 
-def table(report: CacheReport) -> list[str]:
+def table(report: CacheReport, *, disk: bool = False) -> list[str]:
     """One line per cached version (newest pull first) under a header, then a total line.
 
     A directory inside the cache is shown as ``cache``; a ``--to`` directory
     by its path, with ``(replaced)`` or ``(missing)`` when it no longer holds
     the release. A version none of whose blobs is in the cache (pulled with
     one write per byte: from a local store, or ``--no-blobs``) says
-    ``no blobs kept``."""
+    ``no blobs kept``. With ``disk``, a line before the total says the free
+    space of the cache's filesystem (:func:`disk_line`)."""
     rows = [("MODEL", "VERSION", "SIZE", "SHARED", "LAST PULLED", "MATERIALIZED")]
     for v in report.versions:
         shared = (f"{count(v.shared_blobs, 'blob')} ({human(v.shared_bytes)})"
@@ -46,6 +47,8 @@ def table(report: CacheReport) -> list[str]:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
              for r in rows]
     t = report.to_dict()["totals"]
+    if disk:
+        lines.append(disk_line(report))
     lines.append(f"total: {count(t['models'], 'model')}, {count(t['versions'], 'version')}, "
                  f"{count(t['blobs'], 'blob')}, "
                  f"{human(t['size_on_disk'])} on disk ({human(t['blob_bytes'])} of blobs, "
@@ -56,7 +59,6 @@ def table(report: CacheReport) -> list[str]:
         lines.append(f"partial downloads: {count(t['partial_fills'], 'unfinished file')}, "
                      f"{human(t['partial_bytes'])} in tmp/ (fills running now or kept to be "
                      "resumed; a killed pull's are removed by `registry cache prune`)")
-    lines.append(disk_line(report))
     return lines
 
 

@@ -144,6 +144,17 @@ class LiveFill:
                 self._waiters.append((loop, fut))
             await fut
 
+    async def settled(self) -> None:
+        """Return once the fill has ended, well or not (without holding a thread)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._ended:
+                    return
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, fut))
+            await fut
+
     async def first(self, start: int, end: int) -> int | None:
         """Wait until the first piece of ``[start, end)`` is verified; then a
         descriptor of the temp file for :meth:`blocks` (the caller's to
@@ -165,7 +176,12 @@ class LiveFill:
                      sent: Callable[[int], None]) -> AsyncIterator[bytes]:
         """Bytes ``[start, end)`` from ``fd`` (:meth:`first`'s; closed here),
         each piece once it verified; raises the fill's error at the first
-        piece that never verifies (the server then drops the connection)."""
+        piece that never verifies (the server then drops the connection).
+
+        The last block of a response that reaches the file's end waits for
+        the fill to end (its fsync and link into ``blobs/``): a client that
+        has a whole file finds it in the mirror's cache, never a fill still
+        finishing."""
         try:
             for k, a, b in spans(self.entry, start, end):
                 await self.ready(k)
@@ -175,6 +191,8 @@ class LiveFill:
                     if not block:
                         raise IntegrityError(self.entry.path,
                                              reason=f"bytes {pos}-{stop}: short read")
+                    if pos + len(block) == self.entry.size:
+                        await self.settled()  # verified bytes: sent however the fill ended
                     sent(len(block))
                     yield block
                     pos += len(block)

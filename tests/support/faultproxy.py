@@ -81,7 +81,9 @@ class Action:
     ``hold`` (any forwarded answer, ``corrupt`` included): send the answer's
     head and its first ``hold_at`` body bytes, then wait until the event is
     set (at most ``hold_seconds``) before the rest: a store whose stream
-    stalls mid-object, for as long as a test needs.
+    stalls mid-object, for as long as a test needs. ``rate`` (bytes per
+    second, any forwarded answer): send the body at that pace, a slow store
+    streaming a large object (benchmarks).
     """
 
     kind: str
@@ -96,6 +98,7 @@ class Action:
     hold: threading.Event | None = None
     hold_at: int = 0
     hold_seconds: float = 120.0
+    rate: float = 0.0
 
 
 Rule = Callable[[Request], "Action | None"]
@@ -227,6 +230,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             action.hold.wait(action.hold_seconds)
             body = body[action.hold_at:]
+        if action is not None and action.rate > 0:
+            step = 256 * 1024
+            for i in range(0, len(body), step):
+                self.wfile.write(body[i:i + step])
+                time.sleep(step / action.rate)
+            return
         self.wfile.write(body)
 
     def _handle(self) -> None:
