@@ -229,6 +229,8 @@ def main() -> None:
         size = (src / "model.safetensors").stat().st_size
         db = f"sqlite:///{tmp / 'i.db'}"
         for label, tree in (("before", args.before), ("after", args.after)):
+            if not tree:
+                continue  # --before '': the after tree alone
             out[label] = run_tree(Path(tree), url, db, proxy, tmp, size, args, label)
         proxy.stop()
         s3.stop()
@@ -239,7 +241,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(whole, indent=2) + "\n")
     else:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k]["stampede"] for k in ("before", "after")}, indent=2))
+    print(json.dumps({k: out[k]["stampede"] for k in ("before", "after") if k in out},
+                     indent=2))
 
 
 if __name__ == "__main__":

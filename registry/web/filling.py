@@ -25,7 +25,9 @@ verified against the manifest's piece states:
 * **Waiting holds no thread.** A response waiting for its next piece awaits
   an asyncio future that the checking thread resolves
   (``loop.call_soon_threadsafe``); reading a verified block is one short
-  ``pread`` on a worker thread.
+  ``pread`` of the page cache (:data:`BLOCK`), and at most :data:`SENDERS`
+  responses hand a block over at once, so the JSON API and warm files keep
+  their turns of the event loop during a stampede.
 
 A ranged request waits only for the pieces its range touches.
 
@@ -38,15 +40,30 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-
-from starlette.concurrency import run_in_threadpool
 
 from registry import pieces as pc
 from registry.errors import IntegrityError
 from registry.manifest import FileEntry
-from registry.web.hubfiles import CHUNK, spans
+from registry.web.hubfiles import spans
+
+#: bytes per block sent while a fill runs. Each block is read on the event
+#: loop: its piece was read back moments ago by the fill's checker, so it is
+#: in the page cache and a read is a copy of tens of microseconds, where a hop
+#: to a worker thread per block (and the GIL handoffs it costs) made 48
+#: streaming clients slow every other route (bench/mirror_bench.py). Small
+#: blocks keep each turn of the loop short, so other requests interleave.
+BLOCK = 256 * 1024
+#: responses of this process that may read and hand over a block at once.
+#: The others wait their turn (FIFO): one turn of the event loop then holds
+#: at most this many block writes, so a request of another route waits for a
+#: few blocks per turn, not one per streaming client (48 in the bench).
+SENDERS = 4
+#: seconds a response keeps its turn while its client drains the block: a
+#: slow reader gives its turn up after this, holding no other response back.
+TURN = 0.05
 
 
 def streamable(entry: FileEntry) -> bool:
@@ -182,19 +199,54 @@ class LiveFill:
         the fill to end (its fsync and link into ``blobs/``): a client that
         has a whole file finds it in the mirror's cache, never a fill still
         finishing."""
+        turns = _turns()
+        loop = asyncio.get_running_loop()
         try:
             for k, a, b in spans(self.entry, start, end):
                 await self.ready(k)
                 pos, stop = max(a, start), min(b, end)
                 while pos < stop:
-                    block = await run_in_threadpool(os.pread, fd, min(CHUNK, stop - pos), pos)
-                    if not block:
-                        raise IntegrityError(self.entry.path,
-                                             reason=f"bytes {pos}-{stop}: short read")
-                    if pos + len(block) == self.entry.size:
+                    n = min(BLOCK, stop - pos)
+                    if pos + n == self.entry.size:
                         await self.settled()  # verified bytes: sent however the fill ended
-                    sent(len(block))
-                    yield block
-                    pos += len(block)
+                    await turns.acquire()
+                    release = _Once(turns.release)
+                    late = loop.call_later(TURN, release)
+                    try:
+                        block = os.pread(fd, n, pos)  # the page cache: see BLOCK
+                        if len(block) != n:
+                            raise IntegrityError(self.entry.path,
+                                                 reason=f"bytes {pos}-{stop}: short read")
+                        sent(n)
+                        yield block  # handed to the server, written to the socket
+                    finally:
+                        late.cancel()
+                        release()
+                    pos += n
         finally:
             os.close(fd)
+
+
+class _Once:
+    """Call ``fn`` the first time only."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = \
+    weakref.WeakKeyDictionary()
+
+
+def _turns() -> asyncio.Semaphore:
+    """The running loop's :data:`SENDERS` turns, shared by every streaming response."""
+    loop = asyncio.get_running_loop()
+    sem = _TURNS.get(loop)
+    if sem is None:
+        sem = _TURNS[loop] = asyncio.Semaphore(SENDERS)
+    return sem
