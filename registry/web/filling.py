@@ -56,14 +56,12 @@ from registry.web.hubfiles import spans
 #: streaming clients slow every other route (bench/mirror_bench.py). Small
 #: blocks keep each turn of the loop short, so other requests interleave.
 BLOCK = 256 * 1024
-#: responses of this process that may read and hand over a block at once.
-#: The others wait their turn (FIFO): one turn of the event loop then holds
-#: at most this many block writes, so a request of another route waits for a
-#: few blocks per turn, not one per streaming client (48 in the bench).
-SENDERS = 4
-#: seconds a response keeps its turn while its client drains the block: a
-#: slow reader gives its turn up after this, holding no other response back.
-TURN = 0.05
+#: responses of this process that may read and hand over a block in one turn
+#: of the event loop. The others wait their turn (FIFO): a turn then holds at
+#: most this many block writes, so a request of another route waits for a few
+#: blocks per turn, not one per streaming client (48 in the bench). A turn is
+#: given back at the loop's next turn, never held while a client drains.
+SENDERS = 2
 
 
 def streamable(entry: FileEntry) -> bool:
@@ -210,33 +208,20 @@ class LiveFill:
                     if pos + n == self.entry.size:
                         await self.settled()  # verified bytes: sent however the fill ended
                     await turns.acquire()
-                    release = _Once(turns.release)
-                    late = loop.call_later(TURN, release)
                     try:
                         block = os.pread(fd, n, pos)  # the page cache: see BLOCK
-                        if len(block) != n:
-                            raise IntegrityError(self.entry.path,
-                                                 reason=f"bytes {pos}-{stop}: short read")
-                        sent(n)
-                        yield block  # handed to the server, written to the socket
                     finally:
-                        late.cancel()
-                        release()
+                        # the turn ends with this turn of the loop, in which the server
+                        # writes the block to its socket: never held while a client drains
+                        loop.call_soon(turns.release)
+                    if len(block) != n:
+                        raise IntegrityError(self.entry.path,
+                                             reason=f"bytes {pos}-{stop}: short read")
+                    sent(n)
+                    yield block
                     pos += n
         finally:
             os.close(fd)
-
-
-class _Once:
-    """Call ``fn`` the first time only."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn: Callable[[], None] | None = fn
-
-    def __call__(self) -> None:
-        fn, self.fn = self.fn, None
-        if fn is not None:
-            fn()
 
 
 _TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = \
