@@ -12,10 +12,16 @@ behind the tests' request-logging proxy), run once from each code tree given
    request (the proxy's log).
 2. A cold stampede: ``--stampede`` clients ask for the weights at once from a
    cold mirror while the store answers each read ``--store-delay`` seconds
-   late (the proxy) and one more client polls the JSON API: first-byte times
-   of the stampede, the JSON API's p95 during it and idle.
+   late and then streams it at ``--store-rate-mib`` MiB/s (the proxy; 0: all
+   at once) and one more client polls the JSON API: first-byte times of the
+   stampede, when the last client had its whole file, the JSON API's p95
+   during it and idle. The release is published with ``--piece-mib`` pieces,
+   so a mirror that streams verified pieces (issue 51, item 3) can send the
+   first piece before the whole file has arrived.
 
     python bench/mirror_bench.py [--size-mib 16] [--before /work/main] [--out ...]
+    python bench/mirror_bench.py --stampede-only --size-mib 64 --piece-mib 4 \
+        --store-rate-mib 16     # the stampede alone; merged into --out as "streaming"
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,6 +103,9 @@ def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: 
     out: dict[str, Any] = {"tree": str(tree)}
     counts = {"json": args.requests, "small": args.requests, "range": args.requests // 2,
               "full": 0}
+    env["REGISTRY_S3_READ_TIMEOUT"] = "300"  # a slow store is slow, not down
+    if args.stampede_only:
+        return {**out, "stampede": stampede(url, db, proxy, tmp, size, args, label, env)}
     with serve(url, db, "--mirror-cache", str(tmp / f"mirror-{label}"), env=env) as base:
         port = int(base.rsplit(":", 1)[1])
         request(port, W)  # warm: the weights are in the mirror
@@ -112,44 +120,75 @@ def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: 
                 table[f"{kind}@{c}"] = row
                 print(label, kind, c, json.dumps(row), flush=True)
         out["throughput"] = table
-    # the cold stampede, with a slow store and a JSON poller
+    out["stampede"] = stampede(url, db, proxy, tmp, size, args, label, env)
+    return out
+
+
+def _poll(port: int, n: int, stop: Any, go: Any, out: Any) -> None:
+    """In its own process (its GIL is not the stampede clients'): once ``go``
+    is set, seconds of each JSON API request, ``n`` of them or until
+    ``stop`` is set."""
+    out.put("ready")
+    go.wait()
+    got: list[float] = []
+    while len(got) < n and not stop.is_set():
+        got.append(request(port, "/api/v1/models")[2])
+    out.put(got)
+
+
+def polled(port: int, n: int) -> tuple[Any, Any, Any, Any]:
+    """Start :func:`_poll` in a new process, ready to go; returns (process,
+    queue, go event, stop event)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_poll, args=(port, n, stop, go, q))
+    p.start()
+    assert q.get() == "ready"
+    return p, q, go, stop
+
+
+def stampede(url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
+             args: argparse.Namespace, label: str, env: dict[str, str]) -> dict[str, Any]:
+    """The cold stampede, with a slow store and a JSON poller."""
     with serve(url, db, "--mirror-cache", str(tmp / f"cold-{label}"), env=env) as base:
         port = int(base.rsplit(":", 1)[1])
         request(port, "/registry/bench/resolve/1/config.json")  # facts warm, weights cold
-        idle = [request(port, "/api/v1/models")[2] for _ in range(50)]
+        proc, q, go, _ = polled(port, 50)
+        go.set()
+        idle = q.get()
+        proc.join()
         proxy.reset()
-        proxy.rules.append(lambda r: Action("delay", seconds=args.store_delay)
+        rate = args.store_rate_mib * MIB
+        proxy.rules.append(lambda r: Action("delay", seconds=args.store_delay, rate=rate)
                            if r.op == "GetObject" and r.key.endswith("model.safetensors")
                            else None)
         first: list[float] = []
-        during: list[float] = []
-        done = threading.Event()
-
-        def poll() -> None:
-            while not done.is_set():
-                during.append(request(port, "/api/v1/models")[2])
-
-        poller = threading.Thread(target=poll)
+        poller, q, go, done = polled(port, 1 << 30)  # the JSON API, from another process
         t = time.perf_counter()
         with ThreadPoolExecutor(args.stampede) as pool:
             futs = [pool.submit(request, port, W, None, first) for _ in range(args.stampede)]
             time.sleep(0.2)
-            poller.start()
+            go.set()
             res = [f.result() for f in futs]
         done.set()
+        during = q.get()
         poller.join()
         proxy.rules.clear()
-        out["stampede"] = {
+        row = {
             "clients": args.stampede, "store_delay_s": args.store_delay,
+            "store_rate_mib_s": args.store_rate_mib, "piece_mib": args.piece_mib,
             "wall_s": time.perf_counter() - t,
             "ok": sum(1 for r in res if r[0] == 200 and r[1] == size),
             "first_byte_s": {"min": min(first), "p50": pct(first, 0.5), "max": max(first)},
+            "last_body_done_s": max(r[2] for r in res),
             "json_idle_p95_s": pct(idle, 0.95), "json_during_p95_s": pct(during, 0.95),
             "json_during_max_s": max(during) if during else None,
             "json_polls_during": len(during),
             "store_get_requests": sum(1 for r in proxy.log if r.op == "GetObject")}
-        print(label, "stampede", json.dumps(out["stampede"]), flush=True)
-    return out
+        print(label, "stampede", json.dumps(row), flush=True)
+    return row
 
 
 def main() -> None:
@@ -159,6 +198,12 @@ def main() -> None:
     ap.add_argument("--stampede", type=int, default=48)
     ap.add_argument("--requests", type=int, default=200, help="per row (ranges: half)")
     ap.add_argument("--store-delay", type=float, default=2.0)
+    ap.add_argument("--store-rate-mib", type=float, default=0.0,
+                    help="MiB/s the store streams the weights at in the stampede (0: at once)")
+    ap.add_argument("--piece-mib", type=int, default=0,
+                    help="piece size of the release (0: the default, 64 MiB)")
+    ap.add_argument("--stampede-only", action="store_true",
+                    help="only the cold stampede; merged into --out under 'streaming'")
     ap.add_argument("--before", default="/work/main")
     ap.add_argument("--after", default=str(ROOT))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-mirror.json"))
@@ -177,17 +222,27 @@ def main() -> None:
 
         boto3.client("s3").create_bucket(Bucket="bench")
         url = "s3://bench/root"
+        if args.piece_mib:
+            os.environ["REGISTRY_PIECE_SIZE"] = str(args.piece_mib * MIB)
         ModelRelease(url).publish(src, "bench", "1", ledger=[ledger_row()],
                                   eval_summary=summary())
         size = (src / "model.safetensors").stat().st_size
         db = f"sqlite:///{tmp / 'i.db'}"
         for label, tree in (("before", args.before), ("after", args.after)):
+            if not tree:
+                continue  # --before '': the after tree alone
             out[label] = run_tree(Path(tree), url, db, proxy, tmp, size, args, label)
         proxy.stop()
         s3.stop()
     out["load_after"] = os.getloadavg()[0]
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k]["stampede"] for k in ("before", "after")}, indent=2))
+    if args.stampede_only:  # kept beside the full run's table
+        whole = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        whole["streaming"] = out
+        Path(args.out).write_text(json.dumps(whole, indent=2) + "\n")
+    else:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: out[k]["stampede"] for k in ("before", "after") if k in out},
+                     indent=2))
 
 
 if __name__ == "__main__":

@@ -287,7 +287,7 @@ def run(store: str | None = None, db: str | None = None, workdir: str | Path = "
     say("what the serving host's pull cache holds (`registry cache prune` gives disk back, "
         "`registry cache verify` re-hashes it):")
     say(f"$ {listing}")
-    for line in table(PullCache(cache).ls()):
+    for line in table(PullCache(cache).ls(), disk=True):
         say(line)
     return {"trained": trained, "steps": steps, "passing_before": before,
             "passing_after": after, "pulled": pulled, "serve": serve, "cache_ls": listing}

@@ -112,7 +112,10 @@ def test_a_tampered_object_never_enters_the_mirror(s3_bucket: str, srcs: dict[st
     mirror = tmp_path / "mirror"
     with serve(url, db(tmp_path), "--mirror-cache", str(mirror)) as base:
         out = hub_client(base, tmp_path / "hf", "file", REPO_ID, "2", "model.safetensors")
-        assert out["ok"] is False and "409" in out["message"], out
+        # refused (409), or cut before the bad piece (the verified ones were streamed:
+        # registry.web.filling): never a whole file
+        assert out["ok"] is False and ("409" in out["message"] or
+                                       "IncompleteRead" in out["message"]), out
         bad = release_files(url, "tiny", "2")["model.safetensors"]
         assert not (mirror / "blobs" / "sha256" / bad).exists()
         p = run_cli("pull", "tiny@2", "--from", base, "--to", str(tmp_path / "t"),

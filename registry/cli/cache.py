@@ -30,7 +30,9 @@ def ls(cache: CacheOpt = None, as_json: JsonOpt = False) -> None:
 
     Sizes are apparent sizes (powers of 1024 in text). A directory inside the
     cache is shown as ``cache``; a --to directory by its path, with
-    ``(replaced)`` or ``(missing)`` when it no longer holds the release."""
+    ``(replaced)`` or ``(missing)`` when it no longer holds the release.
+    Then the cache's filesystem (free space), the totals and the unfinished
+    downloads in tmp/ (a mirror's fills running now or kept to be resumed)."""
     with error_boundary(as_json):
         report = PullCache(cache).ls()
     if as_json:
@@ -39,7 +41,7 @@ def ls(cache: CacheOpt = None, as_json: JsonOpt = False) -> None:
     if not report.versions and not report.blobs:
         echo(f"no release in the cache {report.cache}", err=True)
         return
-    for line in table(report):
+    for line in table(report, disk=True):
         echo(line)
 
 

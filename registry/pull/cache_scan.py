@@ -24,6 +24,7 @@ from registry import limits
 from registry.errors import StorageError
 from registry.manifest import MANIFEST, parse_manifest
 from registry.pull.cache import Cache, cache_dir
+from registry.pull.cache_use import cache_use
 from registry.pull.records import Lease, PullRecord, live_leases, read_records
 
 
@@ -108,6 +109,10 @@ class CacheReport:
         partial_bytes: partial downloads in ``tmp/`` (of pulls in progress,
             or of killed ones, which the next prune removes).
         size_on_disk: ``blob_bytes + materialized_bytes + partial_bytes``.
+        partial_fills: unfinished downloads in ``tmp/`` (a pull's or a
+            mirror's fill running now, or a failed one kept to be resumed).
+        free_bytes, disk_bytes: space left to this user on the cache's
+            filesystem and its size (None: cannot be read).
     """
 
     cache: str
@@ -121,6 +126,9 @@ class CacheReport:
     blob_sizes: dict[str, int] = field(repr=False, compare=False)
     leases: tuple[Lease, ...] = field(repr=False, compare=False)
     partial_bytes: int = 0
+    partial_fills: int = 0
+    free_bytes: int | None = None
+    disk_bytes: int | None = None
 
     @property
     def size_on_disk(self) -> int:
@@ -136,7 +144,9 @@ class CacheReport:
                            "unreferenced_bytes": self.unreferenced_bytes,
                            "pulls_in_progress": self.pulls_in_progress,
                            "partial_bytes": self.partial_bytes,
-                           "size_on_disk": self.size_on_disk}}
+                           "partial_fills": self.partial_fills,
+                           "size_on_disk": self.size_on_disk},
+                "disk": {"free_bytes": self.free_bytes, "disk_bytes": self.disk_bytes}}
 
 
 def _blob_sizes(cache: Cache) -> dict[str, int]:
@@ -257,29 +267,18 @@ def scan(cache: Cache, *, leases: list[Lease] | None = None) -> CacheReport:
             rec.first_pulled, rec.last_pulled, rec.manifest_sha256 in in_use, tuple(dirs), rec))
     versions.sort(key=lambda v: (v.last_pulled, v.model_id, v.version), reverse=True)
     unref = {sha: n for sha, n in sizes.items() if sha not in users and sha not in leased}
+    use = cache_use(cache.root)
     return CacheReport(str(cache.root), tuple(versions), len(sizes), sum(sizes.values()),
                        materialized_bytes, len(unref), sum(unref.values()), len(leases),
-                       sizes, tuple(leases), _partial_bytes(cache))
-
-
-def _partial_bytes(cache: Cache) -> int:
-    """Bytes of the partial downloads in ``tmp/`` (a file may vanish meanwhile)."""
-    total = 0
-    try:
-        with os.scandir(cache.tmp) as it:
-            for entry in it:
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_size
-                except FileNotFoundError:
-                    continue
-    except FileNotFoundError:
-        return 0
-    return total
+                       sizes, tuple(leases), use.partial_bytes, use.partial_fills,
+                       use.free_bytes, use.disk_bytes)
 
 
 def empty_report(path: str | os.PathLike[str] | None) -> CacheReport:
-    return CacheReport(str(cache_dir(path)), (), 0, 0, 0, 0, 0, 0, {}, ())
+    root = cache_dir(path)
+    use = cache_use(root)
+    return CacheReport(str(root), (), 0, 0, 0, 0, 0, 0, {}, (),
+                       free_bytes=use.free_bytes, disk_bytes=use.disk_bytes)
 
 
 __all__ = ["CacheReport", "CachedVersion", "Materialized", "empty_report", "open_existing",

@@ -24,14 +24,15 @@ def _dirs(materialized: tuple[Materialized, ...]) -> str:
     return ", ".join(out) or "-"
 
 
-def table(report: CacheReport) -> list[str]:
+def table(report: CacheReport, *, disk: bool = False) -> list[str]:
     """One line per cached version (newest pull first) under a header, then a total line.
 
     A directory inside the cache is shown as ``cache``; a ``--to`` directory
     by its path, with ``(replaced)`` or ``(missing)`` when it no longer holds
     the release. A version none of whose blobs is in the cache (pulled with
     one write per byte: from a local store, or ``--no-blobs``) says
-    ``no blobs kept``."""
+    ``no blobs kept``. With ``disk``, a line before the total says the free
+    space of the cache's filesystem (:func:`disk_line`)."""
     rows = [("MODEL", "VERSION", "SIZE", "SHARED", "LAST PULLED", "MATERIALIZED")]
     for v in report.versions:
         shared = (f"{count(v.shared_blobs, 'blob')} ({human(v.shared_bytes)})"
@@ -46,6 +47,8 @@ def table(report: CacheReport) -> list[str]:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
              for r in rows]
     t = report.to_dict()["totals"]
+    if disk:
+        lines.append(disk_line(report))
     lines.append(f"total: {count(t['models'], 'model')}, {count(t['versions'], 'version')}, "
                  f"{count(t['blobs'], 'blob')}, "
                  f"{human(t['size_on_disk'])} on disk ({human(t['blob_bytes'])} of blobs, "
@@ -53,9 +56,18 @@ def table(report: CacheReport) -> list[str]:
                  f"{t['unreferenced_blobs']} unreferenced blobs "
                  f"({human(t['unreferenced_bytes'])}, removed by `registry cache prune`)")
     if t["partial_bytes"]:
-        lines.append(f"partial downloads: {human(t['partial_bytes'])} in tmp/ (a killed pull's "
-                     "are removed by `registry cache prune`)")
+        lines.append(f"partial downloads: {count(t['partial_fills'], 'unfinished file')}, "
+                     f"{human(t['partial_bytes'])} in tmp/ (fills running now or kept to be "
+                     "resumed; a killed pull's are removed by `registry cache prune`)")
     return lines
 
 
-__all__ = ["human", "table"]
+def disk_line(report: CacheReport) -> str:
+    """``disk: 120.0G free of 500.0G (the cache uses 80.5G)``."""
+    if report.free_bytes is None or report.disk_bytes is None:
+        return f"disk: free space unknown (the cache uses {human(report.size_on_disk)})"
+    return (f"disk: {human(report.free_bytes)} free of {human(report.disk_bytes)} "
+            f"(the cache uses {human(report.size_on_disk)})")
+
+
+__all__ = ["disk_line", "human", "table"]

@@ -435,7 +435,8 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
           ranged_pool: ThreadPoolExecutor, inflight: int, progress: Progress,
           fsync: bool = True, range_threshold: int | None = None,
           verify_pool: ThreadPoolExecutor | None = None, dest: Path | None = None,
-          fast_digest: bool = False, resume_own: bool = False) -> int:
+          fast_digest: bool = False, resume_own: bool = False,
+          on_piece: Callable[[Path, int], None] | None = None) -> int:
     """Download ``entry`` into the cache; returns the bytes transferred.
 
     With ``dest`` (``pull(blobs=False)``), the file is downloaded straight
@@ -466,6 +467,11 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             store is local.
         resume_own: also resume a partial this process left (the caller
             holds the blob's lock: registry.pull.resume.claim).
+        on_piece: called as ``on_piece(temp_path, k)`` on a checking
+            thread once piece ``k`` (an entry with piece states, into the
+            cache) has landed in ``temp_path`` and verified against the
+            manifest; the temp file is unlinked when the fetch ends, so a
+            reader opens it at the first call (registry.web.filling).
 
     Raises:
         IntegrityError: size, sha256 (or blake3) differs from the manifest (nothing is
@@ -478,7 +484,9 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     resumed = (resume.claim(cache, entry, own=resume_own) if dest is None and by_pieces
                else None)
     tmp = resumed[0] if resumed else cache.new_temp(entry.sha256) if dest is None else dest
-    log = resume.PieceLog(tmp) if dest is None and by_pieces else None
+    log = (resume.PieceLog(tmp, on_add=None if on_piece is None else
+                           (lambda k: on_piece(tmp, k)))  # type: ignore[misc]
+           if dest is None and by_pieces else None)
     kept = created = keep_partial = False
     threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
     hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)

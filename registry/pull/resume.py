@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,10 +51,14 @@ _CHUNK = 4 * 1024 * 1024
 class PieceLog:
     """The verified pieces of one partial file, persisted beside it."""
 
-    def __init__(self, partial: Path, have: set[int] | None = None) -> None:
+    def __init__(self, partial: Path, have: set[int] | None = None, *,
+                 on_add: Callable[[int], None] | None = None) -> None:
         self.path = partial.with_name(partial.name + LOG)
         self.have: set[int] = set(have or ())
         self._lock = threading.Lock()
+        #: told of each piece index once it verified and is logged (a mirror
+        #: streams that piece to its waiting clients: registry.web.filling)
+        self.on_add = on_add
         if have:
             self._write()
 
@@ -66,6 +71,8 @@ class PieceLog:
         with self._lock:
             self.have.add(k)
             self._write()
+        if self.on_add is not None:
+            self.on_add(k)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

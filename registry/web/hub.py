@@ -315,15 +315,26 @@ def _send(request: Request, rel: Release, entry: FileEntry, start: int, end: int
 async def _resolve(request: Request, repo_id: str, revision: str, path: str) -> Response:
     """A file's metadata or bytes. A source that fills a cache
     (registry.web.mirror) is waited for without holding a request thread:
-    clients waiting on a cold file cost the other routes nothing."""
+    clients waiting on a cold file cost the other routes nothing; a file
+    being filled is sent piece by piece as its pieces verify
+    (registry.web.filling)."""
     prepared = await run_in_threadpool(_guarded(_prepare), request, repo_id, revision, path)
     if isinstance(prepared, Response):
         return prepared
     rel, entry, start, end, status, headers, age = prepared
-    fill = getattr(_source(request), "fill", None)
+    source = _source(request)
+    fill = getattr(source, "fill", None)
     if fill is not None:
         try:
-            await asyncio.wrap_future(fill(rel.prefix, entry, rel.manifest))
+            filled = fill(rel.prefix, entry, rel.manifest)
+            live = None if filled.done() else source.live(entry.sha256)  # type: ignore[attr-defined]
+            if live is not None:  # registry.web.filling: each piece once it verified
+                fd = await live.first(start, end)
+                if fd is not None:
+                    stats = request.app.state.hub_stats
+                    return _marked(StreamingResponse(live.blocks(fd, start, end, stats.sent),
+                                                     status_code=status, headers=headers), age)
+            await asyncio.wrap_future(filled)
         except (HubError, RegistryError, OSError) as e:
             return _marked(error_of(e, request.method), age)
     sent = await run_in_threadpool(_guarded(_send), request, rel, entry, start, end, status,

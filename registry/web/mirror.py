@@ -22,11 +22,13 @@ verified (checked on the open descriptor, so what is checked is what is
 sent); a changed blob is re-hashed before it is sent, and dropped and
 fetched again when it no longer verifies.
 
-Cost: the first request for a file waits for the whole file to be verified
-(the mirror's added latency, measured in bench/); every later one is a read
-of the local disk. Requests waiting on a fill wait on a future
-(:meth:`MirrorSource.fill`), not in a request thread, so a stampede on a
-cold file leaves the server's threads to the other routes.
+Cost: a request for a file being filled gets each piece as soon as that
+piece has verified (:meth:`MirrorSource.live`, registry.web.filling), so the
+first byte of a cold large file waits for one piece, not the whole file (a
+file without piece states waits for the whole file); every later request is
+a read of the local disk. Requests waiting on a fill wait on a future, not
+in a request thread, so a stampede on a cold file leaves the server's
+threads to the other routes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from registry.pull.records import (
 )
 from registry.pull.stamps import stamp
 from registry.store import Store
+from registry.web.filling import LiveFill, streamable
 from registry.web.hubfiles import CHUNK
 
 #: parallel byte ranges one large file may be fetched in
@@ -98,6 +101,7 @@ class MirrorSource:
         self._ranges = ThreadPoolExecutor(RANGES * 4, thread_name_prefix="mirror-range")
         self._recorded: set[str] = set()
         self._fills: dict[str, Future[Path]] = {}
+        self._live: dict[str, LiveFill] = {}
         self._fill_pool = ThreadPoolExecutor(FILLS, thread_name_prefix="mirror-fill")
         # temp files of fills whose process died (never a resumable partial)
         self.cache.clean_stale()
@@ -122,8 +126,10 @@ class MirrorSource:
             write_record(self.cache, rec)
         self._recorded.add(manifest.digest)
 
-    def blob(self, prefix: str, entry: FileEntry, manifest: Manifest) -> Path:
-        """The verified blob of ``entry``, downloaded first if the cache lacks it.
+    def blob(self, prefix: str, entry: FileEntry, manifest: Manifest, *,
+             live: LiveFill | None = None) -> Path:
+        """The verified blob of ``entry``, downloaded first if the cache lacks it
+        (each piece reported to ``live`` as it verifies).
 
         Raises:
             IntegrityError: the store's bytes differ from the manifest (nothing kept).
@@ -143,7 +149,8 @@ class MirrorSource:
             self.check_space(entry)
             with pulling(self.cache, manifest):
                 fetch(self.store, prefix, entry, self.cache, ranged_pool=self._ranges,
-                      inflight=RANGES, progress=self._count, resume_own=True)
+                      inflight=RANGES, progress=self._count, resume_own=True,
+                      on_piece=None if live is None else live.verified)
         return path
 
     def fill(self, prefix: str, entry: FileEntry, manifest: Manifest) -> Future[Path]:
@@ -168,15 +175,38 @@ class MirrorSource:
         with self._guard:
             running = self._fills.get(entry.sha256)
             if running is None:
+                live = LiveFill(entry) if streamable(entry) else None
+                if live is not None:
+                    self._live[entry.sha256] = live
                 running = self._fills[entry.sha256] = self._fill_pool.submit(
-                    self.blob, prefix, entry, manifest)
+                    self._fill_one, prefix, entry, manifest, live)
                 running.add_done_callback(lambda _f: self._filled(entry.sha256, _f))
         return running
+
+    def live(self, sha256: str) -> LiveFill | None:
+        """The running fill of blob ``sha256`` whose verified pieces may be
+        sent before it ends (registry.web.filling), or None: none runs, or
+        its file is not streamable (no piece states)."""
+        with self._guard:
+            return self._live.get(sha256)
+
+    def _fill_one(self, prefix: str, entry: FileEntry, manifest: Manifest,
+                  live: LiveFill | None) -> Path:
+        try:
+            path = self.blob(prefix, entry, manifest, live=live)
+        except BaseException as e:
+            if live is not None:
+                live.end(e)
+            raise
+        if live is not None:
+            live.end(None)
+        return path
 
     def _filled(self, sha256: str, fut: Future[Path]) -> None:
         with self._guard:
             if self._fills.get(sha256) is fut:
                 del self._fills[sha256]
+                self._live.pop(sha256, None)
 
     def check_space(self, entry: FileEntry) -> None:
         """Refuse, before anything is fetched, a file the cache's disk cannot hold.

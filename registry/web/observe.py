@@ -263,26 +263,35 @@ def metrics_endpoint(families: metrics.Families) -> Callable[[Any], Any]:
 
 class HubCollector:
     """``registry_store_read_bytes_total`` is counted by the hooks; this adds
-    the mirror cache's size (the sum of its blobs' sizes, read when scraped)."""
+    the mirror cache's use, read when scraped (registry.pull.cache_use, the
+    same reading as ``registry cache ls``): the verified blobs' bytes and
+    count, the unfinished fills in ``tmp/`` and their bytes, and the free
+    space of the cache's filesystem."""
 
     def __init__(self, cache_root: str | os.PathLike[str]) -> None:
-        self.blobs = os.path.join(os.fspath(cache_root), "blobs", "sha256")
+        self.root = os.fspath(cache_root)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        total = 0
-        try:
-            with os.scandir(self.blobs) as it:
-                for e in it:
-                    try:
-                        total += e.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        continue
-        except OSError:
-            pass
+        from registry.pull.cache_use import cache_use
+
+        use = cache_use(self.root)
         yield GaugeMetricFamily("registry_mirror_cache_size_bytes",
-                                "Bytes of verified blobs in the mirror's cache.", value=total)
+                                "Bytes of verified blobs in the mirror's cache.",
+                                value=use.blob_bytes)
+        yield GaugeMetricFamily("registry_mirror_cache_files",
+                                "Verified blobs in the mirror's cache.", value=use.blobs)
+        yield GaugeMetricFamily("registry_mirror_cache_partial_fills",
+                                "Unfinished fills in the mirror's cache (running, or "
+                                "kept to be resumed).", value=use.partial_fills)
+        yield GaugeMetricFamily("registry_mirror_cache_partial_bytes",
+                                "Bytes of the unfinished fills (tmp/) of the mirror's cache.",
+                                value=use.partial_bytes)
+        if use.free_bytes is not None:
+            yield GaugeMetricFamily("registry_mirror_cache_free_bytes",
+                                    "Bytes free for the server on the mirror cache's "
+                                    "filesystem.", value=use.free_bytes)
 
 
 def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str | None = None,

@@ -77,6 +77,13 @@ class Action:
             clocks, a cache that answers from an old view); with
             ``drop_answer``, reset the connection instead of answering (the
             request was carried out, its answer lost).
+
+    ``hold`` (any forwarded answer, ``corrupt`` included): send the answer's
+    head and its first ``hold_at`` body bytes, then wait until the event is
+    set (at most ``hold_seconds``) before the rest: a store whose stream
+    stalls mid-object, for as long as a test needs. ``rate`` (bytes per
+    second, any forwarded answer): send the body at that pace, a slow store
+    streaming a large object (benchmarks).
     """
 
     kind: str
@@ -88,6 +95,10 @@ class Action:
     edit_response: Callable[[Request, int, list[tuple[str, str]], bytes],
                             tuple[int, list[tuple[str, str]], bytes]] | None = None
     drop_answer: bool = False
+    hold: threading.Event | None = None
+    hold_at: int = 0
+    hold_seconds: float = 120.0
+    rate: float = 0.0
 
 
 Rule = Callable[[Request], "Action | None"]
@@ -201,7 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.connection.close()
 
-    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes,
+                action: Action | None = None) -> None:
         self.send_response_only(status)
         length = str(len(body))
         for k, v in headers:
@@ -211,8 +223,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
         self.send_header("Content-Length", length)
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        if self.command == "HEAD":
+            return
+        if action is not None and action.hold is not None and action.hold_at < len(body):
+            self.wfile.write(body[:action.hold_at])
+            self.wfile.flush()
+            action.hold.wait(action.hold_seconds)
+            body = body[action.hold_at:]
+        if action is not None and action.rate > 0:
+            step = 256 * 1024
+            for i in range(0, len(body), step):
+                self.wfile.write(body[i:i + step])
+                time.sleep(step / action.rate)
+            return
+        self.wfile.write(body)
 
     def _handle(self) -> None:
         self.owner._track(1)
@@ -269,7 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(action.status, [("Content-Type", "application/xml")],
                          _error_body(action.code, action.status))
             return
-        self._answer(status, resp_headers, data)
+        self._answer(status, resp_headers, data, action)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
