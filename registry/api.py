@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from registry import limits
 from registry.alias_history import AliasMove, walk
+from registry.layout import release_prefix
 from registry.names import check_name
 from registry.api_lifecycle import LifecycleMixin
 from registry.aliases import (
@@ -442,7 +443,7 @@ class Registry(LifecycleMixin):
         files = {f["path"]: f["sha256"] for f in doc["manifest"]}
         doc["signature"] = (signature_info(self.store, model_id, version)
                             if SIGNATURE in files else None)
-        prefix = join("models", model_id, version)
+        prefix = release_prefix(model_id, version)
         doc["code"] = code_files(
             files, lambda n: self.store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
         doc["other_weights"] = other_weights(files)  # sets beside the safetensors

@@ -10,6 +10,7 @@ from registry.cli.app import DbOpt, JsonOpt, RegistryTyper, StoreOpt, app, print
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo
 from registry.cli.release import release_app
+from registry.layout import release_prefix
 
 if TYPE_CHECKING:
     from registry.api import Registry
@@ -98,7 +99,7 @@ def release_delete(ref: RefArg, reason: ReasonOpt, store: StoreOpt = None, db: D
         notes: list[str] = []
         from registry.gc import versions
 
-        purged = versions(reg.store, f"models/{model_id}/{version}", purge=purge_versions,
+        purged = versions(reg.store, release_prefix(model_id, version), purge=purge_versions,
                           warn=notes.append)
     for note in notes if not as_json else ():
         echo(f"warning: {note}", err=True)
