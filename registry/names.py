@@ -51,6 +51,9 @@ def check_name(value: object, what: str = "name") -> str:
 #: version could be mistaken for.
 KEY_JOIN = "@"
 _MAX_SLASHES = 1
+#: characters of a whole id, ``/`` included: the index's ``models.model_id``
+#: column (``String(128)``, which Postgres enforces), so no migration
+_MAX_ID = 128
 
 
 def check_model_id(value: object, what: str = "model_id") -> str:
@@ -60,7 +63,7 @@ def check_model_id(value: object, what: str = "model_id") -> str:
     (``acme/tiny``, as on the Hugging Face Hub): each part follows the name
     rule (:func:`check_name`: case-sensitive, ``..``/``.``/``refs`` refused),
     at most one ``/``, no empty part (so no leading, trailing or doubled
-    ``/``).
+    ``/``), at most 128 characters in all (as a single name).
 
     Raises:
         InvalidNameError: not a string, or a part breaks the rule; the message
@@ -76,6 +79,9 @@ def check_model_id(value: object, what: str = "model_id") -> str:
                                "or ORG/NAME)", name=value)
     if len(parts) > _MAX_SLASHES + 1:
         raise InvalidNameError(f"{what} {value!r}: at most one '/' (ORG/NAME)", name=value)
+    if len(value) > _MAX_ID:
+        raise InvalidNameError(f"{what} {value!r}: at most {_MAX_ID} characters in all "
+                               "(ORG/NAME)", name=value)
     org, name = parts
     check_name(org, f"{what} {value!r}: org")
     check_name(name, f"{what} {value!r}: name")

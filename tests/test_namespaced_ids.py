@@ -25,7 +25,8 @@ from tests.web_util import serve
 BAD = {"a//b": "an empty part around '/'", "../x": "reserved name",
        "a/b/c": "at most one '/'", "/a": "an empty part around '/'",
        "a/": "an empty part around '/'", "acme/..": "reserved name",
-       "acme/refs": "reserved name", "a@b/c": "must match"}
+       "acme/refs": "reserved name", "a@b/c": "must match",
+       f"{'o' * 64}/{'n' * 64}": "at most 128 characters"}
 
 
 # -- the rule and the layout ------------------------------------------------------------
@@ -183,6 +184,15 @@ def test_hub_clients_download_acme_tiny_as_on_the_hub(served: tuple[str, str, Pa
         status, body = _get(base, "/api/models/acme/tiny")
         assert status == 200 and json.loads(body)["id"] == "acme/tiny"
         assert json.loads(body)["author"] == "acme"
+        # registry pull --from the server (the verifying mirror's client) asks for acme/tiny
+        p = run_cli("pull", "acme/tiny@prod", "--from", base, "--to", str(tmp_path / "via"),
+                    "--cache", str(tmp_path / "c"), "--json")
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["version"] == "1"
+        m = json.loads((tmp_path / "via" / "MANIFEST.json").read_text())
+        assert m["model_id"] == "acme/tiny" and \
+            m["files"] == json.loads(Path(url, "models", "acme@tiny", "1",
+                                          "MANIFEST.json").read_text())["files"]
 
 
 def test_pages_and_json_api_take_the_id_as_one_encoded_segment(
