@@ -47,11 +47,11 @@ from registry.events import (
     MODEL_VERSION_ALIAS_DELETED,
     append_event,
 )
-from registry.layout import MODELS, TMP_MARK, alias_entry_key, alias_key, model_root, \
-    policy_key, refs_prefix, release_prefix
+from registry.layout import MODELS, TMP_MARK, alias_entry_key, alias_key, model_ids, \
+    model_root, policy_key, refs_prefix, release_prefix
 from registry.lifecycle.tombstone import is_deleted, refuse_deleted
 from registry.manifest import MANIFEST, utc_now
-from registry.names import check_name
+from registry.names import check_model_id, check_name
 from registry.schemas import load_json
 from registry.store import Store, join
 from registry.verify import is_committed, read_manifest
@@ -101,13 +101,14 @@ def check_version_name(store: Store, model_id: str, version: str) -> str:
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
-    """Split ``model_id@version_or_alias``; the part after ``@`` may be absent.
+    """Split ``model_id@version_or_alias``; the part after ``@`` may be absent;
+    ``model_id`` is a name or ``<org>/<name>`` (:func:`registry.names.check_model_id`).
 
     Raises:
         InvalidNameError: a part breaks the naming rule.
     """
     model_id, sep, rest = ref.partition("@")
-    check_name(model_id, "model_id")
+    check_model_id(model_id)
     if sep and not rest:
         raise InvalidNameError(f"{ref!r}: nothing after '@'", name=ref)
     return model_id, (check_name(rest, "version or alias") if sep else None)
@@ -156,7 +157,7 @@ def unknown_ref(store: Store, model_id: str, name: str, *,
         listed, aliases = [], []
     if not listed and not aliases:
         try:
-            models = store.subdirs(MODELS)
+            models = model_ids(store.subdirs(MODELS))
         except (RegistryError, OSError):
             models = []
         return NotCommittedError(suggest.unknown_model(store.url, model_id, models), path=root)

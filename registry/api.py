@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session
 
 from registry import limits
 from registry.alias_history import AliasMove, walk
-from registry.names import check_name
+from registry.layout import release_prefix
+from registry.names import check_model_id, check_name
 from registry.api_lifecycle import LifecycleMixin
 from registry.aliases import (
     alias_event,
@@ -388,7 +389,12 @@ class Registry(LifecycleMixin):
 
     def _known_model(self, s: Session, model_id: str) -> None:
         """Raise UnknownModelError unless the index holds ``model_id``: an empty
-        answer must mean "none", never "no such model" (a typo)."""
+        answer must mean "none", never "no such model" (a typo).
+
+        Raises:
+            InvalidNameError: ``model_id`` is no model id (registry.names).
+        """
+        check_model_id(model_id)
         known = queries.model_ids(s)
         if model_id not in known:
             names = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
@@ -452,7 +458,7 @@ class Registry(LifecycleMixin):
         files = {f["path"]: f["sha256"] for f in doc["manifest"]}
         doc["signature"] = (signature_info(self.store, model_id, version)
                             if SIGNATURE in files else None)
-        prefix = join("models", model_id, version)
+        prefix = release_prefix(model_id, version)
         doc["code"] = code_files(
             files, lambda n: self.store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
         doc["other_weights"] = other_weights(files)  # sets beside the safetensors
@@ -481,7 +487,8 @@ class Registry(LifecycleMixin):
         return doc
 
     def ls(self, model_id: str | None = None) -> list[dict[str, Any]]:
-        """Models (``model_id`` None), or the releases of ``model_id``.
+        """Models (``model_id`` None), the models of one org (``model_id``
+        ``"<org>/"``: those named ``<org>/<name>``), or the releases of ``model_id``.
 
         "Passing" (``passing``, ``newest_passing``) means what :meth:`passing`
         says: the index's gates, and the signature gate read from the store
@@ -494,7 +501,13 @@ class Registry(LifecycleMixin):
 
         Raises:
             UnknownModelError: the index has no such model.
+            InvalidNameError: ``model_id`` is no model id, or ``<org>/`` with a
+                bad org.
         """
+        if model_id is not None and model_id.endswith("/"):
+            org = check_name(model_id[:-1], f"org of {model_id!r}")
+            return [r for r in self.ls() if r["model_id"].startswith(f"{org}/")]
+
         def work(s: Session) -> list[dict[str, Any]]:
             if model_id is not None:
                 self._known_model(s, model_id)

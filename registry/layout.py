@@ -8,6 +8,7 @@ each other. It imports nothing but the naming rule and ``join``::
     runs/<run_id>/ckpt/step-<nnnnnn>/           step_prefix(run_id, step)
     runs/<run_id>/ckpt/LATEST                   latest_key(run_id)
     models/<model_id>/                          model_root(model_id)
+    models/<org>@<name>/                        model_root("<org>/<name>") (names.model_key)
     models/<model_id>/<version>/                release_prefix(model_id, version)
     models/<model_id>/refs/<alias>              alias_key(model_id, alias)
     models/<model_id>/policy.json               policy_key(model_id)
@@ -29,6 +30,10 @@ user names) and the step-name rules of both trees are in
 
 Functions that take names check them (:func:`registry.names.check_name`) and
 raise :class:`registry.errors.InvalidNameError` for one that breaks the rule;
+a namespaced id ``<org>/<name>`` is one key level, ``<org>@<name>``
+(:func:`registry.names.model_key`; ``@`` never occurs in a name), so every
+shape above holds for it unchanged and a listing of ``models/`` or a ledger
+folder reads it back with :func:`registry.names.model_from_key`;
 the ``*_ROOT`` constants and the claim/staging helpers take keys already built.
 """
 
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import re
 
-from registry.names import check_name
+from registry.names import check_name, model_key
 from registry.store.base import join
 
 RUNS = "runs"
@@ -94,7 +99,7 @@ def latest_key(run_id: str) -> str:
 
 def model_root(model_id: str) -> str:
     """Key of everything one model holds: ``models/<model_id>``."""
-    return join(MODELS, check_name(model_id, "model_id"))
+    return join(MODELS, model_key(model_id))
 
 
 def release_prefix(model_id: str, version: str) -> str:
@@ -126,7 +131,7 @@ def revocation_key(source_id: str) -> str:
 
 def alias_history_prefix(model_id: str, alias: str) -> str:
     """Key of one alias's move history: ``ledger/aliases/<model_id>/<alias>``."""
-    return join(ALIAS_HISTORY, check_name(model_id, "model_id"), check_name(alias, "alias"))
+    return join(ALIAS_HISTORY, model_key(model_id), check_name(alias, "alias"))
 
 
 def alias_entry_key(model_id: str, alias: str, seq: int, digest: str) -> str:
@@ -145,13 +150,13 @@ def alias_entry_key(model_id: str, alias: str, seq: int, digest: str) -> str:
 
 def yank_key(model_id: str, version: str) -> str:
     """Key of a release's yank record: ``ledger/yanks/<model_id>/<version>.json``."""
-    return join(YANKS, check_name(model_id, "model_id"), f"{check_name(version, 'version')}.json")
+    return join(YANKS, model_key(model_id), f"{check_name(version, 'version')}.json")
 
 
 def tombstone_key(model_id: str, version: str) -> str:
     """Key of a deleted release's tombstone:
     ``ledger/tombstones/<model_id>/<version>.json``."""
-    return join(TOMBSTONES, check_name(model_id, "model_id"),
+    return join(TOMBSTONES, model_key(model_id),
                 f"{check_name(version, 'version')}.json")
 
 
@@ -159,18 +164,18 @@ def snapshot_key(model_id: str, version: int) -> str:
     """Key of version ``version`` of a model's signed trust snapshot:
     ``ledger/snapshots/<model_id>/<version>.snapshot.json`` (each version its own
     object, as TUF's consistent snapshots: a timestamp names one exactly)."""
-    return join(SNAPSHOTS, check_name(model_id, "model_id"), f"{int(version)}.snapshot.json")
+    return join(SNAPSHOTS, model_key(model_id), f"{int(version)}.snapshot.json")
 
 
 def timestamp_key(model_id: str) -> str:
     """Key of the signed timestamp naming a model's current snapshot:
     ``ledger/snapshots/<model_id>/timestamp.json``."""
-    return join(SNAPSHOTS, check_name(model_id, "model_id"), "timestamp.json")
+    return join(SNAPSHOTS, model_key(model_id), "timestamp.json")
 
 
 def tags_key(model_id: str, version: str) -> str:
     """Key of a release's mutable tags: ``ledger/tags/<model_id>/<version>.json``."""
-    return join(TAGS, check_name(model_id, "model_id"), f"{check_name(version, 'version')}.json")
+    return join(TAGS, model_key(model_id), f"{check_name(version, 'version')}.json")
 
 
 # -- events/ ----------------------------------------------------------------
@@ -207,3 +212,22 @@ def leftover_base(name: str) -> str | None:
     if name.endswith(CLAIM_SUFFIX):
         return name.removesuffix(CLAIM_SUFFIX)
     return None
+
+
+# -- listings ----------------------------------------------------------------
+
+def model_ids(names: list[str]) -> list[str]:
+    """The model ids of the folders ``names`` that a listing of ``models/`` (or
+    of a ledger folder keyed by model: ``ledger/yanks/``...) returned, in their
+    order; a folder that is no model's key (a staging directory, a stray
+    ``a@b@c``) is left out. ``acme@tiny`` reads back as ``acme/tiny``."""
+    from registry.errors import InvalidNameError
+    from registry.names import model_from_key
+
+    out = []
+    for name in names:
+        try:
+            out.append(model_from_key(name))
+        except InvalidNameError:
+            continue
+    return out

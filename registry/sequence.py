@@ -27,6 +27,7 @@ import random
 import time
 
 from registry.errors import DocumentError, ObjectNotFoundError, PointerConflictError
+from registry.layout import model_root
 from registry.manifest import Manifest
 from registry.numbers import INT_MAX
 from registry.store import Store, join
@@ -38,7 +39,7 @@ _TRIES = 64
 
 
 def counter_key(model_id: str) -> str:
-    return join("models", model_id, COUNTER)
+    return join(model_root(model_id), COUNTER)
 
 
 def _parse(data: bytes, where: str) -> int:
@@ -51,7 +52,7 @@ def _parse(data: bytes, where: str) -> int:
 
 
 def _versions_listed(store: Store, model_id: str, publishing: str | None) -> int:
-    return sum(1 for name, is_dir in store.list_dir(join("models", model_id))
+    return sum(1 for name, is_dir in store.list_dir(model_root(model_id))
                if is_dir and name not in ("refs", publishing) and ".tmp" not in name)
 
 

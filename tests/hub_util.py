@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from registry.layout import release_prefix
 from registry.release import ModelRelease
 from registry.store import open_store
 from registry.verify import read_manifest
@@ -80,13 +81,13 @@ def publish(store_url: str, src: Path, model_id: str, version: str, *,
 
 def commit_of(store_url: str, model_id: str, version: str) -> str:
     with open_store(store_url) as s:
-        return read_manifest(s, f"models/{model_id}/{version}").digest[:40]
+        return read_manifest(s, release_prefix(model_id, version)).digest[:40]
 
 
 def release_files(store_url: str, model_id: str, version: str) -> dict[str, str]:
     """path -> sha256 of every file the release lists, plus MANIFEST.json."""
     with open_store(store_url) as s:
-        m = read_manifest(s, f"models/{model_id}/{version}")
+        m = read_manifest(s, release_prefix(model_id, version))
     return {**{e.path: e.sha256 for e in m.files}, "MANIFEST.json": m.digest}
 
 

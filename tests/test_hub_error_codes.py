@@ -57,8 +57,11 @@ def test_refusals_on_hub_paths_carry_the_hubs_error_code(base: str, path: str,
 
 
 def test_other_bad_paths_keep_the_registrys_answer(base: str) -> None:
-    status, h, _ = get(base, "/api/v1/models/a%2Fb")
-    assert status == 400 and "x-error-code" not in h
+    # an encoded '/' anywhere but a namespaced model id's segment (registry.web.modelpath)
+    for path in ("/api/v1/runs/a%2Fb/checkpoints", "/api/v1/models/a%2Fb%2Fc/releases",
+                 "/api/v1/models/a%252Fb/releases"):
+        status, h, _ = get(base, path)
+        assert status == 400 and "x-error-code" not in h, path
 
 
 def test_huggingface_hub_raises_revision_not_found(base: str, tmp_path: Path) -> None:

@@ -268,9 +268,10 @@ def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@A
 
 
 @app.command("ls")
-def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = None,
+def ls_cmd(model_id: Annotated[str | None, typer.Argument(
+               help="Model id (NAME or ORG/NAME); ORG/ lists the models of ORG.")] = None,
            store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """List models, or the releases of MODEL_ID (newest first, passing or not).
+    """List models (or those of ORG/), or the releases of MODEL_ID (newest first, passing or not).
 
     From the index; the store gives the signature gate of a model whose policy
     requires a signature (as for query --passing)."""
@@ -282,12 +283,13 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(help="Model id.")] = N
         return
     if not rows:
         echo(f"no model in the index {reg.index}" if model_id is None
+             else f"no model of {model_id} in the index {reg.index}" if model_id.endswith("/")
                    else f"{model_id} has no releases in the index {reg.index}", err=True)
     for why in sorted({(r.get("model_id") or model_id, r["quarantined"]) for r in rows
                        if r.get("quarantined")}):  # once per model, never stopping the rest
         echo(f"warning: quarantined {why[0]}: {why[1]} (passes nothing until mended)", err=True)
     for r in rows:
-        if model_id is None:
+        if model_id is None or model_id.endswith("/"):
             echo(f"{r['model_id']}\t{count(r['releases'], 'release')}\tnewest {r['newest']}\t"
                  f"newest passing {r['newest_passing'] or 'none'}")
         else:

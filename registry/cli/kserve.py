@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import CommitConflictError, GateFailedError, RegistryError, UsageError
+from registry.layout import release_prefix
 
 SCHEME = "registry://"
 #: the staging folders this entry point makes inside DEST
@@ -120,7 +121,7 @@ def initialize(uri: str, dest: str | os.PathLike[str], *, store: str | None = No
             raise GateFailedError(f"{model_id}@{version}: fails its gates now "
                                   f"({describe(failed)}); not placed", failed)
         if any(target.iterdir()):
-            manifest = read_manifest(s, f"models/{model_id}/{version}")
+            manifest = read_manifest(s, release_prefix(model_id, version))
             scratch = Cache(cache) if cache else Cache(target / f"{STAGING_PREFIX}check")
             try:
                 holds, changed = check_target(target, manifest, scratch,

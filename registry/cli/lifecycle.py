@@ -12,6 +12,7 @@ from registry.cli.output import echo
 from registry.cli.release import release_app
 from registry.cli.snapshot import SnapshotKeyOpt, report
 from registry.cli.snapshot import signed as _signed
+from registry.layout import release_prefix
 
 if TYPE_CHECKING:
     from registry.api import Registry
@@ -104,7 +105,7 @@ def release_delete(ref: RefArg, reason: ReasonOpt, sign_key: SnapshotKeyOpt = No
         notes: list[str] = []
         from registry.gc import versions
 
-        purged = versions(reg.store, f"models/{model_id}/{version}", purge=purge_versions,
+        purged = versions(reg.store, release_prefix(model_id, version), purge=purge_versions,
                           warn=notes.append)
     for note in notes if not as_json else ():
         echo(f"warning: {note}", err=True)

@@ -35,7 +35,7 @@ from registry.certs import Certificate
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
 from registry.keys import PublicKey
-from registry.layout import model_root
+from registry.layout import MODELS, model_ids, model_root
 from registry.release.policy import signed_by, thresholds
 from registry.store import Store, open_store
 from registry.words import count
@@ -92,7 +92,7 @@ def _require_model(store: Store, model_id: str) -> None:
         from registry.suggest import unknown_model
 
         try:
-            models = store.subdirs("models")
+            models = model_ids(store.subdirs(MODELS))
         except (RegistryError, OSError):
             models = []
         raise ObjectNotFoundError(unknown_model(store.url, model_id, models), key=key)

@@ -43,7 +43,17 @@ from registry.events import (
 )
 from registry.events.log import Event, event_numbers, iter_events
 from registry import limits
-from registry.layout import EVENTS, MODELS, TAGS, TOMBSTONES, YANKS, release_prefix, yank_key
+from registry.layout import (
+    EVENTS,
+    MODELS,
+    TAGS,
+    TOMBSTONES,
+    YANKS,
+    model_ids,
+    model_root,
+    release_prefix,
+    yank_key,
+)
 from registry.lifecycle import records
 from registry.lifecycle.tags import read_tags_record
 from registry.lifecycle.tombstone import tombstones
@@ -70,13 +80,14 @@ def repair(store: Store, *, damaged: list[str] | None = None) -> list[str]:
     for line in set_aside(store):
         (damaged.append(line) if damaged is not None else out.append(line))
     events = list(iter_events(store, damaged=notes))
-    for model_id in store.subdirs(MODELS):
-        for version in store.subdirs(f"{MODELS}/{model_id}"):
+    for model_id in model_ids(store.subdirs(MODELS)):
+        for version in store.subdirs(model_root(model_id)):
             _guarded(damaged, lambda: _release(store, model_id, version, events, out))
         for alias in history_aliases(store, model_id):
             _guarded(damaged, lambda: _alias(store, model_id, alias, events, out))
     # a model whose every release was deleted may have no models/<id>/ left
-    lifecycle_models = {m for root in (TOMBSTONES, YANKS, TAGS) for m in store.subdirs(root)}
+    lifecycle_models = {m for root in (TOMBSTONES, YANKS, TAGS)
+                        for m in model_ids(store.subdirs(root))}
     for model_id in sorted(lifecycle_models):
         mine = [e for e in events if e.model_id == model_id]
         stones = tombstones(store, model_id)  # a deleted release's yank and tags go with it

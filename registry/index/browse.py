@@ -32,6 +32,7 @@ from registry.index.schema import (
     ReleaseSource,
     Revocation,
 )
+from registry.layout import model_root
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ def model_page(s: Session, model_id: str, *, size: int, before: str | None = Non
                      .where(Model.model_id == model_id)).first()
     if head is None:
         raise NotCommittedError(f"model {model_id!r}: no such model in the index",
-                                path=f"models/{model_id}")
+                                path=model_root(model_id))
     mpk, total = head
     q = select(*GATE_COLUMNS, Release.created_at, Release.dtype, Release.bytes,
                Release.manifest_sha256).where(Release.model_pk == mpk)
@@ -108,7 +109,7 @@ def model_page(s: Session, model_id: str, *, size: int, before: str | None = Non
     if not rows and cursor is not None and s.scalar(
             select(Release.id).where(Release.model_pk == mpk, Release.version == cursor)) is None:
         raise NotCommittedError(f"{model_id}@{cursor}: no such version in the index "
-                                "(the page cursor)", path=f"models/{model_id}/{cursor}")
+                                "(the page cursor)", path=f"{model_root(model_id)}/{cursor}")
     evals = s.execute(select(EvalResult.release_pk, EvalResult.task, EvalResult.metric,
                              EvalResult.value, EvalResult.threshold)
                       .where(EvalResult.release_pk.in_([r.id for r in rows]))

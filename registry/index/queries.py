@@ -33,6 +33,7 @@ from registry.index.schema import (
     Revocation,
     Yank,
 )
+from registry.layout import release_prefix
 
 
 def model_pk(model_id: str) -> Any:
@@ -153,7 +154,7 @@ def _release(s: Session, model_id: str, version: str) -> Any:
     if rel is None:
         raise NotCommittedError(f"{model_id}@{version}: not in the index (a release that "
                                 "exists in the store is added by `registry index rebuild`)",
-                                path=f"models/{model_id}/{version}")
+                                path=release_prefix(model_id, version))
     return rel
 
 

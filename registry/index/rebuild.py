@@ -44,7 +44,17 @@ from registry.index.record import (
     record_revocation,
 )
 from registry.index.record_lifecycle import record_tags, record_tombstone, record_yank
-from registry.layout import CLAIM_SUFFIX, MODELS, RUNS, TMP_MARK, TOMBSTONES, run_root
+from registry.layout import (
+    CLAIM_SUFFIX,
+    MODELS,
+    RUNS,
+    TMP_MARK,
+    TOMBSTONES,
+    model_ids,
+    model_root,
+    policy_key,
+    run_root,
+)
 from registry.lifecycle.tags import tagged
 from registry.lifecycle.tombstone import tombstones
 from registry.lifecycle.yank import yanked
@@ -52,7 +62,7 @@ from registry.ledger import PREFIX as REVOCATIONS
 from registry.ledger import _read as read_revocation
 from registry.ledger import revocations
 from registry.manifest import Manifest
-from registry.names import check_name
+from registry.names import check_name, model_from_key
 from registry.alias_history import AliasMove, history_aliases, read_head, walk
 from registry.release.policy import thresholds
 from registry.sequence import sequence_of
@@ -96,7 +106,7 @@ def _indexed(s: Session) -> dict[str, set[Any]]:
 
 def _release(plan: _Plan, store: Store, model_id: str, version: str, *,
              listed: bool, indexed: bool) -> None:
-    prefix = join(MODELS, model_id, version)
+    prefix = join(model_root(model_id), version)
     what = f"{model_id}@{version}"
     report = verify_confirmed(store, prefix)
     if report.manifest is None:
@@ -129,13 +139,13 @@ def _release(plan: _Plan, store: Store, model_id: str, version: str, *,
 def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     plan = _Plan()
     listed_models = []
-    for model_id in store.subdirs_confirmed(MODELS):
-        try:
-            listed_models.append(check_name(model_id, "model_id"))
+    for key in store.subdirs_confirmed(MODELS):
+        try:  # a namespaced id's folder is <org>@<name> (registry.names.model_key)
+            listed_models.append(model_from_key(key))
         except InvalidNameError as e:  # quarantined: named, the other models still indexed
-            plan.note("quarantined", join(MODELS, model_id), str(e))
+            plan.note("quarantined", join(MODELS, key), str(e))
     for model_id in listed_models:
-        for name in store.subdirs_confirmed(join(MODELS, model_id)):
+        for name in store.subdirs_confirmed(model_root(model_id)):
             if name == "refs":
                 continue
             if TMP_MARK in name:
@@ -175,7 +185,7 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
         except StorageError:
             raise
         except RegistryError as e:  # quarantined: its gates fail where they are checked
-            plan.note("quarantined", join(MODELS, model_id, "policy.json"),
+            plan.note("quarantined", policy_key(model_id),
                       str(e).splitlines()[0])
     for model_id, alias in sorted(indexed["aliases"] - plan.aliases.keys() - unreadable):
         if model_id not in models:
@@ -211,11 +221,8 @@ def _lifecycle(plan: _Plan, store: Store) -> None:
     """Tombstones, yanks and tags (issue 32). A release with a tombstone is
     deleted whatever files are left (a delete stopped half way): it is not
     indexed, and reported."""
-    for model_id in sorted(set(store.subdirs(TOMBSTONES)) | {m for m, _ in plan.releases}):
-        try:
-            check_name(model_id, "model_id")
-        except InvalidNameError:
-            continue
+    for model_id in sorted(set(model_ids(store.subdirs(TOMBSTONES)))
+                           | {m for m, _ in plan.releases}):
         for version, doc in tombstones(store, model_id).items():
             if doc.get("model_id") != model_id or doc.get("version") != version:
                 plan.note("damaged", f"{model_id}@{version}", "its tombstone names "

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from registry import limits, numbers
 from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, UsageError
 from registry.schemas import load_json
-from registry.names import check_name
+from registry.names import check_name, model_key
 from registry.store import Store, join
 
 T = TypeVar("T")
@@ -139,7 +139,7 @@ def per_version(store: Store, root: str, model_id: str,
         StorageError: the folder could not be listed.
     """
     out: dict[str, T] = {}
-    for name, is_dir in store.list_dir(join(root, check_name(model_id, "model_id"))):
+    for name, is_dir in store.list_dir(join(root, model_key(model_id))):
         version = name.removesuffix(".json")
         if is_dir or not name.endswith(".json") or ".tmp" in name:
             continue

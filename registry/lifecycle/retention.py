@@ -26,11 +26,11 @@ from typing import Any
 
 from registry.aliases import damaged_alias_note, list_aliases
 from registry.errors import NotCommittedError, RegistryError, ReleaseInUseError, UsageError
-from registry.layout import MODELS, TMP_MARK, release_prefix
+from registry.layout import MODELS, TMP_MARK, model_ids, model_root, release_prefix
 from registry.lifecycle.delete import delete_release
 from registry.lifecycle.tombstone import is_deleted
 from registry.manifest import MANIFEST, Manifest
-from registry.names import check_name
+from registry.names import check_model_id, check_name
 from registry.sequence import sequence_of
 from registry.store import Store, join
 from registry.verify import read_manifest
@@ -58,7 +58,7 @@ class GcReport:
 def _releases(store: Store, model_id: str) -> list[tuple[str, Manifest]]:
     """Committed, undeleted releases of ``model_id``, newest first."""
     out = []
-    for name in store.subdirs_confirmed(join(MODELS, model_id)):
+    for name in store.subdirs_confirmed(model_root(model_id)):
         if name == "refs" or TMP_MARK in name:
             continue
         try:
@@ -110,7 +110,8 @@ def collect(store: Store, *, keep_last: int | None = None, unaliased: bool = Fal
         raise UsageError("--older-than: must not be negative")
     why = reason or _policy_text(keep_last, unaliased, older_than)
     report = GcReport(dry_run=dry_run)
-    models = [check_name(model_id, "model_id")] if model_id else store.subdirs_confirmed(MODELS)
+    models = ([check_model_id(model_id)] if model_id
+              else model_ids(store.subdirs_confirmed(MODELS)))
     now = None
     if older_than is not None:
         from registry.storeclock import store_time

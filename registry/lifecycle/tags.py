@@ -30,7 +30,7 @@ from registry.layout import TAGS, release_prefix, tags_key
 from registry.lifecycle import records
 from registry.lifecycle.tombstone import refuse_deleted
 from registry.manifest import utc_now
-from registry.names import check_name
+from registry.names import check_model_id, check_name
 from registry.store import Store
 from registry.verify import read_manifest
 
@@ -89,7 +89,7 @@ def _tags_of(doc: dict[str, Any] | None, where: str) -> dict[str, str]:
 def _change(store: Store, model_id: str, version: str,
             apply: Any, actor: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     """CAS loop: ``apply(current_tags) -> new_tags``; returns ``(before, after)``."""
-    check_name(model_id, "model_id")
+    check_model_id(model_id)
     check_name(version, "version")
     refuse_deleted(store, model_id, version)
     read_manifest(store, release_prefix(model_id, version))  # a committed release

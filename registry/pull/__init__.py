@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
 from registry.manifest import FileEntry
+from registry.names import model_key
 from registry.obs.metrics import counting_store_bytes
 from registry.obs.tracing import in_context, traced
 from registry.pull.cache import Cache
@@ -358,8 +359,8 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
     c = Cache(cache)
     c.recheck = trust is not None  # a signed pull re-hashes every blob it did not download
     target = Path(to).expanduser().resolve() if to is not None else (
-        c.models / model_id / version)
-    _refuse_overlap(target, c, store, c.models / model_id / version)
+        c.models / model_key(model_id) / version)
+    _refuse_overlap(target, c, store, c.models / model_key(model_id) / version)
     take_lease(c, manifest)  # cache prune leaves these blobs alone until pull returns
     c.clean_stale()
     on_progress = counting_store_bytes(progress)

@@ -117,6 +117,14 @@ class MirrorStore(Store):
                                   key=url) from None
 
     def _repo(self, model_id: str) -> str:
+        """The mirror's repo id of ``model_id`` (or of its key segment
+        ``<org>@<name>``): ``<org>/<name>`` as on the Hub for a namespaced id,
+        ``<namespace>/<name>`` for a single name."""
+        from registry.names import model_from_key
+
+        model_id = model_from_key(model_id.replace("/", "@"))
+        if "/" in model_id:
+            return "/".join(quote(p, safe="") for p in model_id.split("/"))
         return f"{self.namespace}/{quote(model_id, safe='')}"
 
     def revision(self, model_id: str, revision: str) -> dict[str, Any]:

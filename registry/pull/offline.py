@@ -32,8 +32,9 @@ from typing import IO
 
 from registry import limits
 from registry.errors import IntegrityError, NotCommittedError, ObjectNotFoundError, StorageError
+from registry.layout import release_prefix
 from registry.manifest import MANIFEST, Manifest, parse_manifest
-from registry.names import check_name
+from registry.names import check_model_id, check_name, model_key
 from registry.pull import privacy
 from registry.pull.cache import Cache, temp_tag
 from registry.store.base import ObjectInfo, Store
@@ -60,7 +61,7 @@ def remember(cache: Cache, model_id: str, names: tuple[str, ...], version: str,
     _write(cache.root / "manifests" / f"{manifest.digest}.json", manifest.to_bytes(),
            cache.group)
     for name in dict.fromkeys((*names, version)):
-        _write(cache.root / "refs" / model_id / name,
+        _write(cache.root / "refs" / model_key(model_id) / name,
                f"{version} {manifest.digest}\n".encode(), cache.group)
 
 
@@ -73,9 +74,9 @@ def recall(cache: Cache, model_id: str, name: str) -> tuple[str, Manifest]:
         IntegrityError: the cached manifest's bytes differ from the digest
             the ref names.
     """
-    check_name(model_id, "model_id")
+    check_model_id(model_id)
     check_name(name, "version or alias")
-    ref = cache.root / "refs" / model_id / name
+    ref = cache.root / "refs" / model_key(model_id) / name
     try:
         if not privacy.usable(ref, cache.group):  # another user's ref: untrusted
             raise PermissionError(str(ref))
@@ -105,7 +106,7 @@ class CacheStore(Store):
     def __init__(self, cache: Cache, model_id: str, version: str, manifest: Manifest) -> None:
         super().__init__(f"offline:{cache.root}", None, "")  # type: ignore[arg-type]
         self.cache = cache
-        self.prefix = f"models/{model_id}/{version}"
+        self.prefix = release_prefix(model_id, version)
         self.manifest = manifest
 
     def _blob(self, key: str) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 from registry.aliases import list_aliases
 from registry.errors import RegistryError
 from registry.gates import GateResult
-from registry.layout import MODELS
+from registry.layout import MODELS, model_ids
 from registry.release.model_release import ModelRelease
 from registry.store import Store
 
@@ -72,7 +72,7 @@ def failing_aliases(store: Store) -> list[FailingAlias]:
     version None. Reads each aliased release's manifest, card, ledger and
     summary once."""
     out = []
-    for model_id in store.subdirs(MODELS):
+    for model_id in model_ids(store.subdirs(MODELS)):
         verdicts: dict[str, list[GateResult]] = {}
         damaged: dict[str, str] = {}
         aliases = list_aliases(store, model_id, damaged=damaged)

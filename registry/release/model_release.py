@@ -46,7 +46,7 @@ from registry.lifecycle.tombstone import check_version_free, refuse_deleted
 from registry.lifecycle.yank import yank_gate
 from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
 from registry.modeldir import HIDDEN_KEYS, check_files, check_other_weights, hidden_size
-from registry.names import check_name
+from registry.names import check_name, model_from_key
 from registry.obs.tracing import traced
 from registry.release import policy
 from registry.release import code as release_code
@@ -453,7 +453,8 @@ class ModelRelease:
 
     def _refuse_existing(self, prefix: str) -> None:
         self.store.ensure_root()  # the first release may create a new local store
-        _, model_id, version = prefix.split("/")
+        _, key, version = prefix.split("/")
+        model_id = model_from_key(key)
         check_version_name(self.store, model_id, version)
         if self.store.exists(join(prefix, MANIFEST)):
             raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "

@@ -31,9 +31,9 @@ import re
 
 from registry.errors import RegistryError
 from registry.events.log import Event
-from registry.layout import release_prefix, revocation_key, tombstone_key, yank_key
+from registry.layout import model_root, release_prefix, revocation_key, tombstone_key, yank_key
 from registry.manifest import MANIFEST
-from registry.names import check_name
+from registry.names import check_model_id, check_name
 from registry.store import Store, join
 
 
@@ -64,9 +64,9 @@ def _check(store: Store, event: Event, ev: object) -> str | None:
         return None if store.exists(revocation_key(sid)) else f"no revocation of {sid!r}"
     if m is None:
         return "it names no model"
-    check_name(m, "model_id")
+    check_model_id(m)
     if name == ev.POLICY_CHANGED:  # type: ignore[attr-defined]
-        return None if store.subdirs(join("models", m)) else f"no model {m!r}"
+        return None if store.subdirs(model_root(m)) else f"no model {m!r}"
     if v is None:
         return "it names no version"
     check_name(v, "version")

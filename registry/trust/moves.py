@@ -15,6 +15,7 @@ from typing import Any
 
 from registry.alias_history import AliasMove, encode, log_document
 from registry.errors import RegistryError
+from registry.layout import alias_key
 from registry.store import Store
 from registry.trust import Trust
 
@@ -42,7 +43,7 @@ def alias_log(store: Store, model_id: str, alias: str, *, at: str | None = None,
     """:func:`registry.alias_history.log_document` with ``signature_state`` on
     every move (and on ``move`` with ``at``). Raises as ``log_document``."""
     doc = log_document(store, model_id, alias, at=at)
-    where = store.url_of(f"models/{model_id}/refs/{alias}")
+    where = store.url_of(alias_key(model_id, alias))
     for m in doc["moves"]:
         m["signature_state"] = signature_state(m, trust, where=where)
     if doc.get("move"):

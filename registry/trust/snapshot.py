@@ -244,8 +244,10 @@ def refresh_timestamp(store: Store, model_id: str, key_path: str | os.PathLike[s
 
 def signed_models(store: Store) -> list[str]:
     """The models that have a signed timestamp (``ledger/snapshots/<m>/``)."""
-    return [n for n, d in store.list_dir(SNAPSHOTS)
-            if d and store.exists(join(SNAPSHOTS, n, "timestamp.json"))]
+    from registry.layout import model_ids
+
+    return model_ids([n for n, d in store.list_dir(SNAPSHOTS)
+                      if d and store.exists(join(SNAPSHOTS, n, "timestamp.json"))])
 
 
 def resign(store: Store, model_ids: list[str] | None,

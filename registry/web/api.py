@@ -31,7 +31,8 @@ from registry.checkpoint import CheckpointTree
 from registry.cli.app import nothing_stored
 from registry.errors import ObjectNotFoundError
 from registry.layout import run_root
-from registry.names import check_name
+from registry.names import check_model_id, check_name
+from registry.web.modelpath import model_param
 
 router = APIRouter(prefix="/api/v1", tags=["registry"])
 RequireQ = Annotated[list[str] | None, Query(description="Extra threshold METRIC>=VALUE or "
@@ -52,21 +53,21 @@ def models(request: Request) -> list[dict[str, Any]]:
 @router.get("/models/{model_id}/releases",
             summary="Releases of a model, newest first (registry ls MODEL_ID --json)")
 def releases(request: Request, model_id: str) -> list[dict[str, Any]]:
-    return _reg(request).ls(check_name(model_id, "model_id"))
+    return _reg(request).ls(model_param(model_id))
 
 
 @router.get("/models/{model_id}/passing",
             summary="Versions passing every gate now (registry query MODEL_ID --passing --json)")
 def passing(request: Request, model_id: str, require: RequireQ = None,
             latest: bool = False) -> list[dict[str, Any]]:
-    return _reg(request).passing(check_name(model_id, "model_id"), require=require or [],
+    return _reg(request).passing(model_param(model_id), require=require or [],
                                  latest=latest)
 
 
 @router.get("/models/{model_id}/aliases",
             summary="Aliases of a model (registry alias ls MODEL_ID --json)")
 def aliases(request: Request, model_id: str) -> dict[str, str]:
-    return documents.alias_map(_reg(request).store, model_id)
+    return documents.alias_map(_reg(request).store, model_param(model_id))
 
 
 @router.get("/models/{model_id}/aliases/{alias}/log",
@@ -78,7 +79,7 @@ def alias_log(request: Request, model_id: str, alias: str,
     from registry.trust.moves import alias_log as log_document
     from registry.trust.source import current
 
-    return log_document(_reg(request).store, check_name(model_id, "model_id"),
+    return log_document(_reg(request).store, model_param(model_id),
                         check_name(alias, "alias"), at=parse_time(at) if at else None,
                         trust=current(request.app.state.hub.trust))
 
@@ -87,7 +88,8 @@ def alias_log(request: Request, model_id: str, alias: str,
             summary="Files and evals that differ between two releases (registry diff --json)")
 def diff(request: Request, model_id: str, a: str, b: str) -> dict[str, Any]:
     reg = _reg(request)
-    _, va = reg.resolve(f"{check_name(model_id, 'model_id')}@{a}")
+    model_id = model_param(model_id)
+    _, va = reg.resolve(f"{model_id}@{a}")
     _, vb = reg.resolve(f"{model_id}@{b}")
     return reg.diff(model_id, va, vb)
 
@@ -97,7 +99,7 @@ def diff(request: Request, model_id: str, a: str, b: str) -> dict[str, Any]:
                     "(registry show --json)")
 def show(request: Request, model_id: str, ref: str) -> dict[str, Any]:
     reg = _reg(request)
-    return reg.show(*trusted_ref(request, check_name(model_id, "model_id"), ref))
+    return reg.show(*trusted_ref(request, model_param(model_id), ref))
 
 
 def trusted_ref(request: Request, model_id: str, ref: str) -> tuple[str, str]:
@@ -119,7 +121,7 @@ def trusted_ref(request: Request, model_id: str, ref: str) -> tuple[str, str]:
 def gates(request: Request, model_id: str, ref: str,
           require: RequireQ = None) -> dict[str, Any]:
     return documents.gate_check(_reg(request).store,
-                                f"{check_name(model_id, 'model_id')}@{ref}",
+                                f"{model_param(model_id)}@{ref}",
                                 require=require or [])
 
 
@@ -131,7 +133,7 @@ def search(request: Request, tag: Annotated[list[str] | None, Query(max_length=4
            dtype: Annotated[str | None, Query(max_length=32)] = None,
            source: Annotated[str | None, Query(max_length=300)] = None,
            model: Annotated[str | None, Query(max_length=128)] = None) -> list[dict[str, Any]]:
-    return _reg(request).search(model_id=check_name(model, "model_id") if model else None,
+    return _reg(request).search(model_id=check_model_id(model) if model else None,
                                 tags=tag or [], since=since, dtype=dtype, source=source)
 
 

@@ -39,6 +39,7 @@ from registry.web.hubfiles import Source, StoreSource
 from registry.web.hub import error_response as hub_error_response
 from registry.web.hubpaths import hub_refusal
 from registry.web.hubrefs import HubPolicy
+from registry.web.modelpath import route_path
 from registry.web.render import render
 from registry.web.security import SECURITY_HEADERS, allowed_hosts, refuse_host
 
@@ -69,7 +70,7 @@ def _bad_path(raw_path: bytes) -> str | None:
     Checked on the undecoded path so ``%2e%2e``, ``%2f`` and ``%5c`` are seen
     for what they decode to."""
     lowered = raw_path.lower()
-    for enc, what in ((b"%2f", "an encoded '/'"), (b"%5c", "an encoded '\\'"),
+    for enc, what in ((b"%252f", "an encoded '%2F'"), (b"%2f", "an encoded '/'"), (b"%5c", "an encoded '\\'"),
                       (b"%00", "a NUL byte")):
         if enc in lowered:
             return f"{what} in the URL path"
@@ -159,7 +160,8 @@ def create_app(registry: Registry, *, token: str | None = None,
             denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
             return _secured(denied)
         raw = request.scope.get("raw_path") or request.url.path.encode()
-        why = _bad_path(raw)
+        routed = route_path(raw)  # a namespaced model id as one segment (registry.web.modelpath)
+        why = _bad_path(routed[0] if routed else raw)
         hub = hub_refusal(raw.decode("latin-1"), why) if why else None
         if hub is not None:  # in the Hub's terms: X-Error-Code (registry.web.hubpaths)
             response = hub_error_response(hub, request.method)
@@ -167,6 +169,8 @@ def create_app(registry: Registry, *, token: str | None = None,
             response = _error(request, 400, "InvalidNameError", 2,
                               f"{request.url.path}: {why}", None)
         else:
+            if routed:
+                request.scope["path"] = routed[1]
             response = await call_next(request)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.2f}"
         return _secured(response)

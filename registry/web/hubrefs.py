@@ -1,7 +1,11 @@
 """What a Hub client names, in the registry's terms: repo ids, revisions, the release.
 
-* ``repo_id`` is ``<namespace>/<model_id>`` (``registry serve
-  --hub-namespace``, default ``registry``) or a bare ``<model_id>``.
+* ``repo_id`` is ``<org>/<name>`` for the namespaced model id
+  ``<org>/<name>`` (as on the Hub), ``<namespace>/<model_id>`` for a
+  single-name model id (``registry serve --hub-namespace``, default
+  ``registry``), or a bare ``<model_id>``. ``<namespace>/<name>`` names the
+  single-name model ``<name>`` when the store has one, else the namespaced
+  model ``<namespace>/<name>``.
 * ``revision`` is a version, an alias (resolved again once the last
   resolution is older than the server's freshness interval, registry.web.fresh,
   so a moved ``prod`` serves the new release within it), or a release's commit id: the
@@ -36,7 +40,8 @@ from registry.errors import (
     SignatureError,
 )
 from registry.manifest import Manifest
-from registry.names import check_name
+from registry.layout import alias_key, model_root, release_prefix
+from registry.names import check_model_id, check_name
 from registry.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
@@ -86,7 +91,7 @@ class Release:
 
     @property
     def prefix(self) -> str:
-        return join("models", self.model_id, self.version)
+        return release_prefix(self.model_id, self.version)
 
     @property
     def commit(self) -> str:
@@ -135,22 +140,24 @@ class HubPolicy:
         """
         ns, _, name = repo_id.rpartition("/")
         absent = HubError(404, "RepoNotFound", f"{repo_id}: no such model in "
-                          f"{self.store.url} (repo ids are {self.namespace}/<model_id> "
-                          "or <model_id>)")
+                          f"{self.store.url} (repo ids are <org>/<name>, "
+                          f"{self.namespace}/<model_id> or <model_id>)")
         try:
-            if ns and ns != self.namespace:
-                raise InvalidNameError(f"namespace {ns!r}", name=ns)
-            model_id = check_name(name, "model_id")
+            check_model_id(repo_id, "repo_id")
         except InvalidNameError:
             raise absent from None
-        if not self.versions(model_id):
-            raise absent
-        return model_id
+        # the server's namespace names single-name ids first (as before
+        # namespaced ids), then the namespaced id of that org
+        tries = [name, repo_id] if ns == self.namespace else [repo_id]
+        for model_id in tries:
+            if self.versions(model_id):
+                return model_id
+        raise absent
 
     def versions(self, model_id: str) -> list[str]:
         """The model's version folders (a fact: registry.web.fresh)."""
         return self.facts.get(("versions", model_id), lambda: [
-            v for v in self.store.subdirs(join("models", model_id)) if v != "refs"])
+            v for v in self.store.subdirs(model_root(model_id)) if v != "refs"])
 
     def manifest(self, model_id: str, version: str) -> Manifest:
         """The release's manifest, read from the store once: a committed
@@ -165,7 +172,7 @@ class HubPolicy:
         with self._lock:
             hit = self._manifests.get(key)
         if hit is None:
-            hit = read_manifest(self.store, join("models", model_id, version))
+            hit = read_manifest(self.store, join(model_root(model_id), version))
             with self._lock:
                 self._manifests[key] = hit
         return hit
@@ -296,7 +303,7 @@ class HubPolicy:
         Raises:
             SignatureError: either of the two.
         """
-        where = self.store.url_of(join("models", model_id, "refs", "main"))
+        where = self.store.url_of(alias_key(model_id, "main"))
         if self.marks is not None:
             self.marks.check_alias(model_id, "main", None, where)
         if current(self.trust) is None:

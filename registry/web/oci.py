@@ -36,6 +36,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from registry.errors import IntegrityError, RegistryError
+from registry.layout import refs_prefix
 from registry.manifest import FileEntry
 from registry.oci import mapping as M
 from registry.oci.push import release_artifact, signature_referrer
@@ -239,7 +240,7 @@ def tags(request: Request, repo: str) -> Response:
     model_id = policy.model_of(repo)
     names = set(policy.versions(model_id))
     try:
-        names |= {n for n, is_dir in policy.store.list_dir(join("models", model_id, "refs"))
+        names |= {n for n, is_dir in policy.store.list_dir(refs_prefix(model_id))
                   if not is_dir}
     except (RegistryError, OSError):
         pass

@@ -9,6 +9,7 @@ from fastapi.responses import HTMLResponse
 
 from registry.api import Registry
 from registry.web import views
+from registry.web.modelpath import model_param
 from registry.web.render import render
 
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
@@ -41,6 +42,7 @@ def search(request: Request, tag: Annotated[str | None, Query(max_length=400)] =
 @router.get("/models/{model_id}")
 def model(request: Request, model_id: str, before: CursorQ = None,
           after: CursorQ = None) -> HTMLResponse:
+    model_id = model_param(model_id)
     v = views.model_view(_reg(request), model_id, before=before, after=after)
     return HTMLResponse(render("model.html", title=model_id, **v))
 
@@ -53,7 +55,8 @@ def alias_log(request: Request, model_id: str, alias: str,
     from registry.trust.moves import alias_log as log_document
     from registry.trust.source import current
 
-    doc = log_document(_reg(request).store, check_name(model_id, "model_id"),
+    model_id = model_param(model_id)
+    doc = log_document(_reg(request).store, model_id,
                        check_name(alias, "alias"), at=parse_time(at) if at else None,
                        trust=current(request.app.state.hub.trust))
     return HTMLResponse(render("alias.html", title=f"{model_id}@{alias} history",
@@ -62,12 +65,12 @@ def alias_log(request: Request, model_id: str, alias: str,
 
 @router.get("/models/{model_id}/{ref}")
 def version(request: Request, model_id: str, ref: str) -> HTMLResponse:
-    from registry.names import check_name
     from registry.web.api import trusted_ref
 
     # the trust function admits the ref (with keys: an alias only through a signed move,
     # never below this server's marks); the page then shows it as asked
-    trusted_ref(request, check_name(model_id, "model_id"), ref)
+    model_id = model_param(model_id)
+    trusted_ref(request, model_id, ref)
     v = views.version_view(_reg(request), model_id, ref, request.app.state.release_files)
     d = v["doc"]
     return HTMLResponse(render("version.html", title=f"{d['model_id']}@{d['version']}", **v))

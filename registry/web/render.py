@@ -13,6 +13,7 @@ from markupsafe import Markup
 from registry.redact import redact
 from registry.resources import resource_dir
 from registry.web.charts import Chart, render_svg
+from registry.web.modelpath import model_segment
 
 
 def human_bytes(n: int | None) -> str:
@@ -56,7 +57,8 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True,
                              finalize=_redacted)
-    env.filters.update(human_bytes=human_bytes, markdown=markdown, chart=chart)
+    env.filters.update(human_bytes=human_bytes, markdown=markdown, chart=chart,
+                       idpath=model_segment)
     return env
 
 

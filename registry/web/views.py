@@ -27,7 +27,7 @@ from registry.errors import InvalidNameError, NotCommittedError, PointerError, R
 from registry.index import browse
 from registry.layout import REVOCATIONS, release_prefix, run_root
 from registry.ledger import revocation_of
-from registry.names import check_name
+from registry.names import check_model_id, check_name
 from registry.store import join
 from registry.web.cache import ReleaseFiles
 from registry.web.charts import Chart, Series
@@ -74,7 +74,7 @@ def model_view(reg: Registry, model_id: str, *, before: str | None = None,
             both cursors are given.
         NotCommittedError: the index knows no such model, or no such cursor version.
     """
-    check_name(model_id, "model_id")
+    check_model_id(model_id)
     _one_cursor(before, after)
     for cursor in (before, after):
         if cursor is not None:
@@ -139,7 +139,7 @@ def version_view(reg: Registry, model_id: str, ref: str,
         InvalidNameError: a name breaks the naming rule.
         NotCommittedError: no such version or alias (store), or not indexed.
     """
-    model_id, version = reg.resolve(f"{check_name(model_id, 'model_id')}@"
+    model_id, version = reg.resolve(f"{check_model_id(model_id)}@"
                                     f"{check_name(ref, 'version or alias')}")
     doc = reg.show(model_id, version)
     prefix = release_prefix(model_id, version)
@@ -205,7 +205,7 @@ def search_view(reg: Registry, *, tag: str | None = None, since: str | None = No
     from registry.index.search import MAX_ROWS
 
     tags = (tag or "").split()
-    model_id = check_name(model.strip(), "model_id") if model and model.strip() else None
+    model_id = check_model_id(model.strip()) if model and model.strip() else None
     rows = reg.search(model_id=model_id, tags=tags, since=(since or "").strip() or None,
                       dtype=(dtype or "").strip() or None,
                       source=(source or "").strip() or None)
@@ -250,7 +250,7 @@ def source_view(reg: Registry, source_id: str, *, before: str | None = None,
             if not at:
                 raise InvalidNameError(f"{cursor!r}: expected MODEL_ID@VERSION (the page "
                                        "cursor)", name=cursor)
-            check_name(m, "model_id")
+            check_model_id(m)
             check_name(v, "version")
     revocation = None
     try:
