@@ -34,7 +34,8 @@ COMMANDS: dict[str, tuple[tuple[str, ...], bool, str]] = {
     "show": ((_I,), False,
              "Manifest summary, each gate with its reason, evals and sources of a release."),
     "ls": ((_I,), False,
-           "List models, or the releases of MODEL_ID (newest first, passing or not)."),
+           "List models (or those of ORG/), or the releases of MODEL_ID (newest first, passing "
+           "or not)."),
     "diff": ((_I,), False,
              "Files added, removed and changed (sha256) between two releases; eval deltas."),
     "publish": ((_R,), False,
