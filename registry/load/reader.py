@@ -20,9 +20,10 @@ one the plan was made from is refused. A bad piece raises
 no tensor touching it is returned.
 
 **Memory.** On a local source (a local store, the pull cache) and the CPU,
-each piece is hashed where the kernel holds it (a mapping of the file, opened
-once) and each verified tensor is a private copy-on-write mapping of that same
-open file, as ``safe_open``'s tensors are (``mapped=False``: copies instead).
+each tensor is a private mapping of the file (opened once) whose pages are
+made the process's own (``MADV_POPULATE_WRITE``, one kernel copy) before
+they are hashed there, so a later write to the file changes no tensor
+(``mapped=False``, or a kernel without the advice: copies into fresh memory).
 Otherwise tensors are allocated at their final size and filled in place (one
 copy on a local store, none beyond the socket's on S3). At most ``window_bytes`` of
 pieces (default 1 GiB) are in flight at once, plus one 4 MiB scratch buffer
