@@ -153,19 +153,29 @@ def _scribble(path: Path, start: int) -> None:
         os.pwrite(f.fileno(), bytes((i * 131 + 7) & 0xFF for i in range(size - start)), start)
 
 
-@pytest.mark.parametrize("mapped", [True, False])
+@pytest.mark.parametrize("mapped", [True, False, "refused"])
 def test_an_in_place_write_after_the_load_changes_no_tensor(
-        tmp_path: Path, mapped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, mapped: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tensors of a local store (default options: mapped) hold the bytes that
     verified: a writer with write access to the store who modifies the file in
     place after the load (or while it runs) changes none of them (a private
     mapping's unwritten page would show it: the reader makes every handed-out
-    page the process's own before hashing it)."""
+    page the process's own before hashing it). ``refused``: a kernel that
+    refuses the advice at a piece (EINVAL) gets copies, just as safe."""
+    import errno
+
+    import registry.load.sources as sources
     from registry.errors import PieceMismatchError
     from registry.layout import release_prefix
     from registry.store import join
     from tests.test_load import publish, same, stored
 
+    if mapped == "refused":
+        def refuse(*_a: object) -> None:
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(sources, "populate", refuse)
+        mapped = True
     monkeypatch.setenv("REGISTRY_PIECE_SIZE", "4096")
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1")
