@@ -6,6 +6,7 @@ of a tensor, and memory bounded by the window while tensors stream.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load as st_load
+from safetensors.torch import load_file
 
 from registry.load import open_weights
 from registry.store import open_store
@@ -141,3 +143,69 @@ def test_local_tensors_are_the_bytes_that_verified(tmp_path: Path, mapped: bool,
         a = w.get_tensor("a")
     a.fill_(7.0)
     assert path.read_bytes() == original
+
+
+def _scribble(path: Path, start: int) -> None:
+    """A store writer modifying the file in place (no rename): garbage over
+    every byte from ``start`` on."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        os.pwrite(f.fileno(), bytes((i * 131 + 7) & 0xFF for i in range(size - start)), start)
+
+
+@pytest.mark.parametrize("mapped", [True, False, "refused"])
+def test_an_in_place_write_after_the_load_changes_no_tensor(
+        tmp_path: Path, mapped: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors of a local store (default options: mapped) hold the bytes that
+    verified: a writer with write access to the store who modifies the file in
+    place after the load (or while it runs) changes none of them (a private
+    mapping's unwritten page would show it: the reader makes every handed-out
+    page the process's own before hashing it). ``refused``: a kernel that
+    refuses the advice at a piece (EINVAL) gets copies, just as safe."""
+    import errno
+
+    import registry.load.sources as sources
+    from registry.errors import PieceMismatchError
+    from registry.layout import release_prefix
+    from registry.store import join
+    from tests.test_load import publish, same, stored
+
+    if mapped == "refused":
+        def refuse(*_a: object) -> None:
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(sources, "populate", refuse)
+        mapped = True
+    monkeypatch.setenv("REGISTRY_PIECE_SIZE", "4096")
+    store = open_store(str(tmp_path / "store"))
+    publish(store, tmp_path, "1")
+    original = stored(store, "1")
+    pristine = tmp_path / "pristine.safetensors"
+    pristine.write_bytes(original)
+    ref = load_file(pristine)
+    path = tmp_path / "store" / join(release_prefix("tiny", "1"), "model.safetensors")
+    data = 8 + int.from_bytes(original[:8], "little")
+
+    with open_weights("tiny@1", store=store, mapped=mapped) as w:
+        got = w.state_dict()
+    _scribble(path, data)
+    assert path.read_bytes() != original
+    assert got.keys() == ref.keys()
+    assert all(same(got[k], ref[k]) for k in ref), [k for k in ref if not same(got[k], ref[k])]
+
+    # while the load runs: one piece at a time, the file scribbled over right
+    # after the first tensor arrives; what arrived (and any tensor of a piece
+    # that already verified) stays the released bytes, what is read after is
+    # refused
+    path.write_bytes(original)
+    got = {}
+    with open_weights("tiny@1", store=store, mapped=mapped, workers=1, window_bytes=1) as w:
+        it = iter(w)
+        name, t = next(it)
+        got[name] = t
+        _scribble(path, data)
+        with pytest.raises(PieceMismatchError):
+            for name, t in it:
+                got[name] = t
+    assert got and all(same(got[k], ref[k]) for k in got), \
+        [k for k in got if not same(got[k], ref[k])]

@@ -93,15 +93,14 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
             object store).
         window_bytes: bytes of pieces in flight at once (default 1 GiB).
         mapped: on a local source (a local store, the pull cache) and the CPU,
-            hash each piece where the kernel holds it and hand out tensors as
-            private (copy-on-write) mappings of the very file that verified,
-            as ``safe_open`` does: no copy, memory shared with the page cache.
-            The file stays open until the reader closes, so a file renamed over
-            in the store is not what later tensors map; a writer modifying
-            a store file *in place* (which no registry writer does: objects are
-            written once and renamed into place) would change what a tensor
-            reads. ``False``: tensors in private memory, filled by copies, and
-            immune to that.
+            hand out tensors as private mappings of the very file that
+            verified (opened once: a file renamed over in the store is not
+            what later tensors map), each page made the process's own
+            (``MADV_POPULATE_WRITE``: one kernel copy) before it is hashed
+            there, so no later write to the file, in place or not, changes
+            a tensor. Where the kernel lacks the advice (Linux < 5.14), the
+            reader copies as with ``False``: tensors in fresh memory, filled
+            with ``preadv``.
 
     Returns:
         A :class:`WeightsReader` (a context manager: close it).

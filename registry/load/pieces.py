@@ -16,11 +16,13 @@ buffer per reading thread (touched only where no target asks for bytes).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from registry import pieces as pc
 from registry.errors import (
@@ -42,11 +44,18 @@ ATTEMPTS = 3
 @dataclass(frozen=True, slots=True)
 class Target:
     """Bytes ``[start, end)`` of a file (absolute offsets) wanted in ``view``
-    (a writable uint8 memoryview of exactly ``end - start`` bytes)."""
+    (a writable uint8 memoryview of exactly ``end - start`` bytes).
+
+    ``mapping``: ``view`` is bytes ``[offset, offset + end - start)`` of this
+    private mapping of the file itself (a mapped reader's tensor): its pages
+    are made private (``MADV_POPULATE_WRITE``) and hashed where they lie, not
+    copied."""
 
     start: int
     end: int
     view: memoryview
+    mapping: Any = None
+    offset: int = 0
 
 
 def geometry(entry: FileEntry) -> pc.Pieces:
@@ -69,9 +78,11 @@ def piece_bounds(entry: FileEntry, k: int) -> tuple[int, int]:
     return k * size, min(entry.size, (k + 1) * size)
 
 
-def _segments(start: int, end: int, targets: list[Target]) -> Iterator[tuple[int, int, memoryview | None]]:
-    """``(s, e, view)`` covering ``[start, end)`` in order: a view into a
-    target where one asks for the bytes, else None (scratch), at most CHUNK long."""
+def _segments(start: int, end: int,
+              targets: list[Target]) -> Iterator[tuple[int, int, memoryview | None, Target | None]]:
+    """``(s, e, view, target)`` covering ``[start, end)`` in order: a view into
+    a target where one asks for the bytes, else None (scratch), at most CHUNK
+    long."""
     pos = start
     for t in targets:
         if t.end <= pos or t.start >= end:
@@ -80,17 +91,17 @@ def _segments(start: int, end: int, targets: list[Target]) -> Iterator[tuple[int
             gap_end = min(t.start, end)
             while pos < gap_end:
                 n = min(CHUNK, gap_end - pos)
-                yield pos, pos + n, None
+                yield pos, pos + n, None, None
                 pos += n
         s, e = max(pos, t.start), min(end, t.end)
         while s < e:
             n = min(CHUNK, e - s)
-            yield s, s + n, t.view[s - t.start:s - t.start + n]
+            yield s, s + n, t.view[s - t.start:s - t.start + n], t
             s += n
         pos = e
     while pos < end:
         n = min(CHUNK, end - pos)
-        yield pos, pos + n, None
+        yield pos, pos + n, None, None
         pos += n
 
 
@@ -104,8 +115,10 @@ class PieceReader:
     def __init__(self, source: object, *, mapped: bool = False) -> None:
         self.source = source
         #: read through the source's mapping of the file (a local file):
-        #: bytes no target asks for are hashed where they lie, unmapped after
-        self.mapped = mapped and bool(getattr(source, "can_map", False))
+        #: bytes no target asks for are hashed where they lie, unmapped after;
+        #: only where the kernel can make a mapping's pages private
+        #: (MADV_POPULATE_WRITE), else the reader copies
+        self.mapped = mapped and bool(getattr(source, "can_map", False)) and _can_populate()
         self._local = threading.local()
         self.bytes_read = 0
         self._lock = threading.Lock()
@@ -144,7 +157,7 @@ class PieceReader:
         segs = list(_segments(start, end, targets))
         if self.mapped:
             with self.source.mapped(key, start, end) as view:  # type: ignore[attr-defined]
-                counted = _Counted(_from_mapping(view, start, segs))
+                counted = _Counted(_from_mapping(view, start, segs, entry.path, k))
                 actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
         else:
             # bytes no target asks for land in the thread's scratch, its two
@@ -152,7 +165,7 @@ class PieceReader:
             scratch = self._scratch()
             gaps = 0
             filled = []
-            for s, e, v in segs:
+            for s, e, v, _t in segs:
                 if v is None:
                     half = (gaps % 2) * CHUNK
                     v, gaps = scratch[half:half + e - s], gaps + 1
@@ -176,23 +189,51 @@ class PieceReader:
 
 
 def _from_mapping(view: memoryview, start: int,
-                  segs: list[tuple[int, int, memoryview | None]]) -> Iterator[memoryview]:
+                  segs: list[tuple[int, int, memoryview | None, Target | None]],
+                  path: str, k: int) -> Iterator[memoryview]:
     """The piece's bytes from ``view`` (the mapped bytes from ``start``, shorter
-    when the file is): copied into each segment's target first, then hashed
-    from the target (what is handed out is what was hashed); bytes no target
-    asks for are hashed in the mapping, copied nowhere."""
-    for s, e, v in segs:
+    when the file is), each part hashed where it will be handed out from:
+
+    - a target that is a private mapping of the file (a mapped tensor): its
+      pages are first made the process's own (``MADV_POPULATE_WRITE``, no
+      user-space copy), then hashed there; no later write to the file, in
+      place or by rename, reaches what was hashed. Where the kernel refuses
+      the advice (EINVAL), the bytes are copied into the target instead,
+      which privatizes its pages just the same;
+    - another target (a header buffer, fresh memory): copied in, hashed there;
+    - bytes no target asks for: hashed in the piece's mapping, copied nowhere.
+    """
+    from registry.load.sources import populate
+
+    for s, e, v, t in segs:
         have = min(e, start + len(view)) - s
         if have <= 0:
             return
         part = view[s - start:s - start + have]
         if v is None:
             yield part
+        elif t is not None and t.mapping is not None:
+            at = t.offset + (s - t.start)
+            try:
+                populate(t.mapping, at, at + have)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise IntegrityError(path, reason=f"piece {k} could not be made private "
+                                                      f"in memory ({exc.strerror}): the file "
+                                                      "changed under the read") from None
+                v[:have] = part  # writing makes the target's pages private too
+            yield v[:have]
         else:
             v[:have] = part
             yield v[:have]
         if have < e - s:
             return
+
+
+def _can_populate() -> bool:
+    from registry.load.sources import can_populate
+
+    return can_populate()
 
 
 class _Counted:

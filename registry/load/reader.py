@@ -20,9 +20,10 @@ one the plan was made from is refused. A bad piece raises
 no tensor touching it is returned.
 
 **Memory.** On a local source (a local store, the pull cache) and the CPU,
-each piece is hashed where the kernel holds it (a mapping of the file, opened
-once) and each verified tensor is a private copy-on-write mapping of that same
-open file, as ``safe_open``'s tensors are (``mapped=False``: copies instead).
+each tensor is a private mapping of the file (opened once) whose pages are
+made the process's own (``MADV_POPULATE_WRITE``, one kernel copy) before
+they are hashed there, so a later write to the file changes no tensor
+(``mapped=False``, or a kernel without the advice: copies into fresh memory).
 Otherwise tensors are allocated at their final size and filled in place (one
 copy on a local store, none beyond the socket's on S3). At most ``window_bytes`` of
 pieces (default 1 GiB) are in flight at once, plus one 4 MiB scratch buffer
@@ -101,6 +102,8 @@ class _Want:
     shape: tuple[int, ...]
     obj: Any = None
     view: memoryview | None = None
+    mapping: Any = None
+    moff: int = 0
 
 
 class WeightsReader:
@@ -273,24 +276,31 @@ class WeightsReader:
         verified file (a local source, on the CPU, nothing placed)."""
         return self.mapped and f.reader.mapped and f.written is None and self.device == "cpu"
 
-    def _mapped_tensor(self, w: _Want) -> Any:
-        """The verified bytes of ``w`` as a tensor backed by a private
-        (copy-on-write) mapping of the file they were verified in."""
+    def _map(self, w: _Want) -> tuple[Any, memoryview | None, Any, int]:
+        """``(tensor, its bytes, mapping, offset)`` for ``w``: a tensor backed
+        by a private (copy-on-write) mapping of the file its pieces will
+        verify in, not yet read. The piece reader makes each page of it the
+        process's own before hashing it there, so the tensor handed out holds
+        exactly the bytes that verified, whatever is written to the file
+        afterwards. ``(None, None, None, 0)`` when the file is shorter than
+        the span (the piece reader then reports the truncation)."""
         got = w.file.reader.source.map_span(w.file.key, w.start, w.end)  # type: ignore[attr-defined]
         if got is None or got[2] != w.end - w.start:
-            raise IntegrityError(w.file.entry.path, reason="the file shrank after its pieces "
-                                                           "verified")
+            return None, None, None, 0
         m, off, n = got
+        view = memoryview(m)[off:off + n]
         if self.framework == "np":
             dt = np.dtype(DTYPES[w.dtype])
-            return np.frombuffer(m, dtype=dt, count=n // dt.itemsize, offset=off).reshape(w.shape)
+            t = np.frombuffer(m, dtype=dt, count=n // dt.itemsize, offset=off).reshape(w.shape)
+            return t, view, m, off
         import torch
 
         from registry.load.torchio import TORCH_DTYPES
 
         dtype = TORCH_DTYPES[w.dtype]
         count = n // torch.empty((), dtype=dtype).element_size()
-        return torch.frombuffer(m, dtype=dtype, count=count, offset=off).reshape(w.shape)
+        t = torch.frombuffer(m, dtype=dtype, count=count, offset=off).reshape(w.shape)
+        return t, view, m, off
 
     def _finish(self, obj: Any) -> Any:
         self.stats.tensors += 1
@@ -371,13 +381,13 @@ class WeightsReader:
                     for w in need.get((fid, k), []):
                         if w.obj is None and w.view is None:
                             if mapped and w.end > w.start:
-                                w.view = memoryview(b"")  # mapped once verified
-                                continue
-                            w.obj, w.view = self._alloc(w.dtype, w.shape)
+                                w.obj, w.view, w.mapping, w.moff = self._map(w)
+                            if w.obj is None:
+                                w.obj, w.view = self._alloc(w.dtype, w.shape)
                             if w.view is None:
                                 w.view = memoryview(b"")
                         if len(w.view):
-                            targets.append(Target(w.start, w.end, w.view))
+                            targets.append(Target(w.start, w.end, w.view, w.mapping, w.moff))
                     targets.sort(key=lambda t: t.start)
                     size = _piece_size(f.entry, k)
                     budget += size
@@ -402,10 +412,8 @@ class WeightsReader:
                         i = index[id(w)]
                         left[i] -= 1
                         if not left[i]:
-                            if w.obj is None:
-                                w.obj = self._mapped_tensor(w)
                             yield w
-                            w.obj = w.view = _DONE  # the caller holds it now, or dropped it
+                            w.obj = w.view = w.mapping = _DONE  # the caller holds it now
         finally:
             for fut in inflight:
                 fut.cancel()

@@ -31,6 +31,44 @@ from registry.store import Store
 
 Segments = list[tuple[int, int, memoryview]]
 
+#: madvise(2) advice that faults a range in as if written (Linux >= 5.14): on a
+#: private file mapping each page becomes the process's own copy, which later
+#: writes to the file no longer reach
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_populate_ok: bool | None = None
+
+
+def can_populate() -> bool:
+    """Whether this kernel takes ``MADV_POPULATE_WRITE`` (probed once on one
+    private page). Without it a local source is read by copying instead."""
+    global _populate_ok
+    if _populate_ok is None:
+        try:
+            m = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+            try:
+                m.madvise(MADV_POPULATE_WRITE, 0, mmap.PAGESIZE)
+            finally:
+                m.close()
+            _populate_ok = True
+        except (OSError, AttributeError, ValueError):
+            _populate_ok = False
+    return _populate_ok
+
+
+def populate(m: mmap.mmap, start: int, end: int) -> None:
+    """Make bytes ``[start, end)`` of private mapping ``m`` (offsets in it) the
+    process's own pages (``MADV_POPULATE_WRITE``): from then on no write to the
+    file, in place or otherwise, changes them.
+
+    Raises:
+        OSError: the kernel refused (EINVAL: no support; EFAULT: the file is
+            shorter than the mapping now).
+    """
+    if end <= start:
+        return
+    base = start - start % mmap.PAGESIZE
+    m.madvise(MADV_POPULATE_WRITE, base, end - base)
+
 
 class _Mapped:
     """A local source's files mapped into memory, each opened once.
@@ -38,7 +76,10 @@ class _Mapped:
     Every mapping of one key comes from the same open file (the first one
     opened): a file renamed over in the store after a piece verified is not
     the one later tensors map. Mappings are private (copy-on-write): what a
-    caller writes into a tensor never reaches the file.
+    caller writes into a tensor never reaches the file. A private page not yet
+    written still shows later in-place writes to the file, so a mapping that is
+    handed out is first made the process's own (:func:`populate`) before its
+    bytes are hashed (:class:`registry.load.pieces.PieceReader`).
     """
 
     def __init__(self) -> None:
@@ -57,9 +98,10 @@ class _Mapped:
             return got
 
     def map_span(self, key: str, start: int, end: int) -> tuple[mmap.mmap, int, int] | None:
-        """A private mapping holding bytes ``[start, end)`` of ``key``: ``(mapping,
-        offset of start in it, bytes there)``; None when the file has none of
-        them (it is shorter)."""
+        """A private, writable mapping holding bytes ``[start, end)`` of ``key``:
+        ``(mapping, offset of start in it, bytes there)``; None when the file
+        has none of them (it is shorter). Its pages still show in-place writes
+        to the file until :func:`populate` made them private."""
         fd, size = self._fd(key)
         end = min(end, size)
         if end <= start:
@@ -173,4 +215,4 @@ def _fill(stream: Iterator[bytes], segments: Segments) -> Iterator[memoryview]:
             return
 
 
-__all__ = ["BlobSource", "StoreSource"]
+__all__ = ["BlobSource", "StoreSource", "can_populate", "populate"]
