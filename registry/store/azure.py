@@ -378,9 +378,9 @@ class AzureStore(Store):
         yield from self._chunks(key, self._download(key), 0, None, chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
-        from registry.store.s3 import _RangeReader  # reads through self.read_range
+        from registry.store.ranges import RangeReader  # reads through self.read_range
 
-        reader = _RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
+        reader = RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
         return io.BufferedReader(reader, buffer_size=CHUNK)  # type: ignore[return-value]
 
     def open_write(self, key: str, *, exclusive: bool = False,

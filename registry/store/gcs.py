@@ -44,7 +44,7 @@ from registry.errors import (
 )
 from registry.store import condprobe
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
-from registry.store.s3 import _RangeReader, range_answer_ok  # reads through read_range
+from registry.store.ranges import RangeReader, range_answer_ok  # reads through read_range
 from registry.store.s3retry import RetryPolicy
 from registry.store.translate import unreachable
 
@@ -309,7 +309,7 @@ class GCSStore(Store):
     def _check_range(self, key: str, status: int, headers: Any, start: int, end: int,
                      whole: int | None = None) -> None:
         """A ranged GET must answer 206 with the requested ``Content-Range``
-        (registry.store.s3.range_answer_ok); a 200 with the whole object is
+        (registry.store.ranges.range_answer_ok); a 200 with the whole object is
         taken only when the range asked for covers it (``whole``: its length)."""
         got = headers.get("Content-Range", "")
         if range_answer_ok(status, got, start, end) or (
@@ -408,7 +408,7 @@ class GCSStore(Store):
         yield from self._stream(key, self._media(key), chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
-        reader = _RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
+        reader = RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
         return io.BufferedReader(reader, buffer_size=CHUNK)  # type: ignore[return-value]
 
     def open_write(self, key: str, *, exclusive: bool = False,

@@ -12,8 +12,6 @@ parts go out in parallel while the caller keeps producing the next one).
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import errno
 import io
 import threading
 import time
@@ -36,6 +34,8 @@ from registry.errors import (
 )
 from registry.sourcecheck import ObjectState, object_state
 from registry.store import s3session, s3upload
+from registry.store.ranges import RangeReader, range_answer_ok
+from registry.store.s3abort import abort_stale_uploads
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, timeouts
@@ -217,7 +217,7 @@ class S3Store(Store):
         takes a 200 with the whole object as the range), buffered by
         ``PART_SIZE`` bytes of read-ahead."""
         size = self.info(key).size
-        return io.BufferedReader(_RangeReader(self, key, size),  # type: ignore[return-value]
+        return io.BufferedReader(RangeReader(self, key, size),  # type: ignore[return-value]
                                  buffer_size=s3upload.PART_SIZE)
 
     def _ranged_body(self, key: str, start: int, end: int) -> Any | None:
@@ -334,44 +334,9 @@ class S3Store(Store):
         501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
         the operation, and nothing is aborted.
         """
-        base = self._key("")
-        args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
-        now = time.time()
-        out = []
-        while True:
-            try:
-                page = self.call("list_multipart_uploads", **args)
-            except Exception as exc:
-                if not _unimplemented(exc):
-                    with self._translated("/"):
-                        raise
-                if warn is not None:
-                    warn(f"{self.where}: the server does not implement ListMultipartUploads "
-                         f"({s3_error_code(exc) or type(exc).__name__}); unfinished multipart "
-                         "uploads cannot be listed there, so none were aborted (use the "
-                         "bucket's lifecycle rule AbortIncompleteMultipartUpload)")
-                return out
-            served = _served_at(page, now)
-            for u in page.get("Uploads", []):
-                key = u["Key"][len(args["Prefix"]):]
-                age = served - u["Initiated"].timestamp()
-                if not (doomed and doomed(key)) and not (
-                        orphan and age >= orphan_after and orphan(key)):
-                    if age < older_than or (keep and keep(key)):
-                        continue
-                if not dry_run:
-                    with self._translated(key):
-                        try:
-                            self.call("abort_multipart_upload", Key=u["Key"],
-                                      UploadId=u["UploadId"])
-                        except Exception as exc:
-                            if s3_error_code(exc) != "NoSuchUpload":
-                                raise
-                out.append(key)
-            if not page.get("IsTruncated"):
-                return out
-            args["KeyMarker"] = page.get("NextKeyMarker")
-            args["UploadIdMarker"] = page.get("NextUploadIdMarker")
+        return abort_stale_uploads(self, older_than, dry_run=dry_run, keep=keep,
+                                   doomed=doomed, warn=warn, orphan=orphan,
+                                   orphan_after=orphan_after)
 
     def own_write(self, key: str, token: str, *, data: bytes | None = None,
                   etag: str | None = None) -> bool:
@@ -513,74 +478,6 @@ class S3Store(Store):
                 raise StorageError(f"{self.url_of(first.get('Key', prefix))} in {self.where}: "
                                    f"delete failed ({first.get('Code')})", key=prefix)
         self.delete(prefix)
-
-
-def range_answer_ok(status: int | None, content_range: str, start: int, end: int) -> bool:
-    """Whether an answer to a GET of bytes ``[start, end)`` is that range:
-    206 with ``Content-Range: bytes start-last/total``, ``last`` being
-    ``end - 1`` or the object's last byte (also the GCS store's check)."""
-    if status != 206 or not content_range.startswith("bytes "):
-        return False
-    span, _, total = content_range[6:].partition("/")
-    first, _, last = span.partition("-")
-    try:
-        size = int(total) if total != "*" else end
-        return int(first) == start and int(last) == min(end, size) - 1
-    except ValueError:
-        return False
-
-
-class _RangeReader(io.RawIOBase):
-    """Raw reads of one object by checked ranged GETs (see ``S3Store.open_read``)."""
-
-    def __init__(self, store: S3Store, key: str, size: int) -> None:
-        self._store, self._key, self._size, self._pos = store, key, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = min(len(view), self._size - self._pos)
-        if n <= 0:
-            return 0
-        data = self._store.read_range(self._key, self._pos, self._pos + n)
-        view[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
-def _unimplemented(exc: BaseException) -> bool:
-    """The server does not implement the operation (501 NotImplemented, 405,
-    or s3fs's ENOSYS translation of them)."""
-    if isinstance(exc, NotImplementedError):
-        return True
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSYS:
-        return True
-    return s3_error_code(exc) in ("NotImplemented", "501", "MethodNotAllowed", "405")
-
-
-def _served_at(page: dict[str, Any], fallback: float) -> float:
-    """The server's time of an answer (its ``Date`` header), so ages are
-    compared on the server's clock alone; ``fallback`` when it sent none."""
-    date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-    if date:
-        try:
-            return email.utils.parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError):
-            pass
-    return fallback
 
 
 def _filesystem(options: dict[str, Any]) -> s3fs.S3FileSystem:
