@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from typing import IO, Any, TypeVar
 
 import adlfs
@@ -347,18 +347,7 @@ class AzureStore(Store):
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One download, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
-        from registry import limits
-        from registry.errors import DocumentError
-
-        cap = limits.MAX_READ_BYTES if limit is None else limit
-        buf = bytearray()
-        with closing(self.iter_read(key)) as blocks:
-            for block in blocks:
-                buf += block
-                if len(buf) > cap:
-                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
-                                        "for a document read whole (registry.limits)")
-        return bytes(buf)
+        return self.read_streamed(key, limit=limit)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` (fewer at the end, none past it)."""

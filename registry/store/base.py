@@ -24,6 +24,7 @@ import hashlib
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -260,9 +261,24 @@ class Store(ABC):
         with self.open_read(key) as f:
             data = limits.read_at_most(f, cap)
         if len(data) > cap:
-            raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
-                                                  "a document read whole (registry.limits)")
+            raise self._too_long(key, cap)
         return data
+
+    def read_streamed(self, key: str, *, limit: int | None = None) -> bytes:
+        """:meth:`read_bytes` by one streamed read (:meth:`iter_read`: one GET
+        on an object store), stopped once past ``limit``; raises as it."""
+        cap = limits.MAX_READ_BYTES if limit is None else limit
+        buf = bytearray()
+        with closing(self.iter_read(key)) as blocks:
+            for block in blocks:
+                buf += block
+                if len(buf) > cap:
+                    raise self._too_long(key, cap)
+        return bytes(buf)
+
+    def _too_long(self, key: str, cap: int) -> DocumentError:
+        return DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
+                                               "a document read whole (registry.limits)")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """Replace ``key`` with ``data`` (durable on return).

@@ -22,7 +22,7 @@ import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from datetime import datetime
 from typing import IO, Any
 
@@ -31,9 +31,7 @@ import gcsfs.core
 from fsspec.asyn import sync
 from gcsfs.retry import HttpError, validate_response
 
-from registry import limits
 from registry.errors import (
-    DocumentError,
     ObjectExistsError,
     ObjectNotFoundError,
     PointerConflictError,
@@ -296,15 +294,7 @@ class GCSStore(Store):
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One streamed GET, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
-        cap = limits.MAX_READ_BYTES if limit is None else limit
-        buf = bytearray()
-        with closing(self.iter_read(key)) as blocks:
-            for block in blocks:
-                buf += block
-                if len(buf) > cap:
-                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
-                                        "for a document read whole (registry.limits)")
-        return bytes(buf)
+        return self.read_streamed(key, limit=limit)
 
     def _check_range(self, key: str, status: int, headers: Any, start: int, end: int,
                      whole: int | None = None) -> None:

@@ -18,15 +18,13 @@ import time
 from concurrent.futures import Future
 from collections.abc import Iterator
 import os
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from typing import IO, Any
 
 import s3fs
 from fsspec.asyn import sync
 
-from registry import limits
 from registry.errors import (
-    DocumentError,
     ObjectExistsError,
     ObjectNotFoundError,
     PointerConflictError,
@@ -274,15 +272,7 @@ class S3Store(Store):
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One streamed GET, stopped after ``limit`` bytes (see
         :meth:`Store.read_bytes`)."""
-        cap = limits.MAX_READ_BYTES if limit is None else limit
-        buf = bytearray()
-        with closing(self.iter_read(key)) as blocks:
-            for block in blocks:
-                buf += block
-                if len(buf) > cap:
-                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
-                                        "for a document read whole (registry.limits)")
-        return bytes(buf)
+        return self.read_streamed(key, limit=limit)
 
     def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
         """Stream ``key`` with one GET (not a ranged request per block, as a
