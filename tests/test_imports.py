@@ -203,5 +203,7 @@ def test_package_names_load_on_first_use_and_all_resolve():
                "         for n in p.__all__)\n"
                "print(json.dumps([before, ok, sorted(registry.checkpoint.__all__)]))")
     before, ok, names = json.loads(out)
-    assert before == ["registry.checkpoint", "registry.lazy", "registry.release"], before
+    want = {"registry.checkpoint", "registry.lazy", "registry.release"}
+    want |= {m.rpartition(".")[0] for m in want if m.count(".") > 1}  # a room of lazy's
+    assert before == sorted(want), before
     assert ok and "CheckpointManager" in names and "run_root" in names
