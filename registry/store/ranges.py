@@ -25,11 +25,15 @@ def range_answer_ok(status: int | None, content_range: str, start: int, end: int
         return False
 
 
-class RangeReader(io.RawIOBase):
-    """Raw reads of one object by checked ranged GETs (see ``S3Store.open_read``; the GCS and Azure stores read the same way)."""
+class SeekableRaw(io.RawIOBase):
+    """A raw, seekable file of ``_size`` bytes at position ``_pos``: what every
+    reader over a known length shares (a subclass gives ``readinto``).
+    ``clamp``: a seek past the end stops at the end."""
 
-    def __init__(self, store: Store, key: str, size: int) -> None:
-        self._store, self._key, self._size, self._pos = store, key, size, 0
+    clamp = False
+
+    def __init__(self, size: int) -> None:
+        self._size, self._pos = size, 0
 
     def readable(self) -> bool:
         return True
@@ -43,7 +47,18 @@ class RangeReader(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + offset)
+        if self.clamp:
+            self._pos = min(self._pos, self._size)
         return self._pos
+
+
+class RangeReader(SeekableRaw):
+    """Raw reads of one object by checked ranged GETs (see ``S3Store.open_read``;
+    the GCS and Azure stores read the same way)."""
+
+    def __init__(self, store: Store, key: str, size: int) -> None:
+        super().__init__(size)
+        self._store, self._key = store, key
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

@@ -308,22 +308,9 @@ class S3Store(Store):
                             keep: Any = None, doomed: Any = None,
                             warn: Any = None, orphan: Any = None,
                             orphan_after: float = 0.0) -> list[str]:
-        """Abort the multipart uploads under this store's prefix that nobody
-        will complete: started more than ``older_than`` seconds ago by the
-        server's clock (the listing's own time, not this host's), unless
-        ``keep(key)`` spares them (a key under a live claim); or at once,
-        whatever their age, when ``doomed(key)`` says their writer's claim is
-        gone (an upload belongs to the claim of the directory its key lies
-        in); or, when ``orphan(key)`` says no claim covers it at all (every
-        writer claims its directory before its first upload), once its own
-        age passes ``orphan_after`` seconds (issue 47: a writer killed with
-        its server restarted leaves such uploads; no fixed hour). Returns the
-        keys of the uploads aborted (or that would be).
-
-        A server without ListMultipartUploads (s3rver; some gateways answer
-        501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
-        the operation, and nothing is aborted.
-        """
+        """Abort the multipart uploads under this store's prefix that nobody will
+        complete (:func:`registry.store.s3abort.abort_stale_uploads`: by the
+        server's clock; ``keep``, ``doomed``, ``orphan`` and ``warn`` as there)."""
         return abort_stale_uploads(self, older_than, dry_run=dry_run, keep=keep,
                                    doomed=doomed, warn=warn, orphan=orphan,
                                    orphan_after=orphan_after)
