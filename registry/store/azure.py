@@ -53,7 +53,6 @@ from fsspec.asyn import sync
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
-    PointerConflictError,
     RegistryError,
     StorageError,
     StoragePermissionError,
@@ -94,7 +93,7 @@ def _clean(text: str) -> str:
     return _SECRET.sub(lambda m: f"{m.group(1)}=(hidden)", text.split("\n", 1)[0])
 
 
-class AzureStore(Store):
+class AzureStore(condprobe.TokenWrites, Store):
     """A store under ``az://container[/prefix]``."""
 
     condition_names = {"absent": "If-None-Match: *", "match": "If-Match: <ETag>",
@@ -268,27 +267,11 @@ class AzureStore(Store):
         except StorageError:
             return False
 
-    def _conditional(self, key: str, data: bytes, token: str | None) -> None:
-        condprobe.require_preconditions(self)
-        write_token = os.urandom(16).hex()
-        try:
-            with self._translated(key):
-                self.upload(key, data, token=token, write_token=write_token)
-        except ObjectExistsError:
-            if not self.own_write(key, write_token):
-                raise
-
     def create(self, key: str, data: bytes) -> None:
         try:
             self._conditional(key, data, None)
         except ObjectExistsError:
             raise ObjectExistsError(f"{key}: already exists", key=key) from None
-
-    def swap(self, key: str, data: bytes, expected: str | None) -> None:
-        try:
-            self._conditional(key, data, expected)
-        except (ObjectExistsError, ObjectNotFoundError):
-            raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """One GET: the body and the ETag of the same blob version."""

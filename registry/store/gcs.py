@@ -34,7 +34,6 @@ from gcsfs.retry import HttpError, validate_response
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
-    PointerConflictError,
     RegistryError,
     StorageError,
     StoragePermissionError,
@@ -66,7 +65,7 @@ def is_transient(exc: BaseException) -> bool:
         unreachable(exc) is not None)
 
 
-class GCSStore(Store):
+class GCSStore(condprobe.TokenWrites, Store):
     """A store under ``gs://bucket[/prefix]``.
 
     Raises:
@@ -254,18 +253,6 @@ class GCSStore(Store):
 
     # -- primitives ----------------------------------------------------------------
 
-    def _conditional(self, key: str, data: bytes, token: str | None) -> None:
-        """A conditional upload; a 412 after a retried request is success when
-        the object there carries this write's token (its first try landed)."""
-        condprobe.require_preconditions(self)
-        write_token = os.urandom(16).hex()
-        try:
-            with self._translated(key):
-                self.upload(key, data, token=token, write_token=write_token)
-        except ObjectExistsError:
-            if not self.own_write(key, write_token):
-                raise
-
     def own_write(self, key: str, write_token: str) -> bool:
         """Whether the object at ``key`` is the one a write with ``write_token`` made."""
         try:
@@ -276,12 +263,6 @@ class GCSStore(Store):
 
     def create(self, key: str, data: bytes) -> None:
         self._conditional(key, data, None)
-
-    def swap(self, key: str, data: bytes, expected: str | None) -> None:
-        try:
-            self._conditional(key, data, expected)
-        except (ObjectExistsError, ObjectNotFoundError):
-            raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """The content and generation of one generation of ``key``: the
