@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import fsspec
 
@@ -37,6 +37,26 @@ from registry.store.translate import translated
 #: bytes read per call when streaming a file (large enough to amortize calls,
 #: small enough to keep memory flat).
 CHUNK = 8 * 1024 * 1024
+
+
+class CommitsOnExit:
+    """``with writer:`` for a writer of one object: ``close()`` (the object lands)
+    when the block ends normally, ``discard()`` (nothing lands) on an error."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
 
 
 @dataclass(frozen=True, slots=True)
