@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import alternating, make_release_dir, prefault, timed  # noqa: E402
-from registry.certs import issue, make_ca  # noqa: E402
+from registry.local_ca import issue, make_ca  # noqa: E402
 from registry.keys import generate
 from registry.trust import load_trust  # noqa: E402
 from registry.pull import pull  # noqa: E402

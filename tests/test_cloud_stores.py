@@ -14,7 +14,6 @@ never printed; and the README's tour (``registry quickstart``) on both.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from datetime import datetime, timedelta, timezone
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from tests.support.azurite import KEY, Azurite
 from tests.support.fakegcs import FakeGCS
 from tests.support.faultproxy import Action, FaultProxy, Request, drop_conditions
 from tests.test_quickstart import check_outcome
+from tests.support.servers import free_port
 
 
 @pytest.mark.parametrize(("url", "want"), [
@@ -61,19 +61,13 @@ def test_bad_urls_are_refused(url: str) -> None:
 # -- the probe ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def gcp_storage_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The PyPI gcp-storage-emulator (in memory, in this process's threads),
     with bucket ``b``; STORAGE_EMULATOR_HOST points at it."""
     from gcp_storage_emulator.server import create_server
 
-    port = _free_port()
+    port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket="b")
     thread = threading.Thread(target=server.start, daemon=True)
     thread.start()

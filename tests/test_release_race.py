@@ -52,7 +52,7 @@ import pytest
 from registry.errors import NotCommittedError, VersionExistsError
 from registry.manifest import MANIFEST
 from registry.release import ModelRelease, release_prefix
-from registry.release.model_release import _dump
+from registry.release.inputs import dump_doc as _dump
 from registry.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
 from registry.verify import is_committed, read_manifest, verify_directory

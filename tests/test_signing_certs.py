@@ -37,7 +37,8 @@ from pathlib import Path
 import pytest
 
 from registry.api import Registry
-from registry.certs import issue, load_certificates, make_ca
+from registry.certs import load_certificates
+from registry.local_ca import issue, make_ca
 from registry.errors import DocumentError, GateFailedError, SignatureError, UsageError
 from registry.keys import generate
 from registry.trust import load_trust

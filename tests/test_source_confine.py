@@ -276,7 +276,7 @@ def test_an_s3_source_replaced_during_the_copy_is_refused(s3_bucket: str,
                                                           tmp_path: Path) -> None:
     url = _s3_source(s3_bucket, checksum=False)
     store = open_store(str(tmp_path / "store"))
-    import registry.release.model_release as mr
+    import registry.release.copying as mr  # the copy loop (_pump) of a release
 
     real_pump = mr._pump
 
@@ -304,7 +304,7 @@ def test_s3_bytes_altered_on_the_way_disagree_with_the_servers_checksum(
     read path) is refused: the copy's sha256 is not the server's."""
     url = _s3_source(s3_bucket, checksum=True)
     store = open_store(str(tmp_path / "store"))
-    import registry.release.model_release as mr
+    import registry.release.copying as mr  # the copy loop (_pump) of a release
 
     real_pump = mr._pump
     lock = threading.Lock()

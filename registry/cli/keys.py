@@ -110,7 +110,7 @@ def keys_ca(
     """Create a local CA (self-signed, P-256) for certificate-signed releases;
     never overwrites a file. Trust its certificate on serving hosts (--trusted-ca)."""
     with error_boundary(as_json):
-        from registry.certs import make_ca
+        from registry.local_ca import make_ca
 
         key, crt, c = make_ca(private_key, subject=subject, cert_path=cert, days=days)
     _cert_out(key, crt, c, as_json, "CA")
@@ -134,7 +134,7 @@ def keys_issue(
     """Create a signing key and its code-signing certificate issued by a local CA
     (for --sign-key/--sign-cert); never overwrites a file."""
     with error_boundary(as_json):
-        from registry.certs import issue
+        from registry.local_ca import issue
 
         key, crt, c = issue(private_key, ca_key=ca, ca_cert=ca_cert, subject=subject,
                             cert_path=cert, days=days)

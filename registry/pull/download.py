@@ -26,11 +26,9 @@ and one block per range.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -42,9 +40,13 @@ from registry.manifest import FileEntry
 from registry.obs.tracing import in_context, traced
 from registry.pull import resume
 from registry.pull.cache import Cache
+# HASH_DEPTH: named in this module's docstring, so importable here too
+from registry.pull.piecechecks import HASH_DEPTH, Hasher, PieceChecks  # noqa: F401
+# bound to this module's names so tests can patch them here (test_fastdigest)
+from registry.pull.localcopy import copy_local as _copy_local
+from registry.pull.localcopy import copy_local_b3 as _copy_local_b3
 from registry.store import Store, join
-from registry.store.durable import _SYNC_FILE_RANGE_WRITE, _sync_file_range
-from registry.verify import default_workers, piece_error
+from registry.verify import default_workers
 
 #: files larger than this (bytes) may be split into parallel byte ranges.
 RANGE_THRESHOLD = 64 * 1024 * 1024
@@ -58,9 +60,6 @@ PROBE_SECONDS = 0.5
 MIN_SPLIT_SECONDS = 1.0
 #: each range must take at least this many times one request's set-up time.
 SPLIT_FACTOR = 10.0
-#: blocks a file's hash may lag behind its download.
-HASH_DEPTH = 3
-
 Progress = Callable[[int], None]
 _ALIGN = 1024 * 1024
 
@@ -97,85 +96,6 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
-
-
-class _Hasher:
-    """sha256 of blocks fed in order, on a helper thread for large files."""
-
-    def __init__(self, pipelined: bool) -> None:
-        self.h = hashlib.sha256()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pull-sha256") if pipelined else None
-        self._pending: deque[Future[None]] = deque()
-
-    def update(self, block: bytes | memoryview) -> None:
-        """``block`` must not change afterwards (bytes, or a view of bytes)."""
-        if self._pool is None:
-            self.h.update(block)
-            return
-        self._pending.append(self._pool.submit(self.h.update, block))
-        while len(self._pending) > HASH_DEPTH:
-            self._pending.popleft().result()
-
-    def close(self) -> None:
-        try:
-            while self._pending:
-                self._pending.popleft().result()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    def hexdigest(self) -> str:
-        self.close()
-        return self.h.hexdigest()
-
-
-class _PieceChecks:
-    """Piece checks of one file (registry.pieces), each started on ``pool`` as
-    soon as every byte of its piece has landed in ``fd``: the piece is hashed
-    back from the page cache, on any free core, while the download goes on.
-    Nothing is hashed in file order, so ranges that land out of order cost no
-    wait and no second pass."""
-
-    def __init__(self, entry: FileEntry, fd: int, pool: ThreadPoolExecutor,
-                 log: resume.PieceLog | None = None) -> None:
-        assert entry.pieces is not None
-        self.entry, self.fd, self.pool, self.log = entry, fd, pool, log
-        self.bounds = entry.pieces.bounds(entry.size)
-        self.futures: dict[int, Future[str | None]] = {}
-
-    def landed(self, spans: list[tuple[int, int]]) -> None:
-        """``spans``: ``[start, end)`` ranges fully written so far."""
-        merged: list[list[int]] = []
-        for a, b in sorted(spans):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            elif b > a:
-                merged.append([a, b])
-        for k, (a, b) in enumerate(self.bounds):
-            if k not in self.futures and any(s <= a and b <= e for s, e in merged):
-                self.futures[k] = self.pool.submit(self._check, k)
-
-    def _check(self, k: int) -> str | None:
-        bad = pc.check_fd(self.fd, self.entry.pieces, self.entry.sha256,  # type: ignore[arg-type]
-                          self.entry.size, k)
-        if bad is None and self.log is not None:
-            self.log.add(k)  # a resumed pull re-checks it all the same (registry.pull.resume)
-        return bad
-
-    def first_error(self) -> IntegrityError | None:
-        """Wait for every started check; the lowest bad piece's error."""
-        bad = None
-        for k in sorted(self.futures):
-            actual = self.futures[k].result()
-            if actual is not None and bad is None:
-                bad = piece_error(self.entry, k, actual)
-        return bad
-
-    def close(self) -> None:
-        for fut in self.futures.values():
-            fut.cancel()
-        wait(list(self.futures.values()))
 
 
 class _Pieces:
@@ -220,7 +140,7 @@ class _Pieces:
                 self.finished[i] = True
                 self.cond.notify_all()
 
-    def hash_in_order(self, fd: int, hasher: _Hasher) -> int:
+    def hash_in_order(self, fd: int, hasher: Hasher) -> int:
         """Hash every range in file order as it lands; returns the bytes landed."""
         got = 0
         for i, (start, end) in enumerate(self.bounds):
@@ -244,7 +164,7 @@ class _Pieces:
                 break
         return got
 
-    def check_as_landed(self, stream_end: int, checks: _PieceChecks) -> int:
+    def check_as_landed(self, stream_end: int, checks: PieceChecks) -> int:
         """Start each piece's check as its ranges land, until every range is
         done; returns the bytes landed in file order from ``stream_end``."""
         while True:
@@ -272,9 +192,9 @@ class _Pieces:
         wait(self.futures)  # fetch() records its errors; none escape
 
 
-def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher, *,
+def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: Hasher, *,
               ranged_pool: ThreadPoolExecutor, workers: int, threshold: int,
-              progress: Progress, checks: _PieceChecks | None = None) -> int:
+              progress: Progress, checks: PieceChecks | None = None) -> int:
     """Stream ``key`` into ``fd``, splitting its tail when that pays; returns
     the bytes received (more than ``entry.size`` when the object is longer).
     Each block goes to ``hasher`` in order, or, with ``checks``, each piece
@@ -331,103 +251,6 @@ def _download(store: Store, key: str, entry: FileEntry, fd: int, hasher: _Hasher
     finally:
         if pieces is not None:
             pieces.close()
-
-
-def _copy_local(src: str, fd: int, entry: FileEntry, checks: _PieceChecks,
-                progress: Progress, *, fsync: bool, chunk: int = 4 * STREAM_CHUNK) -> int:
-    """A local store's file into ``fd`` by ``copy_file_range`` (the kernel
-    copies page cache to page cache, nothing passes through Python), each
-    piece checked once it has landed; returns the bytes copied (one more
-    than ``entry.size`` when the file is longer). With ``fsync``, the
-    writeback of each chunk is started as it lands (the fsync then has
-    less to wait for). Kernels that cannot copy between these files
-    (EXDEV...) raise OSError before any byte: the caller streams instead."""
-    with open(src, "rb", buffering=0) as f:
-        pos = 0
-        want = entry.size + 1  # one byte more: is the file longer?
-        while pos < want:
-            n = os.copy_file_range(f.fileno(), fd, min(chunk, want - pos), pos, pos)
-            if not n:
-                break
-            pos += n
-            progress(min(n, max(0, entry.size - (pos - n))))
-            checks.landed([(0, min(pos, entry.size))])
-            if fsync and _sync_file_range is not None:
-                _sync_file_range(fd, pos - n, n, _SYNC_FILE_RANGE_WRITE)
-    return pos
-
-
-#: :func:`_copy_local_b3`: bytes per copy_file_range call, and chunks a
-#: file's BLAKE3 may lag behind its copy.
-B3_CHUNK = 16 * 1024 * 1024
-B3_DEPTH = 4
-
-
-def _copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
-                   fsync: bool, chunk: int = B3_CHUNK) -> tuple[int, str | None]:
-    """A local store's file into the empty file ``fd`` by ``copy_file_range``
-    on this thread, while a helper thread computes the BLAKE3
-    (registry.fastdigest) of each chunk as it lands, read back from ``fd``
-    (the page cache the kernel just filled) into one reused buffer. The two
-    run on two cores. Nothing is mapped: a mapping of the whole file cost a
-    page fault per page and address space per byte (issue 43), and a
-    buffer of ``chunk`` bytes is all the hash needs.
-
-    Returns:
-        ``(bytes copied, blake3 hex)``: one byte more than ``entry.size``
-        when the file is longer; the digest is None unless exactly
-        ``entry.size`` bytes landed.
-
-    Raises:
-        OSError: as ``copy_file_range``; EXDEV/EINVAL/ENOSYS/EOPNOTSUPP
-            before any byte (the caller streams instead; ``fd`` is left
-            empty).
-    """
-    size = entry.size
-    h = fastdigest.hasher()
-    buf = memoryview(bytearray(min(chunk, max(size, 1))))
-    pending: deque[Future[None]] = deque()
-    pos = 0
-
-    def hash_back(a: int, b: int) -> None:
-        """BLAKE3 of ``fd``'s bytes ``[a, b)``, in order (one helper thread)."""
-        while a < b:
-            n = os.preadv(fd, [buf[:min(len(buf), b - a)]], a)
-            if n <= 0:  # cannot happen to a file only this pull writes: fail the digest
-                raise OSError(errno.EIO, f"{entry.path}: short read at {a}")
-            h.update(buf[:n])
-            a += n
-
-    try:
-        with open(src, "rb", buffering=0) as f, \
-                ThreadPoolExecutor(1, thread_name_prefix="pull-blake3") as hashing:
-            try:
-                want = size + 1  # one byte more: is the file longer?
-                while pos < want:
-                    try:
-                        n = os.copy_file_range(f.fileno(), fd, min(chunk, want - pos), pos, pos)
-                    except OSError:
-                        if pos == 0:
-                            os.ftruncate(fd, 0)
-                        raise
-                    if not n:
-                        break
-                    a, b = pos, min(pos + n, size)
-                    pos += n
-                    if b > a:
-                        pending.append(hashing.submit(hash_back, a, b))
-                        progress(b - a)
-                    if fsync and _sync_file_range is not None:
-                        _sync_file_range(fd, a, n, _SYNC_FILE_RANGE_WRITE)
-                    while len(pending) > B3_DEPTH:
-                        pending.popleft().result()
-            finally:
-                wait(list(pending))  # nothing reads the buffer after this
-            for done in pending:
-                done.result()
-    finally:
-        pending.clear()
-    return pos, (str(h.hexdigest()) if pos == size else None)
 
 
 @traced("registry.fetch", child_only=True)
@@ -489,7 +312,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
            if dest is None and by_pieces else None)
     kept = created = keep_partial = False
     threshold = RANGE_THRESHOLD if range_threshold is None else range_threshold
-    hasher = _Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)
+    hasher = Hasher(pipelined=entry.size > STREAM_CHUNK and not by_pieces)
     own_pool = None
     if by_pieces and verify_pool is None:
         verify_pool = own_pool = ThreadPoolExecutor(default_workers(os.cpu_count() or 1),
@@ -499,7 +322,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
         fd = os.open(tmp, flags | (0 if resumed else os.O_TRUNC if dest is None
                                    else os.O_EXCL), 0o644)
         created = True
-        checks = (_PieceChecks(entry, fd, verify_pool, log)  # type: ignore[arg-type]
+        checks = (PieceChecks(entry, fd, verify_pool, log)  # type: ignore[arg-type]
                   if by_pieces else None)
         # BLAKE3 only for a file placed straight into a target: a blob is named
         # by its sha256, so a blob is only ever kept after its sha256 was checked

@@ -59,6 +59,7 @@ from registry.release.shards import ShardPlan
 from registry.release.source_check import HashedSource
 from registry.safetensors_format import SafetensorsHeader, TensorInfo
 from registry.store import Store, join
+from registry.store.ranges import SeekableRaw
 
 __all__ = ["DcpWeights", "MODEL_KEY"]
 
@@ -99,29 +100,18 @@ def _well_formed(md: Any) -> bool:
                 and dims(getattr(c, "sizes", None)) for c in chunks))
 
 
-class _Window(io.RawIOBase):
+class _Window(SeekableRaw):
     """Bytes ``[offset, offset + length)`` of ``src`` as a file of their own
     (what torch.load reads a chunk's record from, without a copy of it)."""
 
+    clamp = True
+
     def __init__(self, src: HashedSource, offset: int, length: int, *, where: str) -> None:
-        self._src, self._off, self._len, self._pos, self._where = src, offset, length, 0, where
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._len}[whence]
-        self._pos = min(max(0, base + offset), self._len)
-        return self._pos
+        super().__init__(length)
+        self._src, self._off, self._where = src, offset, where
 
     def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")[:self._len - self._pos]
+        view = memoryview(buffer).cast("B")[:self._size - self._pos]
         if not len(view):
             return 0
         self._src.seek(self._off + self._pos)
@@ -130,7 +120,7 @@ class _Window(io.RawIOBase):
             n = self._src.readinto(view[got:])
             if not n:
                 raise CheckpointError(f"{self._src.path}: ends before byte "
-                                      f"{self._off + self._len} ({self._where})")
+                                      f"{self._off + self._size} ({self._where})")
             got += n
         self._pos += got
         return got

@@ -14,17 +14,15 @@ staging + rename locally), so a version is published exactly once.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
-from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from registry.actor import actor_metadata, current_actor
-from registry import limits, numbers
-from registry import gates, schemas
+from registry import limits
+from registry import schemas
 from registry.aliases import check_version_name
 from registry.checkpoint.layout import TINYLLM, Layout
 from registry.checkpoint.tree import CheckpointTree
@@ -32,26 +30,33 @@ from registry import sequence
 from registry.commit import DirectoryWriter
 from registry.errors import (
     DocumentError,
-    IntegrityError,
     NotCommittedError,
     ObjectNotFoundError,
-    RegistryError,
     UsageError,
     VersionExistsError,
 )
-from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
+from registry.gates import ReleaseFacts, Threshold
 from registry.layout import release_prefix, run_root
-from registry.ledger import revoked_reasons
-from registry.lifecycle.tombstone import check_version_free, refuse_deleted
-from registry.lifecycle.yank import yank_gate
-from registry.manifest import MANIFEST, Manifest, list_local_files, utc_now
-from registry.modeldir import HIDDEN_KEYS, check_files, check_other_weights, hidden_size
+from registry.lifecycle.tombstone import check_version_free
+from registry.manifest import MANIFEST, list_local_files, utc_now
+from registry.modeldir import check_files, check_other_weights
 from registry.names import check_name, model_from_key
 from registry.obs.tracing import traced
-from registry.release import policy
 from registry.release import code as release_code
 from registry.release import signature_gate
 from registry.release.card import render_card
+from registry.release.checks import ReleaseChecks
+from registry.release.copying import copy_file
+from registry.release.inputs import (  # noqa: F401 - stored_code_gate: re-exported
+    check_source_bytes,
+    config_dtype,
+    dump_doc,
+    load_doc,
+    release_inputs,
+    source_run_id,
+    stored_code_gate,
+)
+from registry.release.result import ReleaseResult
 from registry.release.convert import (
     AUTO,
     dtype_label,
@@ -65,15 +70,14 @@ from registry.release.step_source import check_step_source, missing_step
 from registry.checkpoint.loongsage_format import DIST
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
-from registry.release.source_check import object_before, read_checked, verify_object
+from registry.release.source_check import read_checked
 from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
 from registry.model_sig import SIGNATURE
-from registry.sourcecheck import SourceHashes
 from registry.sourcedir import SourceRule
 from registry.progress import NULL, Progress
 from registry.store import LocalStore, Store, join, open_store
 from registry.store.source import SourceDirStore
-from registry.verify import read_manifest, require_verified
+from registry.verify import require_verified
 
 if TYPE_CHECKING:
     from registry.trust import Trust
@@ -82,64 +86,7 @@ CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer
 RESERVED = {MANIFEST, "ledger.json", "MODEL_CARD.md"}
 
 
-@dataclass(frozen=True, slots=True)
-class ReleaseResult:
-    """A committed release: its names, URL, manifest and the gates it passed."""
-
-    model_id: str
-    version: str
-    url: str
-    manifest: Manifest
-    gates: tuple[GateResult, ...] = field(default=())
-    #: ``(link, target)`` of each symbolic link publish followed out of its
-    #: source directory (``follow_symlinks``, registry.sourcedir).
-    followed: tuple[tuple[str, str], ...] = field(default=())
-    #: ``(path, means)`` for each file read from an S3 source without a
-    #: manifest: the server's checksums compared (``"crc32"``, ``"md5"``,
-    #: ``"sha256+md5"`` ...) or ``"read twice"`` where it keeps none
-    #: (registry.release.source_check.verify_object, issue 47).
-    source_checks: tuple[tuple[str, str], ...] = field(default=())
-    #: ``(format, paths)`` of each set of weights other than the safetensors
-    #: that ``include`` let through (registry.modeldir.check_other_weights).
-    other_weights: tuple[tuple[str, tuple[str, ...]], ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"model_id": self.model_id, "version": self.version, "url": self.url,
-               "manifest_sha256": self.manifest.digest, "files": len(self.manifest.files),
-               "bytes": self.manifest.total_size, "source": self.manifest.meta.get("source"),
-               "gates": [g.to_dict() for g in self.gates]}
-        if self.other_weights:
-            out["other_weights"] = {k: list(v) for k, v in self.other_weights}
-        if self.source_checks:
-            out["source_checks"] = dict(self.source_checks)
-        if self.followed:
-            out["followed_symlinks"] = [{"link": a, "target": b} for a, b in self.followed]
-        return out
-
-
-def load_doc(value: Any, *, what: str) -> tuple[Any, str]:
-    """A JSON document given inline or as a file path: ``(document, where)``.
-
-    Raises:
-        DocumentError: the file is missing, not UTF-8 or not JSON.
-    """
-    if isinstance(value, _StoredDoc):
-        return schemas.load_json(value.data, path=value.where), value.where
-    if isinstance(value, (str, os.PathLike)):
-        try:
-            with open(value, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise DocumentError(str(value), f"cannot read {what}: {e.strerror}") from None
-        return schemas.load_json(data, path=str(value)), str(value)
-    return numbers.plain_copy(value, path=what), what
-
-
-def _dump(doc: Any) -> bytes:
-    return (numbers.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
-
-
-class ModelRelease:
+class ModelRelease(ReleaseChecks):
     """Creates and checks releases in one store.
 
     Args:
@@ -155,45 +102,6 @@ class ModelRelease:
         self.on_commit: list[Callable[[ReleaseResult], None]] = []
         #: told the gates as decided, then the files and bytes as written
         self.progress: Progress = NULL
-
-    # -- inputs and gates --------------------------------------------------------
-
-    def _facts(self, *, card: str | None, ledger: Any, evals: Any) -> ReleaseFacts:
-        rows, ledger_error = _validated(ledger, "ledger.json", schemas.validate_ledger)
-        summary, evals_error = _validated(evals, "evals/summary.json",
-                                          schemas.validate_eval_summary)
-        return ReleaseFacts(card, rows, ledger_error, summary, evals_error)
-
-    def _gate(self, model_id: str, where: str, facts: ReleaseFacts,
-              require: Iterable[Threshold | str], *,
-              signer: signature_gate.Signer | None = None,
-              carries_signature: bool = False, code_found: dict[str, Any] | None = None,
-              forbid_code: bool = False) -> tuple[GateResult, ...]:
-        thresholds = policy.thresholds(self.store, model_id, extra=require)
-        results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
-        results += signature_gate.publish_gate(self.store, model_id, signer,
-                                                carries_signature=carries_signature)
-        if code_found is not None and (forbid_code or policy.forbids_code(self.store, model_id)):
-            results.append(release_code.gate_code(code_found))
-        self.progress.gates(results)  # as decided, passing or not
-        if not gates.passed(results):
-            raise GateFailedError(where, results)
-        return tuple(results)
-
-    def _heads(self, heads: Iterable[Any], config: Mapping[str, Any]) -> list[dict[str, Any]]:
-        docs, seen = [], set()
-        size = hidden_size(dict(config))
-        for h in heads:
-            doc, where = load_doc(h, what="linear head")
-            if size is None:
-                raise DocumentError(where, "config.json has no hidden size to check the head "
-                                           f"against (none of {', '.join(HIDDEN_KEYS)})")
-            schemas.validate_linear_head(doc, path=where, hidden_size=size)
-            if doc["name"] in seen:
-                raise DocumentError(where, f"head name {doc['name']!r} given twice")
-            seen.add(doc["name"])
-            docs.append(doc)
-        return docs
 
     # -- creating ----------------------------------------------------------------
 
@@ -273,7 +181,7 @@ class ModelRelease:
             TorchUnavailableError: ``dist_ckpt`` without PyTorch.
         """
         prefix = release_prefix(model_id, version)
-        ledger, eval_summary = _inputs(ledger, eval_summary)
+        ledger, eval_summary = release_inputs(ledger, eval_summary)
         self._refuse_existing(prefix)
         if checkpoint_root is None and run_id is None:
             raise UsageError("run_id is required for a run's checkpoints (runs/<run>/ckpt)")
@@ -283,7 +191,7 @@ class ModelRelease:
             src_manifest = require_verified(self.store, tree.prefix(step), full=True)
         except NotCommittedError:
             raise missing_step(tree, run_id, step) from None
-        run_id = _source_run(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
+        run_id = source_run_id(run_id, src_manifest, self.store.url_of(tree.prefix(step)))
         source = {"run_id": run_id, "step": step, "manifest_sha256": src_manifest.digest}
         if layout.name == "loongsage":
             subdir = choose_part(subdir or "auto", src_manifest,
@@ -395,7 +303,7 @@ class ModelRelease:
         ``followed`` (registry.sourcedir, docs/confinement.md).
         """
         prefix = release_prefix(model_id, version)
-        ledger, eval_summary = _inputs(ledger, eval_summary)
+        ledger, eval_summary = release_inputs(ledger, eval_summary)
         self._refuse_existing(prefix)
         url = os.fspath(model_dir)
         check_step_source(url)  # inside a checkpoint step: only from a committed one
@@ -503,9 +411,9 @@ class ModelRelease:
         if generation_config is not None:
             doc, gwhere = load_doc(generation_config, what="generation_config.json")
             schemas.validate(doc, "generation-config", path=gwhere)
-            extra["generation_config.json"] = _dump(doc)
+            extra["generation_config.json"] = dump_doc(doc)
         if tokenizer_config is not None:
-            extra["tokenizer_config.json"] = _dump(load_doc(tokenizer_config,
+            extra["tokenizer_config.json"] = dump_doc(load_doc(tokenizer_config,
                                                             what="tokenizer_config.json")[0])
         head_docs = self._heads(heads, config)
         # What will be stored, per tensor group and file (int4 refuses a plan
@@ -519,7 +427,7 @@ class ModelRelease:
                   else shard_plan.groups)
         new_config = released_config(config, dtype=dtype, groups=groups, group_size=group_size)
         if new_config is not None:
-            _check_source_bytes(config_raw, digests, "config.json", f"{where}/config.json")
+            check_source_bytes(config_raw, digests, "config.json", f"{where}/config.json")
             extra["config.json"] = new_config
         facts = self._facts(card=card, ledger=ledger, evals=evals)
         if card is None and facts.evals is not None and facts.ledger is not None:
@@ -530,7 +438,7 @@ class ModelRelease:
                 "parameter_count": weights.parameter_count,
                 "weight_files": (weight_files(weights) if shard_plan is None
                                  else shard_plan.files),
-                "config_dtype": _config_dtype(json.loads(new_config) if new_config else config),
+                "config_dtype": config_dtype(json.loads(new_config) if new_config else config),
                 "off_seed_dtypes": sorted({g["stored"] for g in groups
                                            if off_seed(g["stored"])}),
                 "evals": facts.evals, "ledger": facts.ledger, "heads": head_docs,
@@ -550,9 +458,9 @@ class ModelRelease:
                          and not n.startswith("evals/") and not n.startswith("heads/")
                          and (copy_all or n in CARRIED) and n not in extra
                          and not (n == SIGNATURE and signer is not None))
-        docs = {"MODEL_CARD.md": card.encode(), "ledger.json": _dump(facts.ledger),
-                "evals/summary.json": _dump(facts.evals),
-                **{f"heads/{h['name']}.json": _dump(h) for h in head_docs}}
+        docs = {"MODEL_CARD.md": card.encode(), "ledger.json": dump_doc(facts.ledger),
+                "evals/summary.json": dump_doc(facts.evals),
+                **{f"heads/{h['name']}.json": dump_doc(h) for h in head_docs}}
         planned = ({n: names[n] for n in weights.files} if shard_plan is None
                    else {f["path"]: f["bytes"] or 0 for f in shard_plan.files})
         planned |= {n: names[n] for n in carried} | {n: len(b) for n, b in extra.items()}
@@ -567,11 +475,11 @@ class ModelRelease:
             # against a streamed read when the source has none (publish).
             if shard_plan is None:
                 for name in weights.files:
-                    _copy(src_store, join(src, name), w, name, digests, checks)
+                    copy_file(src_store, join(src, name), w, name, digests, checks)
             else:  # converted, re-packed, or a format engines refuse: metadata fixed
                 shard_plan.write(w, digests, checks)
             for name in carried:
-                _copy(src_store, join(src, name), w, name, digests, checks)
+                copy_file(src_store, join(src, name), w, name, digests, checks)
             for name, data in extra.items():
                 w.write_bytes(name, data)
             for name, data in docs.items():
@@ -593,186 +501,4 @@ class ModelRelease:
             hook(result)
         return result
 
-    # -- checking committed releases ----------------------------------------------
 
-    def facts(self, model_id: str, version: str) -> ReleaseFacts:
-        """The gate facts of a committed release, read from the store.
-
-        Raises:
-            NotCommittedError, ManifestError: the release is not committed.
-        """
-        prefix = release_prefix(model_id, version)
-        manifest = require_verified(self.store, prefix, full=False)
-        listed = {e.path for e in manifest.files}
-
-        def read(name: str) -> bytes | None:
-            return self.store.read_bytes(join(prefix, name)) if name in listed else None
-
-        card_bytes = read("MODEL_CARD.md")
-        card = card_bytes.decode("utf-8", "replace") if card_bytes is not None else None
-        return self._facts(card=card, ledger=_stored(read("ledger.json"), prefix, "ledger.json",
-                                                     self.store),
-                           evals=_stored(read("evals/summary.json"), prefix,
-                                         "evals/summary.json", self.store))
-
-    @traced("registry.gates")
-    def check(self, model_id: str, version: str,
-              require: Iterable[Threshold | str] = ()) -> list[GateResult]:
-        """Re-evaluate every gate of a committed release against the live ledger
-        and the model's policy (plus ``require``).
-
-        Raises:
-            ReleaseDeletedError: the release was deleted (its tombstone).
-            NotCommittedError, ManifestError: it is not committed.
-        """
-        refuse_deleted(self.store, model_id, version)
-        facts = self.facts(model_id, version)
-        thresholds = policy.thresholds(self.store, model_id, extra=require)
-        results = gates.evaluate(facts, revoked=revoked_reasons(self.store), require=thresholds)
-        return (results + signature_gate.stored_gate(self.store, model_id, version)
-                + stored_code_gate(self.store, model_id, version)
-                + yank_gate(self.store, model_id, version))
-
-
-def stored_code(store: Store, model_id: str, version: str) -> dict[str, Any]:
-    """:func:`registry.release.code.code_files` of a committed release (its
-    manifest's paths; config.json and tokenizer_config.json read bounded)."""
-    prefix = release_prefix(model_id, version)
-    manifest = read_manifest(store, prefix)
-    return release_code.code_files(
-        [e.path for e in manifest.files],
-        lambda n: store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
-
-
-def stored_code_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
-    """The ``code`` gate of a committed release when its policy forbids code, else []."""
-    if not policy.forbids_code(store, model_id):
-        return []
-    return [release_code.gate_code(stored_code(store, model_id, version))]
-
-
-def _inputs(ledger: Any, eval_summary: Any) -> tuple[Any, Any]:
-    """The ledger and eval summary given to a new release, loaded and validated
-    *before* any gate runs or any weight is read: a file that is missing,
-    unreadable, not JSON or breaks its schema is the caller's input error
-    (DocumentError naming the file and the rule), not a failing gate. ``None``
-    stays None (the gate then says the document is missing)."""
-    docs = []
-    for value, what, validate in ((ledger, "ledger.json", schemas.validate_ledger),
-                                  (eval_summary, "evals/summary.json",
-                                   schemas.validate_eval_summary)):
-        if value is None:
-            docs.append(None)
-            continue
-        doc, where = load_doc(value, what=what)
-        validate(doc, path=where)
-        docs.append(doc)
-    return docs[0], docs[1]
-
-
-def _validated(value: Any, what: str,
-               validate: Callable[..., None]) -> tuple[Any, str | None]:
-    """``(document, None)`` when ``value`` loads and validates, else ``(None, why)``."""
-    if value is None:
-        return None, f"{what} is missing"
-    try:
-        doc, where = load_doc(value, what=what)
-        validate(doc, path=where)
-    except RegistryError as e:
-        return None, str(e)
-    return doc, None
-
-
-class _StoredDoc:
-    """Raw bytes of a document read from a release, with where they came from."""
-
-    def __init__(self, data: bytes, where: str) -> None:
-        self.data = data
-        self.where = where
-
-
-def _stored(data: bytes | None, prefix: str, name: str, store: Store) -> _StoredDoc | None:
-    return None if data is None else _StoredDoc(data, store.url_of(join(prefix, name)))
-
-
-def _copy(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
-          digests: Mapping[str, str] | None = None,
-          checks: dict[str, str] | None = None) -> None:
-    """Copy one source file in (hashed as written); with ``digests`` (the
-    source manifest), the copy's sha256 must be the source's; from S3 without
-    a manifest, the bytes read must be what the server holds by every means
-    it offers (registry.release.source_check.verify_object; the means go to
-    ``checks[relpath]``).
-
-    Raises:
-        IntegrityError: the bytes read differ from the source manifest.
-        SourceChangedError: the source changed while read, or was altered on the way.
-    """
-    local = src_store.local_path(key)
-    if local is not None:
-        w.put_file(relpath, local)  # checked before and after: registry.sourcecheck
-    else:
-        before = object_before(src_store, key)  # S3: ETag, version, checksums
-        hashes = SourceHashes(before)
-        with src_store.open_read(key) as f, \
-                w.open(relpath, size=src_store.info(key).size) as out:
-            _pump(f, _Tee(out, hashes))
-        if before is not None:  # inside the writer: nothing committed
-            means = verify_object(src_store, key, before, hashes, w.entries[relpath].sha256)
-            if checks is not None:
-                checks[relpath] = means
-    expected = (digests or {}).get(relpath)
-    entry = w.entries[relpath]
-    if expected is not None and entry.sha256 != expected:
-        raise IntegrityError(src_store.url_of(key), expected_sha256=expected,
-                             actual_sha256=entry.sha256, actual_size=entry.size,
-                             reason=f"the bytes read differ from the source manifest (sha256 "
-                                    f"{entry.sha256}, expected {expected}); nothing was "
-                                    "committed")
-
-
-class _Tee:
-    """Writes to ``out``, each block also fed to ``hashes``: the bytes
-    compared with the server's values are the bytes written."""
-
-    def __init__(self, out: Any, hashes: SourceHashes) -> None:
-        self._out, self._hashes = out, hashes
-
-    def write(self, block: bytes) -> int:
-        self._hashes.update(block)
-        return self._out.write(block)  # type: ignore[no-any-return]
-
-
-def _config_dtype(config: Mapping[str, Any]) -> str | None:
-    value = config.get("dtype", config.get("torch_dtype"))
-    return value if isinstance(value, str) else None
-
-
-def _check_source_bytes(data: bytes, digests: Mapping[str, str] | None, relpath: str,
-                        where: str) -> None:
-    """Bytes read from a checkpoint to derive a file from must be the ones its
-    manifest lists (IntegrityError otherwise; nothing is committed)."""
-    expected = (digests or {}).get(relpath)
-    actual = hashlib.sha256(data).hexdigest()
-    if expected is not None and actual != expected:
-        raise IntegrityError(where, expected_sha256=expected, actual_sha256=actual,
-                             actual_size=len(data),
-                             reason=f"the bytes read differ from the source manifest (sha256 "
-                                    f"{actual}, expected {expected}); nothing was committed")
-
-
-def _pump(f: IO[bytes], out: Any) -> None:
-    while block := f.read(8 * 1024 * 1024):
-        out.write(block)
-
-
-def _source_run(run_id: str | None, manifest: Manifest, where: str) -> str:
-    """The release's ``source.run_id``: the one the step's manifest records, so
-    that a release and the checkpoint it came from name the same run."""
-    recorded = manifest.meta.get("run_id")
-    if not isinstance(recorded, str):
-        return run_id or ""
-    if run_id is not None and run_id != recorded:
-        raise UsageError(f"{where}/MANIFEST.json: records run_id {recorded!r}, not "
-                         f"{run_id!r}; name that run (or none)")
-    return recorded

@@ -14,15 +14,15 @@ source manifest (or with a separate streamed read) before the commit.
 from __future__ import annotations
 
 import hashlib
-import io
 from typing import IO, Any
 
 from registry.errors import IntegrityError, SourceChangedError
 from registry.sourcecheck import ObjectState, SourceHashes, check_object
 from registry.store.base import CHUNK
+from registry.store.ranges import SeekableRaw
 
 
-class HashedSource(io.RawIOBase):
+class HashedSource(SeekableRaw):
     """A seekable reader over ``f`` (``size`` bytes) that hashes what it serves.
 
     Reads past the hashed prefix first hash the gap (read from ``f``), so the
@@ -32,28 +32,14 @@ class HashedSource(io.RawIOBase):
 
     def __init__(self, f: IO[bytes], size: int, *, path: str,
                  also: SourceHashes | None = None) -> None:
-        self._f, self._size, self.path = f, size, path
+        super().__init__(size)
+        self._f, self.path = f, path
         self._hash = hashlib.sha256()
         #: further hashes fed the same bytes in file order (the server's checksums)
         self.also = also
         #: the source object's state before the read (S3), for verify_object
         self.before: ObjectState | None = None
         self._hashed = 0
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def _fill(self, upto: int) -> None:
         self._f.seek(self._hashed)

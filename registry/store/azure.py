@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from typing import IO, Any, TypeVar
 
 import adlfs
@@ -53,7 +53,6 @@ from fsspec.asyn import sync
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
-    PointerConflictError,
     RegistryError,
     StorageError,
     StoragePermissionError,
@@ -94,7 +93,7 @@ def _clean(text: str) -> str:
     return _SECRET.sub(lambda m: f"{m.group(1)}=(hidden)", text.split("\n", 1)[0])
 
 
-class AzureStore(Store):
+class AzureStore(condprobe.TokenWrites, Store):
     """A store under ``az://container[/prefix]``."""
 
     condition_names = {"absent": "If-None-Match: *", "match": "If-Match: <ETag>",
@@ -268,27 +267,11 @@ class AzureStore(Store):
         except StorageError:
             return False
 
-    def _conditional(self, key: str, data: bytes, token: str | None) -> None:
-        condprobe.require_preconditions(self)
-        write_token = os.urandom(16).hex()
-        try:
-            with self._translated(key):
-                self.upload(key, data, token=token, write_token=write_token)
-        except ObjectExistsError:
-            if not self.own_write(key, write_token):
-                raise
-
     def create(self, key: str, data: bytes) -> None:
         try:
             self._conditional(key, data, None)
         except ObjectExistsError:
             raise ObjectExistsError(f"{key}: already exists", key=key) from None
-
-    def swap(self, key: str, data: bytes, expected: str | None) -> None:
-        try:
-            self._conditional(key, data, expected)
-        except (ObjectExistsError, ObjectNotFoundError):
-            raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """One GET: the body and the ETag of the same blob version."""
@@ -347,18 +330,7 @@ class AzureStore(Store):
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One download, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
-        from registry import limits
-        from registry.errors import DocumentError
-
-        cap = limits.MAX_READ_BYTES if limit is None else limit
-        buf = bytearray()
-        with closing(self.iter_read(key)) as blocks:
-            for block in blocks:
-                buf += block
-                if len(buf) > cap:
-                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
-                                        "for a document read whole (registry.limits)")
-        return bytes(buf)
+        return self.read_streamed(key, limit=limit)
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` (fewer at the end, none past it)."""
@@ -378,9 +350,9 @@ class AzureStore(Store):
         yield from self._chunks(key, self._download(key), 0, None, chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
-        from registry.store.s3 import _RangeReader  # reads through self.read_range
+        from registry.store.ranges import RangeReader  # reads through self.read_range
 
-        reader = _RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
+        reader = RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
         return io.BufferedReader(reader, buffer_size=CHUNK)  # type: ignore[return-value]
 
     def open_write(self, key: str, *, exclusive: bool = False,

@@ -26,6 +26,7 @@ from typing import Any
 from azure.storage.blob import BlobBlock
 
 from registry.errors import ObjectExistsError, StorageError
+from registry.store.base import CommitsOnExit
 
 #: bytes per staged block, and blocks in flight per store.
 BLOCK = 8 * 1024 * 1024
@@ -42,7 +43,7 @@ def _slots(store: Any) -> threading.BoundedSemaphore:
         return slots  # type: ignore[no-any-return]
 
 
-class BlockWriter:
+class BlockWriter(CommitsOnExit):
     """``write`` copies into the block being filled; ``close`` commits the
     blob (durable on return); ``discard`` leaves nothing visible. ``etag``:
     the committed blob's ETag, quotes stripped (a listing's version token)."""
@@ -162,11 +163,3 @@ class BlockWriter:
         while self._pending:
             self._pending.popleft().cancel()
 
-    def __enter__(self) -> BlockWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()

@@ -24,8 +24,9 @@ import hashlib
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import fsspec
 
@@ -36,6 +37,26 @@ from registry.store.translate import translated
 #: bytes read per call when streaming a file (large enough to amortize calls,
 #: small enough to keep memory flat).
 CHUNK = 8 * 1024 * 1024
+
+
+class CommitsOnExit:
+    """``with writer:`` for a writer of one object: ``close()`` (the object lands)
+    when the block ends normally, ``discard()`` (nothing lands) on an error."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,9 +281,24 @@ class Store(ABC):
         with self.open_read(key) as f:
             data = limits.read_at_most(f, cap)
         if len(data) > cap:
-            raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
-                                                  "a document read whole (registry.limits)")
+            raise self._too_long(key, cap)
         return data
+
+    def read_streamed(self, key: str, *, limit: int | None = None) -> bytes:
+        """:meth:`read_bytes` by one streamed read (:meth:`iter_read`: one GET
+        on an object store), stopped once past ``limit``; raises as it."""
+        cap = limits.MAX_READ_BYTES if limit is None else limit
+        buf = bytearray()
+        with closing(self.iter_read(key)) as blocks:
+            for block in blocks:
+                buf += block
+                if len(buf) > cap:
+                    raise self._too_long(key, cap)
+        return bytes(buf)
+
+    def _too_long(self, key: str, cap: int) -> DocumentError:
+        return DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
+                                               "a document read whole (registry.limits)")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """Replace ``key`` with ``data`` (durable on return).

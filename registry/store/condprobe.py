@@ -40,11 +40,17 @@ the service's ``REGISTRY_<SERVICE>_SINGLE_WRITER=1``).
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
-from typing import Protocol
+from typing import Any, Protocol
 
-from registry.errors import ConditionalWritesUnsupportedError, ObjectExistsError
+from registry.errors import (
+    ConditionalWritesUnsupportedError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PointerConflictError,
+)
 
 
 class Refused(ObjectExistsError):
@@ -161,3 +167,31 @@ def require_preconditions(store: ProbedStore) -> None:
             "conditional writes. Use a compliant service, or accept the risk for a "
             f"single-writer setup with {store.opt_out_env}=1 (open_store(..., "
             "single_writer=True))", key="")
+
+
+class TokenWrites:
+    """The conditional writes of a GCS or Azure store, on its ``upload(key, data,
+    token=..., write_token=...)`` (``token``: None for create-only, else the version
+    the object must still have) and ``own_write(key, write_token)``."""
+
+    upload: Any
+    own_write: Any
+    _translated: Any
+
+    def _conditional(self, key: str, data: bytes, token: str | None) -> None:
+        """A conditional upload; a refusal after a retried request is success when
+        the object there carries this write's token (its first try landed)."""
+        require_preconditions(self)  # type: ignore[arg-type]
+        write_token = os.urandom(16).hex()
+        try:
+            with self._translated(key):
+                self.upload(key, data, token=token, write_token=write_token)
+        except ObjectExistsError:
+            if not self.own_write(key, write_token):
+                raise
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        try:
+            self._conditional(key, data, expected)
+        except (ObjectExistsError, ObjectNotFoundError):
+            raise PointerConflictError(key, expected=expected, actual="(changed)") from None

@@ -22,7 +22,7 @@ import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from datetime import datetime
 from typing import IO, Any
 
@@ -31,12 +31,9 @@ import gcsfs.core
 from fsspec.asyn import sync
 from gcsfs.retry import HttpError, validate_response
 
-from registry import limits
 from registry.errors import (
-    DocumentError,
     ObjectExistsError,
     ObjectNotFoundError,
-    PointerConflictError,
     RegistryError,
     StorageError,
     StoragePermissionError,
@@ -44,7 +41,7 @@ from registry.errors import (
 )
 from registry.store import condprobe
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
-from registry.store.s3 import _RangeReader, range_answer_ok  # reads through read_range
+from registry.store.ranges import RangeReader, range_answer_ok  # reads through read_range
 from registry.store.s3retry import RetryPolicy
 from registry.store.translate import unreachable
 
@@ -68,7 +65,7 @@ def is_transient(exc: BaseException) -> bool:
         unreachable(exc) is not None)
 
 
-class GCSStore(Store):
+class GCSStore(condprobe.TokenWrites, Store):
     """A store under ``gs://bucket[/prefix]``.
 
     Raises:
@@ -256,18 +253,6 @@ class GCSStore(Store):
 
     # -- primitives ----------------------------------------------------------------
 
-    def _conditional(self, key: str, data: bytes, token: str | None) -> None:
-        """A conditional upload; a 412 after a retried request is success when
-        the object there carries this write's token (its first try landed)."""
-        condprobe.require_preconditions(self)
-        write_token = os.urandom(16).hex()
-        try:
-            with self._translated(key):
-                self.upload(key, data, token=token, write_token=write_token)
-        except ObjectExistsError:
-            if not self.own_write(key, write_token):
-                raise
-
     def own_write(self, key: str, write_token: str) -> bool:
         """Whether the object at ``key`` is the one a write with ``write_token`` made."""
         try:
@@ -278,12 +263,6 @@ class GCSStore(Store):
 
     def create(self, key: str, data: bytes) -> None:
         self._conditional(key, data, None)
-
-    def swap(self, key: str, data: bytes, expected: str | None) -> None:
-        try:
-            self._conditional(key, data, expected)
-        except (ObjectExistsError, ObjectNotFoundError):
-            raise PointerConflictError(key, expected=expected, actual="(changed)") from None
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """The content and generation of one generation of ``key``: the
@@ -296,20 +275,12 @@ class GCSStore(Store):
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One streamed GET, stopped after ``limit`` bytes (see :meth:`Store.read_bytes`)."""
-        cap = limits.MAX_READ_BYTES if limit is None else limit
-        buf = bytearray()
-        with closing(self.iter_read(key)) as blocks:
-            for block in blocks:
-                buf += block
-                if len(buf) > cap:
-                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
-                                        "for a document read whole (registry.limits)")
-        return bytes(buf)
+        return self.read_streamed(key, limit=limit)
 
     def _check_range(self, key: str, status: int, headers: Any, start: int, end: int,
                      whole: int | None = None) -> None:
         """A ranged GET must answer 206 with the requested ``Content-Range``
-        (registry.store.s3.range_answer_ok); a 200 with the whole object is
+        (registry.store.ranges.range_answer_ok); a 200 with the whole object is
         taken only when the range asked for covers it (``whole``: its length)."""
         got = headers.get("Content-Range", "")
         if range_answer_ok(status, got, start, end) or (
@@ -408,7 +379,7 @@ class GCSStore(Store):
         yield from self._stream(key, self._media(key), chunk)
 
     def open_read(self, key: str) -> IO[bytes]:
-        reader = _RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
+        reader = RangeReader(self, key, self.info(key).size)  # type: ignore[arg-type]
         return io.BufferedReader(reader, buffer_size=CHUNK)  # type: ignore[return-value]
 
     def open_write(self, key: str, *, exclusive: bool = False,

@@ -30,12 +30,13 @@ import gcsfs.core
 
 from registry.errors import ObjectExistsError, ObjectNotFoundError, StorageError
 from registry.store import condprobe
+from registry.store.base import CommitsOnExit
 
 #: bytes per chunk of a resumable upload (a multiple of 256 KiB, as GCS requires).
 CHUNK = 8 * 1024 * 1024
 
 
-class GCSWriter:
+class GCSWriter(CommitsOnExit):
     """``write`` copies into the chunk being filled; a full chunk is sent
     while the caller goes on. ``close`` finishes the object (durable on
     return); ``discard`` cancels the session. ``etag`` is the finished
@@ -219,11 +220,3 @@ class GCSWriter:
             except Exception:  # noqa: BLE001 - GCS answers 499 to a cancel
                 pass
 
-    def __enter__(self) -> GCSWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()

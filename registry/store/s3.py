@@ -12,23 +12,19 @@ parts go out in parallel while the caller keeps producing the next one).
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import errno
 import io
 import threading
 import time
 from concurrent.futures import Future
 from collections.abc import Iterator
 import os
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from typing import IO, Any
 
 import s3fs
 from fsspec.asyn import sync
 
-from registry import limits
 from registry.errors import (
-    DocumentError,
     ObjectExistsError,
     ObjectNotFoundError,
     PointerConflictError,
@@ -36,6 +32,8 @@ from registry.errors import (
 )
 from registry.sourcecheck import ObjectState, object_state
 from registry.store import s3session, s3upload
+from registry.store.ranges import RangeReader, range_answer_ok
+from registry.store.s3abort import abort_stale_uploads
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, timeouts
@@ -217,7 +215,7 @@ class S3Store(Store):
         takes a 200 with the whole object as the range), buffered by
         ``PART_SIZE`` bytes of read-ahead."""
         size = self.info(key).size
-        return io.BufferedReader(_RangeReader(self, key, size),  # type: ignore[return-value]
+        return io.BufferedReader(RangeReader(self, key, size),  # type: ignore[return-value]
                                  buffer_size=s3upload.PART_SIZE)
 
     def _ranged_body(self, key: str, start: int, end: int) -> Any | None:
@@ -274,15 +272,7 @@ class S3Store(Store):
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """One streamed GET, stopped after ``limit`` bytes (see
         :meth:`Store.read_bytes`)."""
-        cap = limits.MAX_READ_BYTES if limit is None else limit
-        buf = bytearray()
-        with closing(self.iter_read(key)) as blocks:
-            for block in blocks:
-                buf += block
-                if len(buf) > cap:
-                    raise DocumentError(self.url_of(key), f"larger than the {cap}-byte limit "
-                                        "for a document read whole (registry.limits)")
-        return bytes(buf)
+        return self.read_streamed(key, limit=limit)
 
     def iter_read(self, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
         """Stream ``key`` with one GET (not a ranged request per block, as a
@@ -318,60 +308,12 @@ class S3Store(Store):
                             keep: Any = None, doomed: Any = None,
                             warn: Any = None, orphan: Any = None,
                             orphan_after: float = 0.0) -> list[str]:
-        """Abort the multipart uploads under this store's prefix that nobody
-        will complete: started more than ``older_than`` seconds ago by the
-        server's clock (the listing's own time, not this host's), unless
-        ``keep(key)`` spares them (a key under a live claim); or at once,
-        whatever their age, when ``doomed(key)`` says their writer's claim is
-        gone (an upload belongs to the claim of the directory its key lies
-        in); or, when ``orphan(key)`` says no claim covers it at all (every
-        writer claims its directory before its first upload), once its own
-        age passes ``orphan_after`` seconds (issue 47: a writer killed with
-        its server restarted leaves such uploads; no fixed hour). Returns the
-        keys of the uploads aborted (or that would be).
-
-        A server without ListMultipartUploads (s3rver; some gateways answer
-        501 NotImplemented) is skipped: ``warn(message)`` is told so, naming
-        the operation, and nothing is aborted.
-        """
-        base = self._key("")
-        args: dict[str, Any] = {"Prefix": base + "/" if base else ""}
-        now = time.time()
-        out = []
-        while True:
-            try:
-                page = self.call("list_multipart_uploads", **args)
-            except Exception as exc:
-                if not _unimplemented(exc):
-                    with self._translated("/"):
-                        raise
-                if warn is not None:
-                    warn(f"{self.where}: the server does not implement ListMultipartUploads "
-                         f"({s3_error_code(exc) or type(exc).__name__}); unfinished multipart "
-                         "uploads cannot be listed there, so none were aborted (use the "
-                         "bucket's lifecycle rule AbortIncompleteMultipartUpload)")
-                return out
-            served = _served_at(page, now)
-            for u in page.get("Uploads", []):
-                key = u["Key"][len(args["Prefix"]):]
-                age = served - u["Initiated"].timestamp()
-                if not (doomed and doomed(key)) and not (
-                        orphan and age >= orphan_after and orphan(key)):
-                    if age < older_than or (keep and keep(key)):
-                        continue
-                if not dry_run:
-                    with self._translated(key):
-                        try:
-                            self.call("abort_multipart_upload", Key=u["Key"],
-                                      UploadId=u["UploadId"])
-                        except Exception as exc:
-                            if s3_error_code(exc) != "NoSuchUpload":
-                                raise
-                out.append(key)
-            if not page.get("IsTruncated"):
-                return out
-            args["KeyMarker"] = page.get("NextKeyMarker")
-            args["UploadIdMarker"] = page.get("NextUploadIdMarker")
+        """Abort the multipart uploads under this store's prefix that nobody will
+        complete (:func:`registry.store.s3abort.abort_stale_uploads`: by the
+        server's clock; ``keep``, ``doomed``, ``orphan`` and ``warn`` as there)."""
+        return abort_stale_uploads(self, older_than, dry_run=dry_run, keep=keep,
+                                   doomed=doomed, warn=warn, orphan=orphan,
+                                   orphan_after=orphan_after)
 
     def own_write(self, key: str, token: str, *, data: bytes | None = None,
                   etag: str | None = None) -> bool:
@@ -513,74 +455,6 @@ class S3Store(Store):
                 raise StorageError(f"{self.url_of(first.get('Key', prefix))} in {self.where}: "
                                    f"delete failed ({first.get('Code')})", key=prefix)
         self.delete(prefix)
-
-
-def range_answer_ok(status: int | None, content_range: str, start: int, end: int) -> bool:
-    """Whether an answer to a GET of bytes ``[start, end)`` is that range:
-    206 with ``Content-Range: bytes start-last/total``, ``last`` being
-    ``end - 1`` or the object's last byte (also the GCS store's check)."""
-    if status != 206 or not content_range.startswith("bytes "):
-        return False
-    span, _, total = content_range[6:].partition("/")
-    first, _, last = span.partition("-")
-    try:
-        size = int(total) if total != "*" else end
-        return int(first) == start and int(last) == min(end, size) - 1
-    except ValueError:
-        return False
-
-
-class _RangeReader(io.RawIOBase):
-    """Raw reads of one object by checked ranged GETs (see ``S3Store.open_read``)."""
-
-    def __init__(self, store: S3Store, key: str, size: int) -> None:
-        self._store, self._key, self._size, self._pos = store, key, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = min(len(view), self._size - self._pos)
-        if n <= 0:
-            return 0
-        data = self._store.read_range(self._key, self._pos, self._pos + n)
-        view[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
-def _unimplemented(exc: BaseException) -> bool:
-    """The server does not implement the operation (501 NotImplemented, 405,
-    or s3fs's ENOSYS translation of them)."""
-    if isinstance(exc, NotImplementedError):
-        return True
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSYS:
-        return True
-    return s3_error_code(exc) in ("NotImplemented", "501", "MethodNotAllowed", "405")
-
-
-def _served_at(page: dict[str, Any], fallback: float) -> float:
-    """The server's time of an answer (its ``Date`` header), so ages are
-    compared on the server's clock alone; ``fallback`` when it sent none."""
-    date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-    if date:
-        try:
-            return email.utils.parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError):
-            pass
-    return fallback
 
 
 def _filesystem(options: dict[str, Any]) -> s3fs.S3FileSystem:

