@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from registry.commit import commit_local_directory  # noqa: E402
+from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.pull.cache_admin import PullCache  # noqa: E402
 from registry.release import release_prefix  # noqa: E402

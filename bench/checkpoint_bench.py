@@ -39,7 +39,7 @@ import safetensors.numpy
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from registry.checkpoint import CheckpointManager  # noqa: E402
-from registry.verify import verify_directory  # noqa: E402
+from registry.protocol.verify import verify_directory  # noqa: E402
 
 MIB = 1024 * 1024
 

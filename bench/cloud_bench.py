@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from bench.harness import MIB, make_release_dir, timed  # noqa: E402
-from registry.commit import commit_local_directory  # noqa: E402
+from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
 

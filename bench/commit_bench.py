@@ -142,7 +142,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     setup: Callable[[], Any]
     op: Callable[[Any], Any]
     if what == "ours-local":
-        from registry.commit import commit_local_directory
+        from registry.protocol.commit import commit_local_directory
         from registry.store import open_store
 
         def setup() -> Any:
@@ -152,7 +152,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             return commit_local_directory(store, src, PREFIX, kind="checkpoint",
                                           run_id="bench", step=1)
     elif what == "sha256-only":
-        from registry.manifest import build_manifest
+        from registry.protocol.manifest import build_manifest
 
         def setup() -> Any:
             return None
@@ -160,7 +160,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         def op(_: Any) -> Any:
             return build_manifest(src, "checkpoint", run_id="bench", step=1)
     elif what == "ours-s3":
-        from registry.commit import commit_local_directory
+        from registry.protocol.commit import commit_local_directory
         from registry.store import open_store
 
         def setup() -> Any:

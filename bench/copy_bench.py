@@ -97,7 +97,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).with_name("results-copy.json")))
     args = ap.parse_args()
-    from registry.commit import commit_local_directory
+    from registry.protocol.commit import commit_local_directory
     from registry.pull import pull
     from registry.store import open_store
     from tests.support.seaweed import SeaweedServer

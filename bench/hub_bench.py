@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import make_release_dir  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
 from registry.store import open_store  # noqa: E402
-from registry.verify import read_manifest  # noqa: E402
+from registry.protocol.verify import read_manifest  # noqa: E402
 from tests.release_util import ledger_row, summary  # noqa: E402
 from tests.support.faultproxy import FaultProxy  # noqa: E402
 from tests.support.s3server import S3Server  # noqa: E402

@@ -310,7 +310,7 @@ def main() -> int:
     global PEER_PYTHON
     PEER_PYTHON = args.peer_python
     from bench.llama_dir import make_llama_dir
-    from registry.commit import commit_local_directory
+    from registry.protocol.commit import commit_local_directory
     from registry.store import open_store
     results: dict[str, Any] = {"size_mib": args.size_mib, "shards": args.shards,
                                "cpus": os.cpu_count(), "load_before": os.getloadavg(),

@@ -103,7 +103,7 @@ def synthetic(path: Path, size_mib: int) -> Path:
     """A model directory whose weights are ``size_mib`` MiB of F32 in 64 MiB tensors."""
     import numpy as np
 
-    from registry.safetensors_io import LazyTensor, write_safetensors
+    from registry.formats.safetensors_io import LazyTensor, write_safetensors
     rng = np.random.default_rng(0)
     path.mkdir(parents=True)
     rows = 64 * 1024 * 1024 // 4 // 4096

@@ -36,13 +36,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from registry import hashing  # noqa: E402
+from registry.protocol import hashing  # noqa: E402
 from bench.harness import prefault  # noqa: E402
-from registry.commit import commit_local_directory  # noqa: E402
-from registry.pieces import ChainHasher  # noqa: E402
+from registry.protocol.commit import commit_local_directory  # noqa: E402
+from registry.protocol.pieces import ChainHasher  # noqa: E402
 from registry.store import open_store  # noqa: E402
 from registry.store.writepath import write_path  # noqa: E402
-from registry.verify import verify_directory  # noqa: E402
+from registry.protocol.verify import verify_directory  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -84,7 +84,7 @@ def commit(store_root: Path, src: Path, step: int, *, pieces: bool,
            release: bool = False) -> tuple[float, float]:
     """Wall seconds and CPU seconds (this process, all threads) of one commit:
     a checkpoint, or with ``release`` a release (whose files also get their
-    BLAKE3, registry.fastdigest, on a helper thread)."""
+    BLAKE3, registry.protocol.fastdigest, on a helper thread)."""
     store = open_store(str(store_root))
     hashing.ChainHasher = ChainHasher if pieces else _Today  # type: ignore[misc]
     if release:

@@ -8,7 +8,7 @@ same run: ``cp -r`` of the same bytes (local) and s3fs ``get(recursive=True)``
 pull runs with the default (every byte fsynced), against ``cp -r && sync``,
 and with ``fsync=False`` (``--no-fsync``), against ``cp -r`` (issue 19, item 3).
 Every byte is verified: large files by their piece states on every core
-(registry.pieces), as they land. Floors measured in the same run: the disk's
+(registry.protocol.pieces), as they land. Floors measured in the same run: the disk's
 (raw write + fsync of the same bytes), and the sha256 of the largest file
 on one core (what a pull without piece states could not beat). The CPU
 count and the load average are printed with the figures.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.floor import disk_floor  # noqa: E402
 from bench.harness import MIB, make_release_dir, prefault, timed  # noqa: E402
-from registry.commit import commit_local_directory  # noqa: E402
+from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
 
@@ -163,7 +163,7 @@ def main() -> int:
         tmp = Path(t)
         src = tmp / "release"
         make_release_dir(src, args.size_mib)
-        from registry.manifest import hash_file
+        from registry.protocol.manifest import hash_file
         results["sha256_largest_seconds"] = min(
             timed(lambda: hash_file(src / "model.safetensors")) for _ in range(3))
         import blake3
@@ -180,7 +180,7 @@ def main() -> int:
             lambda dest: subprocess.run(["cp", "-r", str(release), str(dest)], check=True),
             lambda dest: subprocess.run(f"cp -r '{release}' '{dest}' && sync", shell=True,
                                         check=True))
-        from registry.verify import verify_directory
+        from registry.protocol.verify import verify_directory
         lstore = open_store(str(local_store))
         verify_directory(lstore, "models/bench/1", full=True)  # into the page cache
         results["verify_all_cores_seconds"] = min(

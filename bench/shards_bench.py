@@ -58,8 +58,8 @@ TENSOR_MIB = 64
 def make_sharded_dir(path: Path, size_mib: int, shards: int) -> None:
     """``shards`` shards of F32 tensors (64 MiB each, ``[rows, 4096]``) totalling
     ``size_mib`` MiB, their index and a Llama-like config.json."""
-    from registry.safetensors_io import LazyTensor, write_safetensors
-    from registry.weights import index_bytes, shard_name
+    from registry.formats.safetensors_io import LazyTensor, write_safetensors
+    from registry.formats.weights import index_bytes, shard_name
 
     path.mkdir(parents=True)
     per_shard = max(1, size_mib // TENSOR_MIB // shards)

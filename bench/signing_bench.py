@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import alternating, make_release_dir, prefault, timed  # noqa: E402
-from registry.local_ca import issue, make_ca  # noqa: E402
-from registry.keys import generate
+from registry.trust.local_ca import issue, make_ca  # noqa: E402
+from registry.trust.keys import generate
 from registry.trust import load_trust  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
-from registry.model_sig import precheck, sign_entries, verify_bytes  # noqa: E402
+from registry.trust.model_sig import precheck, sign_entries, verify_bytes  # noqa: E402
 from registry.store import open_store  # noqa: E402
 from tests.release_util import ledger_row, summary  # noqa: E402
 
@@ -115,7 +115,7 @@ def main() -> int:
         total = sum(e.size for e in manifest.files)
         for i, pair in enumerate(alternating(args.repeat)):
             # A signed pull checks the sha256 the signature covers; an unsigned
-            # pull from a local store checks BLAKE3 (registry.fastdigest). The
+            # pull from a local store checks BLAKE3 (registry.protocol.fastdigest). The
             # signature's own cost is measured against an unsigned pull doing
             # the same sha256 work (REGISTRY_PULL_DIGEST=sha256); the default
             # unsigned pull is a third arm, reported.

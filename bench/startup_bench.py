@@ -41,7 +41,7 @@ def _world(work: Path) -> tuple[str, str]:
     import numpy as np
 
     from registry.api import Registry
-    from registry.safetensors_io import write_safetensors
+    from registry.formats.safetensors_io import write_safetensors
 
     src = work / "model"
     src.mkdir()

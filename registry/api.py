@@ -24,12 +24,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from registry import limits
-from registry.api_aliases import AliasMixin
-from registry.layout import release_prefix
-from registry.names import check_model_id, check_name
-from registry.api_lifecycle import LifecycleMixin
-from registry.aliases import parse_ref, resolve
+from registry.rules import limits
+from registry.facade.api_aliases import AliasMixin
+from registry.protocol.layout import release_prefix
+from registry.rules.names import check_model_id, check_name
+from registry.facade.api_lifecycle import LifecycleMixin
+from registry.refs.aliases import parse_ref, resolve
 from registry.checkpoint import CheckpointManager, SaveResult
 from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
@@ -42,7 +42,7 @@ from registry.errors import (
     StorageError,
     UnknownModelError,
 )
-from registry.gates import GateResult, Threshold
+from registry.gating.gates import GateResult, Threshold
 from registry.index import Index, queries
 from registry.pull import PullResult, pull
 from registry.pull.cache_admin import PullCache
@@ -56,22 +56,22 @@ from registry.index.record import (
     record_release,
     record_revocation,
 )
-from registry.certs import Certificate
-from registry.keys import PublicKey
-from registry.ledger import Revocation, revoke
+from registry.trust.certs import Certificate
+from registry.trust.keys import PublicKey
+from registry.gating.ledger import Revocation, revoke
 from registry.release import ModelRelease, ReleaseResult
-from registry.progress import NULL, Progress
+from registry.obs.progress import NULL, Progress
 from registry.release.events import release_event
 from registry.release.code import code_files
 from registry.release.model_release import stored_code_gate
 from registry.release.policy import forbids_code, set_policy, signed_by
 from registry.release.signature_gate import signature_info, stored_gate
 from registry.release.convert import stored_summary
-from registry.weights import INDEX, SINGLE, weights_names
-from registry.model_sig import SIGNATURE
-from registry.modeldir import other_weights
+from registry.formats.weights import INDEX, SINGLE, weights_names
+from registry.trust.model_sig import SIGNATURE
+from registry.formats.modeldir import other_weights
 from registry.store import Store, join, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 T = TypeVar("T")
 
@@ -176,12 +176,12 @@ class Registry(AliasMixin, LifecycleMixin):
 
     def create_release(self, run_id: str, step: int, model_id: str, version: str,
                        progress: Progress | None = None, **kw: Any) -> ReleaseResult:
-        """:meth:`ModelRelease.create` (``progress``: registry.progress), then index it."""
+        """:meth:`ModelRelease.create` (``progress``: registry.obs.progress), then index it."""
         return self._releaser(progress).create(run_id, step, model_id, version, **kw)
 
     def publish(self, model_dir: str | os.PathLike[str], model_id: str, version: str,
                 progress: Progress | None = None, **kw: Any) -> ReleaseResult:
-        """:meth:`ModelRelease.publish` (``progress``: registry.progress), then index it."""
+        """:meth:`ModelRelease.publish` (``progress``: registry.obs.progress), then index it."""
         return self._releaser(progress).publish(model_dir, model_id, version, **kw)
 
     def revoke(self, source_id: str, reason: str, *,
@@ -204,10 +204,10 @@ class Registry(AliasMixin, LifecycleMixin):
                    forbid_code: bool = False,
                    protected_aliases: dict[str, list[str]] | None = None) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
-        and CA certificates (``registry.certs.load_anchor``) one of which must
+        and CA certificates (``registry.trust.certs.load_anchor``) one of which must
         have signed every release (the ``signature`` gate), ``forbid_code``
         (the ``code`` gate: no pickle, no remote code) and protected aliases
-        (alias -> key fingerprints, :mod:`registry.alias_sign`); then the index
+        (alias -> key fingerprints, :mod:`registry.trust.alias_sign`); then the index
         and the event ``policy.changed`` (EventNotRecordedError if it fails)."""
         parsed = set_policy(self.store, model_id, require, signed_by, forbid_code=forbid_code,
                             protected_aliases=protected_aliases)
@@ -307,7 +307,7 @@ class Registry(AliasMixin, LifecycleMixin):
         answer must mean "none", never "no such model" (a typo).
 
         Raises:
-            InvalidNameError: ``model_id`` is no model id (registry.names).
+            InvalidNameError: ``model_id`` is no model id (registry.rules.names).
         """
         check_model_id(model_id)
         known = queries.model_ids(s)
@@ -366,7 +366,7 @@ class Registry(AliasMixin, LifecycleMixin):
         (:func:`registry.release.code.code_files`), and the ``code`` gate when
         the policy forbids code; ``other_weights``: ``{format: [paths]}`` of
         the sets of weights beside the safetensors
-        (registry.modeldir.other_weights)."""
+        (registry.formats.modeldir.other_weights)."""
         doc = self._query(lambda s: queries.show(s, model_id, version))
         # the index lists the release's files (it is immutable): a file it
         # lacks is not looked for in the store, a header it has is read once

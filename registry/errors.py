@@ -70,7 +70,7 @@ class UnsafeEntryError(StorageError):
 class SourceChangedError(StorageError):
     """A file of the source changed while publish (or a commit) copied it: its
     size, mtime, ctime or inode on disk, or its ETag, version or checksum on
-    S3, differs after the copy from before it (registry.sourcecheck). Nothing
+    S3, differs after the copy from before it (registry.host.sourcecheck). Nothing
     was committed: what a release holds is what its source held at one
     instant."""
 
@@ -90,7 +90,7 @@ class UsageError(RegistryError, ValueError):
 class UnsafeFileModeError(UsageError):
     """A file or folder the registry must trust (a host's trusted keys, CAs,
     revocations) can be changed by another local user: owned by them, or
-    writable by group or other (:mod:`registry.filemodes`). Exit code 2."""
+    writable by group or other (:mod:`registry.host.filemodes`). Exit code 2."""
 
 
 class InvalidNameError(RegistryError, ValueError):
@@ -257,7 +257,7 @@ class PointerRegressionError(PointerConflictError):
 
 class GateFailedError(RegistryError):
     """A release fails one or more gates; ``results`` holds every check
-    (``registry.gates.GateResult``), failing or not."""
+    (``registry.gating.gates.GateResult``), failing or not."""
 
     def __init__(self, where: str, results: Any) -> None:
         self.where = where
@@ -419,7 +419,7 @@ __all__ = [name for name in dir() if name.endswith("Error")]
 
 class PieceMismatchError(IntegrityError):
     """One piece of a file does not verify against its manifest entry's piece
-    states (registry.pieces); the file's bytes differ from its sha256.
+    states (registry.protocol.pieces); the file's bytes differ from its sha256.
 
     Attributes:
         piece: the piece's index (0-based); ``start``, ``end``: its bytes.

@@ -26,7 +26,7 @@ from tests.support.fakegcs import FakeGCS, fake_gcs_binary
 
 REPO = Path(__file__).resolve().parent.parent
 
-# a developer's own config file (registry.config) never reaches a test: tests
+# a developer's own config file (registry.host.config) never reaches a test: tests
 # that want one set REGISTRY_CONFIG themselves
 os.environ["REGISTRY_CONFIG"] = os.path.join(REPO, ".pytest-no-config", "config.toml")
 os.environ.pop("REGISTRY_PROFILE", None)

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from registry.layout import release_prefix
+from registry.protocol.layout import release_prefix
 from registry.release import ModelRelease
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.release_util import ledger_row, summary
 from tests.support.forkclient import python_run
 

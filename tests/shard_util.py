@@ -10,8 +10,8 @@ from typing import Any
 
 import boto3
 
-from registry.safetensors_io import read_safetensors, write_safetensors
-from registry.weights import INDEX
+from registry.formats.safetensors_io import read_safetensors, write_safetensors
+from registry.formats.weights import INDEX
 
 #: ~420 KB of F32 weights, saved at 100 KB a shard: 6 shards.
 SHARD_SIZE = "100KB"

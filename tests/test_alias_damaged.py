@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from registry.api import Registry
-from registry.layout import alias_key, release_prefix, tombstone_key
-from registry.manifest import MANIFEST
+from registry.protocol.layout import alias_key, release_prefix, tombstone_key
+from registry.protocol.manifest import MANIFEST
 from registry.store import open_store
 from tests.conftest import run_cli_batch
 from tests.lifecycle_util import cli_error, cli_ok, publish
@@ -181,7 +181,7 @@ def store_has(url: str, key: str) -> bool:
 def test_a_long_lived_store_forgets_a_link_once_it_is_gone(tmp_path: Path) -> None:
     """A Store keeps what its listings skipped; an alias named damaged for a
     link at its pointer is not damaged once the link is gone (or replaced)."""
-    from registry.aliases import list_aliases
+    from registry.refs.aliases import list_aliases
 
     url = str(tmp_path / "store")
     with Registry(url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg:

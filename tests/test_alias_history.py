@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete
 
-from registry.alias_history import read_head, version_at, walk
-from registry.aliases import list_aliases, remove_alias, resolve, set_alias
+from registry.refs.alias_history import read_head, version_at, walk
+from registry.refs.aliases import list_aliases, remove_alias, resolve, set_alias
 from registry.api import Registry
-from registry.commit import commit_local_directory
+from registry.protocol.commit import commit_local_directory
 from registry.errors import DocumentError, NameTakenError, NotCommittedError
 from registry.events import iter_events
 from registry.index.alias_moves import alias_moves
@@ -66,7 +66,7 @@ def test_moves_recorded_with_actor_and_event(durable_store_url: str, tmp_path: P
     with pytest.raises(NotCommittedError, match="no alias 'prod'"):
         remove_alias(store, "m", "prod")
     with pytest.raises(NameTakenError):  # a removed alias's name stays reserved
-        from registry.aliases import check_version_name
+        from registry.refs.aliases import check_version_name
         check_version_name(store, "m", "prod")
     assert version_at(moves, moves[1].time) == ("2", moves[1])
     assert version_at(moves, "2000-01-01T00:00:00.000000Z") == (None, None)

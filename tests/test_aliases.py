@@ -2,7 +2,7 @@
 
 The field report: ``registry alias set m 2 1`` was accepted; once version 2
 was published, ``m@2`` silently meant the version while ``alias ls`` still
-showed ``2 -> 1``. The rule (registry.aliases): alias names shaped like a
+showed ``2 -> 1``. The rule (registry.refs.aliases): alias names shaped like a
 version (a digit first, or v + digit) are refused (exit 2); an alias cannot
 take an existing version's name, nor a version an existing alias's (exit 4);
 a legacy clash is refused when resolved (exit 2), never silently picked.
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from registry.aliases import list_aliases, resolve
+from registry.refs.aliases import list_aliases, resolve
 from registry.api import Registry
 from registry.errors import AmbiguousRefError, InvalidNameError, NameTakenError
-from registry.pointer import move_pointer
+from registry.protocol.pointer import move_pointer
 from registry.store import open_store
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary

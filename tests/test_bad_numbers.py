@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from registry.local_ca import make_ca
+from registry.trust.local_ca import make_ca
 from registry.errors import UsageError
-from registry.gc import parse_duration
-from registry.pieces import piece_size
+from registry.lifecycle.gc import parse_duration
+from registry.protocol.pieces import piece_size
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_prune import parse_size
 from registry.store.s3retry import RetryPolicy

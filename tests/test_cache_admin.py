@@ -35,12 +35,12 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from registry import schemas
+from registry.rules import schemas
 from registry.api import Registry
-from registry.commit import commit_local_directory
+from registry.protocol.commit import commit_local_directory
 from registry.errors import UsageError
-from registry.gc import parse_duration
-from registry.manifest import Manifest
+from registry.lifecycle.gc import parse_duration
+from registry.protocol.manifest import Manifest
 from registry.pull import pull
 from registry.pull.cache import Cache
 from registry.pull.cache_admin import PullCache
@@ -48,7 +48,7 @@ from registry.pull.cache_prune import parse_size
 from registry.pull.records import pulling, read_records
 from registry.release import release_prefix
 from registry.store import Store, open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import REPO, run_cli
 from tests.support.forkclient import python_popen, python_run
 

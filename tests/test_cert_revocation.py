@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 
 from registry.errors import DocumentError, SignatureError
-from registry.keys import generate
+from registry.trust.keys import generate
 from registry.trust import load_trust, revoke
-from registry.certs import load_certificates
-from registry.local_ca import make_ca
+from registry.trust.certs import load_certificates
+from registry.trust.local_ca import make_ca
 from registry.pull import pull
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.support.pull_attacks import rewrite
 from tests.test_signing import MODEL, model_dir, publish
@@ -249,8 +249,8 @@ def test_a_tls_server_certificate_cannot_sign_models(local: Store, tmp_path: Pat
     assert not local.exists(f"models/{MODEL}/9/MANIFEST.json")
     # the store writer plants a bundle signed with it (made by the library directly)
     _publish(local, tmp_path, "1", pki)
-    from registry import certs
-    from registry.model_sig import sign_entries
+    from registry.trust import certs
+    from registry.trust.model_sig import sign_entries
     m = read_manifest(local, f"models/{MODEL}/1")
     with monkeypatch.context() as patch:
         patch.setattr(certs, "check_signing_certificate", lambda *a, **k: None)

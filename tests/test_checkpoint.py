@@ -21,9 +21,9 @@ from registry.errors import (
     SchemaValidationError,
     StorageError,
 )
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.store import Store
-from registry.verify import read_manifest, verify_directory
+from registry.protocol.verify import read_manifest, verify_directory
 from tests.ckpt_util import adamw, model, save, trainer_state
 
 ROOT = "runs/r1/ckpt"
@@ -257,7 +257,7 @@ def test_lfs_pointer_in_place_of_weights_is_refused(store: Store, tmp_path: Path
     safetensors header check refuses it before any tensor is read; the step is
     skipped like one that does not verify, and with no older step nothing
     resumes (the reason is kept)."""
-    from registry.commit import DirectoryWriter
+    from registry.protocol.commit import DirectoryWriter
     lfs = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 9\n"
     with DirectoryWriter(store, f"{ROOT}/step-000004", kind="checkpoint",
                          meta={"run_id": "r1", "step": 4}) as w:

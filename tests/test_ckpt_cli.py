@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from registry.checkpoint import CheckpointManager
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.store import open_store
 from tests.ckpt_util import save
 from tests.conftest import run_cli

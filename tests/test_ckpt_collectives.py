@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry.safetensors_io import read_safetensors
+from registry.formats.safetensors_io import read_safetensors
 from registry.store import Store, join, open_store
 from tests.test_loongsage_dcp import committed, job, lines, tracker
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from registry.checkpoint import LOONGSAGE, TINYLLM, CheckpointTree, run_root
-from registry.claim import Claim
+from registry.protocol.claim import Claim
 from registry.store import open_store
 from tests.conftest import REPO, run_cli
 from tests.support.forkclient import python_popen

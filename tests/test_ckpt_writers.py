@@ -35,12 +35,12 @@ from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM, Layout
 from registry.checkpoint.lease import LEASE_NAME, WriterLease
 from registry.checkpoint.loongsage import LoongSageCheckpointer, load_dist_ckpt
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import CommitConflictError, NotCommittedError, RunLeasedError
-from registry.manifest import MANIFEST
-from registry.safetensors_io import read_safetensors
+from registry.protocol.manifest import MANIFEST
+from registry.formats.safetensors_io import read_safetensors
 from registry.store import Store, open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.support.ckpt_race_child import STEP, save_loongsage, save_tinyllm, tensors
 from tests.support.forkclient import python_popen, python_run
 
@@ -378,7 +378,7 @@ def export_only_step(store: Store, tree: CheckpointTree, step: int) -> None:
         return
     import io
 
-    from registry.safetensors_io import write_safetensors
+    from registry.formats.safetensors_io import write_safetensors
     buf = io.BytesIO()
     write_safetensors(buf, weights(0, step), metadata={"format": "pt"}, path="model.safetensors")
     with DirectoryWriter(store, tree.prefix(step), kind="checkpoint",

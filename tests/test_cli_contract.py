@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from registry import schemas
+from registry.rules import schemas
 from registry.api import Registry
 from registry.checkpoint import CheckpointManager
 from registry.cli.errors import EXIT_CODES, EXIT_NOT_INDEXED
@@ -397,7 +397,7 @@ def test_nothing_was_committed_by_refused_commands(results: dict[str, Any]) -> N
         w = results[f"{mode}:world"]
         models = sorted(p.name for p in (w / "artifacts/models").iterdir())
         assert models == ["pub", "rel", "tiny"]
-        # (".sequence": the release counter the two commits moved, registry.sequence)
+        # (".sequence": the release counter the two commits moved, registry.protocol.sequence)
         assert sorted(p.name for p in (w / "artifacts/models/pub").iterdir()) == [
             ".sequence", "1", "10"]
         assert sorted(p.name for p in (w / "artifacts/models/rel").iterdir()) == [
@@ -456,7 +456,7 @@ def test_every_command_prints_one_json_document_on_success(tmp_path: Path) -> No
     assert docs["pull tiny@prod"]["passing"] is False
     assert docs["pull tiny@prod"]["failing_gates"][0]["gate"] == "ledger"
     # ledger revoke lists the aliases now pointing at failing versions
-    # (each revocation records who revoked it, registry.actor; docs/lifecycle.md)
+    # (each revocation records who revoked it, registry.host.actor; docs/lifecycle.md)
     assert all(r.pop("actor")["user"] for r in docs["ledger"])
     assert docs["ledger"] == [{"source_id": "books", "revoked_at": docs["ledger"][0]["revoked_at"],
                                "revocation_reason": "withdrawn"},
@@ -549,7 +549,7 @@ def test_pull_into_an_immutable_directory_is_one_line_exit_6(tmp_path: Path) -> 
 def test_symlink_loop_is_named_once(tmp_path: Path, link: str) -> None:
     """A symlinked folder leading back to the model directory (or one holding it)
     is refused in one short line naming the link, not ``up/model/up/model/...``."""
-    from registry.manifest import list_local_files
+    from registry.protocol.manifest import list_local_files
 
     _world(tmp_path)
     model = tmp_path / "looped"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from registry.cli.output import inert, shown
-from registry.redact import redact
+from registry.host.redact import redact
 from registry.store import open_store
 from tests.test_cli_contract import _run as run_batch
 from tests.test_signing import MODEL, model_dir, publish

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from registry.checkpoint.lease import WriterLease
-from registry.claim import Claim
+from registry.protocol.claim import Claim
 from registry.errors import RunLeasedError
-from registry.gc import collect
+from registry.lifecycle.gc import collect
 from registry.store import Store, open_store
-from registry.storeclock import store_time
+from registry.protocol.storeclock import store_time
 from tests.conftest import REPO, proxied
 from tests.support.faultproxy import FaultProxy
 from tests.support.skewproxy import ServerClock

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import (
     ConditionalWritesUnsupportedError,
     InvalidStoreURLError,
@@ -31,7 +31,7 @@ from registry.errors import (
     StoragePermissionError,
 )
 from registry.store import condprobe, open_store, parse_store_url
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli
 from tests.test_aliases import docs, model_dir
 from tests.support.azurite import KEY, Azurite

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from registry.commit import DirectoryWriter, commit_local_directory, delete_directory
+from registry.protocol.commit import DirectoryWriter, commit_local_directory, delete_directory
 from registry.errors import CommitConflictError, PointerError, PointerRegressionError
-from registry.manifest import MANIFEST
-from registry.pointer import move_pointer, read_pointer
+from registry.protocol.manifest import MANIFEST
+from registry.protocol.pointer import move_pointer, read_pointer
 from registry.store import Store
-from registry.verify import is_committed, read_manifest, verify_directory
+from registry.protocol.verify import is_committed, read_manifest, verify_directory
 
 STEP = re.compile(r"step-\d{6,}")
 

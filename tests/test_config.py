@@ -1,4 +1,4 @@
-"""The config file and its profiles (issue 44 item 5; registry.config,
+"""The config file and its profiles (issue 44 item 5; registry.host.config,
 docs/configuration.md#the-config-file): where it is, what it may hold, how it
 is written, and the order a setting is taken in: flag > environment variable >
 profile > built-in default. Commands run in real processes.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import config
+from registry.host import config
 from registry.errors import UnsafeFileModeError, UsageError
 from tests.conftest import REPO, run_cli
 from tests.support.s3server import S3Server

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import UnsafeEntryError
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.release import ModelRelease, release_prefix
 from registry.store import open_store
 from tests.conftest import run_cli

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from registry import hashing
-from registry.commit import DirectoryWriter, commit_local_directory
+from registry.protocol import hashing
+from registry.protocol.commit import DirectoryWriter, commit_local_directory
 from registry.errors import (
     InsufficientSpaceError,
     ObjectNotFoundError,
@@ -24,7 +24,7 @@ from registry.errors import (
 from registry.store import open_store
 from registry.store import local as local_mod
 from registry.store.local import _DurableFile
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.support.forkclient import python_run
 
 MIB = 1024 * 1024
@@ -159,12 +159,12 @@ def test_a_direct_copy_hashes_the_buffer_it_wrote(
     """The digest is of what reached the disk: a source that changes while it
     is read still yields a manifest that verifies against the stored bytes.
 
-    The before/after stat check (registry.sourcecheck, issue 29) refuses such
+    The before/after stat check (registry.host.sourcecheck, issue 29) refuses such
     a change when the file's timestamps show it; within the filesystem's
     timestamp granularity they do not, and then this hashing is what keeps the
     manifest true. The stat check is switched off here so that this path is
     tested every time (tests/test_source_confine.py tests the refusal)."""
-    from registry import commit as commit_module
+    from registry.protocol import commit as commit_module
 
     monkeypatch.setattr(commit_module, "check_local", lambda *a, **k: None)
     src, files = _big_dir(tmp_path)
@@ -435,7 +435,7 @@ def test_a_staging_directory_emptied_by_another_process_is_not_committed(
     staged files; the commit must fail, not commit a directory with a file
     missing (found by a break-test)."""
     from registry.store.base import join
-    from registry.verify import is_committed
+    from registry.protocol.verify import is_committed
     store = open_store(durable_store_url)
     w = DirectoryWriter(store, "m/1", kind="release",
                         meta={"model_id": "m", "version": "1", "source": {"uri": "x"}})

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from registry.commit import CLAIM_SUFFIX, DirectoryWriter
+from registry.protocol.commit import CLAIM_SUFFIX, DirectoryWriter
 from registry.errors import CommitConflictError
-from registry.manifest import MANIFEST
-from registry.pointer import move_pointer, read_pointer
+from registry.protocol.manifest import MANIFEST
+from registry.protocol.pointer import move_pointer, read_pointer
 from registry.store import Store, open_store
-from registry.verify import is_committed, verify_directory
+from registry.protocol.verify import is_committed, verify_directory
 from tests.conftest import run_cli
 from tests.support.commit_child import CKPT, CRASH_FILES, LATEST, STEP2, step_order
 from tests.support.forkclient import python_run

@@ -41,7 +41,7 @@ def test_every_registry_error_maps_to_a_one_line_message_and_exit_code(
         capsys: pytest.CaptureFixture[str]) -> None:
     import registry.api  # noqa: F401  (load every module that may define errors)
     import registry.examples.tinytrainer  # noqa: F401
-    import registry.quickstart  # noqa: F401
+    import registry.examples.quickstart  # noqa: F401
     classes = sorted(_subclasses(E.RegistryError) | {E.RegistryError}, key=lambda c: c.__name__)
     assert len(classes) > 20
     for cls in classes:
@@ -113,7 +113,7 @@ def test_real_help_matches_docs_cli_and_shows_the_fields_metavars(path: list[str
 
 def test_docs_error_table_lists_every_exit_code_the_cli_uses() -> None:
     from registry.cli.errors import EXIT_NOT_INDEXED, EXIT_USAGE
-    from registry.interrupt import EXIT_SIGINT, EXIT_SIGTERM
+    from registry.host.interrupt import EXIT_SIGINT, EXIT_SIGTERM
 
     section = (DOCS / "errors.md").read_text()
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}

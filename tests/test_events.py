@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from registry import errors as E
-from registry.actor import ACTOR_ENV, current_actor, describe
+from registry.host.actor import ACTOR_ENV, current_actor, describe
 from registry.events import EVENT_NAMES, append_event, iter_events, read_event
 from registry.events.log import event_numbers
-from registry.layout import event_key
+from registry.protocol.layout import event_key
 from registry.store import Store, open_store
 from tests.conftest import run_cli
 from tests.support.forkclient import python_popen
@@ -163,7 +163,7 @@ def test_gc_never_follows_a_temporary_file_that_became_a_link(
     gc's listing and its delete: the link itself is removed (unlink never
     follows), its target is untouched, the other leftovers still go and the
     events stay."""
-    from registry.gc import collect
+    from registry.lifecycle.gc import collect
 
     url = str(tmp_path / "store")
     with open_store(url) as store:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from registry.actor import actor_of_metadata
+from registry.host.actor import actor_of_metadata
 from registry.api import Registry
 from registry.events import iter_events
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.test_aliases import docs, model_dir, publish_api
 
@@ -119,7 +119,7 @@ def test_events_ls_text_has_no_python_reprs(tmp_path: Path) -> None:
 def _drop_events(url: str, *names_: str) -> None:
     """Delete the events named ``names_`` from the log: the writes stand, their
     events were lost (as when an append failed after the write committed)."""
-    from registry.layout import event_key
+    from registry.protocol.layout import event_key
 
     with open_store(url) as store:
         for e in list(iter_events(store)):

@@ -1,4 +1,4 @@
-"""BLAKE3 beside sha256 (registry.fastdigest, issue 19 item 3).
+"""BLAKE3 beside sha256 (registry.protocol.fastdigest, issue 19 item 3).
 
 * A release's manifest records the BLAKE3 of every file of at least 1 MiB,
   equal to the BLAKE3 of the stored bytes; checkpoints and small files get none.
@@ -24,13 +24,13 @@ import blake3
 import pytest
 
 import registry.pull.download as download
-from registry import pieces
-from registry.commit import commit_local_directory
+from registry.protocol import pieces
+from registry.protocol.commit import commit_local_directory
 from registry.errors import InsufficientSpaceError, IntegrityError
-from registry.manifest import MANIFEST, parse_manifest
+from registry.protocol.manifest import MANIFEST, parse_manifest
 from registry.pull import pull
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 
 MODEL = "fast"
@@ -259,7 +259,7 @@ def test_signed_pull_checks_the_sha256_the_signature_covers(local: Store, tmp_pa
     """The attacker rewrites the weights and the ``blake3`` field (not the
     sha256, which the signature covers): a signed pull is not fooled."""
     pytest.importorskip("model_signing")
-    from registry.keys import generate
+    from registry.trust.keys import generate
     from registry.trust import load_trust
     from registry.release import ModelRelease
     from tests.release_util import ledger_row, summary
@@ -303,7 +303,7 @@ def _safetensors() -> bytes:
 
     import numpy as np
 
-    from registry.safetensors_io import write_safetensors
+    from registry.formats.safetensors_io import write_safetensors
     buf = io.BytesIO()
     write_safetensors(buf, {"w": np.ones((8, 8), dtype=np.float32)},
                       metadata={"format": "pt"}, path="model.safetensors")
@@ -322,7 +322,7 @@ def test_a_signed_repull_rehashes_what_a_blake3_pull_placed(local: Store, tmp_pa
     pytest.importorskip("model_signing")
     monkeypatch.setenv("REGISTRY_CACHE_TRUST_STAMPS", "1")  # else every re-pull re-hashes
     from registry.errors import CommitConflictError
-    from registry.keys import generate
+    from registry.trust.keys import generate
     from registry.trust import load_trust
     from registry.release import ModelRelease
     from tests.release_util import ledger_row, summary

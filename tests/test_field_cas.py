@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from registry.alias_history import read_head
-from registry.commit import commit_local_directory
-from registry.pointer import read_pointer
+from registry.refs.alias_history import read_head
+from registry.protocol.commit import commit_local_directory
+from registry.protocol.pointer import read_pointer
 from registry.store import open_store
 from tests.conftest import REPO
 from tests.support.forkclient import python_popen, python_run
@@ -60,7 +60,7 @@ def test_a_dead_writers_lock_is_broken(tmp_path: Path) -> None:
     import os
     import socket
 
-    from registry.pointer import move_pointer
+    from registry.protocol.pointer import move_pointer
     store = open_store(str(tmp_path / "store"))
     move_pointer(store, "p", "a")
     dead = python_run([sys.executable, "-c", "import os; print(os.getpid())"],

@@ -18,11 +18,11 @@ import sys
 import threading
 import time
 
-from registry.claim import Claim
-from registry.commit import DirectoryWriter
+from registry.protocol.claim import Claim
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import CommitConflictError, ObjectExistsError
 from registry.store import open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import REPO, run_cli
 from tests.support.forkclient import python_popen
 

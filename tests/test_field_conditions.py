@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from registry.alias_history import read_head
-from registry.aliases import set_alias
+from registry.refs.alias_history import read_head
+from registry.refs.aliases import set_alias
 from registry.errors import ConditionalWritesUnsupportedError
-from registry.ledger import revoke
+from registry.gating.ledger import revoke
 from registry.store import open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import REPO, proxied
 from tests.support.faultproxy import Action, FaultProxy, Request, drop_conditions
 from tests.test_loongsage import gate_files, hf_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import ObjectNotFoundError, StorageError
-from registry.ledger import revoke
+from registry.gating.ledger import revoke
 from registry.store import open_store
 from tests.conftest import free_port, proxied, run_cli
 from tests.support import moto_process

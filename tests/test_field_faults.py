@@ -42,15 +42,15 @@ import boto3
 import pytest
 
 import registry.store.s3upload as s3mod
-from registry.alias_history import read_head
-from registry.aliases import set_alias
-from registry.commit import commit_local_directory
+from registry.refs.alias_history import read_head
+from registry.refs.aliases import set_alias
+from registry.protocol.commit import commit_local_directory
 from registry.errors import RegistryError
-from registry.pointer import read_pointer
+from registry.protocol.pointer import read_pointer
 from registry.pull import pull
 from registry.store import Store, open_store
 from registry.store.s3probe import forget
-from registry.verify import is_committed, read_manifest, verify_directory
+from registry.protocol.verify import is_committed, read_manifest, verify_directory
 from tests.support import moto_process
 from tests.support.faultproxy import Action, FaultProxy, Request
 

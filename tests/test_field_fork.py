@@ -9,11 +9,11 @@ import multiprocessing
 import traceback
 from pathlib import Path
 
-from registry.alias_history import read_head
+from registry.refs.alias_history import read_head
 from registry.api import Registry
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.store import Store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.test_release import checkpoint, release
 
 FORK = multiprocessing.get_context("fork")

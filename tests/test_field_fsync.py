@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import registry.store.local as local_mod
-from registry.aliases import set_alias
-from registry.commit import commit_local_directory
+from registry.refs.aliases import set_alias
+from registry.protocol.commit import commit_local_directory
 from registry.store import open_store
 
 NESTED = ["model.safetensors", "evals/summary.json", "heads/sentiment.json",

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import boto3
 
-from registry.gc import collect
-from registry.ledger import revocations, revoke
+from registry.lifecycle.gc import collect
+from registry.gating.ledger import revocations, revoke
 from registry.release import ModelRelease
 from registry.store import Store, open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.test_loongsage import hf_dir

@@ -147,7 +147,7 @@ def test_gc_aborts_stale_multipart_uploads(s3_bucket: str) -> None:
     """moto reports a fixed ``Initiated`` (2010-11-10), so every upload looks
     old there: what this checks is that gc aborts a killed writer's upload under
     the store's prefix, and spares one under a live claim or outside the prefix."""
-    from registry.claim import Claim
+    from registry.protocol.claim import Claim
 
     url = f"s3://{s3_bucket}/root"
     c = boto3.client("s3")

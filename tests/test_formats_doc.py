@@ -19,7 +19,7 @@ import pytest
 
 from registry.api import Registry
 from registry.checkpoint import CheckpointManager
-from registry.claim import Claim
+from registry.protocol.claim import Claim
 from registry.store import open_store
 from tests.ckpt_util import save
 from tests.release_util import ledger_row, summary
@@ -66,7 +66,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         reg.set_policy("tiny", ["accuracy>=0.5"])
         reg.delete_release("tiny", "1", "gone")
         reg.revoke("wiki", "withdrawn")
-    from registry.keys import generate
+    from registry.trust.keys import generate
     from registry.trust.snapshot import sign_snapshot
 
     key, _, _ = generate(root / "snapshot.pem", public_path=root / "snapshot.pub")

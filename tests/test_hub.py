@@ -273,7 +273,7 @@ def test_signatures_are_required_when_keys_are_trusted(shared: tuple[str, str, P
                                                       tmp_path: Path,
                                                       srcs: dict[str, Path]) -> None:
     pytest.importorskip("model_signing")
-    from registry.keys import generate
+    from registry.trust.keys import generate
 
     local_store = shared[0]
     (tmp_path / "k").mkdir()

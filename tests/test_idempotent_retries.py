@@ -11,10 +11,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from registry.commit import commit_local_directory
+from registry.protocol.commit import commit_local_directory
 from registry.errors import ObjectExistsError, PointerConflictError
 from registry.store import Store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import proxied
 from tests.support.faultproxy import Action, FaultProxy, Request
 from tests.support.skewproxy import OpaqueETags

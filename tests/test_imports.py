@@ -196,7 +196,7 @@ def test_the_name_check_sees_a_lazy_import_of_a_moved_name(tmp_path: Path):
 
 
 def test_package_names_load_on_first_use_and_all_resolve():
-    # registry.lazy: `import registry` (and the two lazy subpackages) load none
+    # registry.host.lazy: `import registry` (and the two lazy subpackages) load none
     # of what they export; every exported name then resolves to its module's.
     out = _run("import json, sys, importlib, registry, registry.checkpoint, registry.release\n"
                "before = sorted(m for m in sys.modules if m.startswith(('registry.', 'numpy')))\n"
@@ -205,7 +205,7 @@ def test_package_names_load_on_first_use_and_all_resolve():
                "         for n in p.__all__)\n"
                "print(json.dumps([before, ok, sorted(registry.checkpoint.__all__)]))")
     before, ok, names = json.loads(out)
-    want = {"registry.checkpoint", "registry.lazy", "registry.release"}
+    want = {"registry.checkpoint", "registry.host.lazy", "registry.release"}
     want |= {m.rpartition(".")[0] for m in want if m.count(".") > 1}  # a room of lazy's
     assert before == sorted(want), before
     assert ok and "CheckpointManager" in names and "run_root" in names

@@ -25,7 +25,7 @@ run as real ``python -m registry`` processes.
 
 Semantics: a revocation makes a version stop passing at once; ``--require``
 thresholds; per-model policy; the index's passing set equals
-``registry.gates.evaluate`` on the store (``ModelRelease.check``) for a zoo of
+``registry.gating.gates.evaluate`` on the store (``ModelRelease.check``) for a zoo of
 releases (failing evals, bad ledgers, missing card, sources revoked later,
 policy failures -- releases a gate would refuse are committed directly with the
 commit protocol, as an import by another tool would); ``diff``.
@@ -55,18 +55,18 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, MetaData, create_engine, inspect, select, text
 
-from registry.alias_history import read_head
+from registry.refs.alias_history import read_head
 from registry.api import IndexWriteWarning, Registry
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import IndexOutOfDateError
-from registry.gates import passed
+from registry.gating.gates import passed
 from registry.index import Index
 from registry.index import schema as t
 from registry.index.db import SCHEMA_HEAD, _alembic_config, head_revision
 from registry.index.queries import checkpoints
 from registry.release import ModelRelease
 from registry.store import Store, open_store
-from registry.verify import read_manifest, verify_directory
+from registry.protocol.verify import read_manifest, verify_directory
 from tests.ckpt_util import save
 from tests.conftest import POSTGRES, run_cli, run_cli_batch
 from tests.release_util import head, ledger_row, summary, summary2
@@ -90,7 +90,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> None:
         now[0] += timedelta(seconds=1)
         return now[0].strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    monkeypatch.setattr("registry.manifest.utc_now", tick)
+    monkeypatch.setattr("registry.protocol.manifest.utc_now", tick)
 
 
 @contextmanager
@@ -621,7 +621,7 @@ def test_same_second_releases_keep_their_order_after_rebuild(
     (a script publishing 9 then 10) must be ordered the same by the incremental
     index and by a rebuild -- the index is a function of the store."""
     store_url = str(tmp_path / "store")
-    monkeypatch.setattr("registry.manifest.utc_now", lambda: "2026-11-29T12:00:00Z")
+    monkeypatch.setattr("registry.protocol.manifest.utc_now", lambda: "2026-11-29T12:00:00Z")
     with Registry(store_url, db=db_url) as reg:
         checkpoint(reg)
         for v in ("9", "10"):
@@ -760,7 +760,7 @@ REQUIRES: list[tuple[str, ...]] = [(), ("accuracy>=0.85",), ("copy/accuracy<=0.9
 
 def assert_index_agrees_with_gates(reg: Registry) -> set[tuple[str, str, bool]]:
     """For every committed release and every extra requirement: in the index's
-    passing set iff registry.gates.evaluate (ModelRelease.check) passes on the store;
+    passing set iff registry.gating.gates.evaluate (ModelRelease.check) passes on the store;
     show's gates are evaluate's gates. Returns (model, version, passing) with no extra."""
     store = reg.store
     check = ModelRelease(store)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import make_store_url
 from tests.release_util import ledger_row, summary
 from tests.support.forkclient import python_run

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.aliases import set_alias
-from registry.keys import generate
+from registry.refs.aliases import set_alias
+from registry.trust.keys import generate
 from registry.lifecycle.yank import yank
 from registry.store import open_store
 from tests.hub_util import publish, release_files, tiny_bert

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.aliases import list_aliases
+from registry.refs.aliases import list_aliases
 from registry.api import Registry
 from registry.errors import (
     GateFailedError,
@@ -24,10 +24,10 @@ from registry.errors import (
     UsageError,
     VersionExistsError,
 )
-from registry.layout import release_prefix, tags_key, tombstone_key, yank_key
+from registry.protocol.layout import release_prefix, tags_key, tombstone_key, yank_key
 from registry.events import iter_events
 from registry.lifecycle.yank import yank_record
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.store import open_store
 from tests.conftest import run_cli, run_cli_batch
 from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish
@@ -303,7 +303,7 @@ def test_an_alias_move_that_meets_a_tombstone_waits_for_the_delete_to_settle(
     MANIFEST.json): the move is undone and ReleaseDeletedError raised."""
     import threading
 
-    import registry.aliases as aliases_mod
+    import registry.refs.aliases as aliases_mod
 
     url = str(tmp_path / "store")
     with Registry(url, db=_db(tmp_path)) as reg:

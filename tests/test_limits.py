@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from registry import limits, schemas
-from registry.aliases import set_alias
+from registry.rules import limits, schemas
+from registry.refs.aliases import set_alias
 from registry.errors import DocumentError, ManifestError
-from registry.manifest import MANIFEST, FileEntry, Manifest, _plain_entry, parse_manifest
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, _plain_entry, parse_manifest
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.test_cli_contract import _run as run_batch
 from tests.test_signing import MODEL, model_dir, publish
 

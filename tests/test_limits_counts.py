@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.errors import DocumentError, RegistryError, SafetensorsError
-from registry.layout import alias_key
-from registry.pointer import read_pointer
-from registry.safetensors_io import read_header
+from registry.protocol.layout import alias_key
+from registry.protocol.pointer import read_pointer
+from registry.formats.safetensors_io import read_header
 from registry.store import Store
-from registry.weights import read_index
+from registry.formats.weights import read_index
 from tests.test_cli_contract import _run as run_batch
 from tests.test_signing import MODEL, gate_files, model_dir, publish
 

@@ -28,14 +28,14 @@ from registry.errors import (
     ReleaseYankedError,
     SignatureError,
 )
-from registry.keys import generate, load_public_key
-from registry.layout import release_prefix
+from registry.trust.keys import generate, load_public_key
+from registry.protocol.layout import release_prefix
 from registry.lifecycle.yank import yank
 from registry.load import open_weights
 from registry.load.pieces import covering
-from registry.manifest import MANIFEST, parse_manifest
+from registry.protocol.manifest import MANIFEST, parse_manifest
 from registry.release import ModelRelease
-from registry.safetensors_io import write_safetensors
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
 from registry.trust import load_trust, revoke
 from tests.conftest import make_store_url, run_cli
@@ -201,8 +201,8 @@ def test_int4_and_bf16_releases(tmp_path: Path) -> None:
 
 
 def test_checkpoint_step(tmp_path: Path) -> None:
-    from registry.commit import commit_local_directory
-    from registry.layout import step_prefix
+    from registry.protocol.commit import commit_local_directory
+    from registry.protocol.layout import step_prefix
 
     store = open_store(str(tmp_path / "store"))
     src = tmp_path / "step"
@@ -363,7 +363,7 @@ def test_trust_rules_as_pull(store2: Store, tmp_path: Path,
 
 
 def test_failing_gates_refused_with_require_passing(tmp_path: Path) -> None:
-    from registry.ledger import revoke as revoke_source
+    from registry.gating.ledger import revoke as revoke_source
 
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1")
@@ -558,8 +558,8 @@ def test_a_bare_model_id_means_main_else_the_newest_passing(tmp_path: Path,
                                                            keys: dict[str, tuple[Path, Path]]
                                                            ) -> None:
     """Issue 44 item 3: ``pull model`` / ``load model`` without ``@``."""
-    from registry.aliases import move_alias
-    from registry.ledger import revoke as revoke_source
+    from registry.refs.aliases import move_alias
+    from registry.gating.ledger import revoke as revoke_source
 
     url = str(tmp_path / "store")
     store = open_store(url)

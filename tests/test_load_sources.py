@@ -111,7 +111,7 @@ def test_local_tensors_are_the_bytes_that_verified(tmp_path: Path, mapped: bool,
     tensor (not mapped: a piece read after the swap is refused instead), and
     writing into a tensor never reaches the store's file."""
     from registry.errors import PieceMismatchError
-    from registry.layout import release_prefix
+    from registry.protocol.layout import release_prefix
     from registry.store import join
     from tests.test_load import publish, reference, same, stored
 
@@ -166,7 +166,7 @@ def test_an_in_place_write_after_the_load_changes_no_tensor(
 
     import registry.load.sources as sources
     from registry.errors import PieceMismatchError
-    from registry.layout import release_prefix
+    from registry.protocol.layout import release_prefix
     from registry.store import join
     from tests.test_load import publish, same, stored
 

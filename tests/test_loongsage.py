@@ -38,10 +38,10 @@ from registry.errors import (
     UsageError,
 )
 from registry.checkpoint.loongsage_dcp import read_full
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.release import ModelRelease
 from registry.store import Store, open_store
-from registry.verify import read_manifest, verify_directory
+from registry.protocol.verify import read_manifest, verify_directory
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.loongsage_child import adamw, params, save_kwargs
@@ -367,7 +367,7 @@ def test_hf_init_from_sharded_weights(tmp_path: Path) -> None:
     (d / "config.json").write_text("{}")
     st = load_training_state("memory://ls-shard", ROOT, hf_model_path=d)
     np.testing.assert_array_equal(st.model["layer.bias"], p["layer.bias"])
-    # the weights rule (registry.weights) holds here too: a stale shard of an
+    # the weights rule (registry.formats.weights) holds here too: a stale shard of an
     # older export would otherwise be trained from beside the newer ones
     safetensors.numpy.save_file({"layer.bias": p["layer.bias"]}, str(d / "s3.safetensors"))
     with pytest.raises(DocumentError, match=r"sharded/s3\.safetensors: a shard .* does not name"):

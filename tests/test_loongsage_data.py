@@ -29,9 +29,9 @@ from registry.checkpoint.loongsage import (
 )
 from registry.checkpoint.loongsage_rollout import RolloutData
 from registry.errors import CheckpointError, DocumentError, TorchUnavailableError, UsageError
-from registry.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
 from registry.store import Store, open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.support.loongsage_child import save_kwargs
 from tests.test_loongsage import hf_dir
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry.manifest import MANIFEST, parse_manifest
+from registry.protocol.manifest import MANIFEST, parse_manifest
 from registry.store import Store, join, open_store
 from tests.conftest import REPO, run_cli
 from tests.support.forkclient import python_popen, python_run
@@ -304,7 +304,7 @@ def test_resume_dist_data_state_matches_sources_by_path(tmp_path: Path) -> None:
 
     from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, resume_dist
     from registry.checkpoint.loongsage_format import DataSourceFreshWarning
-    from registry.safetensors_io import write_safetensors
+    from registry.formats.safetensors_io import write_safetensors
 
     store = open_store(str(tmp_path / "s"))
     model, opt = _model()

@@ -213,7 +213,7 @@ def test_save_hf_on_two_ranks_is_a_sharded_hf_model_equal_to_the_trained_params(
     write leaves the step uncommitted and the tracker where it was."""
     from transformers import GPT2LMHeadModel
 
-    from registry.manifest import MANIFEST
+    from registry.protocol.manifest import MANIFEST
     from tests.conftest import make_store_url
 
     url = make_store_url(url_kind, request, tmp_path)
@@ -256,7 +256,7 @@ def test_save_hf_on_two_ranks_is_a_sharded_hf_model_equal_to_the_trained_params(
 
 
 def parse(data: bytes) -> object:
-    from registry.manifest import parse_manifest
+    from registry.protocol.manifest import parse_manifest
 
     return parse_manifest(data, source="t")
 
@@ -273,7 +273,7 @@ def test_a_tree_of_an_earlier_version_still_loads_and_a_broken_one_is_refused(
     from registry.checkpoint.loongsage import load_training_state
     from registry.checkpoint.manager import write_safetensors_file
     from registry.checkpoint.tree import CheckpointTree
-    from registry.commit import DirectoryWriter
+    from registry.protocol.commit import DirectoryWriter
     from registry.errors import CheckpointError
 
     hf = _hf(tmp_path)

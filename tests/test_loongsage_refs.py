@@ -24,9 +24,9 @@ from registry.errors import (
     NotCommittedError,
     UsageError,
 )
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.test_loongsage import HF_CONFIG, ROOT, TOKENIZER, ckpt, hf_dir, run
 

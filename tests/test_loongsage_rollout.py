@@ -23,7 +23,7 @@ from registry.errors import (
     NotCommittedError,
     RunLeasedError,
 )
-from registry.manifest import parse_manifest
+from registry.protocol.manifest import parse_manifest
 from registry.store import Store, open_store
 from tests.conftest import run_cli
 from tests.support.forkclient import python_run

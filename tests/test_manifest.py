@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import ManifestError, UnsafePathError
-from registry.manifest import FileEntry, Manifest, build_manifest, hash_file, parse_manifest
+from registry.protocol.manifest import FileEntry, Manifest, build_manifest, hash_file, parse_manifest
 
 SHA = "ab" * 32
 

@@ -40,11 +40,11 @@ import pytest
 import safetensors
 import safetensors.numpy
 
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.release import ModelRelease, dequantize_int4, quantize_int4, release_prefix
 from registry.release import convert
 from registry.store import join, open_store
-from registry.verify import read_manifest, verify_directory
+from registry.protocol.verify import read_manifest, verify_directory
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 

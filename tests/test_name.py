@@ -46,9 +46,9 @@ def test_the_new_import_name_is_the_same_modules():
             "import modeldir_registry.checkpoint.layout as a, registry.checkpoint.layout as b\n"
             "from modeldir_registry.store import open_store\n"
             "from modeldir_registry.layout import release_prefix\n"
-            "import registry.store, registry.layout\n"
+            "import registry.store, registry.protocol.layout\n"
             "assert a is b and open_store is registry.store.open_store\n"
-            "assert release_prefix is registry.layout.release_prefix\n"
+            "assert release_prefix is registry.protocol.layout.release_prefix\n"
             "assert m.__version__ == registry.__version__ and m.open_store is open_store\n"
             "try:\n    import modeldir_registry.no_such_module\n"
             "except ModuleNotFoundError:\n    print('ok')\n")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from registry.errors import InvalidNameError
-from registry.layout import alias_key, model_ids, model_root, release_prefix, yank_key
-from registry.names import check_model_id, model_from_key, model_key
+from registry.protocol.layout import alias_key, model_ids, model_root, release_prefix, yank_key
+from registry.rules.names import check_model_id, model_from_key, model_key
 from registry.store import open_store
 from tests.conftest import make_store_url, run_cli, run_cli_batch
 from tests.hub_util import commit_of, hub_client, publish, release_files, tiny_bert

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry import numbers
+from registry.rules import numbers
 from registry.checkpoint import CheckpointManager
 from registry.errors import DocumentError, UsageError
-from registry.gates import Threshold
+from registry.gating.gates import Threshold
 from registry.release import ModelRelease
-from registry.schemas import load_json
+from registry.rules.schemas import load_json
 from registry.store import Store, open_store
 from tests.ckpt_util import adamw, model, save, trainer_state
 from tests.conftest import run_cli

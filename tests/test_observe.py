@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from registry.aliases import set_alias
+from registry.refs.aliases import set_alias
 from registry.api import Registry
 from registry.lifecycle.yank import yank
 from registry.store import open_store

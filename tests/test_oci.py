@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from registry.errors import DocumentError, IntegrityError, SignatureError
-from registry.keys import generate
+from registry.trust.keys import generate
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.pull import pull_oci
@@ -29,7 +29,7 @@ from registry.oci.push import push
 from registry.oci.ref import OciRef, parse_ref
 from registry.store import open_store
 from registry.trust import load_trust
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.hub_util import publish, tiny_bert
 from tests.support.ociregistry import Distribution, registry_binary

@@ -30,7 +30,7 @@ from registry.oci.pull import pull_oci
 from registry.oci.push import push
 from registry.oci.ref import OciRef, parse_ref
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.hub_util import publish, tiny_bert
 from tests.release_util import ledger_row, summary

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from registry.keys import generate
+from registry.trust.keys import generate
 from registry.oci import mapping as M
 from registry.oci.auth import Credentials
 from registry.oci.client import OciClient
@@ -31,7 +31,7 @@ from registry.oci.push import push
 from registry.oci.ref import parse_ref
 from registry.store import open_store
 from registry.trust import load_trust
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.hub_util import publish, tiny_bert
 from tests.support.forkclient import python_run

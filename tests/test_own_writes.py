@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from registry.checkpoint.lease import WriterLease
-from registry.claim import Claim
+from registry.protocol.claim import Claim
 from registry.release import ModelRelease
 from registry.store import Store, open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.release_util import ledger_row, summary
 from tests.support.faultproxy import Action, FaultProxy, Request
 from tests.test_pull import release_files

@@ -16,20 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from registry import pieces as pc
+from registry.protocol import pieces as pc
 from registry.checkpoint.tree import CheckpointSkippedWarning, CheckpointTree
-from registry.commit import DirectoryWriter, commit_local_directory
+from registry.protocol.commit import DirectoryWriter, commit_local_directory
 from registry.errors import (
     IntegrityError,
     ManifestError,
     NoValidCheckpointError,
     PieceMismatchError,
 )
-from registry.manifest import MANIFEST, FileEntry, Manifest, build_manifest, parse_manifest
-from registry.pieces import ChainHasher, Pieces, check_piece
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, build_manifest, parse_manifest
+from registry.protocol.pieces import ChainHasher, Pieces, check_piece
 from registry.pull import pull
 from registry.store import Store, join
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli
 
 PIECE = 64 * 1024

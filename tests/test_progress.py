@@ -16,7 +16,7 @@ import pytest
 
 from registry.api import Registry
 from registry.cli.progress import _Counts
-from registry.progress import RateWindow
+from registry.obs.progress import RateWindow
 from tests.ckpt_util import save
 from tests.conftest import REPO, run_cli
 from tests.release_util import ledger_row, summary

@@ -14,15 +14,15 @@ import pytest
 
 pytest.importorskip("model_signing")
 
-from registry.alias_history import AliasMove, encode, read_head, walk  # noqa: E402
-from registry.aliases import set_alias  # noqa: E402
+from registry.refs.alias_history import AliasMove, encode, read_head, walk  # noqa: E402
+from registry.refs.aliases import set_alias  # noqa: E402
 from registry.api import Registry  # noqa: E402
 from registry.errors import SignatureError  # noqa: E402
-from registry.keys import load_public_key  # noqa: E402
+from registry.trust.keys import load_public_key  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
 from registry.trust import load_trust  # noqa: E402
-from registry.verify import read_manifest  # noqa: E402
+from registry.protocol.verify import read_manifest  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.test_signing import MODEL, keypair, model_dir, publish  # noqa: E402
 
@@ -101,7 +101,7 @@ def test_store_writer_cannot_repoint_prod(durable_store_url: str, tmp_path: Path
     base["manifest_sha256"] = read_manifest(store, f"models/{MODEL}/2").digest
     forge({**base, "signature": None})
     refused("is not signed")
-    from registry.alias_sign import sign_move
+    from registry.trust.alias_sign import sign_move
     forge({**base, "signature": sign_move(base, keys["attacker"][0])})
     refused("which the model's policy does not list")
     # the attacker also rewrites policy.json to list its own key: the host still

@@ -62,7 +62,7 @@ import numpy as np
 import pytest
 
 import registry.pull as pull_module
-from registry.aliases import set_alias
+from registry.refs.aliases import set_alias
 from registry.errors import (
     CommitConflictError,
     InsufficientSpaceError,
@@ -74,13 +74,13 @@ from registry.errors import (
     UnsafePathError,
     UsageError,
 )
-from registry.manifest import MANIFEST, Manifest, parse_manifest
+from registry.protocol.manifest import MANIFEST, Manifest, parse_manifest
 from registry.pull import FREE_MARGIN, PullResult, pull
 from registry.release import ModelRelease, release_prefix
-from registry.safetensors_io import write_safetensors
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
 from registry.store.s3 import S3Store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli, run_cli_batch
 from tests.release_util import ledger_row, summary
 from tests.support.forkclient import python_popen, python_run
@@ -312,7 +312,7 @@ def durable(durable_store_url: str) -> Iterator[Store]:
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files over 1 MiB are split at once (after their first 1 KiB block) into
     ranges of at least 256 KiB; streams in 1 KiB blocks. Local stores stream
-    too (their BLAKE3 copy path, registry.fastdigest, is tested elsewhere)."""
+    too (their BLAKE3 copy path, registry.protocol.fastdigest, is tested elsewhere)."""
     monkeypatch.setenv("REGISTRY_PULL_DIGEST", "sha256")
     monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
     monkeypatch.setattr(download, "MIN_SEGMENT", 256 * KIB)
@@ -914,7 +914,7 @@ def test_verify_rehashes_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     import unittest.mock
 
-    from registry import verify as verify_mod
+    from registry.protocol import verify as verify_mod
     real_tasks = verify_mod.hash_tasks
 
     def spy_tasks(store: Store, key: str, entry: Any) -> Any:  # --verify: every file

@@ -22,7 +22,7 @@ import pytest
 from registry.pull import pull
 from registry.release import ModelRelease
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.release_util import ledger_row, summary
 from tests.test_pull import CHILD, _safetensors, read_line
 from tests.support.forkclient import python_popen

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from registry.alias_history import read_head
+from registry.refs.alias_history import read_head
 from registry.store import open_store
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli
 
 
@@ -76,7 +76,7 @@ def test_quickstart_s3_and_postgres(tmp_path: Path, s3_bucket: str, db_url: str)
 
 
 def test_browse_line_names_the_web_extra_only_when_missing() -> None:
-    from registry.quickstart import browse_line, missing_web_module
+    from registry.examples.quickstart import browse_line, missing_web_module
 
     assert missing_web_module() is None  # the test lock installs the web extra
     assert "extra" not in browse_line("registry serve", None)

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from registry.errors import CommitConflictError, PointerConflictError
-from registry.manifest import MANIFEST, list_local_files
-from registry.pointer import move_pointer, read_pointer
+from registry.protocol.manifest import MANIFEST, list_local_files
+from registry.protocol.pointer import move_pointer, read_pointer
 from registry.store import open_store
-from registry.verify import is_committed, read_manifest, verify_directory
+from registry.protocol.verify import is_committed, read_manifest, verify_directory
 from tests.support.forkclient import python_popen
 
 CHILD = Path(__file__).resolve().parent / "support" / "commit_child.py"

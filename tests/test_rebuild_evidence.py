@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 from registry.api import Registry
-from registry.commit import commit_local_directory, delete_directory
+from registry.protocol.commit import commit_local_directory, delete_directory
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import proxied, run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.faultproxy import FaultProxy

@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from registry.alias_history import read_head
-from registry.aliases import list_aliases, resolve, set_alias
+from registry.refs.alias_history import read_head
+from registry.refs.aliases import list_aliases, resolve, set_alias
 from registry.checkpoint import CheckpointManager
 from registry.errors import (
     GateFailedError,
@@ -21,12 +21,12 @@ from registry.errors import (
     SchemaValidationError,
     VersionExistsError,
 )
-from registry.ledger import revoke
+from registry.gating.ledger import revoke
 from registry.release import ModelRelease, dequantize_int4
 from registry.release.policy import set_policy
-from registry.safetensors_io import read_safetensors
+from registry.formats.safetensors_io import read_safetensors
 from registry.store import Store
-from registry.verify import read_manifest, verify_directory
+from registry.protocol.verify import read_manifest, verify_directory
 from tests.ckpt_util import save
 from tests.conftest import run_cli
 from tests.release_util import head, ledger_row, summary
@@ -196,7 +196,7 @@ def test_aliases(store: Store) -> None:
         set_alias(store, "tiny", "prod", "3")
     with pytest.raises(NotCommittedError):
         resolve(store, "tiny", "staging")
-    from registry.pointer import move_pointer
+    from registry.protocol.pointer import move_pointer
     with pytest.raises(PointerConflictError):
         move_pointer(store, "models/tiny/refs/prod", "1", expected="1", check_expected=True)
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from registry.checkpoint.layout import LOONGSAGE
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.store import Store, join, open_store
 from tests.conftest import REPO, make_store_url, run_cli
 from tests.release_util import ledger_row, summary
@@ -143,8 +143,8 @@ def _release(url: str, tmp_path: Path, *extra: str, root: str = "exp",
 
 def _plant(store: Store, files: dict[str, bytes]) -> None:
     """The store writer: replace files of the step and rewrite its manifest."""
-    from registry.manifest import FileEntry, Manifest
-    from registry.verify import read_manifest
+    from registry.protocol.manifest import FileEntry, Manifest
+    from registry.protocol.verify import read_manifest
 
     m = read_manifest(store, STEP)
     entries = {e.path: e for e in m.files}
@@ -171,7 +171,7 @@ def test_a_dist_ckpt_release_takes_config_from_hf_model_path_or_the_step(
     line (exit 2); with it, the release holds config.json from there and the
     model equal to the saved one; a step saved with save_hf too releases its
     dist_ckpt with the step's own config.json."""
-    from registry.weights import iter_tensors, load_weights
+    from registry.formats.weights import iter_tensors, load_weights
 
     url = make_store_url(url_kind, request, tmp_path)
     model = _model()

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("model_signing")
 
-from registry.keys import load_public_key  # noqa: E402
-from registry.ledger import revoke  # noqa: E402
+from registry.trust.keys import load_public_key  # noqa: E402
+from registry.gating.ledger import revoke  # noqa: E402
 from registry.lifecycle.yank import yank  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
 from registry.store import Store, open_store  # noqa: E402

@@ -14,9 +14,9 @@ import pytest
 
 from registry.api import Registry
 from registry.index.browse import model_page
-from registry.sequence import counter_key, next_sequence
+from registry.protocol.sequence import counter_key, next_sequence
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.test_index import checkpoint
@@ -34,7 +34,7 @@ def test_a_publisher_an_hour_behind_is_still_the_latest(
         checkpoint(reg)
         _publish(reg, "a")
         with monkeypatch.context() as mp:  # this host's clock is years behind
-            mp.setattr("registry.manifest.utc_now", lambda: "2020-01-01T00:00:00.000000Z")
+            mp.setattr("registry.protocol.manifest.utc_now", lambda: "2020-01-01T00:00:00.000000Z")
             _publish(reg, "b")
         store = reg.store
         assert [read_manifest(store, f"models/tiny/{v}").meta["metadata"]["sequence"]
@@ -82,10 +82,10 @@ def test_a_legacy_store_is_numbered_by_its_old_order(tmp_path: Path,
     store_url = str(tmp_path / "store")
     db = f"sqlite:///{tmp_path / 'index.db'}"
     with Registry(store_url, db=db) as reg, monkeypatch.context() as mp:
-        mp.setattr("registry.sequence.next_sequence", lambda *a, **k: 0)
+        mp.setattr("registry.protocol.sequence.next_sequence", lambda *a, **k: 0)
         checkpoint(reg)
         for v, day in (("old2", "03"), ("old1", "01")):
-            mp.setattr("registry.manifest.utc_now",
+            mp.setattr("registry.protocol.manifest.utc_now",
                        lambda day=day: f"2026-01-{day}T00:00:00.000000Z")
             _publish(reg, v)
     store = open_store(store_url)

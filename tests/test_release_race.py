@@ -50,12 +50,12 @@ import numpy as np
 import pytest
 
 from registry.errors import NotCommittedError, VersionExistsError
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.release import ModelRelease, release_prefix
 from registry.release.inputs import dump_doc as _dump
-from registry.safetensors_io import write_safetensors
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
-from registry.verify import is_committed, read_manifest, verify_directory
+from registry.protocol.verify import is_committed, read_manifest, verify_directory
 from tests.conftest import make_store_url, run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.forkclient import python_popen, python_run
@@ -460,7 +460,7 @@ def test_publish_killed(backend: str, boundary: str, kill_at: str, committed: bo
     if backend == "s3" and store.exists(prefix + ".claim"):
         # A crashed claim names its writer, whose process is gone: it is not
         # live, so a new publisher or gc may take it over at once.
-        from registry.claim import read_state
+        from registry.protocol.claim import read_state
         seen = read_state(store, prefix + ".claim")
         assert seen is not None and seen[0].writer_gone and not seen[0].live
 

@@ -24,7 +24,7 @@ import safetensors.numpy
 
 from registry.api import Registry
 from registry.errors import UsageError
-from registry.safetensors_io import write_safetensors
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import open_store
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary

@@ -15,8 +15,8 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from registry.claim import Claim
-from registry.gc import collect
+from registry.protocol.claim import Claim
+from registry.lifecycle.gc import collect
 from registry.store import open_store
 
 ORPHANS = ["models/m/1/weights.bin", "runs/r/ckpt/step-000001/model.safetensors"]

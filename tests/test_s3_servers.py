@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from registry.api import Registry
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import CommitConflictError, PointerConflictError, StorageError
 from registry.store import open_store
 from registry.store.s3probe import etag_as_sent, forget
@@ -148,7 +148,7 @@ def test_gc_skips_a_server_without_list_multipart_uploads(s3_bucket: str, proxy:
 
 WRITER = r"""
 import os, sys, time
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.store import open_store
 store = open_store(sys.argv[1])
 w = DirectoryWriter(store, "models/m/1", kind="release",

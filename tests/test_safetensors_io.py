@@ -1,4 +1,4 @@
-"""Tests of registry.safetensors_io against the reference safetensors library."""
+"""Tests of registry.formats.safetensors_io against the reference safetensors library."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import safetensors
 import safetensors.numpy
 
 from registry.errors import SafetensorsError
-from registry.safetensors_io import (
+from registry.formats.safetensors_io import (
     DTYPE_NAMES,
     DTYPES,
     LazyTensor,

@@ -1,4 +1,4 @@
-"""The JSON Schemas of schemas/ and the validators of registry.schemas."""
+"""The JSON Schemas of schemas/ and the validators of registry.rules.schemas."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from registry import schemas
+from registry.rules import schemas
 from registry.errors import DocumentError, SchemaValidationError
 
 PATH = "runs/r1/ckpt/step-000001/doc.json"
@@ -482,6 +482,6 @@ def test_load_json_rejects(data: bytes, rule: str) -> None:
 def test_load_json_rejects_hostile_input_as_document_error() -> None:
     with pytest.raises(DocumentError, match=r"^runs/r1/.*: not valid JSON: "):
         schemas.load_json(b"[" * 100_000 + b"]" * 100_000, path=PATH)
-    # refused by its length, never converted (registry.numbers)
+    # refused by its length, never converted (registry.rules.numbers)
     with pytest.raises(DocumentError, match=r"^runs/r1/.*: \(root\): an integer of 5000 digits"):
         schemas.load_json(b"1" * 5000, path=PATH)

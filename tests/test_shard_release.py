@@ -21,7 +21,7 @@ import pytest
 from registry.checkpoint import CheckpointManager
 from registry.release import ModelRelease, dequantize_int4
 from registry.store import open_store
-from registry.weights import INDEX, SINGLE, iter_tensors, load_weights
+from registry.formats.weights import INDEX, SINGLE, iter_tensors, load_weights
 from tests.ckpt_util import save
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary

@@ -31,7 +31,7 @@ import pytest
 
 from registry.api import Registry
 from registry.store import open_store
-from registry.weights import INDEX, SINGLE, load_weights
+from registry.formats.weights import INDEX, SINGLE, load_weights
 from tests.conftest import require_engines, run_cli
 from tests.release_util import ledger_row, summary
 from tests.shard_util import index_of, shards_of, tiny_llama
@@ -180,7 +180,7 @@ def test_signed_sharded_release_pull_verify_and_diff(saved: Path, tmp_path: Path
     """Signing covers every shard and the index; a rewritten shard is refused
     on pull; ``verify`` and ``diff`` name shards like any file."""
     pytest.importorskip("model_signing")
-    from registry.keys import generate
+    from registry.trust.keys import generate
     from registry.trust import load_trust
     from registry.pull import pull
 

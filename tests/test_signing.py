@@ -41,14 +41,14 @@ import pytest
 
 from registry.api import Registry
 from registry.errors import GateFailedError, SignatureError, VersionExistsError
-from registry.keys import generate, load_public_key
+from registry.trust.keys import generate, load_public_key
 from registry.trust import load_trust
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.pull import pull
 from registry.release import ModelRelease
 from registry.release.policy import set_policy
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.pull_attacks import assert_never_downloaded, assert_pulls_refused, rewrite
@@ -86,7 +86,7 @@ def _safetensors(seed: int) -> bytes:
 
     import numpy as np
 
-    from registry.safetensors_io import write_safetensors
+    from registry.formats.safetensors_io import write_safetensors
     buf = io.BytesIO()
     rng = np.random.default_rng(seed)
     write_safetensors(buf, {"w": rng.standard_normal((8, 8), dtype=np.float32)},
@@ -246,7 +246,7 @@ def test_directory_signed_by_the_library_cli_then_published_verifies_on_pull(
 
 
 def _attacker_signature(store: Store, version: str, key: Path) -> bytes:
-    from registry.model_sig import sign_entries
+    from registry.trust.model_sig import sign_entries
     m = read_manifest(store, f"models/{MODEL}/{version}")
     return sign_entries(m.files, str(key), model_id=MODEL, version=version)
 

@@ -37,17 +37,17 @@ from pathlib import Path
 import pytest
 
 from registry.api import Registry
-from registry.certs import load_certificates
-from registry.local_ca import issue, make_ca
+from registry.trust.certs import load_certificates
+from registry.trust.local_ca import issue, make_ca
 from registry.errors import DocumentError, GateFailedError, SignatureError, UsageError
-from registry.keys import generate
+from registry.trust.keys import generate
 from registry.trust import load_trust
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.pull import pull
 from registry.release import ReleaseResult
 from registry.release.policy import set_policy
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 from tests.test_cli_contract import _run as run_batch
 from tests.release_util import ledger_row, summary
@@ -329,8 +329,8 @@ def _signature(store: Store, version: str, pki: Path, name: str,
     """A bundle over the release's files made by the library's signer with
     ``name``'s key (and certificate, chained to ``chain``), bypassing the
     registry's own checks (which refuse expired and future certificates)."""
-    from registry import certs
-    from registry.model_sig import sign_entries
+    from registry.trust import certs
+    from registry.trust.model_sig import sign_entries
     m = read_manifest(store, f"models/{MODEL}/{version}")
     if name == "bare":
         return sign_entries(m.files, str(pki / "bare.pem"), model_id=MODEL, version=version)

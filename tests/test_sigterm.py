@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree, run_root
-from registry.interrupt import EXIT_SIGTERM
+from registry.host.interrupt import EXIT_SIGTERM
 from registry.store import open_store
 from tests.conftest import REPO
 from tests.release_util import ledger_row, summary
@@ -186,7 +186,7 @@ def test_serve_sigterm_stops_with_143(tmp_path: Path) -> None:
 @pytest.mark.parametrize("where", ["learn_token", "start"])
 def test_claim_interrupted_right_after_its_create_is_deleted(
         durable_store_url: str, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from registry.claim import Claim
+    from registry.protocol.claim import Claim
 
     store = open_store(durable_store_url)
     store.ensure_root()
@@ -202,7 +202,7 @@ def test_claim_interrupted_right_after_its_create_is_deleted(
 
 #: Takes a claim, then dies by SIGKILL: its claim names a dead process on this host.
 _DIES_HOLDING = ("import os, signal, sys\n"
-                 "from registry.claim import Claim\n"
+                 "from registry.protocol.claim import Claim\n"
                  "from registry.store import open_store\n"
                  "Claim(open_store(sys.argv[1]), 'models/m/1.claim').take()\n"
                  "os.kill(os.getpid(), signal.SIGKILL)\n")
@@ -215,7 +215,7 @@ def test_claim_takeover_interrupted_leaves_no_claim_of_ours(
     right after the swap landed on the server, or while the new claim is being
     recorded: the claim now holding our body is deleted, so no claim outlives
     a writer that never used it (the dead one's was replaced: it is gone too)."""
-    from registry.claim import Claim, read_state
+    from registry.protocol.claim import Claim, read_state
     from tests.support.forkclient import python_run
 
     store = open_store(durable_store_url)
@@ -251,7 +251,7 @@ def test_writer_interrupted_in_its_constructor_leaves_no_claim(
     """Local: the staging claim (sole writer: while its staging is cleared);
     S3: the directory's claim (while the leftovers of a crashed writer are
     deleted)."""
-    from registry.commit import DirectoryWriter
+    from registry.protocol.commit import DirectoryWriter
 
     store = open_store(durable_store_url)
     store.ensure_root()
@@ -275,7 +275,7 @@ def test_an_interrupt_during_a_deferred_step_is_raised_when_it_ends() -> None:
     import os
     import signal as sig
 
-    from registry import interrupt
+    from registry.host import interrupt
 
     interrupt.terminate_like_interrupt()
     done = []

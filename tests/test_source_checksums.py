@@ -29,7 +29,7 @@ from botocore.config import Config
 
 from registry.errors import SourceChangedError
 from registry.release import ModelRelease
-from registry.safetensors_io import write_safetensors
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import open_store
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary

@@ -93,7 +93,7 @@ def test_a_hugging_face_snapshot_publishes_through_its_blob_links(
     p = _publish_cli(tmp_path, plain, durable_store_url, version="2")
     assert p.returncode == 0, p.stderr
     store = open_store(durable_store_url)
-    from registry.verify import read_manifest
+    from registry.protocol.verify import read_manifest
 
     def digests(v: str) -> dict[str, str]:
         return {e.path: e.sha256 for e in read_manifest(store, f"models/tiny/{v}").files}
@@ -243,7 +243,7 @@ def test_a_file_replaced_by_rename_during_the_copy_is_refused(tmp_path: Path) ->
     src = tmp_path / "src"
     _write(src, {**release_files(), "big.bin": os.urandom(64 * 1024 * 1024)})
     store = open_store(str(tmp_path / "store"))
-    import registry.commit as commit_mod
+    import registry.protocol.commit as commit_mod
 
     real = commit_mod.check_local
 

@@ -15,7 +15,7 @@ import pytest
 
 from registry.api import Registry
 from registry.errors import DocumentError, NotCommittedError, ReleaseDeletedError, UsageError
-from registry.layout import tags_key
+from registry.protocol.layout import tags_key
 from registry.lifecycle.tags import read_tags
 from registry.store import open_store
 from tests.conftest import run_cli, run_cli_batch

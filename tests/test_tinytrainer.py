@@ -22,7 +22,7 @@ import pytest
 
 from registry.errors import CheckpointError, DocumentError
 from registry.examples.tinytrainer import TrainerError, train
-from registry.modeldir import HIDDEN_KEYS, hidden_size
+from registry.formats.modeldir import HIDDEN_KEYS, hidden_size
 from registry.release import ModelRelease
 from registry.store import open_store
 from tests.release_util import head, ledger_row, summary

@@ -31,7 +31,7 @@ from registry.examples.tinytrainer import (
 )
 from registry.checkpoint import CheckpointManager, CheckpointTree, run_root
 from registry.store import open_store
-from registry.verify import read_manifest, verify_directory
+from registry.protocol.verify import read_manifest, verify_directory
 from tests.support.forkclient import python_popen
 
 TRAINER = Path(__file__).resolve().parent.parent / "examples" / "tinytrainer.py"
@@ -45,7 +45,7 @@ import os, runpy, signal, sys
 point, nth = sys.argv.pop(1).split(":")
 nth = int(nth)
 import registry.checkpoint.tree as tree_mod
-import registry.commit as commit_mod
+import registry.protocol.commit as commit_mod
 cls, name = {
     "before-latest": (tree_mod.CheckpointTree, "set_latest"),   # committed, LATEST not moved
     "before-manifest": (commit_mod.DirectoryWriter, "commit"),  # files written, no manifest

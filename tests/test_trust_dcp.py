@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from registry.manifest import MANIFEST, FileEntry, Manifest
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest
 from registry.store import Store, join
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 torch = pytest.importorskip("torch") if os.environ.get("REGISTRY_REQUIRE_ENGINES") != "1" \
     else __import__("torch")
@@ -58,7 +58,7 @@ def _plant(store: Store, files: dict[str, bytes]) -> None:
 
 
 def _hf(tmp_path: Path, model: dict[str, object]) -> Path:
-    from registry.safetensors_io import write_safetensors
+    from registry.formats.safetensors_io import write_safetensors
 
     hf = tmp_path / "hf"
     hf.mkdir()

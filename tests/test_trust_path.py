@@ -26,8 +26,8 @@ import pytest
 
 pytest.importorskip("model_signing")
 
-from registry.alias_history import read_head  # noqa: E402
-from registry.aliases import set_alias  # noqa: E402
+from registry.refs.alias_history import read_head  # noqa: E402
+from registry.refs.aliases import set_alias  # noqa: E402
 from registry.errors import RegistryError, SignatureError  # noqa: E402
 from registry.lifecycle.yank import yank  # noqa: E402
 from registry.pull import pull  # noqa: E402
@@ -155,7 +155,7 @@ DOORS: dict[str, Callable[[World, str, Path, Path], str]] = {
 
 def rollback_signed_alias(w: World, m: str) -> None:
     """A store writer puts back the pointer of an older *signed* move (prod -> 1)."""
-    from registry.alias_history import walk
+    from registry.refs.alias_history import walk
 
     old = [mv for mv in walk(w.store, m, "prod") if mv.seq == 1][0]
     w.store.write_bytes(f"models/{m}/refs/prod", old.raw)
@@ -244,7 +244,7 @@ def test_kept_import_paths() -> None:
 PRIMITIVES = {"refuse_retired", "trusted_alias_version", "verify_release",
               "verify_move", "precheck", "verify_bytes"}
 ALLOWED = {"registry/release/signature_gate.py", "registry/lifecycle/guard.py",
-           "registry/alias_sign.py", "registry/model_sig.py"}
+           "registry/trust/alias_sign.py", "registry/trust/model_sig.py"}
 
 
 def test_no_door_decides_trust_alone() -> None:
@@ -266,7 +266,7 @@ def test_no_door_decides_trust_alone() -> None:
 
 
 def test_serve_sees_a_revocation_at_the_next_request(tmp_path: Path) -> None:
-    from registry.keys import load_public_key
+    from registry.trust.keys import load_public_key
     from registry.trust import revoke
     from registry.trust.source import CHECK_INTERVAL
 
@@ -345,7 +345,7 @@ def test_a_signed_alias_passes_through_a_keyless_mirror(world: World, tmp_path: 
 
 
 def test_a_deleted_revocation_is_not_lifted(tmp_path: Path) -> None:
-    from registry.ledger import revoke
+    from registry.gating.ledger import revoke
 
     store = open_store(str(tmp_path / "s"))
     ModelRelease(store).publish(model_dir(tmp_path, "a"), "m", "1", ledger=[ledger_row()],

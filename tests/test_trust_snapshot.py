@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("model_signing")
 
-from registry.alias_history import walk  # noqa: E402
-from registry.aliases import set_alias  # noqa: E402
+from registry.refs.alias_history import walk  # noqa: E402
+from registry.refs.aliases import set_alias  # noqa: E402
 from registry.errors import RegistryError  # noqa: E402
-from registry.ledger import revoke  # noqa: E402
+from registry.gating.ledger import revoke  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
 from registry.store import Store, open_store  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import UnsafeFileModeError
-from registry.filemodes import check_trusted_path
+from registry.host.filemodes import check_trusted_path
 from registry.store import open_store
 from registry.trust import load_trust
 from tests.test_signing import MODEL, model_dir, publish
@@ -46,7 +46,7 @@ def world() -> Iterator[Path]:
 
 
 def _keypair(path: Path) -> tuple[Path, Path]:
-    from registry.keys import generate
+    from registry.trust.keys import generate
 
     priv, pub, _ = generate(path.with_suffix(".key"), public_path=path.with_suffix(".pem"))
     return priv, pub
@@ -103,7 +103,7 @@ def test_a_key_planted_in_a_world_writable_keys_folder_is_never_trusted(world: P
 
 
 def test_a_revocation_another_user_can_rewrite_is_refused(world: Path) -> None:
-    from registry.keys import load_public_key
+    from registry.trust.keys import load_public_key
     from registry.trust import revoke
 
     store_dir = world / "store"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from registry.aliases import move_alias
+from registry.refs.aliases import move_alias
 from registry.errors import NotCommittedError
 from registry.load import open_weights
 from registry.pull import pull
 from registry.store import join, open_store
-from registry.suggest import listed, looks_like_version
+from registry.rules.suggest import listed, looks_like_version
 from tests.ckpt_util import save
 from tests.conftest import run_cli_batch
 from tests.test_load import publish

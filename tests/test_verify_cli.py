@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from registry.commit import DirectoryWriter
-from registry.manifest import MANIFEST
+from registry.protocol.commit import DirectoryWriter
+from registry.protocol.manifest import MANIFEST
 from registry.store import Store, open_store
 from tests.conftest import run_cli
 

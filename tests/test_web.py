@@ -212,7 +212,7 @@ def test_signer_row_names_the_key_that_signed(tmp_path: Path) -> None:
     """A release published with --sign-key shows its signer's fingerprint
     (model.sig); an unsigned one has no signer row."""
     pytest.importorskip("model_signing")
-    from registry.keys import generate
+    from registry.trust.keys import generate
 
     store, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
     build(store, db)
@@ -230,7 +230,7 @@ def test_signer_row_names_the_certificate_that_signed(tmp_path: Path) -> None:
     """A release signed with a certificate from a local CA shows the
     certificate's subject, fingerprint and issuer."""
     pytest.importorskip("model_signing")
-    from registry.local_ca import issue, make_ca
+    from registry.trust.local_ca import issue, make_ca
 
     store, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
     build(store, db)

@@ -108,7 +108,7 @@ def fill(url: str, n: int) -> list[str]:
     """``n`` tag events of ``m@1``; what they claim is made true in the store first
     (``m@1`` has a record: a tombstone), since an event is delivered only then
     (issue 50, registry.trust.events)."""
-    from registry.layout import tombstone_key
+    from registry.protocol.layout import tombstone_key
 
     with open_store(url) as store:
         store.ensure_root()

@@ -20,7 +20,7 @@ import pytest
 
 from registry.api import Registry
 from registry.errors import DocumentError
-from registry.modeldir import other_weights
+from registry.formats.modeldir import other_weights
 from tests.conftest import make_store_url, run_cli
 from tests.release_util import ledger_row, summary
 from tests.test_pull import _safetensors

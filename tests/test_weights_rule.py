@@ -1,4 +1,4 @@
-"""The weights rule of a model directory (issue 26, item 1; registry.weights).
+"""The weights rule of a model directory (issue 26, item 1; registry.formats.weights).
 
 A directory transformers' ``save_pretrained(max_shard_size=...)`` wrote (a
 tiny random Llama in 6 shards) is the starting point; each test breaks one
@@ -21,7 +21,7 @@ import pytest
 from registry.errors import DocumentError
 from registry.release import ModelRelease
 from registry.store import open_store
-from registry.weights import INDEX, SINGLE, load_weights
+from registry.formats.weights import INDEX, SINGLE, load_weights
 from tests.conftest import require_engines, run_cli
 from tests.release_util import ledger_row, summary
 from tests.shard_util import (

@@ -49,6 +49,6 @@ def test_wheel_installs_and_runs_the_quickstart(tmp_path: Path) -> None:
     assert "pulled all-minilm-l6-v2@1" in r.stdout
     assert (work / "artifacts" / "models" / "tiny-lm" / "1.1" / "MANIFEST.json").exists()
     r = run([str(venv / "bin" / "python"), "-c",
-             "import registry.resources as r; print(r.resource_dir('schemas'))"], cwd=work,
+             "import registry.host.resources as r; print(r.resource_dir('schemas'))"], cwd=work,
             env=env)
     assert "_resources" in r.stdout and str(REPO) not in r.stdout

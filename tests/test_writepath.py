@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from registry.commit import commit_local_directory
+from registry.protocol.commit import commit_local_directory
 from registry.store import open_store
 from registry.store import local as local_mod
 from registry.store import writepath
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 
 MIB = 1024 * 1024
 

@@ -2,7 +2,7 @@
 
 "Latest" was the newest ``created_at``, a publisher's wall clock: a release
 from a host an hour behind sorted as the oldest. A release now records the
-sequence its commit took from the model's counter (``registry.sequence``);
+sequence its commit took from the model's counter (``registry.protocol.sequence``);
 the index keeps it in ``seq`` and every listing orders by it. Releases
 indexed before this revision carry none in their manifests: they are
 numbered 1..k per model in the order the index had, ``(created_at,

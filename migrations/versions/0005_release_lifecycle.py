@@ -1,7 +1,7 @@
 """The life of a release (issue 32 items 1-3): yanks, tombstones, tags.
 
 Three tables, each derived from objects beside the releases in the store
-(``registry.layout``) and rebuilt from them by ``registry index rebuild``:
+(``registry.protocol.layout``) and rebuilt from them by ``registry index rebuild``:
 
 * ``yanks``: one row per yanked release (``models/<m>/.yanks/<version>.json``
   says ``"yanked": true``); the ``yanked`` gate joins it.

@@ -1,7 +1,7 @@
 """Alias history (issue 32 item 4): one row per recorded move of an alias.
 
 Derived from the alias pointer and the chain of entries under
-``ledger/aliases/<m>/<alias>/`` (``registry.alias_history``) and rebuilt
+``ledger/aliases/<m>/<alias>/`` (``registry.refs.alias_history``) and rebuilt
 from them by ``registry index rebuild``. ``new`` is null for a removal;
 ``signed_by`` the fingerprint of the key that signed the move (protected
 aliases), null when unsigned; ``actor`` the JSON of who moved it.

@@ -1,14 +1,17 @@
 """Training checkpoints: layouts, trees, the CheckpointManager (seeds 000 and 003).
 
-The names load on first use (:mod:`registry.lazy`): code that needs only the
+The names load on first use (:mod:`registry.host.lazy`): code that needs only the
 key shapes of :mod:`registry.checkpoint.layout` does not load the writers.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, release.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from registry.lazy import exports
+from registry.host.lazy import exports
 
 if TYPE_CHECKING:
     from registry.checkpoint.layout import LAYOUTS, LOONGSAGE, TINYLLM, Layout, get_layout
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
         RetentionSkippedWarning,
         StepInfo,
     )
-    from registry.layout import run_root
+    from registry.protocol.layout import run_root
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "registry.checkpoint.layout": ("LAYOUTS", "LOONGSAGE", "TINYLLM", "Layout", "get_layout"),
@@ -42,5 +45,5 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     "registry.checkpoint.retention": ("RetentionPolicy",),
     "registry.checkpoint.tree": ("CheckpointSkippedWarning", "CheckpointTree",
                                  "RetentionSkippedWarning", "StepInfo"),
-    "registry.layout": ("run_root",),
+    "registry.protocol.layout": ("run_root",),
 })

@@ -11,7 +11,7 @@ Here both go through restricted loaders:
 * ``.metadata``: :class:`MetadataUnpickler`, a ``pickle.Unpickler`` whose
   ``find_class`` admits only the classes DCP's metadata is made of (the
   standard way to restrict unpickling, Python's ``pickle`` docs, "Restricting
-  Globals"), and only up to :data:`registry.limits.MAX_DCP_METADATA_BYTES`;
+  Globals"), and only up to :data:`registry.rules.limits.MAX_DCP_METADATA_BYTES`;
 * byte entries: :class:`SafeLoadPlanner` loads them with
   ``torch.load(weights_only=True)`` (tensors and plain Python values, the
   values this registry saves: JSON bytes);
@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
 from registry.errors import CheckpointError
-from registry import limits
+from registry.rules import limits
 
 _DCP_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
@@ -89,7 +89,7 @@ class MetadataUnpickler(pickle.Unpickler):
 def load_metadata(stream: Any, *, path: str, limit: int | None = None) -> Any:
     """The DCP ``Metadata`` pickled in ``stream`` (a binary file), through
     :class:`MetadataUnpickler`, reading at most ``limit`` bytes (default:
-    :data:`registry.limits.MAX_DCP_METADATA_BYTES`, read now).
+    :data:`registry.rules.limits.MAX_DCP_METADATA_BYTES`, read now).
 
     Raises:
         UnsafeCheckpointError: a class outside the allow-list; more than

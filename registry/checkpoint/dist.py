@@ -45,7 +45,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from registry.checkpoint.dcp_safe import SafeFileSystemReader, SafeFsspecReader
 
 from registry.errors import CheckpointError
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.store import Store, join
 
 METADATA = ".metadata"

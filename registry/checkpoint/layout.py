@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass
 
 from registry.errors import PointerError, UsageError
-from registry.layout import LATEST, STEP_DIR_FORMAT
-from registry.layout import run_root as run_root  # re-exported: the key lives in registry.layout
-from registry.manifest import Manifest
-from registry.pointer import parse_pointer
+from registry.protocol.layout import LATEST, STEP_DIR_FORMAT
+from registry.protocol.layout import run_root as run_root  # re-exported: the key lives in registry.protocol.layout
+from registry.protocol.manifest import Manifest
+from registry.protocol.pointer import parse_pointer
 
 
 @dataclass(frozen=True, slots=True)

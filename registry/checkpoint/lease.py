@@ -21,7 +21,7 @@ expired lease is replaced by the next writer's.
 
 A lease is *live* while it is not released, the store's stamp of its last
 renewal is less than ``lease_seconds`` old on the store's own clock (a probe
-object, :mod:`registry.storeclock`: no host's clock is compared with
+object, :mod:`registry.protocol.storeclock`: no host's clock is compared with
 another's; ``expires`` is informative), and -- when it was taken on this
 host -- its process still exists. A holder SIGKILLed on this host is
 therefore taken over at once; one on another host after its expiry.
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from registry import numbers
+from registry.rules import numbers
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -49,9 +49,9 @@ from registry.errors import (
     RegistryError,
     RunLeasedError,
 )
-from registry.manifest import utc_now
+from registry.protocol.manifest import utc_now
 from registry.store import Store, join
-from registry.storeclock import store_time
+from registry.protocol.storeclock import store_time
 
 LEASE_NAME = "WRITER.lease"
 KIND = "checkpoint-writer-lease"

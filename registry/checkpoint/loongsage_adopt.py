@@ -22,9 +22,9 @@ from registry.errors import (
     NoValidCheckpointError,
     ObjectExistsError,
 )
-from registry.manifest import MANIFEST, FileEntry, Manifest, check_path
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, check_path
 from registry.store import Store, join
-from registry.verify import verify_directory
+from registry.protocol.verify import verify_directory
 
 
 @dataclass(frozen=True, slots=True)

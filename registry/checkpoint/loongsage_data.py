@@ -33,7 +33,7 @@ from typing import Any
 
 from registry.checkpoint.loongsage_format import DATA, DATA_RE, DataSourceFreshWarning
 from registry.errors import CheckpointError, DocumentError, TorchUnavailableError
-from registry.manifest import Manifest
+from registry.protocol.manifest import Manifest
 from registry.store import Store, join
 
 #: the fully_async pipeline buffer snapshot of a step.

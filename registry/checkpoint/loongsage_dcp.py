@@ -87,10 +87,10 @@ from registry.checkpoint.loongsage_hf import plan as hf_plan
 from registry.checkpoint.loongsage_save import LoongSageCheckpointer, LoongSaveResult, _Landed
 from registry.checkpoint.loongsage_torchdist import write_dcp
 from registry.checkpoint.state import OPTIMIZERS
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import CheckpointError, UsageError
-from registry.layout import staging_prefix
-from registry.manifest import FileEntry, check_path, parse_manifest
+from registry.protocol.layout import staging_prefix
+from registry.protocol.manifest import FileEntry, check_path, parse_manifest
 from registry.store import Store, join
 
 #: Resuming and reading live in loongsage_dcp_resume / loongsage_dcp_read; their

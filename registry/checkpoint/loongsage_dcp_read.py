@@ -36,7 +36,7 @@ from registry.checkpoint.dcp_safe import UnsafeCheckpointError, safe_load
 from registry.checkpoint.dist import broadcast, rank_of, storage_reader
 from registry.checkpoint.loongsage_format import DIST, DIST_FORMAT, DistCheckpoint, check_topology
 from registry.errors import CheckpointError, DocumentError, UsageError
-from registry.manifest import Manifest
+from registry.protocol.manifest import Manifest
 from registry.store import Store, join
 
 MODEL_KEY = "model."

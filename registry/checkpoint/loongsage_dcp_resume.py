@@ -60,9 +60,9 @@ from registry.checkpoint.loongsage_load import (
 )
 from registry.checkpoint.tree import CheckpointTree
 from registry.errors import CheckpointError, DocumentError, UsageError
-from registry.manifest import Manifest, parse_manifest
+from registry.protocol.manifest import Manifest, parse_manifest
 from registry.store import Store, join, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 @dataclass(frozen=True, slots=True)
 class DistTrainingState(DataStateLookup):

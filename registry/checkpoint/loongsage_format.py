@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from registry.errors import UsageError
-from registry.manifest import Manifest
-from registry.names import NAME_RE
+from registry.protocol.manifest import Manifest
+from registry.rules.names import NAME_RE
 from registry.store import Store
 
 DIST = "dist_ckpt"

@@ -43,8 +43,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from registry.checkpoint.dist import _HashingStream
 from registry.checkpoint.loongsage_format import HF
 from registry.errors import CheckpointError, DocumentError, ObjectNotFoundError
-from registry.manifest import FileEntry
-from registry.safetensors_io import write_safetensors
+from registry.protocol.manifest import FileEntry
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import Store, join, open_store
 
 INDEX = "model.safetensors.index.json"

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from registry import limits
-from registry import schemas
+from registry.rules import limits
+from registry.rules import schemas
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.loongsage_data import DataSourceState, DataStateLookup, read_data_state
 from registry.checkpoint.loongsage_format import (
@@ -53,11 +53,11 @@ from registry.errors import (
     TorchUnavailableError,
     UsageError,
 )
-from registry.manifest import Manifest
-from registry.safetensors_io import check_optimizer_state
+from registry.protocol.manifest import Manifest
+from registry.formats.safetensors_io import check_optimizer_state
 from registry.store import Store, join, open_store
-from registry.verify import read_manifest, verify_directory, verify_entries
-from registry.weights import INDEX, SINGLE, iter_tensors, load_weights
+from registry.protocol.verify import read_manifest, verify_directory, verify_entries
+from registry.formats.weights import INDEX, SINGLE, iter_tensors, load_weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +343,7 @@ def _hf_config(hf: Store) -> dict[str, Any]:
 
 def _hf_weights(hf: Store) -> dict[str, np.ndarray]:
     """The HF model's weights as F32: model.safetensors, or the shards a
-    model.safetensors.index.json names, under the rule of :mod:`registry.weights`
+    model.safetensors.index.json names, under the rule of :mod:`registry.formats.weights`
     (a stale shard beside them, a tensor in two shards... are refused)."""
     files = hf.walk_files("")
     if SINGLE not in files and INDEX not in files:

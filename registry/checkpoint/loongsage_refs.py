@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from registry import schemas
+from registry.rules import schemas
 from registry.checkpoint.layout import LOONGSAGE
 from registry.checkpoint.loongsage_format import CONFIG, DIST
 from registry.errors import (
@@ -37,7 +37,7 @@ from registry.errors import (
 )
 from registry.release.step_source import check_step_source
 from registry.store import Store, open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 @dataclass(frozen=True, slots=True)

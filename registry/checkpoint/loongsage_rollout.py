@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from registry import limits
+from registry.rules import limits
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
 from registry.checkpoint.loongsage_data import dumps_pt, loads_pt
 from registry.checkpoint.loongsage_format import derive_run_id
@@ -41,8 +41,8 @@ from registry.errors import (
     ObjectNotFoundError,
     UsageError,
 )
-from registry.manifest import FileEntry, Manifest, parse_manifest
-from registry.names import check_name
+from registry.protocol.manifest import FileEntry, Manifest, parse_manifest
+from registry.rules.names import check_name
 from registry.store import Store, join, open_store
 
 DEFAULT_PATH = "./rollout_data"

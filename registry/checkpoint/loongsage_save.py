@@ -43,12 +43,12 @@ from registry.checkpoint.state import (
     snapshot_f32,
 )
 from registry.checkpoint.tree import CheckpointTree
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import CheckpointError, TorchUnavailableError, UsageError
-from registry.layout import staging_prefix
-from registry.manifest import Manifest
-from registry.names import check_name
-from registry.safetensors_io import check_optimizer_state
+from registry.protocol.layout import staging_prefix
+from registry.protocol.manifest import Manifest
+from registry.rules.names import check_name
+from registry.formats.safetensors_io import check_optimizer_state
 from registry.store import Store, open_store
 
 

@@ -30,7 +30,7 @@ from registry.checkpoint.dist import (
 from registry.checkpoint.loongsage_dcp_read import COMMON, MODEL_KEY, OPT_FULL, RNG_KEY
 from registry.checkpoint.loongsage_dcp_read import _single_process as single_process
 from registry.checkpoint.loongsage_format import DIST
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.store import Store, join
 
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from registry import limits
-from registry import numbers
-from registry import schemas
+from registry.rules import limits
+from registry.rules import numbers
+from registry.rules import schemas
 from registry.checkpoint.layout import TINYLLM, Layout
 from registry.checkpoint.retention import RetentionPolicy
 from registry.checkpoint.lease import DEFAULT_SECONDS, WriterLease
@@ -36,18 +36,18 @@ from registry.checkpoint.state import (
     validate_save_inputs,
 )
 from registry.checkpoint.tree import CheckpointSkippedWarning, CheckpointTree
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import (
     CheckpointError,
     NoValidCheckpointError,
     SafetensorsError,
     SchemaValidationError,
 )
-from registry.layout import run_root, staging_prefix
-from registry.manifest import Manifest, utc_now
-from registry.names import check_name
-from registry.pools import HelperPool
-from registry.safetensors_io import (
+from registry.protocol.layout import run_root, staging_prefix
+from registry.protocol.manifest import Manifest, utc_now
+from registry.rules.names import check_name
+from registry.host.pools import HelperPool
+from registry.formats.safetensors_io import (
     MAX_HEADER_BYTES,
     check_optimizer_state,
     read_safetensors,

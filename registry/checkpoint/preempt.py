@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from registry.interrupt import EXIT_SIGTERM
+from registry.host.interrupt import EXIT_SIGTERM
 
 #: :meth:`PreemptionWatch.state` values, ordered: the largest wins across ranks.
 NONE, SAVE, LATE = 0, 1, 2

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from registry.errors import ObjectNotFoundError, RegistryError, UsageError
-from registry.layout import MODELS
-from registry.manifest import MANIFEST, Manifest, parse_manifest
+from registry.protocol.layout import MODELS
+from registry.protocol.manifest import MANIFEST, Manifest, parse_manifest
 from registry.store import Store, join
 
 MODES = ("min", "max")

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from registry import schemas
+from registry.rules import schemas
 from registry.errors import CheckpointError
-from registry.safetensors_io import check_optimizer_state
+from registry.formats.safetensors_io import check_optimizer_state
 
 OPTIMIZERS = ("adamw", "sgd", "muon")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from registry.checkpoint.lease import DEFAULT_SECONDS as LEASE_SECONDS
 from registry.checkpoint.lease import live_holder
 from registry.checkpoint.retention import RetentionPolicy, released_steps, step_facts
-from registry.storeclock import store_time
-from registry.claim import read_state
-from registry.commit import delete_directory
+from registry.protocol.storeclock import store_time
+from registry.protocol.claim import read_state
+from registry.protocol.commit import delete_directory
 from registry.errors import (
     CheckpointExistsError,
     CommitConflictError,
@@ -26,12 +26,12 @@ from registry.errors import (
     RegistryError,
     StorageError,
 )
-from registry.layout import CLAIM_SUFFIX, TMP_MARK, claim_key, leftover_base
-from registry.manifest import Manifest
-from registry.pointer import move_pointer
+from registry.protocol.layout import CLAIM_SUFFIX, TMP_MARK, claim_key, leftover_base
+from registry.protocol.manifest import Manifest
+from registry.protocol.pointer import move_pointer
 from registry.store import Store, join
 from registry.checkpoint.layout import TINYLLM, Layout
-from registry.verify import VerifyReport, is_committed, require_verified, verify_directory
+from registry.protocol.verify import VerifyReport, is_committed, require_verified, verify_directory
 
 
 class CheckpointSkippedWarning(UserWarning):
@@ -243,7 +243,7 @@ class CheckpointTree:
         return seen is not None and seen[0].live
 
     def _store_now(self) -> float:
-        """The store's time (registry.storeclock), read once per retention
+        """The store's time (registry.protocol.storeclock), read once per retention
         pass and only when an age is needed: ages compare store stamps only."""
         if self._now is None:
             self._now = store_time(self.store).now

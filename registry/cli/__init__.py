@@ -8,6 +8,9 @@ at the boundary (:mod:`registry.cli.errors`).
 command's module only when it runs (:mod:`registry.cli.commands`).
 ``registry.cli.app`` is the Typer app (:mod:`registry.cli.app`'s ``app``),
 loaded on first use.
+
+
+Rooms it may import (tests/test_house.py keeps this list): any room.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import sys
 import types
 from typing import Any
 
-from registry import interrupt, numbers
-from registry.words import count
+from registry.host import interrupt
+from registry.rules import numbers
+from registry.rules.words import count
 
 
 class _Package(types.ModuleType):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from registry import actor
+from registry.host import actor
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, print_json
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo
@@ -77,7 +77,7 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
               store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """The moves of ALIAS of MODEL_ID, newest first: when, from, to, who, and their
     signatures: verified against --trusted-key(s), else shown as unverified claims."""
-    from registry.alias_history import AliasMove
+    from registry.refs.alias_history import AliasMove
     from registry.store import open_store
     from registry.trust.moves import alias_log as log_document
 
@@ -91,8 +91,8 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
         s = open_store(store)
         doc = log_document(s, model_id, alias, at=when, trust=trust)
         if not doc["moves"] and not doc["broken"] and when is None:
-            from registry.aliases import unknown_ref
-            from registry.layout import alias_key
+            from registry.refs.aliases import unknown_ref
+            from registry.protocol.layout import alias_key
 
             if not s.exists(alias_key(model_id, alias)):  # never set: a typo?
                 raise unknown_ref(s, model_id, alias, kind="alias")

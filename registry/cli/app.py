@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from registry import numbers
+from registry.rules import numbers
 from registry.cli.output import echo
 from registry.cli.profile import PROFILE_DEFAULTS
 
@@ -43,7 +43,7 @@ def _fix_metavar(param: Any) -> None:
 
 class RegistryContext(typer.Context):
     """A click context whose defaults come from the config file's profile
-    (registry.config) when neither the flag nor its environment variable is
+    (registry.host.config) when neither the flag nor its environment variable is
     given: click asks ``lookup_default`` only then, so the order is flag >
     environment variable > profile > built-in default."""
 

@@ -6,14 +6,14 @@ from typing import Annotated
 
 import typer
 
-from registry.numbers import INT_MAX
+from registry.rules.numbers import INT_MAX
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import EXIT_FAILED, at_least, error_boundary, fail
 from registry.cli.output import echo
-from registry.gc import parse_duration
+from registry.lifecycle.gc import parse_duration
 from registry.pull.cache_admin import PullCache
 from registry.pull.cache_table import human, table
-from registry.words import count
+from registry.rules.words import count
 
 cache_app = RegistryTyper(help="The pull cache of this host: list, prune, verify.",
                           no_args_is_help=True)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from registry.numbers import INT_MAX
+from registry.rules.numbers import INT_MAX
 from registry.checkpoint.layout import LOONGSAGE, TINYLLM, get_layout
 from registry.checkpoint.tree import CheckpointTree, StepInfo
 from registry.checkpoint.lease import describe as describe_holder
@@ -21,12 +21,12 @@ from registry.errors import (
     PointerError,
     UsageError,
 )
-from registry.documents import checkpoint_list
-from registry.layout import claim_key, run_root
-from registry.names import check_name
+from registry.facade.documents import checkpoint_list
+from registry.protocol.layout import claim_key, run_root
+from registry.rules.names import check_name
 from registry.store import Store, join, open_store
-from registry.verify import verify_directory
-from registry.words import count
+from registry.protocol.verify import verify_directory
+from registry.rules.words import count
 
 ckpt_app = RegistryTyper(help="Checkpoints of training runs (seed 000 and LoongSage trees).",
                        no_args_is_help=True)
@@ -252,7 +252,7 @@ def ckpt_gc(run: RunArg, keep: Annotated[int | None, typer.Option(
         if keep is not None:
             at_least("--keep", keep, 1)
         from registry.checkpoint.retention import RetentionPolicy
-        from registry.gc import parse_duration
+        from registry.lifecycle.gc import parse_duration
 
         policy = RetentionPolicy(
             keep_last=keep or 0, keep_best=keep_best, metric=metric, mode=mode,

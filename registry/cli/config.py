@@ -1,5 +1,5 @@
 """``registry config show`` / ``registry config set``: the config file and
-its profiles (registry.config; docs/configuration.md#the-config-file)."""
+its profiles (registry.host.config; docs/configuration.md#the-config-file)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from registry import config
+from registry.host import config
 from registry.cli.app import JsonOpt, RegistryTyper, app, print_json
 from registry.cli.errors import error_boundary
 from registry.cli.output import echo

@@ -23,10 +23,10 @@ from typing import Any, NoReturn
 
 import typer
 
-from registry import numbers
+from registry.rules import numbers
 from registry import errors as E
 from registry.cli.output import echo, shown
-from registry.redact import redact
+from registry.host.redact import redact
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the check ran and the answer is "no" (verify, gate check)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from registry import actor
+from registry.host import actor
 from registry.cli.app import JsonOpt, RegistryTyper, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
 from registry.cli.output import echo
@@ -112,7 +112,7 @@ def _last(store: str | None) -> int:
 
 
 def json_line(e: object) -> str:
-    from registry import numbers
+    from registry.rules import numbers
 
     return numbers.dumps(e.to_dict(), sort_keys=True)  # type: ignore[attr-defined]
 

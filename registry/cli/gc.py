@@ -11,7 +11,7 @@ from registry.cli.errors import error_boundary
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import ObjectNotFoundError
-from registry.gc import collect, parse_duration
+from registry.lifecycle.gc import collect, parse_duration
 from registry.store import open_store
 
 

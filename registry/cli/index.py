@@ -15,8 +15,8 @@ from registry.cli.output import echo, shown
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import RegistryError, UsageError
 from registry.store import open_store
-from registry.documents import revocation_list
-from registry.words import count
+from registry.facade.documents import revocation_list
+from registry.rules.words import count
 
 db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
 index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)

@@ -13,7 +13,7 @@ from registry.cli.errors import error_boundary
 from registry.cli.output import echo
 
 if TYPE_CHECKING:
-    from registry.certs import Certificate
+    from registry.trust.certs import Certificate
 
 keys_app = RegistryTyper(help="Signing keys (elliptic curve, PEM) and a local CA for signed "
                               "releases.", no_args_is_help=True)
@@ -31,7 +31,7 @@ def keys_generate(
 ) -> None:
     """Create an EC key pair; never overwrites an existing file."""
     with error_boundary(as_json):
-        from registry.keys import generate
+        from registry.trust.keys import generate
 
         priv, pub, fp = generate(private_key, public_path=public_key, curve=curve)
     if as_json:
@@ -47,7 +47,7 @@ def keys_fingerprint(
 ) -> None:
     """Print a public key's fingerprint (sha256 of its PEM, the bundle's key hint)."""
     with error_boundary(as_json):
-        from registry.keys import load_public_key
+        from registry.trust.keys import load_public_key
 
         key = load_public_key(public_key)
     if as_json:
@@ -71,8 +71,8 @@ def keys_revoke(
     signed are refused. Revoking a key revokes every certificate of it; revoking
     a CA certificate, every certificate under it."""
     with error_boundary(as_json):
-        from registry.certs import is_certificate_file, load_certificates
-        from registry.keys import load_public_key
+        from registry.trust.certs import is_certificate_file, load_certificates
+        from registry.trust.keys import load_public_key
         from registry.trust import revoke
 
         key = load_certificates(public_key)[0] if is_certificate_file(public_key) \
@@ -110,7 +110,7 @@ def keys_ca(
     """Create a local CA (self-signed, P-256) for certificate-signed releases;
     never overwrites a file. Trust its certificate on serving hosts (--trusted-ca)."""
     with error_boundary(as_json):
-        from registry.local_ca import make_ca
+        from registry.trust.local_ca import make_ca
 
         key, crt, c = make_ca(private_key, subject=subject, cert_path=cert, days=days)
     _cert_out(key, crt, c, as_json, "CA")
@@ -134,7 +134,7 @@ def keys_issue(
     """Create a signing key and its code-signing certificate issued by a local CA
     (for --sign-key/--sign-cert); never overwrites a file."""
     with error_boundary(as_json):
-        from registry.local_ca import issue
+        from registry.trust.local_ca import issue
 
         key, crt, c = issue(private_key, ca_key=ca, ca_cert=ca_cert, subject=subject,
                             cert_path=cert, days=days)

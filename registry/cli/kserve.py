@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import CommitConflictError, GateFailedError, RegistryError, UsageError
-from registry.layout import release_prefix
+from registry.protocol.layout import release_prefix
 
 SCHEME = "registry://"
 #: the staging folders this entry point makes inside DEST
@@ -51,7 +51,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
         UsageError: another scheme, or no ``@REF``.
         InvalidNameError: the model id or ref breaks the naming rule.
     """
-    from registry.aliases import parse_ref
+    from registry.refs.aliases import parse_ref
 
     if not uri.startswith(SCHEME):
         raise UsageError(f"{uri}: expected a {SCHEME}MODEL@REF URI")
@@ -107,7 +107,7 @@ def initialize(uri: str, dest: str | os.PathLike[str], *, store: str | None = No
     from registry.release.failing import describe, failing_gates
     from registry.store import open_store
     from registry.store.durable import rename_noreplace
-    from registry.verify import read_manifest
+    from registry.protocol.verify import read_manifest
 
     model_id, ref = parse_uri(uri)
     target = Path(dest).expanduser().resolve()
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``registry-storage-initializer URI DEST`` (exit codes above)."""
     from registry.cli.errors import exit_code_for
     from registry.cli.output import shown
-    from registry.numbers import dumps
-    from registry.redact import redact
+    from registry.rules.numbers import dumps
+    from registry.host.redact import redact
 
     args = sys.argv[1:] if argv is None else argv
     try:

@@ -12,7 +12,7 @@ from registry.cli.output import echo
 from registry.cli.release import release_app
 from registry.cli.snapshot import SnapshotKeyOpt, report
 from registry.cli.snapshot import signed as _signed
-from registry.layout import release_prefix
+from registry.protocol.layout import release_prefix
 
 if TYPE_CHECKING:
     from registry.api import Registry
@@ -29,7 +29,7 @@ def _registry(store: str | None, db: str | None) -> Registry:
 
 
 def _who(doc: dict[str, Any]) -> str:
-    from registry.actor import describe, read_actor
+    from registry.host.actor import describe, read_actor
 
     return describe(read_actor(doc.get("actor")))
 
@@ -92,7 +92,7 @@ def release_delete(ref: RefArg, reason: ReasonOpt, sign_key: SnapshotKeyOpt = No
     points at it. Running it again finishes a delete that was interrupted."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
-        from registry.aliases import parse_ref
+        from registry.refs.aliases import parse_ref
         from registry.errors import InvalidNameError
 
         model_id, name = parse_ref(ref)
@@ -103,7 +103,7 @@ def release_delete(ref: RefArg, reason: ReasonOpt, sign_key: SnapshotKeyOpt = No
         version = name if is_deleted(reg.store, model_id, name) else reg.resolve(ref)[1]
         doc, deleted = reg.delete_release(model_id, version, reason, sign_key=sign_key)
         notes: list[str] = []
-        from registry.gc import versions
+        from registry.lifecycle.gc import versions
 
         purged = versions(reg.store, release_prefix(model_id, version), purge=purge_versions,
                           warn=notes.append)
@@ -147,7 +147,7 @@ def release_gc(
     """Apply a retention policy: delete (with tombstones) the releases that match every
     criterion given (at least one is required)."""
     with error_boundary(as_json), index_writes():
-        from registry.gc import parse_duration
+        from registry.lifecycle.gc import parse_duration
 
         seconds = (parse_duration(older_than, what="--older-than")
                    if older_than is not None else None)
@@ -203,7 +203,7 @@ def tag_rm(ref: RefArg,
 def tag_ls(ref: RefArg, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List the tags of a release (read from the store)."""
     with error_boundary(as_json):
-        from registry.aliases import parse_ref, resolve
+        from registry.refs.aliases import parse_ref, resolve
         from registry.errors import InvalidNameError
         from registry.lifecycle.tags import read_tags
         from registry.store import open_store

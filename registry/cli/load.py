@@ -12,7 +12,7 @@ from registry.cli.errors import at_least, error_boundary
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import GateFailedError
-from registry.words import count
+from registry.rules.words import count
 
 
 @app.command()
@@ -89,7 +89,7 @@ def load(
         target = ref
         failed: list[Any] = []
         if mirror and not checkpoint and not offline:
-            from registry.aliases import parse_ref
+            from registry.refs.aliases import parse_ref
             from registry.cli.pull import _source
 
             model_id, name = parse_ref(ref)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from registry.numbers import INT_MAX
+from registry.rules.numbers import INT_MAX
 from registry.cli.app import JsonOpt, StoreOpt, print_json
 from registry.cli.ckpt import _is_location, ckpt_app
 from registry.cli.errors import at_least, error_boundary

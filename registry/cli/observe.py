@@ -58,7 +58,7 @@ def _finish() -> None:
     if run is None:
         return
     from registry.cli.output import echo
-    from registry.redact import redact
+    from registry.host.redact import redact
 
     for warning in run.finish():
         echo(f"warning: {redact(warning)}", err=True)

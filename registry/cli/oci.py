@@ -72,7 +72,7 @@ def push(
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Push a release to an OCI registry as a ModelPack artifact (signature as a referrer)."""
-    from registry.aliases import parse_ref as parse_model_ref
+    from registry.refs.aliases import parse_ref as parse_model_ref
     from registry.oci.push import push as do_push
     from registry.store import open_store
 

@@ -6,7 +6,7 @@ and ``ESC [ 2K`` erase a ``FAIL`` line and paint ``OK`` over it; OSC 8 makes
 links; bidi overrides reorder text). :func:`inert` shows every such
 character as a visible escape (``\\r``, ``\\x1b``, ``\\u202e``), keeping only
 tabs and the line breaks the CLI itself writes; :func:`echo` applies it and
-:func:`registry.redact.redact` to every line of output. ``--json`` output is
+:func:`registry.host.redact.redact` to every line of output. ``--json`` output is
 ``json.dumps`` with ``ensure_ascii`` (every control character is a ``\\u``
 escape there already), redacted too.
 """
@@ -17,7 +17,7 @@ import unicodedata
 
 import typer
 
-from registry.redact import redact
+from registry.host.redact import redact
 
 
 def _escape(ch: str) -> str:

@@ -1,4 +1,4 @@
-"""The config file's profile applied to a command line (registry.config).
+"""The config file's profile applied to a command line (registry.host.config).
 
 :func:`apply_profile` runs in the root callback, before the command's own
 options are parsed: it puts the profile's settings where
@@ -6,7 +6,7 @@ options are parsed: it puts the profile's settings where
 environment variables a profile stands for (S3 endpoint, region, AWS profile;
 the token ``pull``/``load --from`` send) for the command, unless they are set.
 
-May import: registry.config (not registry.cli.app, which imports this).
+May import: registry.host.config (not registry.cli.app, which imports this).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from registry import config
+from registry.host import config
 
 #: ``ctx.meta`` key of the root context: {parameter name: the profile's value},
 #: what registry.cli.app.RegistryContext gives as defaults

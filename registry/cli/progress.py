@@ -6,7 +6,7 @@ through :func:`reporter`, which picks one of:
 
 * a bar on stderr (rich): files done of files, bytes done of bytes, the rate
   over the last 5 s and an ETA, shown only once a rate is measured
-  (:class:`registry.progress.RateWindow`); the default when stderr is a
+  (:class:`registry.obs.progress.RateWindow`); the default when stderr is a
   terminal and ``--json`` is not given, or with ``--progress``;
 * JSON lines on stderr with ``--json --progress`` (for CI), one object each,
   ``"record": "progress"`` and an ``"event"``: ``start`` (``what``, ``files``,
@@ -34,7 +34,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
-from registry.progress import NULL, Progress, RateWindow
+from registry.obs.progress import NULL, Progress, RateWindow
 
 ProgressOpt = Annotated[bool | None, typer.Option(
     "--progress/--no-progress",
@@ -257,7 +257,7 @@ def wanted(flag: bool | None, as_json: bool) -> str:
 @contextmanager
 def reporter(flag: bool | None, as_json: bool, label: str, *,
              on_gates: Callable[[Sequence[Any]], None] | None = None) -> Iterator[Progress]:
-    """The :class:`registry.progress.Progress` a command hands to the library,
+    """The :class:`registry.obs.progress.Progress` a command hands to the library,
     for as long as the block runs (the bar is removed on leaving it, error or
     not). ``on_gates`` prints gate results as they are decided (not with
     ``--json``: they are in its document)."""

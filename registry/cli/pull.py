@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from registry.aliases import parse_ref, resolve
+from registry.refs.aliases import parse_ref, resolve
 from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary
 from registry.cli.oci import InsecureOpt, InsecureRemoteOpt, PasswordStdinOpt, UsernameOpt
@@ -14,9 +14,9 @@ from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
-from registry.gates import GateResult
+from registry.gating.gates import GateResult
 from registry.store import Store, open_store
-from registry.words import count
+from registry.rules.words import count
 
 
 @app.command()

@@ -20,7 +20,7 @@ def quickstart(
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the whole workflow on STORE and DB, printing each step (a few minutes at most)."""
-    from registry import quickstart as qs
+    from registry.examples import quickstart as qs
 
     with error_boundary(as_json):
         summary = qs.run(store, db, workdir, say=(lambda _msg: None) if as_json else echo)

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from registry import documents, interrupt
+from registry.facade import documents
+from registry.host import interrupt
 from registry.checkpoint import get_layout
 from registry.cli.app import (
     DbOpt,
@@ -30,15 +31,15 @@ from registry.cli.errors import (
     report_not_indexed,
 )
 from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
-from registry.gates import GateResult
-from registry.certs import Certificate
+from registry.gating.gates import GateResult
+from registry.trust.certs import Certificate
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
-from registry.keys import PublicKey
-from registry.layout import MODELS, model_ids, model_root
+from registry.trust.keys import PublicKey
+from registry.protocol.layout import MODELS, model_ids, model_root
 from registry.release.policy import signed_by, thresholds
 from registry.store import Store, open_store
-from registry.words import count
+from registry.rules.words import count
 
 ModelIdOpt = Annotated[str, typer.Option("--model-id", help="Model id.")]
 VersionOpt = Annotated[str, typer.Option("--version", help="New, immutable version.")]
@@ -89,7 +90,7 @@ def _require_model(store: Store, model_id: str) -> None:
     (so a typo is exit 3, not an empty answer)."""
     key = model_root(model_id)
     if nothing_stored(store, key):
-        from registry.suggest import unknown_model
+        from registry.rules.suggest import unknown_model
 
         try:
             models = model_ids(store.subdirs(MODELS))
@@ -422,7 +423,7 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
         _require_model(reg.store, model_id)
         keys = []
         if require_signed_by:
-            from registry.certs import load_anchor
+            from registry.trust.certs import load_anchor
 
             keys = [k for p in require_signed_by for k in load_anchor(p)]
         protected = _protected(protect or [])
@@ -440,8 +441,8 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
 
 def _protected(items: list[str]) -> dict[str, list[str]]:
     """``--protect ALIAS=PUBKEY`` values as alias -> fingerprints. Raises UsageError."""
-    from registry.keys import load_public_key
-    from registry.names import check_name
+    from registry.trust.keys import load_public_key
+    from registry.rules.names import check_name
 
     out: dict[str, list[str]] = {}
     for item in items:

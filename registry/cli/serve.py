@@ -155,7 +155,7 @@ def serve(
 
             trust = TrustSource(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
                                 ca_folder=trusted_cas)
-        from registry.names import check_name
+        from registry.rules.names import check_name
         from registry.web.hub import HubStats
         from registry.web.hubrefs import HubPolicy
 

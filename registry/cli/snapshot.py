@@ -27,7 +27,7 @@ ExpiresOpt = Annotated[str, typer.Option(
 
 
 def _expires(text: str) -> float:
-    from registry.gc import parse_duration
+    from registry.lifecycle.gc import parse_duration
 
     return parse_duration(text, what="--expires-in")
 

@@ -11,8 +11,8 @@ from registry.cli.errors import EXIT_FAILED, error_boundary, fail
 from registry.cli.output import echo, shown
 from registry.errors import ObjectNotFoundError
 from registry.store import open_store
-from registry.verify import verify_directory
-from registry.words import count
+from registry.protocol.verify import verify_directory
+from registry.rules.words import count
 
 
 @app.command()

@@ -4,6 +4,9 @@
 :mod:`registry.events.log` is the log itself (``events/<seq>.json``),
 :mod:`registry.events.deliver` the webhook delivery with its cursor. Event
 names follow MLflow 3.3's webhooks where they match.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, lifecycle, refs, trust.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def append_event(store: Store, name: str, *, model_id: str | None = None,
             release, e.g. ``source.revoked``).
         data: the event's details (JSON-serialisable): ``{"alias", "previous"}``
             for an alias move, ``{"reason"}`` for a yank...
-        actor: who did it (:func:`registry.actor.current_actor`); None: this
+        actor: who did it (:func:`registry.host.actor.current_actor`); None: this
             process's actor, unsigned.
 
     Raises:
@@ -59,7 +62,7 @@ def append_event(store: Store, name: str, *, model_id: str | None = None,
         there (:func:`registry.events.log.append`): no event lost or
         duplicated under concurrent writers on any backend.
     """
-    from registry.actor import current_actor
+    from registry.host.actor import current_actor
     from registry.events import log
 
     if name not in EVENT_NAMES:

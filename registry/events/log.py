@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.errors import DocumentError, ObjectExistsError, ObjectNotFoundError, StorageError
-from registry.layout import EVENT_DIGITS, EVENTS, EVENTS_TMP_PREFIX, event_key
-from registry.manifest import utc_now
-from registry.schemas import load_json, validate
+from registry.protocol.layout import EVENT_DIGITS, EVENTS, EVENTS_TMP_PREFIX, event_key
+from registry.protocol.manifest import utc_now
+from registry.rules.schemas import load_json, validate
 from registry.store import Store
 
 #: version of the event document's shape (schemas/event.schema.json).
@@ -191,7 +191,7 @@ def read_event(store: Store, seq: int) -> Event:
         DocumentError: see :func:`parse_event`; larger than
             ``limits.MAX_JSON_BYTES`` (nothing more is read).
     """
-    from registry import limits
+    from registry.rules import limits
 
     key = event_key(seq)  # an event is a JSON document: read at most its cap
     return parse_event(store.read_bytes(key, limit=limits.MAX_JSON_BYTES),

@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from registry.actor import actor_of_metadata
-from registry.alias_history import history_aliases, walk
-from registry.aliases import alias_event
+from registry.host.actor import actor_of_metadata
+from registry.refs.alias_history import history_aliases, walk
+from registry.refs.aliases import alias_event
 from registry.errors import DocumentError, InvalidNameError, PointerError
 from registry.events import (
     MODEL_VERSION_CREATED,
@@ -42,8 +42,8 @@ from registry.events import (
     append_event,
 )
 from registry.events.log import Event, event_numbers, iter_events
-from registry import limits
-from registry.layout import (
+from registry.rules import limits
+from registry.protocol.layout import (
     EVENTS,
     MODELS,
     TAGS,
@@ -57,9 +57,9 @@ from registry.layout import (
 from registry.lifecycle import records
 from registry.lifecycle.tags import read_tags_record
 from registry.lifecycle.tombstone import tombstones
-from registry.schemas import validate
+from registry.rules.schemas import validate
 from registry.store import Store
-from registry.verify import is_committed, read_manifest
+from registry.protocol.verify import is_committed, read_manifest
 
 
 def repair(store: Store, *, damaged: list[str] | None = None) -> list[str]:

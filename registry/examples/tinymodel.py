@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from registry import numbers
+from registry.rules import numbers
 
 F32 = np.float32
 PARAMS = ("emb", "w1", "b1", "w2", "b2")

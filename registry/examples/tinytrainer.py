@@ -63,9 +63,10 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from registry import interrupt, numbers  # noqa: E402
+from registry.host import interrupt  # noqa: E402
+from registry.rules import numbers  # noqa: E402
 from registry.checkpoint import CheckpointManager, CheckpointSkippedWarning  # noqa: E402
-from registry.commit import delete_directory  # noqa: E402
+from registry.protocol.commit import delete_directory  # noqa: E402
 from registry.examples.tinymodel import (  # noqa: E402
     F32,
     PARAMS,

@@ -1,6 +1,6 @@
 """The index's rows of alias history (table ``alias_moves``, migration 0006).
 
-The store is the truth (:mod:`registry.alias_history`); these rows follow each
+The store is the truth (:mod:`registry.refs.alias_history`); these rows follow each
 move and are rebuilt from the chains by ``registry index rebuild``.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from registry.alias_history import AliasMove
+from registry.refs.alias_history import AliasMove
 from registry.index.record import model_pk
 from registry.index.schema import AliasMove as AliasMoveRow
 from registry.index.schema import Model

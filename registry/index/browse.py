@@ -19,7 +19,7 @@ from sqlalchemy import func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
-from registry.gates import GateResult, Threshold
+from registry.gating.gates import GateResult, Threshold
 from registry.index.queries import GATE_COLUMNS, ls, release_gates
 from registry.index.schema import (
     Alias,
@@ -32,7 +32,7 @@ from registry.index.schema import (
     ReleaseSource,
     Revocation,
 )
-from registry.layout import model_root
+from registry.protocol.layout import model_root
 
 
 @dataclass(frozen=True, slots=True)

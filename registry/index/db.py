@@ -43,14 +43,14 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from registry.redact import redact
+from registry.host.redact import redact
 from registry.errors import (
     IndexDamagedError,
     IndexDatabaseError,
     IndexOutOfDateError,
     IndexReadOnlyError,
 )
-from registry.resources import resource_path
+from registry.host.resources import resource_path
 
 DEFAULT_DB = "sqlite:///registry.db"
 T = TypeVar("T")

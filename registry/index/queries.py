@@ -1,10 +1,10 @@
 """What the CLI and API ask the index (DESIGN section 6).
 
-Gate semantics are those of :mod:`registry.gates`: the facts that never change
+Gate semantics are those of :mod:`registry.gating.gates`: the facts that never change
 after a release (card, ledger.json, eval summary) are stored precomputed; live
 revocations and policy thresholds are joined at query time, so a revocation
 makes a version stop passing at once. A test checks these queries agree with
-``registry.gates.evaluate`` run on the store.
+``registry.gating.gates.evaluate`` run on the store.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Select, case, exists, or_, select
 from sqlalchemy.orm import Session
 
 from registry.errors import NotCommittedError
-from registry.gates import GateResult, Threshold
+from registry.gating.gates import GateResult, Threshold
 from registry.index.schema import (
     Alias,
     Checkpoint,
@@ -33,7 +33,7 @@ from registry.index.schema import (
     Revocation,
     Yank,
 )
-from registry.layout import release_prefix
+from registry.protocol.layout import release_prefix
 
 
 def model_pk(model_id: str) -> Any:

@@ -3,7 +3,7 @@ forgetting on a listing's word (issue 31 item 3).
 
 What the listings show is added or updated. What the index holds and the
 listings do not show is read directly (a HEAD of its manifest, a GET of its
-pointer or revocation, :mod:`registry.confirm`): kept when it is there (the
+pointer or revocation, :mod:`registry.protocol.confirm`): kept when it is there (the
 listing lags: GCS, Swift, RGW, a cache), removed only when its absence is
 confirmed. Staging directories (``*.tmp-*``) and claimed, uncommitted
 versions are skipped, never an error; a release that does not verify, or
@@ -22,9 +22,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
-from registry.aliases import list_aliases
+from registry.refs.aliases import list_aliases
 from registry.checkpoint import CheckpointTree
-from registry.confirm import manifest_absent, verify_confirmed
+from registry.protocol.confirm import manifest_absent, verify_confirmed
 from registry.errors import (
     InvalidNameError,
     ObjectNotFoundError,
@@ -44,7 +44,7 @@ from registry.index.record import (
     record_revocation,
 )
 from registry.index.record_lifecycle import record_tags, record_tombstone, record_yank
-from registry.layout import (
+from registry.protocol.layout import (
     CLAIM_SUFFIX,
     MODELS,
     RUNS,
@@ -58,16 +58,16 @@ from registry.layout import (
 from registry.lifecycle.tags import tagged
 from registry.lifecycle.tombstone import tombstones
 from registry.lifecycle.yank import yanked
-from registry.ledger import PREFIX as REVOCATIONS
-from registry.ledger import _read as read_revocation
-from registry.ledger import revocations
-from registry.manifest import Manifest
-from registry.names import check_name, model_from_key
-from registry.alias_history import AliasMove, history_aliases, read_head, walk
+from registry.gating.ledger import PREFIX as REVOCATIONS
+from registry.gating.ledger import _read as read_revocation
+from registry.gating.ledger import revocations
+from registry.protocol.manifest import Manifest
+from registry.rules.names import check_name, model_from_key
+from registry.refs.alias_history import AliasMove, history_aliases, read_head, walk
 from registry.release.policy import thresholds
-from registry.sequence import sequence_of
+from registry.protocol.sequence import sequence_of
 from registry.store import Store, join
-from registry.progress import NULL, Progress
+from registry.obs.progress import NULL, Progress
 
 __all__ = ["rebuild"]
 
@@ -140,7 +140,7 @@ def _scan(store: Store, indexed: dict[str, set[Any]]) -> _Plan:
     plan = _Plan()
     listed_models = []
     for key in store.subdirs_confirmed(MODELS):
-        try:  # a namespaced id's folder is <org>@<name> (registry.names.model_key)
+        try:  # a namespaced id's folder is <org>@<name> (registry.rules.names.model_key)
             listed_models.append(model_from_key(key))
         except InvalidNameError as e:  # quarantined: named, the other models still indexed
             plan.note("quarantined", join(MODELS, key), str(e))
@@ -250,7 +250,7 @@ def _checkpoint(plan: _Plan, store: Store, run_id: str, step: int) -> None:
 
 def _legacy_ranks(plan: _Plan) -> dict[tuple[str, str], int]:
     """1..k per model, by (created_at, version), for releases whose manifest
-    records no sequence (committed before registry.sequence)."""
+    records no sequence (committed before registry.protocol.sequence)."""
     by_model: dict[str, list[tuple[str, str]]] = {}
     for (model_id, version), manifest in plan.releases.items():
         if sequence_of(manifest) is None:

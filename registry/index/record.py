@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from registry import gates
-from registry.gates import Threshold
+from registry.gating import gates
+from registry.gating.gates import Threshold
 from registry.index.schema import (
     Alias,
     Checkpoint,
@@ -25,15 +25,15 @@ from registry.index.schema import (
     ReleaseSource,
     Revocation,
 )
-from registry.layout import release_prefix
-from registry.ledger import Revocation as StoreRevocation
-from registry.manifest import Manifest
+from registry.protocol.layout import release_prefix
+from registry.gating.ledger import Revocation as StoreRevocation
+from registry.protocol.manifest import Manifest
 from registry.release import ModelRelease
 from registry.release.convert import dtype_label, weights_groups
-from registry.weights import INDEX, SINGLE, load_weights
-from registry.sequence import sequence_of
+from registry.formats.weights import INDEX, SINGLE, load_weights
+from registry.protocol.sequence import sequence_of
 from registry.store import Store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 def model_pk(s: Session, model_id: str) -> int:
@@ -59,7 +59,7 @@ def record_release(s: Session, store: Store, model_id: str, version: str, *,
                    legacy_seq: int | None = None) -> int:
     """Index the committed release ``model_id@version`` (replacing any row); returns its pk.
 
-    Its ``seq`` is the sequence its manifest records (:mod:`registry.sequence`);
+    Its ``seq`` is the sequence its manifest records (:mod:`registry.protocol.sequence`);
     a release committed before the counter has none and gets ``legacy_seq``
     (``index rebuild``: its rank by ``(created_at, version)``), else one more
     than the model's highest."""

@@ -54,7 +54,7 @@ class Release(Base):
     source_uri: Mapped[str | None] = mapped_column(Text)
     source_manifest_sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32))
-    #: the model's release order, assigned by the commit (registry.sequence):
+    #: the model's release order, assigned by the commit (registry.protocol.sequence):
     #: "latest" is the highest, whatever the publishers' clocks said
     seq: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
     card_ok: Mapped[bool] = mapped_column(Boolean)

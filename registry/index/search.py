@@ -37,7 +37,7 @@ def parse_since(text: str, *, now: datetime | None = None) -> str:
     Raises:
         UsageError: neither.
     """
-    from registry.gc import parse_duration
+    from registry.lifecycle.gc import parse_duration
 
     t = text.strip()
     when: datetime

@@ -11,4 +11,7 @@
 Records live under ``ledger/`` beside the releases (:mod:`registry.lifecycle.records`);
 the index follows them and ``registry index rebuild`` recomputes it from them.
 See docs/lifecycle.md.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, checkpoint, events, refs, trust.
 """

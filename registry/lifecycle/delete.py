@@ -11,13 +11,13 @@ version finishes the job; ``registry gc`` removes an uncommitted leftover):
 3. look at the aliases again: an ``alias set`` that read the release as
    committed just before the tombstone may have moved an alias to it
    meanwhile. Then the tombstone is removed again (the release was not
-   touched) and the delete refused; :func:`registry.aliases.set_alias` checks
+   touched) and the delete refused; :func:`registry.refs.aliases.set_alias` checks
    for a tombstone after its own move too and, finding one, waits for the
    delete to back off (the move stands) or go on (the move is undone), so
    exactly one of the two wins (both lose only if the deleter dies between
    its tombstone and this look);
 4. delete ``MANIFEST.json`` first, then every other file
-   (:func:`registry.commit.delete_directory`, as ``gc`` does): a half-deleted
+   (:func:`registry.protocol.commit.delete_directory`, as ``gc`` does): a half-deleted
    directory is never read as committed;
 5. remove the release's yank record and tags (the index drops their rows with
    the release's);
@@ -28,21 +28,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.aliases import damaged_alias_note, list_aliases
-from registry.commit import delete_directory
+from registry.refs.aliases import damaged_alias_note, list_aliases
+from registry.protocol.commit import delete_directory
 from registry.errors import (
     NotCommittedError,
     ObjectExistsError,
     ReleaseInUseError,
 )
-from registry.layout import release_prefix, tags_key, tombstone_key, yank_key
+from registry.protocol.layout import release_prefix, tags_key, tombstone_key, yank_key
 from registry.lifecycle import records
 from registry.lifecycle.tombstone import read_tombstone
-from registry.manifest import utc_now
-from registry.model_sig import SIGNATURE
-from registry.sequence import sequence_of
+from registry.protocol.manifest import utc_now
+from registry.trust.model_sig import SIGNATURE
+from registry.protocol.sequence import sequence_of
 from registry.store import Store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 def _refuse_aliased(store: Store, model_id: str, version: str) -> None:

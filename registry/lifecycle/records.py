@@ -1,17 +1,17 @@
 """The small JSON records of a release's life, and what every lifecycle write shares.
 
 Yank records, tombstones and tag sets (issue 32 items 1-3) live in the store's
-live ledger, beside the immutable releases (:mod:`registry.layout`)::
+live ledger, beside the immutable releases (:mod:`registry.protocol.layout`)::
 
     ledger/yanks/<model_id>/<version>.json       {"schema": 1, "yanked": true, ...}
     ledger/tombstones/<model_id>/<version>.json  {"schema": 1, "manifest_sha256", ...}
     ledger/tags/<model_id>/<version>.json        {"schema": 1, "tags": {...}, ...}
 
 Each is one object a reader takes whole (bounded by
-:data:`registry.limits.MAX_JSON_BYTES`). Mutable ones (yanks, tags) are moved by
+:data:`registry.rules.limits.MAX_JSON_BYTES`). Mutable ones (yanks, tags) are moved by
 compare-and-swap on the object (:meth:`registry.store.base.Store.swap`); a
 tombstone is created once (conditional create) and never changes. Every write
-records its actor (:func:`registry.actor.current_actor`) and appends its event
+records its actor (:func:`registry.host.actor.current_actor`) and appends its event
 (:func:`registry.events.append_event`) after it committed.
 """
 
@@ -23,10 +23,10 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from registry import limits, numbers
+from registry.rules import limits, numbers
 from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, UsageError
-from registry.schemas import load_json
-from registry.names import check_name, model_key
+from registry.rules.schemas import load_json
+from registry.rules.names import check_name, model_key
 from registry.store import Store, join
 
 T = TypeVar("T")
@@ -121,8 +121,8 @@ def event(store: Store, name: str, model_id: str, version: str, data: dict[str, 
 
 
 def actor_of(actor: dict[str, Any] | None) -> dict[str, Any]:
-    """``actor``, or this process's (:func:`registry.actor.current_actor`)."""
-    from registry.actor import current_actor
+    """``actor``, or this process's (:func:`registry.host.actor.current_actor`)."""
+    from registry.host.actor import current_actor
 
     return dict(actor) if actor is not None else current_actor()
 

@@ -4,9 +4,9 @@ Criteria combine with AND; a release is deleted (:func:`registry.lifecycle.delet
 tombstone and all) when it is
 
 * not among the ``keep_last`` newest of its model (by the store's release
-  order, :mod:`registry.sequence`), when ``keep_last`` is given;
+  order, :mod:`registry.protocol.sequence`), when ``keep_last`` is given;
 * older than ``older_than`` seconds by the store's clock (its manifest's
-  stamp against a probe object, :mod:`registry.storeclock`: never this
+  stamp against a probe object, :mod:`registry.protocol.storeclock`: never this
   host's clock), when given;
 * pointed at by no alias -- always: ``release delete`` refuses an aliased
   release, so ``unaliased`` alone is the policy "every release no alias
@@ -24,16 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.aliases import damaged_alias_note, list_aliases
+from registry.refs.aliases import damaged_alias_note, list_aliases
 from registry.errors import NotCommittedError, RegistryError, ReleaseInUseError, UsageError
-from registry.layout import MODELS, TMP_MARK, model_ids, model_root, release_prefix
+from registry.protocol.layout import MODELS, TMP_MARK, model_ids, model_root, release_prefix
 from registry.lifecycle.delete import delete_release
 from registry.lifecycle.tombstone import is_deleted
-from registry.manifest import MANIFEST, Manifest
-from registry.names import check_model_id, check_name
-from registry.sequence import sequence_of
+from registry.protocol.manifest import MANIFEST, Manifest
+from registry.rules.names import check_model_id, check_name
+from registry.protocol.sequence import sequence_of
 from registry.store import Store, join
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 @dataclass
@@ -114,7 +114,7 @@ def collect(store: Store, *, keep_last: int | None = None, unaliased: bool = Fal
               else model_ids(store.subdirs_confirmed(MODELS)))
     now = None
     if older_than is not None:
-        from registry.storeclock import store_time
+        from registry.protocol.storeclock import store_time
 
         now = store_time(store).now
     for m in models:

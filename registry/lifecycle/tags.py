@@ -26,13 +26,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from registry.errors import PointerConflictError, UsageError
-from registry.layout import TAGS, release_prefix, tags_key
+from registry.protocol.layout import TAGS, release_prefix, tags_key
 from registry.lifecycle import records
 from registry.lifecycle.tombstone import refuse_deleted
-from registry.manifest import utc_now
-from registry.names import check_model_id, check_name
+from registry.protocol.manifest import utc_now
+from registry.rules.names import check_model_id, check_name
 from registry.store import Store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_VALUE = 256

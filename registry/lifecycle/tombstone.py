@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry.errors import ReleaseDeletedError, RegistryError, VersionExistsError
-from registry.layout import TOMBSTONES, release_prefix, tombstone_key
+from registry.protocol.layout import TOMBSTONES, release_prefix, tombstone_key
 from registry.lifecycle import records
 from registry.store import Store
 
@@ -42,7 +42,7 @@ def is_deleted(store: Store, model_id: str, version: str) -> bool:
 
 def describe(doc: dict[str, Any]) -> str:
     """``deleted at <time> by <user>@<host>: <reason>``."""
-    from registry.actor import describe as who, read_actor
+    from registry.host.actor import describe as who, read_actor
 
     return (f"deleted at {doc.get('deleted_at')} by {who(read_actor(doc.get('actor')))}: "
             f"{doc.get('reason')}")

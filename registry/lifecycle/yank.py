@@ -28,12 +28,12 @@ from __future__ import annotations
 from typing import Any
 
 from registry.errors import DocumentError, PointerConflictError
-from registry.gates import GateResult
-from registry.layout import YANKS, release_prefix, yank_key
+from registry.gating.gates import GateResult
+from registry.protocol.layout import YANKS, release_prefix, yank_key
 from registry.lifecycle import records
-from registry.manifest import utc_now
+from registry.protocol.manifest import utc_now
 from registry.store import Store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 GATE = "yanked"
 
@@ -134,7 +134,7 @@ def yank_record(store: Store, model_id: str, version: str) -> dict[str, Any] | N
 
 def describe(doc: dict[str, Any]) -> str:
     """``yanked at <time> by <user>@<host>: <reason>``."""
-    from registry.actor import describe as who, read_actor
+    from registry.host.actor import describe as who, read_actor
 
     return (f"yanked at {doc.get('at')} by {who(read_actor(doc.get('actor')))}: "
             f"{doc.get('reason')}")

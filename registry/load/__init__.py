@@ -15,6 +15,9 @@ but the CLI and the API.
         for name, tensor in w:          # in the order pieces verify
             ...
         w.get_slice("lm_head.weight")[rank * n:(rank + 1) * n]
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, checkpoint, pull, refs, release, trust.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The weights of a manifest, as the reader plans them: which files, which
-tensors where, read through :func:`registry.weights.load_weights` (the one
+tensors where, read through :func:`registry.formats.weights.load_weights` (the one
 set of rules for a model directory's weights).
 
 Headers are read *provisionally* with small ranged reads, so that every
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from registry.errors import DocumentError, IntegrityError
-from registry.manifest import FileEntry, Manifest
+from registry.protocol.manifest import FileEntry, Manifest
 from registry.store import Store, join
-from registry.weights import ModelWeights, is_weights_name, load_weights
+from registry.formats.weights import ModelWeights, is_weights_name, load_weights
 
 #: bytes read ahead by a provisional header read (most headers fit).
 HEADER_PROBE = 64 * 1024
@@ -93,7 +93,7 @@ def plan_weights(store: Store, prefix: str, manifest: Manifest, *,
 
     Raises:
         DocumentError, SafetensorsError: the weights break a rule of
-            :mod:`registry.weights` (named file and rule).
+            :mod:`registry.formats.weights` (named file and rule).
         IntegrityError: the index's bytes differ from the manifest.
         StorageError: the store fails.
     """

@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from registry.aliases import parse_ref
+from registry.refs.aliases import parse_ref
 from registry.errors import InvalidNameError, UsageError
 from registry.load.layout import plan_weights
 from registry.load.pieces import PieceReader
 from registry.load.reader import WINDOW_BYTES, WeightFile, WeightsReader
 from registry.load.sources import BlobSource, StoreSource
-from registry.manifest import Manifest
+from registry.protocol.manifest import Manifest
 from registry.obs.tracing import traced
 from registry.store import Store, join
 
@@ -40,9 +40,9 @@ def _workers(store: Store, workers: int | None) -> int:
 
 def _checkpoint(store: Store, ref: str) -> tuple[str, Manifest]:
     from registry.checkpoint.tree import CheckpointTree
-    from registry.layout import run_root
-    from registry.names import check_name
-    from registry.verify import read_manifest
+    from registry.protocol.layout import run_root
+    from registry.rules.names import check_name
+    from registry.protocol.verify import read_manifest
 
     run_id, _, step = ref.partition("@")
     tree = CheckpointTree(store, run_root(check_name(run_id, "run_id")))

@@ -1,6 +1,6 @@
 """Verified reads of one file's pieces into caller-owned memory (DESIGN section 9).
 
-A file of a manifest is read piece by piece (its piece states, registry.pieces;
+A file of a manifest is read piece by piece (its piece states, registry.protocol.pieces;
 a file without them is one piece checked against its sha256). Each piece is
 read once, in order, into the *targets* that ask for its bytes (the memory of
 tensors being built, a header buffer) and, where no target asks, into one
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from registry import pieces as pc
+from registry.protocol import pieces as pc
 from registry.errors import (
     IntegrityError,
     ObjectNotFoundError,
@@ -33,7 +33,7 @@ from registry.errors import (
     StoragePermissionError,
     UnsafeEntryError,
 )
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 
 #: bytes hashed and copied per step; also the scratch buffer's size.
 CHUNK = 4 * 1024 * 1024
@@ -203,7 +203,7 @@ def _from_mapping(view: memoryview, start: int,
     - another target (a header buffer, fresh memory): copied in, hashed there;
     - bytes no target asks for: hashed in the piece's mapping, copied nowhere.
     """
-    from registry.load.sources import populate
+    from registry.load.pages import populate
 
     for s, e, v, t in segs:
         have = min(e, start + len(view)) - s
@@ -231,7 +231,7 @@ def _from_mapping(view: memoryview, start: int,
 
 
 def _can_populate() -> bool:
-    from registry.load.sources import can_populate
+    from registry.load.pages import can_populate
 
     return can_populate()
 

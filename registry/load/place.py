@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from registry.load.pieces import Target, geometry, piece_bounds
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.pull.cache import Cache
 
 

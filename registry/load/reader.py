@@ -45,10 +45,10 @@ import numpy as np
 from registry.errors import IntegrityError, UsageError
 from registry.load.dequant import dequantized
 from registry.load.pieces import PieceReader, Target, covering
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.obs.tracing import in_context, traced_iter
-from registry.safetensors_format import DTYPES, SafetensorsHeader, TensorInfo
-from registry.safetensors_io import read_header
+from registry.formats.safetensors_format import DTYPES, SafetensorsHeader, TensorInfo
+from registry.formats.safetensors_io import read_header
 
 #: default bytes of pieces in flight at once (the bounded buffer pool).
 WINDOW_BYTES = 1024 * 1024 * 1024

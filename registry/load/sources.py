@@ -26,49 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from registry.load.pages import can_populate, populate
 from registry.load.pieces import CHUNK, pread_into
 from registry.store import Store
 
 Segments = list[tuple[int, int, memoryview]]
-
-#: madvise(2) advice that faults a range in as if written (Linux >= 5.14): on a
-#: private file mapping each page becomes the process's own copy, which later
-#: writes to the file no longer reach
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-_populate_ok: bool | None = None
-
-
-def can_populate() -> bool:
-    """Whether this kernel takes ``MADV_POPULATE_WRITE`` (probed once on one
-    private page). Without it a local source is read by copying instead."""
-    global _populate_ok
-    if _populate_ok is None:
-        try:
-            m = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
-            try:
-                m.madvise(MADV_POPULATE_WRITE, 0, mmap.PAGESIZE)
-            finally:
-                m.close()
-            _populate_ok = True
-        except (OSError, AttributeError, ValueError):
-            _populate_ok = False
-    return _populate_ok
-
-
-def populate(m: mmap.mmap, start: int, end: int) -> None:
-    """Make bytes ``[start, end)`` of private mapping ``m`` (offsets in it) the
-    process's own pages (``MADV_POPULATE_WRITE``): from then on no write to the
-    file, in place or otherwise, changes them.
-
-    Raises:
-        OSError: the kernel refused (EINVAL: no support; EFAULT: the file is
-            shorter than the mapping now).
-    """
-    if end <= start:
-        return
-    base = start - start % mmap.PAGESIZE
-    m.madvise(MADV_POPULATE_WRITE, base, end - base)
-
 
 class _Mapped:
     """A local source's files mapped into memory, each opened once.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-#: every dtype of registry.safetensors_format.DTYPES that torch has.
+#: every dtype of registry.formats.safetensors_format.DTYPES that torch has.
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
     "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,

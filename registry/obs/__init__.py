@@ -7,7 +7,10 @@ is a no-op unless the ``otel`` extra is installed and the standard ``OTEL_*``
 variables ask for traces. The hooks the rest of the package calls are
 module-level functions that return at once while off.
 
-May import: the root modules (errors, limits, names) and nothing else of the package.
+May import: errors, host/ and rules/ (limits, names) and nothing else of the package.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def _now() -> str:
 def line(level: str, event: str, **fields: Any) -> str:
     """One JSON object: ``ts`` (RFC 3339, UTC, milliseconds), ``level``,
     ``event`` and ``fields``, every URL credential redacted."""
-    from registry.redact import redact
+    from registry.host.redact import redact
 
     doc = {"ts": _now(), "level": level, "event": event, **fields}
     return redact(json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False))
@@ -79,7 +79,7 @@ def request_text(method: str, path: str, route: str, status: int, sent: int,
 
     No query string, no header value; the path percent-encoded past
     :data:`_PATH_SAFE` and URL credentials redacted."""
-    from registry.redact import redact
+    from registry.host.redact import redact
 
     shown = urllib.parse.quote(path.partition("?")[0][:2048], safe=_PATH_SAFE)
     text = (f"{_now()} request method={method} path={shown} route={route} status={status} "

@@ -156,7 +156,7 @@ def disable() -> None:
 # -- hooks: called from the code being measured; each returns at once while off --------
 
 def piece_checked(ok: bool) -> None:
-    """A piece was checked against its digest (registry.pieces.check_piece)."""
+    """A piece was checked against its digest (registry.protocol.pieces.check_piece)."""
     f = _FAMILIES
     if f is not None:
         f.pieces.labels("ok" if ok else "failed").inc()

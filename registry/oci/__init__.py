@@ -2,14 +2,17 @@
 
 May import: the root modules, store/, pull/, lifecycle/, release/ (push's gates,
 import's publish), model_sig, trust; never cli/ or web/. The names load on first
-use (:mod:`registry.lazy`).
+use (:mod:`registry.host.lazy`).
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, api, lifecycle, pull, release, trust.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from registry.lazy import exports
+from registry.host.lazy import exports
 
 if TYPE_CHECKING:
     from registry.oci.auth import Credentials

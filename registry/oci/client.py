@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.errors import (
     DocumentError,
     IntegrityError,

@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from registry import schemas
+from registry.rules import schemas
 from registry.errors import DocumentError
-from registry.manifest import MANIFEST, Manifest, check_path
+from registry.protocol.manifest import MANIFEST, Manifest, check_path
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.errors import DocumentError, SignatureError, UsageError
-from registry.manifest import FileEntry, Manifest, check_path
-from registry.model_sig import SIGNATURE
+from registry.protocol.manifest import FileEntry, Manifest, check_path
+from registry.trust.model_sig import SIGNATURE
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef

@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.obs.tracing import traced
 from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
-from registry.layout import release_prefix
-from registry.manifest import Manifest
-from registry.model_sig import SIGNATURE, read_signature
+from registry.protocol.layout import release_prefix
+from registry.protocol.manifest import Manifest
+from registry.trust.model_sig import SIGNATURE, read_signature
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef, check_tag
@@ -74,7 +74,7 @@ def release_artifact(store: Store, manifest: Manifest) -> M.Artifact:
     its weights summary and architecture read from the store.
 
     Raises:
-        DocumentError: the stored weights break a rule of :mod:`registry.weights`.
+        DocumentError: the stored weights break a rule of :mod:`registry.formats.weights`.
     """
     from registry.release.convert import stored_summary
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.errors import DocumentError, ObjectNotFoundError, SignatureError, StorageError
-from registry.layout import release_prefix
-from registry.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
-from registry.model_sig import SIGNATURE
+from registry.protocol.layout import release_prefix
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
+from registry.trust.model_sig import SIGNATURE
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef

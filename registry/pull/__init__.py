@@ -1,6 +1,9 @@
 """Pull to serving hosts: verified, atomic, deduplicated, parallel (DESIGN section 7).
 
 Needs only read access to the store, never the index.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, lifecycle, trust.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import InsufficientSpaceError, IntegrityError, UsageError
-from registry.manifest import FileEntry
-from registry.names import model_key
+from registry.protocol.manifest import FileEntry
+from registry.rules.names import model_key
 from registry.obs.metrics import counting_store_bytes
 from registry.obs.tracing import in_context, traced
 from registry.pull.cache import Cache
@@ -28,10 +31,10 @@ from registry.pull.opened import open_release, resolve_for_pull
 from registry.pull.materialize import BlobChangedError, check_target, materialize
 from registry.pull.records import gives_up_leases, record_pull, take_lease
 from registry.store import Store
-from registry.verify import default_workers
+from registry.protocol.verify import default_workers
 
 if TYPE_CHECKING:
-    from registry.gates import GateResult
+    from registry.gating.gates import GateResult
     from registry.trust import Trust
     from registry.trust.marks import Marks
 
@@ -59,7 +62,7 @@ class PullResult:
         signer: fingerprint of the trusted key that signed the release (or
             of the signing certificate), when the pull was given trusted keys
             or CAs (else None); ``signed_by``: the whole check
-            (``registry.model_sig.SignatureCheck.to_dict``: kind, identity, CA).
+            (``registry.trust.model_sig.SignatureCheck.to_dict``: kind, identity, CA).
     """
 
     model_id: str
@@ -142,7 +145,7 @@ DIGEST_ENV = "REGISTRY_PULL_DIGEST"
 def digest_mode() -> str:
     """``$REGISTRY_PULL_DIGEST``: ``auto`` (the default) lets a pull from a
     local store check a file's BLAKE3 where its manifest entry has one
-    (registry.fastdigest); ``sha256`` makes every pull check the sha256
+    (registry.protocol.fastdigest); ``sha256`` makes every pull check the sha256
     (by pieces on every core where the entry has them). Signed pulls
     always check the sha256, which is what the signature covers.
 
@@ -314,7 +317,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         SignatureError: ``trust`` given and ``name`` is an alias whose current
             move is unsigned, signed by a key ``trust`` lacks (or the model's
             policy does not list for it), or signed for another manifest
-            (registry.alias_sign); or ``trust`` given and the signature is missing,
+            (registry.trust.alias_sign); or ``trust`` given and the signature is missing,
             malformed, made by an untrusted or revoked key (or a certificate
             of another CA, expired, not yet valid, revoked), bound to another
             release, or not covering exactly the files; nothing is placed.
@@ -324,7 +327,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
         StorageError: the cache or the target's parent cannot be created.
 
     Notes:
-        Which digest is checked: a file's ``blake3`` (registry.fastdigest)
+        Which digest is checked: a file's ``blake3`` (registry.protocol.fastdigest)
         where its entry has one, the store is local, no ``trust`` is given
         and ``$REGISTRY_PULL_DIGEST`` is not ``sha256``; else its sha256 (by
         pieces where the entry has them).
@@ -410,7 +413,7 @@ def pull(store: Store, model_id: str, name: str, *, to: str | Path | None = None
                                   dests={e.sha256: p for e, p in pairs}, fast_digest=fast)
 
     direct = frozenset(missing)
-    # files a one-write pull checks by BLAKE3 (registry.fastdigest; conservative:
+    # files a one-write pull checks by BLAKE3 (registry.protocol.fastdigest; conservative:
     # one that falls back to streaming is checked by sha256 but still listed)
     b3_only = tuple(e.path for e in manifest.files if fast and not blobs and e.sha256 in direct
                     and e.blake3 is not None and store.local_path("") is not None)

@@ -60,7 +60,7 @@ class PullCache:
                 string without a unit, or an option of the wrong type
                 (``keep_last`` a whole number, ``max_size`` bytes).
         """
-        from registry.gc import parse_duration
+        from registry.lifecycle.gc import parse_duration
 
         seconds = parse_duration(older_than, what="older_than") \
             if isinstance(older_than, str) else older_than

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from registry import limits
+from registry.rules import limits
 from registry.errors import StorageError
-from registry.manifest import MANIFEST, parse_manifest
+from registry.protocol.manifest import MANIFEST, parse_manifest
 from registry.pull.cache import Cache, cache_dir
 from registry.pull.cache_use import cache_use
 from registry.pull.records import Lease, PullRecord, live_leases, read_records

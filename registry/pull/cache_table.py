@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from registry.pull.cache_scan import CacheReport, Materialized
-from registry.words import count
+from registry.rules.words import count
 
 
 def human(n: int) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.errors import UsageError
-from registry.manifest import hash_file
+from registry.protocol.manifest import hash_file
 from registry.pull import privacy
 from registry.pull.cache import Cache
 from registry.pull.cache_scan import scan

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from registry import fastdigest
-from registry import pieces as pc
+from registry.protocol import fastdigest
+from registry.protocol import pieces as pc
 from registry.errors import InsufficientSpaceError, IntegrityError
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.obs.tracing import in_context, traced
 from registry.pull import resume
 from registry.pull.cache import Cache
@@ -46,7 +46,7 @@ from registry.pull.piecechecks import HASH_DEPTH, Hasher, PieceChecks  # noqa: F
 from registry.pull.localcopy import copy_local as _copy_local
 from registry.pull.localcopy import copy_local_b3 as _copy_local_b3
 from registry.store import Store, join
-from registry.verify import default_workers
+from registry.protocol.verify import default_workers
 
 #: files larger than this (bytes) may be split into parallel byte ranges.
 RANGE_THRESHOLD = 64 * 1024 * 1024
@@ -267,12 +267,12 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
     removed if anything fails) and no blob enters the cache: one write per
     byte.
 
-    An entry with piece states (registry.pieces) is verified piece by piece
+    An entry with piece states (registry.protocol.pieces) is verified piece by piece
     on ``verify_pool`` (one thread per core) as its pieces land; all pieces
     verified is its sha256 verified. Other entries hash in file order on a
     helper thread while they download. With ``fast_digest`` and ``dest``, an
     entry with a ``blake3`` digest in a local store is copied by the kernel
-    and checked by its BLAKE3 on another core instead (registry.fastdigest:
+    and checked by its BLAKE3 on another core instead (registry.protocol.fastdigest:
     only where the manifest itself is trusted, not a signature over the
     sha256; never for a blob, which is named by its sha256).
 

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from registry import fastdigest
-from registry.manifest import FileEntry
+from registry.protocol import fastdigest
+from registry.protocol.manifest import FileEntry
 from registry.pull.piecechecks import PieceChecks
 from registry.store.durable import _SYNC_FILE_RANGE_WRITE, _sync_file_range
 
@@ -60,7 +60,7 @@ def copy_local_b3(src: str, fd: int, entry: FileEntry, progress: Progress, *,
                    fsync: bool, chunk: int = B3_CHUNK) -> tuple[int, str | None]:
     """A local store's file into the empty file ``fd`` by ``copy_file_range``
     on this thread, while a helper thread computes the BLAKE3
-    (registry.fastdigest) of each chunk as it lands, read back from ``fd``
+    (registry.protocol.fastdigest) of each chunk as it lands, read back from ``fd``
     (the page cache the kernel just filled) into one reused buffer. The two
     run on two cores. Nothing is mapped: a mapping of the whole file cost a
     page fault per page and address space per byte (issue 43), and a

@@ -38,7 +38,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import IO, Any
 
-from registry import limits
+from registry.rules import limits
 from registry.errors import (
     CommitConflictError,
     InsufficientSpaceError,
@@ -46,8 +46,8 @@ from registry.errors import (
     ObjectExistsError,
     StorageError,
 )
-from registry.hashing import HashingWriter
-from registry.manifest import MANIFEST, FileEntry, Manifest, hash_file, parse_manifest
+from registry.protocol.hashing import HashingWriter
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, hash_file, parse_manifest
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 from registry.pull.stamps import stamp
 from registry.store import open_store
@@ -58,7 +58,7 @@ from registry.store.durable import (
     fsync_path,
     rename_noreplace,
 )
-from registry.verify import verify_entries
+from registry.protocol.verify import verify_entries
 
 _RENAME_EXCHANGE = 2
 #: ioctl(dest_fd, FICLONE, src_fd): share the source's extents (btrfs, XFS, bcachefs...).
@@ -451,7 +451,7 @@ def _place(staging: Path, target: Path, manifest: Manifest, cache: Cache, *,
 
 def verify_materialized(target: Path, manifest: Manifest) -> list[IntegrityError]:
     """Re-hash every materialized file against the manifest (``--verify``):
-    files with piece states piece by piece on every core (registry.verify)."""
+    files with piece states piece by piece on every core (registry.protocol.verify)."""
     return verify_entries(open_store(str(target)), "", manifest.files, full=True)
 
 

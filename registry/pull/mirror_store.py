@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 from urllib.parse import quote, urljoin, urlsplit
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.errors import DocumentError, IntegrityError, ObjectNotFoundError, StorageError
 from registry.store.base import CHUNK, ObjectInfo, Store
 
@@ -120,7 +120,7 @@ class MirrorStore(Store):
         """The mirror's repo id of ``model_id`` (or of its key segment
         ``<org>@<name>``): ``<org>/<name>`` as on the Hub for a namespaced id,
         ``<namespace>/<name>`` for a single name."""
-        from registry.names import model_from_key
+        from registry.rules.names import model_from_key
 
         model_id = model_from_key(model_id.replace("/", "@"))
         if "/" in model_id:

@@ -30,11 +30,11 @@ import re
 from pathlib import Path
 from typing import IO
 
-from registry import limits
+from registry.rules import limits
 from registry.errors import IntegrityError, NotCommittedError, ObjectNotFoundError, StorageError
-from registry.layout import release_prefix
-from registry.manifest import MANIFEST, Manifest, parse_manifest
-from registry.names import check_model_id, check_name, model_key
+from registry.protocol.layout import release_prefix
+from registry.protocol.manifest import MANIFEST, Manifest, parse_manifest
+from registry.rules.names import check_model_id, check_name, model_key
 from registry.pull import privacy
 from registry.pull.cache import Cache, temp_tag
 from registry.store.base import ObjectInfo, Store

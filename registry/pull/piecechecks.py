@@ -1,6 +1,6 @@
 """The hashes of one file being fetched into the pull cache: its sha256 fed in file
 order on a helper thread (:class:`Hasher`), and its piece checks started as soon as
-each piece has landed (:class:`PieceChecks`; registry.pieces). Split from
+each piece has landed (:class:`PieceChecks`; registry.protocol.pieces). Split from
 :mod:`registry.pull.download`, which uses both."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import hashlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from registry import pieces as pc
+from registry.protocol import pieces as pc
 from registry.errors import IntegrityError
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.pull import resume
-from registry.verify import piece_error
+from registry.protocol.verify import piece_error
 
 #: blocks a file's hash may lag behind its download.
 HASH_DEPTH = 3
@@ -51,7 +51,7 @@ class Hasher:
 
 
 class PieceChecks:
-    """Piece checks of one file (registry.pieces), each started on ``pool`` as
+    """Piece checks of one file (registry.protocol.pieces), each started on ``pool`` as
     soon as every byte of its piece has landed in ``fd``: the piece is hashed
     back from the page cache, on any free core, while the download goes on.
     Nothing is hashed in file order, so ranges that land out of order cost no

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 
-from registry import numbers, schemas
-from registry.manifest import Manifest
+from registry.rules import numbers, schemas
+from registry.protocol.manifest import Manifest
 from registry.pull import privacy
 from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
 

@@ -1,6 +1,6 @@
 """Resumable downloads: an interrupted pull's partial file and the pieces it verified.
 
-A file with piece states (registry.pieces) downloads into its writer-unique
+A file with piece states (registry.protocol.pieces) downloads into its writer-unique
 temp file ``tmp/<sha256>.pid<pid>.<rand>.incomplete`` (registry.pull.cache)
 beside a piece log ``<same name>.pieces``: the indexes of the pieces whose
 bytes have landed and verified, rewritten (temp + rename) as each one does.
@@ -28,10 +28,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from registry import limits
-from registry import pieces as pc
+from registry.rules import limits
+from registry.protocol import pieces as pc
 from registry.errors import IntegrityError
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.pull.cache import (  # noqa: F401 - LOG, KEEP_SECONDS, is_kept: re-exported
     INCOMPLETE,
     KEEP_SECONDS,
@@ -43,7 +43,7 @@ from registry.pull.cache import (  # noqa: F401 - LOG, KEEP_SECONDS, is_kept: re
     temp_tag,
 )
 from registry.store import Store
-from registry.verify import piece_error
+from registry.protocol.verify import piece_error
 
 _CHUNK = 4 * 1024 * 1024
 

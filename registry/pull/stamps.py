@@ -24,7 +24,7 @@ have written (registry.pull.privacy).
 
 from __future__ import annotations
 
-from registry import numbers, schemas
+from registry.rules import numbers, schemas
 
 import hashlib
 import os
@@ -98,7 +98,7 @@ class Stamps:
         """Record the stamps of ``paths`` (relative, POSIX) under ``target``,
         whose bytes were just placed or verified; ``blake3_only``: those of
         them checked by their BLAKE3 and not their sha256
-        (registry.fastdigest), which a pull that must check sha256 re-hashes."""
+        (registry.protocol.fastdigest), which a pull that must check sha256 re-hashes."""
         files = {p: list(stamp(target / p)) for p in paths}
         doc = {"target": str(target), "manifest_sha256": manifest_sha256, "files": files,
                "blake3_only": sorted(blake3_only)}

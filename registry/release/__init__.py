@@ -1,11 +1,14 @@
 """Releases: ModelRelease (checkpoint or model directory -> immutable release), conversion,
-model cards, per-model policy. The names load on first use (:mod:`registry.lazy`)."""
+model cards, per-model policy. The names load on first use (:mod:`registry.host.lazy`).
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, checkpoint, events, lifecycle, refs, trust.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from registry.lazy import exports
+from registry.host.lazy import exports
 
 if TYPE_CHECKING:
     from registry.release.convert import RELEASE_DTYPES, dequantize_int4, quantize_int4

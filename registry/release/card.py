@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from registry.resources import resource_dir
+from registry.host.resources import resource_dir
 
 
 def card_source(source: Any) -> Any:

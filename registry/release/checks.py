@@ -8,21 +8,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from registry import gates, schemas
-from registry.errors import DocumentError
-from registry.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
-from registry.layout import release_prefix
-from registry.ledger import revoked_reasons
-from registry.lifecycle.tombstone import refuse_deleted
+from registry.gating import gates
+from registry.rules import schemas
+from registry.errors import DocumentError, VersionExistsError
+from registry.gating.gates import GateFailedError, GateResult, ReleaseFacts, Threshold
+from registry.protocol.layout import release_prefix
+from registry.protocol.manifest import MANIFEST
+from registry.refs.aliases import check_version_name
+from registry.rules.names import model_from_key
+from registry.gating.ledger import revoked_reasons
+from registry.lifecycle.tombstone import check_version_free, refuse_deleted
 from registry.lifecycle.yank import yank_gate
-from registry.modeldir import HIDDEN_KEYS, hidden_size
+from registry.formats.modeldir import HIDDEN_KEYS, hidden_size
 from registry.obs.tracing import traced
 from registry.release import code as release_code
 from registry.release import policy, signature_gate
-from registry.progress import NULL, Progress
+from registry.obs.progress import NULL, Progress
 from registry.release.inputs import load_doc, stored_code_gate, stored_doc, validated_doc
 from registry.store import Store, join
-from registry.verify import require_verified
+from registry.protocol.verify import require_verified
 
 
 class ReleaseChecks:
@@ -31,6 +35,19 @@ class ReleaseChecks:
 
     store: Store
     progress: Progress = NULL
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _refuse_existing(self, prefix: str) -> None:
+        self.store.ensure_root()  # the first release may create a new local store
+        _, key, version = prefix.split("/")
+        model_id = model_from_key(key)
+        check_version_name(self.store, model_id, version)
+        if self.store.exists(join(prefix, MANIFEST)):
+            raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
+                                     "are immutable, publish a new version", path=prefix)
+        check_version_free(self.store, model_id, version)  # after the manifest: see there
 
     # -- inputs and gates --------------------------------------------------------
 

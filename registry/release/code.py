@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from registry import schemas
+from registry.rules import schemas
 from registry.errors import DocumentError
-from registry.gates import GateResult
+from registry.gating.gates import GateResult
 
 GATE = "code"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill",

@@ -28,10 +28,10 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 
-from registry import limits
+from registry.rules import limits
 from registry.errors import UsageError
-from registry.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
-from registry.words import count
+from registry.formats.safetensors_io import LazyTensor, SafetensorsHeader, TensorInfo, read_tensor
+from registry.rules.words import count
 
 RELEASE_DTYPES = ("f32", "bf16", "int4")
 #: ``publish``'s default conversion (seed 000's release table: "F32 or BF16, or
@@ -133,7 +133,7 @@ def plan(header: SafetensorsHeader, f: IO[bytes], *, dtype: str | None, group_si
             a DCP checkpoint: ``header`` then only declares dtypes and shapes).
 
     Returns:
-        ``(tensors, metadata)`` for :func:`registry.safetensors_io.write_safetensors`.
+        ``(tensors, metadata)`` for :func:`registry.formats.safetensors_io.write_safetensors`.
 
     Raises:
         UsageError: unknown dtype or bad group size; int4 when no tensor
@@ -306,10 +306,10 @@ def stored_summary(store: Any, model_id: str, version: str,
         empty groups and files when the release has no weights.
 
     Raises:
-        DocumentError: the stored weights break a rule of :mod:`registry.weights`.
+        DocumentError: the stored weights break a rule of :mod:`registry.formats.weights`.
     """
-    from registry.layout import release_prefix
-    from registry.weights import INDEX, SINGLE, load_weights
+    from registry.protocol.layout import release_prefix
+    from registry.formats.weights import INDEX, SINGLE, load_weights
 
     prefix = release_prefix(model_id, version)
     if files is None:
@@ -331,7 +331,7 @@ def stored_summary(store: Any, model_id: str, version: str,
 def _config_dtype(store: Any, prefix: str, files: Mapping[str, int]) -> str | None:
     """What the release's config.json tells engines to load it as (``dtype``,
     else ``torch_dtype``); None when it says nothing or cannot be read."""
-    from registry import schemas
+    from registry.rules import schemas
     from registry.errors import RegistryError
     from registry.store import join
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import IO, Any
 
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import IntegrityError
 from registry.release.source_check import object_before, verify_object
-from registry.sourcecheck import SourceHashes
+from registry.host.sourcecheck import SourceHashes
 from registry.store import Store
 
 
@@ -29,7 +29,7 @@ def copy_file(src_store: Store, key: str, w: DirectoryWriter, relpath: str,
     """
     local = src_store.local_path(key)
     if local is not None:
-        w.put_file(relpath, local)  # checked before and after: registry.sourcecheck
+        w.put_file(relpath, local)  # checked before and after: registry.host.sourcecheck
     else:
         before = object_before(src_store, key)  # S3: ETag, version, checksums
         hashes = SourceHashes(before)

@@ -15,7 +15,7 @@ file is not a ``dist_ckpt/`` file of the step's MANIFEST.json, or chunks that
 do not tile their tensor exactly.
 
 Reading: ``dist_ckpt/.metadata`` is read bounded
-(:data:`registry.limits.MAX_DCP_METADATA_BYTES`), checked against the step
+(:data:`registry.rules.limits.MAX_DCP_METADATA_BYTES`), checked against the step
 manifest's sha256 and unpickled only by the restricted loader
 (:func:`registry.checkpoint.dcp_safe.load_metadata`); each chunk is read from
 its ``*.distcp`` file by byte range and loaded with
@@ -53,11 +53,11 @@ from torch.distributed.checkpoint.metadata import (
 from registry.checkpoint.dcp_safe import load_metadata
 from registry.checkpoint.loongsage_format import DIST
 from registry.errors import CheckpointError, IntegrityError
-from registry import limits
-from registry.manifest import Manifest
+from registry.rules import limits
+from registry.protocol.manifest import Manifest
 from registry.release.shards import ShardPlan
 from registry.release.source_check import HashedSource
-from registry.safetensors_format import SafetensorsHeader, TensorInfo
+from registry.formats.safetensors_format import SafetensorsHeader, TensorInfo
 from registry.store import Store, join
 from registry.store.ranges import SeekableRaw
 
@@ -128,7 +128,7 @@ class _Window(SeekableRaw):
 
 class DcpWeights:
     """The ``model.<name>`` tensors of a committed step's ``dist_ckpt/``, as
-    the weights of a release (the part of :class:`registry.weights.ModelWeights`
+    the weights of a release (the part of :class:`registry.formats.weights.ModelWeights`
     a release uses: ``files``, ``parameter_count``, ``described``, ``metadata``).
 
     Args:

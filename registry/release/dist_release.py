@@ -20,9 +20,9 @@ from typing import Any
 
 from registry.checkpoint.loongsage_format import DIST, HF
 from registry.errors import DocumentError, ObjectNotFoundError, TorchUnavailableError, UsageError
-from registry.manifest import Manifest
+from registry.protocol.manifest import Manifest
 from registry.store import Store, join, open_store
-from registry.weights import is_weights_name
+from registry.formats.weights import is_weights_name
 
 #: taken with the weights of a dist_ckpt release, those present (config.json required).
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json",

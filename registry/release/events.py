@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from registry.actor import actor_of_metadata
+from registry.host.actor import actor_of_metadata
 from registry.events import MODEL_VERSION_CREATED, append_event
 from registry.release.model_release import ReleaseResult
 from registry.store import Store

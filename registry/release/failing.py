@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from registry.aliases import list_aliases
+from registry.refs.aliases import list_aliases
 from registry.errors import RegistryError
-from registry.gates import GateResult
-from registry.layout import MODELS, model_ids
-from registry.release.model_release import ModelRelease
+from registry.gating.gates import GateResult
+from registry.protocol.layout import MODELS, model_ids
+from registry.release.checks import ReleaseChecks
 from registry.store import Store
 
 
@@ -38,7 +38,7 @@ def failing_gates(store: Store, model_id: str, version: str, *,
             failing gate (a server must not call an outage a refusal).
     """
     try:
-        results = ModelRelease(store).check(model_id, version)
+        results = ReleaseChecks(store).check(model_id, version)
     except RegistryError as e:
         if unavailable is not None and unavailable(e):
             raise

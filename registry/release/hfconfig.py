@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from registry import numbers
+from registry.rules import numbers
 
 __all__ = ["INT4_SCHEME", "TORCH_DTYPES", "is_hf_config", "released_config"]
 

@@ -15,15 +15,15 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from registry import limits, numbers, schemas
+from registry.rules import limits, numbers, schemas
 from registry.errors import DocumentError, IntegrityError, RegistryError, UsageError
-from registry.gates import GateResult
-from registry.layout import release_prefix
-from registry.manifest import Manifest
+from registry.gating.gates import GateResult
+from registry.protocol.layout import release_prefix
+from registry.protocol.manifest import Manifest
 from registry.release import code as release_code
 from registry.release import policy
 from registry.store import Store, join
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 def load_doc(value: Any, *, what: str) -> tuple[Any, str]:

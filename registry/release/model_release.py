@@ -20,14 +20,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from registry.actor import actor_metadata, current_actor
-from registry import limits
-from registry import schemas
-from registry.aliases import check_version_name
+from registry.host.actor import actor_metadata, current_actor
+from registry.rules import limits
+from registry.rules import schemas
 from registry.checkpoint.layout import TINYLLM, Layout
 from registry.checkpoint.tree import CheckpointTree
-from registry import sequence
-from registry.commit import DirectoryWriter
+from registry.protocol import sequence
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import (
     DocumentError,
     NotCommittedError,
@@ -35,12 +34,11 @@ from registry.errors import (
     UsageError,
     VersionExistsError,
 )
-from registry.gates import ReleaseFacts, Threshold
-from registry.layout import release_prefix, run_root
-from registry.lifecycle.tombstone import check_version_free
-from registry.manifest import MANIFEST, list_local_files, utc_now
-from registry.modeldir import check_files, check_other_weights
-from registry.names import check_name, model_from_key
+from registry.gating.gates import ReleaseFacts, Threshold
+from registry.protocol.layout import release_prefix, run_root
+from registry.protocol.manifest import MANIFEST, list_local_files, utc_now
+from registry.formats.modeldir import check_files, check_other_weights
+from registry.rules.names import check_name
 from registry.obs.tracing import traced
 from registry.release import code as release_code
 from registry.release import signature_gate
@@ -71,13 +69,13 @@ from registry.checkpoint.loongsage_format import DIST
 from registry.release.hfconfig import released_config
 from registry.release.shards import ShardPlan, weight_files
 from registry.release.source_check import read_checked
-from registry.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
-from registry.model_sig import SIGNATURE
-from registry.sourcedir import SourceRule
-from registry.progress import NULL, Progress
+from registry.formats.weights import DEFAULT_MAX_SHARD_SIZE, load_weights, parse_size
+from registry.trust.model_sig import SIGNATURE
+from registry.host.sourcedir import SourceRule
+from registry.obs.progress import NULL, Progress
 from registry.store import LocalStore, Store, join, open_store
 from registry.store.source import SourceDirStore
-from registry.verify import require_verified
+from registry.protocol.verify import require_verified
 
 if TYPE_CHECKING:
     from registry.trust import Trust
@@ -126,7 +124,7 @@ class ModelRelease(ReleaseChecks):
                 (``<name>.qweight`` + ``<name>.scales``, ``group_size`` columns
                 per scale); converted streaming, tensor by tensor, shard by
                 shard (the weights may be one file or an index and its
-                shards, :mod:`registry.weights`).
+                shards, :mod:`registry.formats.weights`).
             max_shard_size: bytes of tensor data per released shard (an int,
                 or ``"5GB"`` as transformers writes it); converted weights
                 default to 5 GB. Given with no ``dtype``, the weights are
@@ -150,12 +148,12 @@ class ModelRelease(ReleaseChecks):
                 config.json and tokenizer files go with the weights (default:
                 the step's own hf_model/ ones, else UsageError).
             sign_key: PEM EC private key: the release gets ``model.sig``
-                (OpenSSF model signing, see :mod:`registry.model_sig`), listed in
+                (OpenSSF model signing, see :mod:`registry.trust.model_sig`), listed in
                 MANIFEST.json, made from the digests computed while writing.
             sign_cert: the PEM certificate of ``sign_key`` (issued by a CA,
                 e.g. ``registry keys issue``): the bundle carries it and
                 ``cert_chain`` (PEM files of the CAs above it), and verifies
-                against a host's trusted CA (:mod:`registry.certs`).
+                against a host's trusted CA (:mod:`registry.trust.certs`).
 
         Returns:
             The ReleaseResult (``manifest.meta["source"]`` names the checkpoint's
@@ -245,7 +243,7 @@ class ModelRelease(ReleaseChecks):
 
         A second set of weights beside the safetensors (``pytorch_model.bin``,
         its index and shards, ``tf_model.h5``, ``flax_model.msgpack``,
-        ``*.gguf``, ``*.onnx``...: registry.modeldir.OTHER_WEIGHTS) is
+        ``*.gguf``, ``*.onnx``...: registry.formats.modeldir.OTHER_WEIGHTS) is
         DocumentError naming the file, nothing written, unless ``include``
         names it (a path or fnmatch pattern); then it is carried and the card,
         ``show`` and the result (``other_weights``) list every set.
@@ -278,7 +276,7 @@ class ModelRelease(ReleaseChecks):
         where the directory came from: ``oci://host/repo@sha256:...``).
         Raises as :meth:`create`, plus DocumentError
         when the directory lacks its weights or config.json, or its weights
-        break a rule of :mod:`registry.weights` (both forms, a stale or
+        break a rule of :mod:`registry.formats.weights` (both forms, a stale or
         missing shard, a tensor in two shards...). A directory
         inside a checkpoint step (seed 003's ``train_step_<N>/hf_model``) is
         first verified in full against the step's MANIFEST.json:
@@ -300,7 +298,7 @@ class ModelRelease(ReleaseChecks):
         its repository's ``blobs/`` included); one leading out of it is
         UnsafeEntryError naming the link and its target, nothing written,
         unless ``follow_symlinks``: then it is read, and listed in the result's
-        ``followed`` (registry.sourcedir, docs/confinement.md).
+        ``followed`` (registry.host.sourcedir, docs/confinement.md).
         """
         prefix = release_prefix(model_id, version)
         ledger, eval_summary = release_inputs(ledger, eval_summary)
@@ -358,16 +356,6 @@ class ModelRelease(ReleaseChecks):
         if not followed:
             return result
         return dataclasses.replace(result, followed=tuple(dict.fromkeys(followed)))
-
-    def _refuse_existing(self, prefix: str) -> None:
-        self.store.ensure_root()  # the first release may create a new local store
-        _, key, version = prefix.split("/")
-        model_id = model_from_key(key)
-        check_version_name(self.store, model_id, version)
-        if self.store.exists(join(prefix, MANIFEST)):
-            raise VersionExistsError(f"{self.store.url_of(prefix)}: version exists; releases "
-                                     "are immutable, publish a new version", path=prefix)
-        check_version_free(self.store, model_id, version)  # after the manifest: see there
 
     def _release(self, src_store: Store, src: str, names: dict[str, int], prefix: str,
                  model_id: str, version: str, *, source: dict[str, Any], dtype: str | None,
@@ -485,7 +473,7 @@ class ModelRelease(ReleaseChecks):
             for name, data in docs.items():
                 w.write_bytes(name, data)
             results = signature_gate.seal(w, signer, self.store, model_id, version, results)
-            # The store's order, not this host's clock (registry.sequence):
+            # The store's order, not this host's clock (registry.protocol.sequence):
             # taken last, under the claim, right before the commit marker.
             w.meta["metadata"] = {**w.meta.get("metadata", {}),
                                   **actor_metadata(current_actor(

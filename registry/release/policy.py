@@ -13,7 +13,7 @@ have signed every release (a key directly, a CA through a signing
 certificate it issued): the ``signature`` gate, :mod:`registry.release.signature_gate`.
 ``protected_aliases`` (optional, ``{"prod": ["<fingerprint>", ...]}``) names
 aliases whose moves must be signed by one of the listed keys
-(:mod:`registry.alias_sign`); ``actor`` says who wrote the policy.
+(:mod:`registry.trust.alias_sign`); ``actor`` says who wrote the policy.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from registry import limits
-from registry import numbers
-from registry import schemas
-from registry.actor import current_actor
+from registry.rules import limits
+from registry.rules import numbers
+from registry.rules import schemas
+from registry.host.actor import current_actor
 from registry.errors import DocumentError
-from registry.gates import Threshold
-from registry.keys import PublicKey, fingerprint_of
-from registry.layout import policy_key
+from registry.gating.gates import Threshold
+from registry.trust.keys import PublicKey, fingerprint_of
+from registry.protocol.layout import policy_key
 from registry.store import Store
 
 if TYPE_CHECKING:
-    from registry.certs import Certificate
+    from registry.trust.certs import Certificate
 
 
 def thresholds(store: Store, model_id: str, *,
@@ -106,7 +106,7 @@ def signed_by(store: Store, model_id: str) -> list[PublicKey | Certificate]:
 def _ca(item: dict[str, Any], where: str) -> Certificate:
     from cryptography import x509
 
-    from registry.certs import describe
+    from registry.trust.certs import describe
 
     try:
         cert = describe(x509.load_pem_x509_certificate(str(item["certificate"]).encode()),
@@ -150,9 +150,9 @@ def set_policy(store: Store, model_id: str, require: Iterable[str],
                protected_aliases: dict[str, list[str]] | None = None) -> list[Threshold]:
     """Replace the model's policy (thresholds, signing keys and CA
     certificates, ``forbid_code``, protected aliases: alias -> key
-    fingerprints that must sign its moves, :mod:`registry.alias_sign`);
+    fingerprints that must sign its moves, :mod:`registry.trust.alias_sign`);
     returns the thresholds parsed. The document records who wrote it
-    (``actor``, :mod:`registry.actor`).
+    (``actor``, :mod:`registry.host.actor`).
 
     Raises:
         UsageError: a threshold does not parse (it is an argument, not a document).

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 
 from registry.errors import IntegrityError
-from registry.layout import MODELS, REFS, release_prefix, tombstone_key
-from registry.manifest import MANIFEST
-from registry.names import NAME_RE
+from registry.protocol.layout import MODELS, REFS, release_prefix, tombstone_key
+from registry.protocol.manifest import MANIFEST
+from registry.rules.names import NAME_RE
 from registry.store import Store, join, open_store
 from registry.trust import Trust
 
@@ -61,7 +61,7 @@ def check_release_source(url: str, trust: Trust | None) -> str | None:
         return None
     store, model_id, version = found
     from registry.trust.release import open_release
-    from registry.verify import verify_entries
+    from registry.protocol.verify import verify_entries
 
     opened = open_release(store, model_id, version, trust=trust, gates=True, verify="now")
     if opened.failed:

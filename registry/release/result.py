@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.gates import GateResult
-from registry.manifest import Manifest
+from registry.gating.gates import GateResult
+from registry.protocol.manifest import Manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class ReleaseResult:
     manifest: Manifest
     gates: tuple[GateResult, ...] = field(default=())
     #: ``(link, target)`` of each symbolic link publish followed out of its
-    #: source directory (``follow_symlinks``, registry.sourcedir).
+    #: source directory (``follow_symlinks``, registry.host.sourcedir).
     followed: tuple[tuple[str, str], ...] = field(default=())
     #: ``(path, means)`` for each file read from an S3 source without a
     #: manifest: the server's checksums compared (``"crc32"``, ``"md5"``,
@@ -29,7 +29,7 @@ class ReleaseResult:
     #: (registry.release.source_check.verify_object, issue 47).
     source_checks: tuple[tuple[str, str], ...] = field(default=())
     #: ``(format, paths)`` of each set of weights other than the safetensors
-    #: that ``include`` let through (registry.modeldir.check_other_weights).
+    #: that ``include`` let through (registry.formats.modeldir.check_other_weights).
     other_weights: tuple[tuple[str, tuple[str, ...]], ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Converting the weights of a model directory into a release, shard by shard.
 
 DESIGN section 1 ("Weights of a model directory") and section 4: the source is
-a :class:`registry.weights.ModelWeights` (one ``model.safetensors`` or an index
+a :class:`registry.formats.weights.ModelWeights` (one ``model.safetensors`` or an index
 and its shards); the release gets its tensors converted (``f32``, ``bf16``,
 ``int4``; None keeps each dtype and only fixes the metadata) and packed into
 shards of at most ``max_shard_size`` bytes of tensor data, transformers'
@@ -13,7 +13,7 @@ tensor's ``.qweight`` and ``.scales`` stay together). One shard is written as
 the source index's other metadata such as ``total_parameters`` kept).
 
 Memory: the writer computes one output tensor at a time from a read of its
-source tensor (:class:`registry.safetensors_io.LazyTensor`), so the peak is
+source tensor (:class:`registry.formats.safetensors_io.LazyTensor`), so the peak is
 about one source tensor and its converted form, never one shard.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import Any
 
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import UsageError
 from registry.release.convert import _column_counts, plan, weights_groups
 from registry.release.source_check import (
@@ -32,10 +32,10 @@ from registry.release.source_check import (
     stream_sha256,
     verify_object,
 )
-from registry.safetensors_io import DTYPES, LazyTensor, SafetensorsHeader, write_safetensors
-from registry.sourcecheck import SourceHashes
+from registry.formats.safetensors_io import DTYPES, LazyTensor, SafetensorsHeader, write_safetensors
+from registry.host.sourcecheck import SourceHashes
 from registry.store import Store, join
-from registry.weights import INDEX, SINGLE, ModelWeights, index_bytes, shard_name
+from registry.formats.weights import INDEX, SINGLE, ModelWeights, index_bytes, shard_name
 
 __all__ = ["ShardPlan", "merged_header", "weight_files"]
 
@@ -85,7 +85,7 @@ class ShardPlan:
 
     Args:
         store, prefix: where the source directory is.
-        weights: its checked weights (:func:`registry.weights.load_weights`).
+        weights: its checked weights (:func:`registry.formats.weights.load_weights`).
         dtype: ``"f32"``, ``"bf16"``, ``"int4"``, or None (dtypes kept).
         group_size: int4 columns per scale.
         max_shard_size: bytes of tensor data per output shard, at most (a single

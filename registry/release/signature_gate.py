@@ -4,7 +4,7 @@ A model's policy may list public keys and CA certificates (``registry policy
 set MODEL --require-signed-by PUB.pem --require-signed-by CA.crt``); then every
 release of it must carry a ``model.sig`` made by one of the keys, or with a
 signing certificate that chains to one of the CAs (valid now), covering
-exactly its files (see :mod:`registry.model_sig`). The gate is named
+exactly its files (see :mod:`registry.trust.model_sig`). The gate is named
 ``signature`` and its reason names the signer: the key's fingerprint, or the
 certificate's subject and fingerprint and its CA. Models without listed keys
 have no signature gate, and the ``[signing]`` extra is then never imported.
@@ -17,15 +17,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from registry import limits
-from registry import certs
-from registry.commit import DirectoryWriter
+from registry.rules import limits
+from registry.trust import certs
+from registry.protocol.commit import DirectoryWriter
 from registry.errors import GateFailedError, IntegrityError, SignatureError, UsageError
-from registry.gates import GateResult
-from registry.keys import PublicKey, check_private_key
-from registry.layout import release_prefix
+from registry.gating.gates import GateResult
+from registry.trust.keys import PublicKey, check_private_key
+from registry.protocol.layout import release_prefix
 from registry.release import policy
-from registry.model_sig import (
+from registry.trust.model_sig import (
     SIGNATURE,
     SignatureCheck,
     claimed_certificate,
@@ -39,7 +39,7 @@ from registry.model_sig import (
 )
 from registry.store import Store, join
 from registry.trust import Trust
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 GATE = "signature"
 
@@ -64,8 +64,8 @@ def signer(sign_key: str | os.PathLike[str] | None, *,
         UsageError: ``sign_cert`` or ``cert_chain`` without ``sign_key``, or
             ``cert_chain`` without ``sign_cert``.
         DocumentError, SigningUnavailableError: see
-            :func:`registry.keys.check_private_key` and
-            :func:`registry.certs.check_signing_certificate` (a certificate
+            :func:`registry.trust.keys.check_private_key` and
+            :func:`registry.trust.certs.check_signing_certificate` (a certificate
             not of the key, expired or not yet valid, without the signing usage,
             or a chain that does not link it to its CA).
     """

@@ -17,7 +17,7 @@ import hashlib
 from typing import IO, Any
 
 from registry.errors import IntegrityError, SourceChangedError
-from registry.sourcecheck import ObjectState, SourceHashes, check_object
+from registry.host.sourcecheck import ObjectState, SourceHashes, check_object
 from registry.store.base import CHUNK
 from registry.store.ranges import SeekableRaw
 
@@ -107,7 +107,7 @@ READ_TWICE = "read twice"
 
 def object_before(store: Any, key: str) -> ObjectState | None:
     """The state of ``key`` before it is read, on a store that has one (S3);
-    None elsewhere (a local source is checked by registry.sourcecheck.check_local)."""
+    None elsewhere (a local source is checked by registry.host.sourcecheck.check_local)."""
     state = getattr(store, "object_state", None)
     return state(key) if state is not None else None
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from registry.checkpoint.layout import LAYOUTS
 from registry.errors import IntegrityError, NotCommittedError, RegistryError
-from registry.manifest import MANIFEST
+from registry.protocol.manifest import MANIFEST
 from registry.store import join, open_store
-from registry.verify import read_manifest, verify_entries
+from registry.protocol.verify import read_manifest, verify_entries
 
 if TYPE_CHECKING:
     from registry.checkpoint.tree import CheckpointTree
@@ -72,11 +72,11 @@ def check_step_source(url: str) -> str | None:
 
 def missing_step(tree: CheckpointTree, run_id: str | None, step: int) -> NotCommittedError:
     """The error for ``release create`` of a step with no committed checkpoint,
-    in the user's words (:func:`registry.suggest.missing_step`): the run is
+    in the user's words (:func:`registry.rules.suggest.missing_step`): the run is
     unknown (with close matches), the step's save did not finish, or the run
     has no such step (its committed steps listed)."""
-    from registry import suggest
-    from registry.layout import RUNS
+    from registry.rules import suggest
+    from registry.protocol.layout import RUNS
 
     store = tree.store
     run = run_id or tree.root

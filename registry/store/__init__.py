@@ -2,6 +2,9 @@
 
 ``open_store(url)`` picks the backend from the URL; callers then use only the
 :class:`Store` primitives and its capability flags.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, protocol.
 """
 
 from __future__ import annotations

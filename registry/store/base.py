@@ -30,7 +30,7 @@ from typing import IO, Any, Self
 
 import fsspec
 
-from registry import limits
+from registry.rules import limits
 from registry.errors import DocumentError, ObjectNotFoundError, StorageError, UnsafeEntryError
 from registry.store.translate import translated
 
@@ -270,7 +270,7 @@ class Store(ABC):
 
     def read_bytes(self, key: str, *, limit: int | None = None) -> bytes:
         """The whole content of a small object, at most ``limit`` bytes
-        (default :data:`registry.limits.MAX_READ_BYTES`): a store writer
+        (default :data:`registry.rules.limits.MAX_READ_BYTES`): a store writer
         cannot make a reader hold more than that in memory.
 
         Raises:
@@ -298,7 +298,7 @@ class Store(ABC):
 
     def _too_long(self, key: str, cap: int) -> DocumentError:
         return DocumentError(self.url_of(key), f"larger than the {cap}-byte limit for "
-                                               "a document read whole (registry.limits)")
+                                               "a document read whole (registry.rules.limits)")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """Replace ``key`` with ``data`` (durable on return).

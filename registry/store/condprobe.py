@@ -25,7 +25,7 @@ Step 5 is not a condition of acceptance, as a conditional
 CompleteMultipartUpload is not on S3 (issue 34): no guarantee rests on it.
 Every file of a directory is read back (its generation or ETag against the
 one its writer was given) before the manifest is created, and only the small
-conditional objects decide who commits (``registry.commit``). fake-gcs-server
+conditional objects decide who commits (``registry.protocol.commit``). fake-gcs-server
 ignores ``ifGenerationMatch`` on resumable uploads (its ``resumableUpload``
 never reads it); where step 5 fails, an exclusive large write checks that
 nothing is at its name before its last chunk (:func:`large_conditions`),

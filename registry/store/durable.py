@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from registry.pools import HelperPool
+from registry.host.pools import HelperPool
 from registry.store.writepath import WritePath
 
 _RENAME_NOREPLACE = 1
@@ -275,7 +275,7 @@ class _DurableFile:
     def open_direct(self) -> int | None:
         """Prepare direct writes (``O_DIRECT``) to this still-empty file: a
         second descriptor that bypasses the page cache, for large sequential
-        copies (see :meth:`registry.hashing.HashingWriter.copy_from`).
+        copies (see :meth:`registry.protocol.hashing.HashingWriter.copy_from`).
 
         Returns:
             The alignment in bytes that every direct write's offset, length

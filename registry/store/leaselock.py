@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 
-from registry import numbers
+from registry.rules import numbers
 from registry.errors import PointerConflictError
 
 #: seconds after which a lock file is taken to be abandoned (the section it

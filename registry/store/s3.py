@@ -30,7 +30,7 @@ from registry.errors import (
     PointerConflictError,
     StorageError,
 )
-from registry.sourcecheck import ObjectState, object_state
+from registry.host.sourcecheck import ObjectState, object_state
 from registry.store import s3session, s3upload
 from registry.store.ranges import RangeReader, range_answer_ok
 from registry.store.s3abort import abort_stale_uploads
@@ -378,7 +378,7 @@ class S3Store(Store):
 
     def object_state(self, key: str) -> ObjectState:
         """ETag, VersionId and every whole-object checksum of ``key`` (one HEAD
-        with ``ChecksumMode=ENABLED``; registry.sourcecheck.object_state)."""
+        with ``ChecksumMode=ENABLED``; registry.host.sourcecheck.object_state)."""
         with self._translated(key):
             resp = self.call("head_object", Key=self._key(key), ChecksumMode="ENABLED")
         return object_state(resp)

@@ -21,7 +21,7 @@ atomic. On SeaweedFS, LocalStack and Ceph RGW two racing completions with
 ``If-None-Match: *`` can both succeed (issue 34), so no guarantee of the
 registry rests on it: the small conditional claim and marker objects decide,
 and a writer reads back what it committed before its manifest points at it
-(``registry.commit``).
+(``registry.protocol.commit``).
 
 The answer is cached per endpoint and bucket for the life of the process.
 On a server that fails, every conditional write raises

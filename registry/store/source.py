@@ -4,7 +4,7 @@ Unlike a :class:`LocalStore` (where no link below the root is followed,
 registry.store.confine), a source directory may hold links that stay inside
 it -- a Hugging Face cache snapshot is nothing but links into its
 repository's ``blobs/`` -- and those are read as the files they name, under
-the rule of :mod:`registry.sourcedir` (links leaving it refused unless
+the rule of :mod:`registry.host.sourcedir` (links leaving it refused unless
 ``follow_symlinks``). Read-only: publish never writes into its source.
 """
 
@@ -14,8 +14,8 @@ import os
 from typing import IO
 
 from registry.errors import StorageError
-from registry.manifest import list_local_files
-from registry.sourcedir import SourceRule, open_source_file
+from registry.protocol.manifest import list_local_files
+from registry.host.sourcedir import SourceRule, open_source_file
 from registry.store.base import ObjectInfo
 from registry.store.local import LocalStore
 from registry.store.translate import translated

@@ -21,7 +21,7 @@ this only decides how the bytes get there.
 
 from __future__ import annotations
 
-from registry import numbers
+from registry.rules import numbers
 
 import json
 import mmap

@@ -8,10 +8,10 @@ by one (``--trusted-key``) and/or a folder (``$REGISTRY_TRUSTED_KEYS``)::
 
 and CA certificates (``--trusted-ca``, ``$REGISTRY_TRUSTED_CAS``: ``*.pem``,
 ``*.crt`` and ``revoked.json``) for releases signed with a certificate
-(:mod:`registry.certs`). A revoked key or certificate is refused even when
+(:mod:`registry.trust.certs`). A revoked key or certificate is refused even when
 its PEM is still trusted; revoking a key revokes every certificate of it.
 
-Keys are :mod:`registry.keys`, certificates :mod:`registry.certs`; this module
+Keys are :mod:`registry.trust.keys`, certificates :mod:`registry.trust.certs`; this module
 sits above both. Importing it needs no ``[signing]`` extra.
 
 The package (issue 50: one module decides trust) holds, beside the host's
@@ -21,6 +21,9 @@ reading, or a refusal; every door calls it), :mod:`registry.trust.source`
 (trust re-read when its files change, for ``serve``) and
 :mod:`registry.trust.marks` (high-water marks: negative facts a store writer
 cannot erase unseen). This ``__init__`` imports none of them.
+
+
+Rooms it may import (tests/test_house.py keeps this list): errors, host, rules, obs, store, protocol, formats, gating, events, lifecycle, pull, refs, release.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry import numbers
-from registry.certs import Certificate, load_certificates
+from registry.rules import numbers
+from registry.trust.certs import Certificate, load_certificates
 from registry.errors import DocumentError, UsageError
-from registry.filemodes import check_trusted_path
-from registry.keys import PublicKey, load_public_key
-from registry.manifest import utc_now
+from registry.host.filemodes import check_trusted_path
+from registry.trust.keys import PublicKey, load_public_key
+from registry.protocol.manifest import utc_now
 
 REVOKED = "revoked.json"
 
@@ -54,7 +57,7 @@ class Trust:
             certificates by the sha256 of their DER).
         cas: trusted CA certificates, for releases signed with a certificate.
         revoked_ids: ``(issuer, serial hex)`` -> reason, for revoked
-            certificates (:mod:`registry.cert_trust`).
+            certificates (:mod:`registry.trust.cert_trust`).
     """
 
     keys: tuple[PublicKey, ...]
@@ -97,7 +100,7 @@ def load_trust(key_files: Iterable[str | os.PathLike[str]] = (),
     ``--trusted-ca`` files and a CA folder (``revoked.json`` of both folders).
 
     Every file and folder used must be changeable by this user or root
-    only (:func:`registry.filemodes.check_trusted_path`): another local user
+    only (:func:`registry.host.filemodes.check_trusted_path`): another local user
     who could add a key or un-revoke one would decide what this host places.
 
     Raises:
@@ -200,7 +203,7 @@ def revoke(folder: str | os.PathLike[str], key: PublicKey | Certificate,
     entry: dict[str, Any] = {"reason": reason, "revoked_at": utc_now(), "key": key.name}
     fingerprint = key.fingerprint
     if not isinstance(key, PublicKey):
-        # by identity and by key, never by the DER's hash (registry.cert_trust)
+        # by identity and by key, never by the DER's hash (registry.trust.cert_trust)
         fingerprint = key.key_fingerprint
         entry["certificate"] = {"issuer": key.issuer, "serial": key.serial,
                                 "subject": key.subject, "sha256": key.fingerprint}

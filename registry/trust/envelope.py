@@ -2,10 +2,10 @@
 
 A signed document is stored as ``{"signed": {...}, "signatures": [{"keyid",
 "sig"}]}`` -- the envelope of TUF's metadata -- where ``keyid`` is the
-signing key's fingerprint (:mod:`registry.keys`: sha256 of its public PEM)
+signing key's fingerprint (:mod:`registry.trust.keys`: sha256 of its public PEM)
 and ``sig`` the base64 ECDSA/SHA-256 signature over :func:`canonical` of
 ``signed`` (sorted keys, no spaces, UTF-8), exactly the scheme of signed
-alias moves (:mod:`registry.alias_sign`). Needs the ``[signing]`` extra
+alias moves (:mod:`registry.trust.alias_sign`). Needs the ``[signing]`` extra
 (``cryptography``) to sign or verify; parsing needs nothing.
 """
 
@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from registry.errors import SignatureError
-from registry.keys import check_private_key
+from registry.trust.keys import check_private_key
 from registry.trust import Trust
 
 
@@ -37,7 +37,7 @@ def sign(signed: dict[str, Any], key_path: str | os.PathLike[str]) -> dict[str, 
     """The envelope of ``signed``, signed by the EC private key at ``key_path``.
 
     Raises:
-        DocumentError, SigningUnavailableError: see :func:`registry.keys.check_private_key`.
+        DocumentError, SigningUnavailableError: see :func:`registry.trust.keys.check_private_key`.
     """
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

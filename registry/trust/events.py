@@ -31,9 +31,9 @@ import re
 
 from registry.errors import RegistryError
 from registry.events.log import Event
-from registry.layout import model_root, release_prefix, revocation_key, tombstone_key, yank_key
-from registry.manifest import MANIFEST
-from registry.names import check_model_id, check_name
+from registry.protocol.layout import model_root, release_prefix, revocation_key, tombstone_key, yank_key
+from registry.protocol.manifest import MANIFEST
+from registry.rules.names import check_model_id, check_name
 from registry.store import Store, join
 
 
@@ -89,7 +89,7 @@ def _check(store: Store, event: Event, ev: object) -> str | None:
         return None
     if name in (ev.MODEL_VERSION_ALIAS_CREATED,  # type: ignore[attr-defined]
                 ev.MODEL_VERSION_ALIAS_DELETED):  # type: ignore[attr-defined]
-        from registry.alias_history import read_entry
+        from registry.refs.alias_history import read_entry
 
         alias = check_name(str(data.get("alias")), "alias")
         if not _ENTRY.fullmatch(str(data.get("entry"))):

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import DocumentError, SignatureError
-from registry.layout import alias_key, snapshot_key, timestamp_key, tombstone_key, yank_key
+from registry.protocol.layout import alias_key, snapshot_key, timestamp_key, tombstone_key, yank_key
 from registry.store import Store
 from registry.trust import envelope
 from registry.trust.snapshot import read_envelope, sha256

@@ -25,7 +25,7 @@ alias pointer ``refs/<a>``      its highest move ``seq``; a pointer with a
 The marks cannot protect what this host never saw (first use): a fresh host
 believes the store, and the refusal text says so. Keys and revocations are
 host-side files (:mod:`registry.trust`), not store records. Where keys are
-configured, alias moves are signed (:mod:`registry.alias_sign`): the marks
+configured, alias moves are signed (:mod:`registry.trust.alias_sign`): the marks
 then stop a replay of an *older signed* move, which a signature alone cannot.
 
 The marks of one store live in ``<cache>/marks/<sha256(store url)[:16]>.json``

@@ -3,7 +3,7 @@
 A move's ``signature.key`` is what the entry *claims*; a store writer can
 write any fingerprint there. :func:`alias_log` is ``log_document`` with each
 move's ``signature_state`` decided by the trust function's own check
-(:func:`registry.alias_sign.verify_move`): ``"verified"`` only against keys
+(:func:`registry.trust.alias_sign.verify_move`): ``"verified"`` only against keys
 this host trusts, ``"claims key X, not verified"`` without trust,
 ``"refused: why"`` when the check fails, ``"unsigned"``. No door shows
 "signed by" for a signature nobody verified (issue 50).
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.alias_history import AliasMove, encode, log_document
+from registry.refs.alias_history import AliasMove, encode, log_document
 from registry.errors import RegistryError
-from registry.layout import alias_key
+from registry.protocol.layout import alias_key
 from registry.store import Store
 from registry.trust import Trust
 
@@ -29,7 +29,7 @@ def signature_state(move: dict[str, Any], trust: Trust | None, *, where: str) ->
     claimed = str(sig.get("key", ""))[:16] if isinstance(sig, dict) else "?"
     if trust is None:
         return f"claims key {claimed}, not verified (this process has no trusted keys)"
-    from registry.alias_sign import verify_move
+    from registry.trust.alias_sign import verify_move
 
     try:
         fp = verify_move(AliasMove(encode(doc), doc), trust, where=where)
@@ -40,7 +40,7 @@ def signature_state(move: dict[str, Any], trust: Trust | None, *, where: str) ->
 
 def alias_log(store: Store, model_id: str, alias: str, *, at: str | None = None,
               trust: Trust | None = None) -> dict[str, Any]:
-    """:func:`registry.alias_history.log_document` with ``signature_state`` on
+    """:func:`registry.refs.alias_history.log_document` with ``signature_state`` on
     every move (and on ``move`` with ``at``). Raises as ``log_document``."""
     doc = log_document(store, model_id, alias, at=at)
     where = store.url_of(alias_key(model_id, alias))

@@ -11,7 +11,7 @@ In this order:
 
 1. **the name**: a version as itself; an alias through its pointer -- with
    trust, only through a move signed by a trusted, unrevoked key
-   (:func:`registry.alias_sign.trusted_alias_version`). What another party
+   (:func:`registry.trust.alias_sign.trusted_alias_version`). What another party
    (a mirror, a Hub) says an alias points to is a *hint*: the mirror must hand
    over the signed move itself (``registry.alias_move`` of its answer), which
    is checked here like a store's; a bare version number from it is never
@@ -38,16 +38,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from registry.aliases import resolve
-from registry.layout import release_prefix, yank_key
+from registry.refs.aliases import resolve
+from registry.protocol.layout import release_prefix, yank_key
 from registry.lifecycle.guard import refuse_retired
-from registry.manifest import MANIFEST, Manifest
+from registry.protocol.manifest import MANIFEST, Manifest
 from registry.store import Store, join
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 if TYPE_CHECKING:
-    from registry.gates import GateResult
-    from registry.model_sig import SignatureCheck
+    from registry.gating.gates import GateResult
+    from registry.trust.model_sig import SignatureCheck
     from registry.trust import Trust
     from registry.trust.marks import Marks
 
@@ -63,8 +63,8 @@ def is_version(store: Store, model_id: str, name: str) -> bool:
 def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None,
                      marks: Marks | None = None) -> str:
     """The version to read: with ``trust``, an alias only through a move signed
-    by a trusted key (:func:`registry.alias_sign.trusted_alias_version`, whose
-    errors it raises); else :func:`registry.aliases.resolve`. With ``marks``,
+    by a trusted key (:func:`registry.trust.alias_sign.trusted_alias_version`, whose
+    errors it raises); else :func:`registry.refs.aliases.resolve`. With ``marks``,
     an alias whose move is older than one this host saw is refused
     (RollbackError)."""
     if is_version(store, model_id, name):
@@ -72,12 +72,12 @@ def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None
     if trust is None:
         version = resolve(store, model_id, name)
     else:
-        from registry.alias_sign import trusted_alias_version
+        from registry.trust.alias_sign import trusted_alias_version
 
         version = trusted_alias_version(store, model_id, name, trust)
     if marks is not None:  # after the signature: an older *signed* move is refused here
-        from registry.alias_history import read_head
-        from registry.layout import alias_key
+        from registry.refs.alias_history import read_head
+        from registry.protocol.layout import alias_key
 
         head = read_head(store, model_id, name)
         if head.version != version:
@@ -130,9 +130,9 @@ class Verdicts:
 
     def check(self, store: Store, prefix: str, manifest: Manifest, model_id: str,
               version: str, trust: Trust) -> SignatureCheck:
-        """:func:`registry.model_sig.verify_release`, or its verdict of the last ``ttl`` s."""
+        """:func:`registry.trust.model_sig.verify_release`, or its verdict of the last ``ttl`` s."""
         from registry.errors import RegistryError
-        from registry.model_sig import verify_release
+        from registry.trust.model_sig import verify_release
 
         key = (manifest.digest, id(trust))
         now = time.monotonic()
@@ -169,7 +169,7 @@ def start_signature_check(store: Store, prefix: str, manifest: Manifest, model_i
     if trust is None:
         return None
     from registry.errors import SignatureError
-    from registry.model_sig import precheck, read_signature, verify_bytes
+    from registry.trust.model_sig import precheck, read_signature, verify_bytes
 
     where = store.url_of(prefix)
     data = read_signature(store, prefix, manifest)
@@ -205,7 +205,7 @@ def default_version(store: Store, model_id: str, trust: Trust | None = None,
         SignatureError: see :func:`resolve_for_pull`.
     """
     from registry.errors import NotCommittedError
-    from registry.layout import alias_key, model_root
+    from registry.protocol.layout import alias_key, model_root
 
     if store.exists(alias_key(model_id, DEFAULT_ALIAS)):
         return resolve_for_pull(store, model_id, DEFAULT_ALIAS, trust, marks)
@@ -320,7 +320,7 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
         from registry.release.failing import failing_gates
 
         if marks is not None:  # a revocation a store writer deleted is not lifted
-            from registry.layout import REVOCATIONS
+            from registry.protocol.layout import REVOCATIONS
 
             from registry.errors import StorageError
 
@@ -361,7 +361,7 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
 
 def _verify_now(store: Store, prefix: str, manifest: Manifest, model_id: str, version: str,
                 trust: Trust) -> SignatureCheck:
-    from registry.model_sig import verify_release
+    from registry.trust.model_sig import verify_release
 
     return verify_release(store, prefix, manifest, model_id=model_id, version=version,
                           trust=trust)

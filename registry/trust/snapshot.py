@@ -38,9 +38,9 @@ import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from registry import limits
+from registry.rules import limits
 from registry.errors import DocumentError, ObjectNotFoundError, UsageError
-from registry.layout import (
+from registry.protocol.layout import (
     REVOCATIONS,
     SNAPSHOTS,
     TOMBSTONES,
@@ -50,7 +50,7 @@ from registry.layout import (
     snapshot_key,
     timestamp_key,
 )
-from registry.names import check_name
+from registry.rules.names import check_name
 from registry.store import Store, join
 from registry.trust import envelope
 
@@ -170,7 +170,7 @@ def sign_snapshot(store: Store, model_id: str, key_path: str | os.PathLike[str],
 
     Raises:
         DocumentError, SigningUnavailableError: the key (see
-            :func:`registry.keys.check_private_key`).
+            :func:`registry.trust.keys.check_private_key`).
         StorageError: the store cannot be listed or written.
 
     Atomicity: the snapshot is created by conditional create under a new
@@ -178,7 +178,7 @@ def sign_snapshot(store: Store, model_id: str, key_path: str | os.PathLike[str],
     the old timestamp and snapshot or the new ones.
     """
     from registry.errors import ObjectExistsError
-    from registry.keys import check_private_key
+    from registry.trust.keys import check_private_key
 
     fingerprint = check_private_key(key_path).fingerprint
     version = max(_named_snapshot(store, model_id), _newest(store, model_id)) + 1
@@ -228,7 +228,7 @@ def refresh_timestamp(store: Store, model_id: str, key_path: str | os.PathLike[s
         ObjectNotFoundError: the model has no snapshot (``registry snapshot sign``).
         DocumentError: the timestamp or the snapshot it names is garbled.
     """
-    from registry.keys import check_private_key
+    from registry.trust.keys import check_private_key
 
     fingerprint = check_private_key(key_path).fingerprint
     version = _named_snapshot(store, model_id)
@@ -244,7 +244,7 @@ def refresh_timestamp(store: Store, model_id: str, key_path: str | os.PathLike[s
 
 def signed_models(store: Store) -> list[str]:
     """The models that have a signed timestamp (``ledger/snapshots/<m>/``)."""
-    from registry.layout import model_ids
+    from registry.protocol.layout import model_ids
 
     return model_ids([n for n, d in store.list_dir(SNAPSHOTS)
                       if d and store.exists(join(SNAPSHOTS, n, "timestamp.json"))])

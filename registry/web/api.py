@@ -25,13 +25,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from registry import documents
+from registry.facade import documents
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree
 from registry.cli.app import nothing_stored
 from registry.errors import ObjectNotFoundError
-from registry.layout import run_root
-from registry.names import check_model_id, check_name
+from registry.protocol.layout import run_root
+from registry.rules.names import check_model_id, check_name
 from registry.web.modelpath import model_param
 
 router = APIRouter(prefix="/api/v1", tags=["registry"])

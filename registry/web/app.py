@@ -29,8 +29,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry.api import Registry
 from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
-from registry.redact import redact
-from registry.resources import resource_dir
+from registry.host.redact import redact
+from registry.host.resources import resource_dir
 from registry.web import api, hub, oci, pages
 from registry.web.cache import ReleaseFiles
 from registry.web.failure import failure_of
@@ -96,7 +96,7 @@ def _authorized(header: str, token: str) -> bool:
 
 
 class RedactedJSONResponse(JSONResponse):
-    """JSON whose every URL credential is redacted (:mod:`registry.redact`)."""
+    """JSON whose every URL credential is redacted (:mod:`registry.host.redact`)."""
 
     def render(self, content: Any) -> bytes:
         return redact(super().render(content).decode("utf-8")).encode("utf-8")

@@ -3,7 +3,7 @@
 A cold large file used to be sent only once the whole file was in the
 mirror's cache, so its first byte waited for the last one. A
 :class:`LiveFill` lets every request for a file being filled (the first and
-each one arriving meanwhile) send each piece of it (registry.pieces: 64 MiB
+each one arriving meanwhile) send each piece of it (registry.protocol.pieces: 64 MiB
 by default) as soon as that piece has landed in the fill's temp file and
 verified against the manifest's piece states:
 
@@ -44,9 +44,9 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from registry import pieces as pc
+from registry.protocol import pieces as pc
 from registry.errors import IntegrityError
-from registry.manifest import FileEntry
+from registry.protocol.manifest import FileEntry
 from registry.web.hubfiles import spans
 
 #: bytes per block sent while a fill runs. Each block is read on the event

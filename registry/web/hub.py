@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from registry.errors import IntegrityError, RegistryError
-from registry.manifest import MANIFEST, FileEntry
+from registry.protocol.manifest import MANIFEST, FileEntry
 from registry.obs.metrics import store_bytes
 from registry.web.failure import failure_of
 from registry.web.fresh import reset_stale, stale_age

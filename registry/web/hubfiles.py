@@ -6,7 +6,7 @@ so the server must: every byte it sends has been checked against the
 release's manifest first.
 
 :class:`StoreSource` (serving straight from the store) cuts the asked range
-into the entry's pieces (registry.pieces; a file without pieces is one piece):
+into the entry's pieces (registry.protocol.pieces; a file without pieces is one piece):
 each piece is streamed from the store into a private, unlinked spool file
 while its SHA-256 state is checked, and only a piece that verified is sent,
 from that private copy (a store writer changing the object afterwards
@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Protocol
 
-from registry import pieces as pc
+from registry.protocol import pieces as pc
 from registry.errors import IntegrityError
-from registry.manifest import FileEntry, Manifest
+from registry.protocol.manifest import FileEntry, Manifest
 from registry.store import Store, join
-from registry.verify import piece_error
+from registry.protocol.verify import piece_error
 
 #: bytes per block sent and read.
 CHUNK = 1024 * 1024

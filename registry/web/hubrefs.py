@@ -39,15 +39,15 @@ from registry.errors import (
     RegistryError,
     SignatureError,
 )
-from registry.manifest import Manifest
-from registry.layout import alias_key, model_root, release_prefix
-from registry.names import check_model_id, check_name
-from registry.alias_history import read_head
+from registry.protocol.manifest import Manifest
+from registry.protocol.layout import alias_key, model_root, release_prefix
+from registry.rules.names import check_model_id, check_name
+from registry.refs.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
 from registry.trust.release import OpenedRelease, Verdicts, is_version, open_release
 from registry.trust.source import current
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from registry.web.failure import failure_of
 from registry.web.fresh import Facts
 
@@ -308,9 +308,9 @@ class HubPolicy:
             self.marks.check_alias(model_id, "main", None, where)
         if current(self.trust) is None:
             return
-        from registry.alias_sign import protected_keys
-        from registry.layout import policy_key
-        from registry.schemas import load_json
+        from registry.trust.alias_sign import protected_keys
+        from registry.protocol.layout import policy_key
+        from registry.rules.schemas import load_json
 
         try:
             doc = load_json(self.store.read_bytes(policy_key(model_id)),

@@ -43,7 +43,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from registry.errors import InsufficientSpaceError, IntegrityError
-from registry.manifest import FileEntry, Manifest
+from registry.protocol.manifest import FileEntry, Manifest
 from registry.obs.metrics import mirror_cache
 from registry.pull.cache import Cache
 from registry.pull.download import fetch

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote, unquote
 
-from registry.names import check_model_id
+from registry.rules.names import check_model_id
 
 #: how a namespaced id's ``/`` travels inside one path segment
 ENCODED_SLASH = "%2F"
@@ -48,7 +48,7 @@ def model_param(value: str) -> str:
     """The model id a path parameter names (``acme%2Ftiny``: ``acme/tiny``).
 
     Raises:
-        InvalidNameError: it is no model id (registry.names.check_model_id).
+        InvalidNameError: it is no model id (registry.rules.names.check_model_id).
     """
     return check_model_id(value.replace(ENCODED_SLASH, "/"))
 

@@ -36,8 +36,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from registry.errors import IntegrityError, RegistryError
-from registry.layout import refs_prefix
-from registry.manifest import FileEntry
+from registry.protocol.layout import refs_prefix
+from registry.protocol.manifest import FileEntry
 from registry.oci import mapping as M
 from registry.oci.push import release_artifact, signature_referrer
 from registry.store import join

@@ -51,7 +51,7 @@ def model(request: Request, model_id: str, before: CursorQ = None,
 def alias_log(request: Request, model_id: str, alias: str,
               at: Annotated[str | None, Query(max_length=64)] = None) -> HTMLResponse:
     from registry.cli.aliases import parse_time
-    from registry.names import check_name
+    from registry.rules.names import check_name
     from registry.trust.moves import alias_log as log_document
     from registry.trust.source import current
 

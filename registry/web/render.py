@@ -10,8 +10,8 @@ import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from registry.redact import redact
-from registry.resources import resource_dir
+from registry.host.redact import redact
+from registry.host.resources import resource_dir
 from registry.web.charts import Chart, render_svg
 from registry.web.modelpath import model_segment
 

@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from registry import limits, schemas
+from registry.rules import limits, schemas
 from registry.api import Registry
 from registry.checkpoint import CheckpointTree
 from registry.errors import InvalidNameError, NotCommittedError, PointerError, RegistryError
 from registry.index import browse
-from registry.layout import REVOCATIONS, release_prefix, run_root
-from registry.ledger import revocation_of
-from registry.names import check_model_id, check_name
+from registry.protocol.layout import REVOCATIONS, release_prefix, run_root
+from registry.gating.ledger import revocation_of
+from registry.rules.names import check_model_id, check_name
 from registry.store import join
 from registry.web.cache import ReleaseFiles
 from registry.web.charts import Chart, Series
@@ -283,7 +283,7 @@ def run_view(reg: Registry, run_id: str) -> dict[str, Any]:
     steps = [{"step": c["step"], "bytes": c["bytes"], "created_at": c["created_at"],
               "manifest_sha256": c["manifest_sha256"]} for c in reg.checkpoints(run_id)]
     if not steps:
-        from registry.verify import read_manifest
+        from registry.protocol.verify import read_manifest
         for step in tree.steps():
             try:
                 m = read_manifest(reg.store, tree.prefix(step))

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from registry.aliases import set_alias
+from registry.refs.aliases import set_alias
 from registry.errors import RegistryError
 from registry.store import open_store
 

@@ -23,7 +23,7 @@ from registry.pull import pull
 from registry.pull.cache_admin import PullCache
 from registry.pull.materialize import verify_materialized
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 def pulls(url: str, cache: str, base: str, rounds: int, versions: list[str]) -> int:

@@ -15,9 +15,9 @@ import sys
 fcntl.flock = lambda *a, **k: None  # type: ignore[assignment]
 fcntl.lockf = lambda *a, **k: None  # type: ignore[assignment]
 
-from registry.aliases import set_alias  # noqa: E402
+from registry.refs.aliases import set_alias  # noqa: E402
 from registry.errors import PointerConflictError  # noqa: E402
-from registry.pointer import move_pointer, read_pointer  # noqa: E402
+from registry.protocol.pointer import move_pointer, read_pointer  # noqa: E402
 from registry.store import open_store  # noqa: E402
 
 

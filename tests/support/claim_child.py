@@ -12,7 +12,7 @@ finishes the file and commits.
 import sys
 import time
 
-from registry.commit import DirectoryWriter
+from registry.protocol.commit import DirectoryWriter
 from registry.store import open_store
 
 if __name__ == "__main__":

@@ -51,10 +51,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from registry.commit import DirectoryWriter, commit_local_directory
+from registry.protocol.commit import DirectoryWriter, commit_local_directory
 from registry.errors import PointerConflictError, PointerRegressionError, RegistryError
-from registry.manifest import list_local_files
-from registry.pointer import move_pointer, read_pointer
+from registry.protocol.manifest import list_local_files
+from registry.protocol.pointer import move_pointer, read_pointer
 from registry.store import Store, open_store
 
 CKPT = "runs/r/ckpt"

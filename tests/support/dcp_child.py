@@ -82,8 +82,8 @@ from registry.checkpoint import dist as regdist
 from registry.checkpoint import loongsage_dcp
 from registry.checkpoint.loongsage_dcp import DistLoongSageCheckpointer, resume_dist
 from registry.checkpoint.preempt import Preempted
-from registry.commit import DirectoryWriter
-from registry.safetensors_io import write_safetensors
+from registry.protocol.commit import DirectoryWriter
+from registry.formats.safetensors_io import write_safetensors
 from registry.store import open_store
 
 SHAPES = {"col.weight": ((10, 6), 0), "col.bias": ((10,), 0), "row.weight": ((6, 10), 1),
@@ -265,7 +265,7 @@ def free_port() -> int:
 
 def shapes_from_hf(path: str) -> None:
     """SHAPES (and so initial()) from an HF model.safetensors."""
-    from registry.safetensors_io import read_safetensors
+    from registry.formats.safetensors_io import read_safetensors
 
     with open(os.path.join(path, "model.safetensors"), "rb") as f:
         tensors, _ = read_safetensors(f, path=path, file_size=os.fstat(f.fileno()).st_size)

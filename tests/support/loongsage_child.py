@@ -89,7 +89,7 @@ class _WatchedFile:
 
 def arm(ckpt: Any, killer: _Killer) -> None:
     from registry.checkpoint.tree import CheckpointTree
-    from registry.commit import DirectoryWriter
+    from registry.protocol.commit import DirectoryWriter
 
     real_open = ckpt.store.open_write
     ckpt.store.open_write = lambda key, **kw: _WatchedFile(real_open(key, **kw), killer)

@@ -23,7 +23,7 @@ def main() -> int:
     url, layout, tree, barrier = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
     from registry.checkpoint import CheckpointManager
     from registry.checkpoint.loongsage import LoongSageCheckpointer
-    from registry.commit import DirectoryWriter
+    from registry.protocol.commit import DirectoryWriter
     from registry.errors import RegistryError
     from registry.store import open_store
     from tests.ckpt_util import adamw, model, save

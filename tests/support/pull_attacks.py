@@ -14,9 +14,9 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from registry.manifest import MANIFEST, FileEntry, Manifest
+from registry.protocol.manifest import MANIFEST, FileEntry, Manifest
 from registry.store import Store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
 
 

@@ -41,7 +41,7 @@ from registry.errors import RegistryError
 from registry.pull import download, pull
 from registry.pull.materialize import verify_materialized
 from registry.store import open_store
-from registry.verify import read_manifest
+from registry.protocol.verify import read_manifest
 
 
 def race(url: str, model_id: str, version: str, base: str, reps: int) -> int:

@@ -3,10 +3,10 @@
 ``python -m tests.support.sigterm_saver_child URL RUN BARRIER_DIR``
 
 Handles SIGTERM as the registry's processes do
-(:func:`registry.interrupt.terminate_like_interrupt`), saves step 100, then
+(:func:`registry.host.interrupt.terminate_like_interrupt`), saves step 100, then
 step 200 -- pausing with every file of step 200 staged but nothing committed:
 it creates ``BARRIER_DIR/staged`` and sleeps there until a signal arrives.
-Exits with :func:`registry.interrupt.exit_code` once interrupted.
+Exits with :func:`registry.host.interrupt.exit_code` once interrupted.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 def main() -> int:
     url, run, barrier = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    from registry import interrupt
+    from registry.host import interrupt
     from registry.checkpoint import CheckpointManager
-    from registry.commit import DirectoryWriter
+    from registry.protocol.commit import DirectoryWriter
     from tests.ckpt_util import save
 
     interrupt.terminate_like_interrupt()
