@@ -296,7 +296,12 @@ class Registry(LifecycleMixin):
         and the event ``policy.changed`` (EventNotRecordedError if it fails).
         With ``sign_key``, a model that has a signed snapshot gets a new one
         listing the new policy.json (into :attr:`snapshots`; also when only the
-        event failed); a model without one is not opted in."""
+        event failed); a model without one is not opted in. The key is checked
+        before the policy is written (DocumentError, SigningUnavailableError)."""
+        if sign_key is not None:
+            from registry.keys import check_private_key
+
+            check_private_key(sign_key)
         parsed = set_policy(self.store, model_id, require, signed_by, forbid_code=forbid_code,
                             protected_aliases=protected_aliases)
         try:
