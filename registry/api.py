@@ -202,19 +202,31 @@ class Registry(AliasMixin, LifecycleMixin):
     def set_policy(self, model_id: str, require: Iterable[str],
                    signed_by: Iterable[PublicKey | Certificate] = (), *,
                    forbid_code: bool = False,
-                   protected_aliases: dict[str, list[str]] | None = None) -> list[Threshold]:
+                   protected_aliases: dict[str, list[str]] | None = None,
+                   sign_key: str | os.PathLike[str] | None = None) -> list[Threshold]:
         """Replace the model's policy: thresholds and (optionally) the public keys
         and CA certificates (``registry.trust.certs.load_anchor``) one of which must
         have signed every release (the ``signature`` gate), ``forbid_code``
         (the ``code`` gate: no pickle, no remote code) and protected aliases
         (alias -> key fingerprints, :mod:`registry.trust.alias_sign`); then the index
-        and the event ``policy.changed`` (EventNotRecordedError if it fails)."""
+        and the event ``policy.changed`` (EventNotRecordedError if it fails).
+        With ``sign_key``, a model that has a signed snapshot gets a new one
+        listing the new policy.json (into :attr:`snapshots`; also when only the
+        event failed); a model without one is not opted in. The key is checked
+        before the policy is written (DocumentError, SigningUnavailableError)."""
+        if sign_key is not None:
+            from registry.trust.keys import check_private_key
+
+            check_private_key(sign_key)
         parsed = set_policy(self.store, model_id, require, signed_by, forbid_code=forbid_code,
                             protected_aliases=protected_aliases)
-        self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
-        append_event(self.store, POLICY_CHANGED, model_id=model_id,
-                     data={"require": [str(t) for t in parsed],
-                           "protected_aliases": sorted(protected_aliases or {})})
+        try:
+            self._record(f"policy of {model_id}", lambda s: record_policy(s, model_id, parsed))
+            append_event(self.store, POLICY_CHANGED, model_id=model_id,
+                         data={"require": [str(t) for t in parsed],
+                               "protected_aliases": sorted(protected_aliases or {})})
+        finally:
+            self._resign([model_id], sign_key, only_signed=True)
         return parsed
 
     def rebuild_index(self, progress: Progress | None = None) -> dict[str, Any]:

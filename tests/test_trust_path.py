@@ -199,8 +199,6 @@ ATTACKS: dict[str, Callable[[World, str], None]] = {
 NOT_APPLICABLE = {
     # a release's folder is named by its version: no alias is resolved
     ("release-from-release", "rollback-signed-alias"), ("release-from-release", "unsigned-alias"),
-    # a keyless mirror does not relay the store's snapshot (docs/trust.md): TOFU only
-    ("pull-from-mirror", "removed-yank-signed-snapshot"),
 }
 #: attacks whose door meets the record first (trust on first use); the others meet a
 #: fresh host, which only signed evidence protects (an unsigned release too: a server

@@ -208,3 +208,26 @@ def test_alias_moves_re_sign_an_existing_snapshot_only(host: Host) -> None:
     assert host.pull("prod", "fresh") == "1"
     refresh_timestamp(host.store, M, host.key)
     assert host.pull("prod", "fresh") == "1"
+
+
+def test_policy_set_re_signs_an_existing_snapshot_only(host: Host) -> None:
+    """Without --sign-key a policy change leaves the snapshot listing the old
+    policy.json: hosts with keys refuse, and the error names the fix."""
+    code, _, err = host.cli("policy", "set", M, "--require-signed-by", str(host.pub),
+                            "--sign-key", str(host.key))
+    assert code == 0, err
+    assert not host.store.exists(TS)  # a model without a snapshot is not opted in
+    sign_snapshot(host.store, M, host.key)
+    assert host.pull("prod", "before") == "2"
+    code, _, err = host.cli("policy", "set", M, "--require-signed-by", str(host.pub),
+                            "--forbid-code")
+    assert code == 0, err
+    r = run_cli("pull", f"{M}@prod", "--store", host.url, "--trusted-key", str(host.pub),
+                "--to", str(host.root / "refused"), "--cache", str(host.root / "fresh"))
+    assert r.returncode != 0 and "the policy (key list) of snap differs" in r.stderr, r.stderr
+    assert f"registry snapshot sign {M} --sign-key KEY" in r.stderr, r.stderr
+    code, out, err = host.cli("policy", "set", M, "--require-signed-by", str(host.pub),
+                              "--sign-key", str(host.key), "--json")
+    assert code == 0, err
+    assert json.loads(out)["snapshots"][0]["snapshot"] == 2, out
+    assert host.pull("prod", "after") == "2"

@@ -416,8 +416,15 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
                    help="Protect ALIAS: its moves must be signed by the key whose public "
                         "half (PEM) is PUBKEY (repeatable; several keys for one alias allowed); "
                         "hosts pulling with trusted keys refuse unsigned moves.")] = None,
+               sign_key: Annotated[str | None, typer.Option(
+                   "--sign-key", metavar="PATH",
+                   help="EC private key (PEM) of a key the reading hosts trust: sign the "
+                        "model's snapshot again when it has one, listing the new policy "
+                        "(else hosts with keys refuse the model until registry snapshot "
+                        "sign).")] = None,
                store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Replace MODEL_ID's policy: thresholds, signing keys, forbid_code, protected aliases."""
+    from registry.cli.snapshot import report, signed
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         _require_model(reg.store, model_id)
@@ -428,14 +435,17 @@ def policy_set(model_id: Annotated[str, typer.Argument(help="Model id.")],
             keys = [k for p in require_signed_by for k in load_anchor(p)]
         protected = _protected(protect or [])
         parsed = reg.set_policy(model_id, require or [], signed_by=keys,
-                                forbid_code=forbid_code, protected_aliases=protected)
+                                forbid_code=forbid_code, protected_aliases=protected,
+                                sign_key=sign_key)
     if as_json:
         print_json({"model_id": model_id, "require": [str(t) for t in parsed],
-                    "signed_by": [_anchor(k) for k in keys], "forbid_code": forbid_code})
+                    "signed_by": [_anchor(k) for k in keys], "forbid_code": forbid_code,
+                    **signed(reg.snapshots)})
     else:
         echo(f"{model_id}: " + (", ".join(map(str, parsed)) or "no thresholds")
              + "".join(f"; signed by {_anchor_text(k)}" for k in keys)
              + ("; no pickle or remote code" if forbid_code else ""))
+        report(reg.snapshots)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 
 

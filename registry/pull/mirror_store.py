@@ -14,8 +14,13 @@ store's pointer; a mirror that names only a version (``registry.version``)
 shows a bare pointer, which a host with trusted keys refuses (issue 50: a
 mirror's answer is a hint, never the evidence).
 
-Keys the mirror cannot serve (the ledger, policies, checkpoints) are absent
-(ObjectNotFoundError); nothing can be written (StorageError). Stdlib HTTP only
+The trust records (the signed timestamp and snapshot, yank records,
+tombstones, revocations, a model's policy.json: :mod:`registry.trust.relay`)
+are read from the mirror's ``/api/registry/records/{key}``, capped like every
+document; they are hints too, checked by the trust function against the
+signed snapshot (a mirror that drops a listed yank is refused like a store
+writer who did). Other keys the mirror cannot serve (checkpoints, the rest
+of the ledger) are absent (ObjectNotFoundError); nothing can be written (StorageError). Stdlib HTTP only
 (http.client through urllib); ``$HF_TOKEN`` or ``token`` is sent as
 ``Authorization: Bearer``.
 """
@@ -140,6 +145,14 @@ class MirrorStore(Store):
         doc: dict[str, Any] = schemas.load_json(data, path=url)
         return doc
 
+    def _record_url(self, key: str) -> str | None:
+        """The URL of trust record ``key`` on the mirror (None: not a relayed key)."""
+        from registry.trust.relay import ROUTE, relayed
+
+        if relayed(key) is None:
+            return None
+        return self.url + ROUTE + "/".join(quote(p, safe="") for p in key.split("/"))
+
     def _file_url(self, key: str) -> str:
         parts = key.split("/")
         if len(parts) < 4 or parts[0] != "models" or parts[2] == "refs":
@@ -168,6 +181,9 @@ class MirrorStore(Store):
     # -- primitives -------------------------------------------------------------------
 
     def open_read(self, key: str) -> IO[bytes]:
+        record = self._record_url(key)
+        if record is not None:  # read by the caller up to its cap (read_bytes)
+            return self._request(record)  # type: ignore[no-any-return]
         parts = key.split("/")
         if len(parts) == 4 and parts[0] == "models" and parts[2] == "refs":
             import io
@@ -212,6 +228,9 @@ class MirrorStore(Store):
 
     def info(self, key: str) -> ObjectInfo:
         parts = key.split("/")
+        if self._record_url(key) is not None:
+            with self.open_read(key) as f:  # never more than the cap
+                return ObjectInfo(key, len(limits.read_at_most(f, limits.MAX_JSON_BYTES)))
         if len(parts) == 4 and parts[0] == "models" and (parts[2] == "refs" or
                                                            parts[3] == "MANIFEST.json"):
             with self.open_read(key) as f:  # never more than the cap, then the reader refuses

@@ -98,7 +98,8 @@ class Fresh:
                                         f"{self.describe()} (version {listed.get('version')}, "
                                         f"sha256 {str(listed.get('sha256'))[:16]}): refused, a "
                                         "record changed without a re-signed snapshot "
-                                        "(registry snapshot sign)")
+                                        f"(the writer's fix: registry snapshot sign "
+                                        f"{self.model_id} --sign-key KEY)")
 
     def check_store(self, store: Store) -> None:
         """Every listed revocation and the listed policy.json are as listed."""

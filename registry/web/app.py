@@ -31,7 +31,7 @@ from registry.cli.errors import exit_code_for
 from registry.errors import RegistryError
 from registry.host.redact import redact
 from registry.host.resources import resource_dir
-from registry.web import api, hub, oci, pages
+from registry.web import api, hub, hubrecords, oci, pages
 from registry.web.cache import ReleaseFiles
 from registry.web.failure import failure_of
 from registry.web.hub import HubStats
@@ -227,6 +227,7 @@ def create_app(registry: Registry, *, token: str | None = None,
                         headers={"Cache-Control": "max-age=3600"})
 
     app.include_router(oci.router)  # the OCI read API (/v2/), before the Hub's catch-alls
+    app.include_router(hubrecords.router)  # trust records relayed to pull --from
     app.include_router(hub.router)
     app.include_router(api.router)
     app.include_router(pages.router)
