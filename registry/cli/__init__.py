@@ -4,7 +4,8 @@ Each command module builds the library objects, calls them and converts errors
 at the boundary (:mod:`registry.cli.errors`).
 
 ``import registry.cli`` loads neither typer nor any command: ``registry
---version`` answers before typer loads, and the root command imports a
+--version`` and the root's ``--help`` (registry.cli.table) answer before
+typer loads, and the root command imports a
 command's module only when it runs (:mod:`registry.cli.commands`).
 ``registry.cli.app`` is the Typer app (:mod:`registry.cli.app`'s ``app``),
 loaded on first use.
@@ -69,6 +70,11 @@ def main() -> None:
 
         print(f"registry {__version__}")
         sys.exit(0)
+    if args in ([], ["--help"]):  # the table says it all: no typer, click nor rich
+        from registry.cli.table import root_help
+
+        sys.stdout.write(root_help())
+        sys.exit(0 if args else 2)  # no command: click's exit code for it
     as_json = "--json" in args
     interrupt.terminate_like_interrupt()
     try:
@@ -110,7 +116,7 @@ def _interrupted(args: list[str], as_json: bool) -> None:
     from registry.cli.errors import error_document
 
     words = [a for a in args if not a.startswith("-")][:2]
-    from registry.cli.commands import COMMANDS
+    from registry.cli.table import COMMANDS
 
     groups = {n for n, (_, group, _) in COMMANDS.items() if group}
     command = " ".join(["registry", *words[:2 if words and words[0] in groups else 1]])
