@@ -20,7 +20,7 @@ import copy
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -30,8 +30,6 @@ from registry.protocol.layout import release_prefix
 from registry.rules.names import check_model_id, check_name
 from registry.facade.api_lifecycle import LifecycleMixin
 from registry.refs.aliases import parse_ref, resolve
-from registry.checkpoint import CheckpointManager, SaveResult
-from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
 from registry.errors import (
     IndexDamagedError,
     IndexDatabaseError,
@@ -44,10 +42,7 @@ from registry.errors import (
 )
 from registry.gating.gates import GateResult, Threshold
 from registry.index import Index, queries
-from registry.pull import PullResult, pull
-from registry.pull.cache_admin import PullCache
 from registry.events import POLICY_CHANGED, SOURCE_REVOKED, append_event
-from registry.index.rebuild import rebuild
 from registry.index.record import (
     forget_checkpoints,
     keep_only_checkpoints,
@@ -59,19 +54,22 @@ from registry.index.record import (
 from registry.trust.certs import Certificate
 from registry.trust.keys import PublicKey
 from registry.gating.ledger import Revocation, revoke
-from registry.release import ModelRelease, ReleaseResult
 from registry.obs.progress import NULL, Progress
 from registry.release.events import release_event
 from registry.release.code import code_files
-from registry.release.model_release import stored_code_gate
 from registry.release.policy import forbids_code, set_policy, signed_by
 from registry.release.signature_gate import signature_info, stored_gate
-from registry.release.convert import stored_summary
-from registry.formats.weights import INDEX, SINGLE, weights_names
 from registry.trust.model_sig import SIGNATURE
 from registry.formats.modeldir import other_weights
 from registry.store import Store, join, open_store
 from registry.protocol.verify import read_manifest
+
+if TYPE_CHECKING:  # these load numpy, fsspec's transfers...: imported where used
+    from registry.checkpoint import CheckpointManager, SaveResult
+    from registry.checkpoint.loongsage import LoongSageCheckpointer, LoongSaveResult
+    from registry.pull import PullResult
+    from registry.pull.cache_admin import PullCache
+    from registry.release import ModelRelease, ReleaseResult
 
 T = TypeVar("T")
 
@@ -85,7 +83,7 @@ def _thresholds(require: Iterable[Threshold | str]) -> list[Threshold]:
 
 
 #: the weights file whose header ``show`` summarizes (or the index and its shards)
-WEIGHTS = SINGLE
+WEIGHTS = "model.safetensors"  # registry.formats.weights.SINGLE (that module loads numpy)
 
 
 class Registry(AliasMixin, LifecycleMixin):
@@ -132,6 +130,7 @@ class Registry(AliasMixin, LifecycleMixin):
 
     def checkpoint_manager(self, run_id: str, **kw: Any) -> CheckpointManager:
         """A CheckpointManager whose commits are also indexed (see its docs)."""
+        from registry.checkpoint import CheckpointManager
         mgr = CheckpointManager(self.store, run_id, **kw)
 
         def hook(r: SaveResult) -> None:
@@ -152,6 +151,7 @@ class Registry(AliasMixin, LifecycleMixin):
         (``keep``) deleted are dropped at the same time. Index failures are
         warnings, as for every write of this facade.
         """
+        from registry.checkpoint.loongsage import LoongSageCheckpointer
         c = LoongSageCheckpointer(self.store, checkpoint_path, **kw)
 
         def hook(r: LoongSaveResult) -> None:
@@ -167,6 +167,7 @@ class Registry(AliasMixin, LifecycleMixin):
         return c
 
     def _releaser(self, progress: Progress | None) -> ModelRelease:
+        from registry.release import ModelRelease
         rel = ModelRelease(self.store)
         rel.progress = progress or NULL
         rel.on_commit.append(lambda r: self._record(
@@ -239,6 +240,7 @@ class Registry(AliasMixin, LifecycleMixin):
             IndexDamagedError: the SQLite file is not a database: see
                 :meth:`repair_index`.
         """
+        from registry.index.rebuild import rebuild
         return rebuild(self.index, self.store, progress or NULL)
 
     def repair_index(self) -> str | None:
@@ -301,17 +303,20 @@ class Registry(AliasMixin, LifecycleMixin):
         model_id, given = parse_ref(ref)
         # resolved (a bare model id: registry.trust.release.default_version), admitted
         # and gated once, by the trust function (registry.trust.release)
+        from registry.pull import pull
         return pull(self.store, model_id, given or "", require_passing=require_passing, **kw)
 
     def cache(self, path: str | os.PathLike[str] | None = None) -> PullCache:
         """This host's pull cache (``path``, else ``$REGISTRY_CACHE``...):
         ``ls()``, ``prune(...)``, ``verify()`` (registry.pull.cache_admin).
         Needs neither the store nor the index."""
+        from registry.pull.cache_admin import PullCache
         return PullCache(path)
 
     def gate_check(self, model_id: str, version: str,
                    require: Iterable[Threshold | str] = ()) -> list[GateResult]:
         """Every gate of a committed release, evaluated now from the store."""
+        from registry.release import ModelRelease
         return ModelRelease(self.store).check(model_id, version, require=require)
 
     def _known_model(self, s: Session, model_id: str) -> None:
@@ -362,6 +367,7 @@ class Registry(AliasMixin, LifecycleMixin):
         return bool(signed_by(self.store, model_id)) or forbids_code(self.store, model_id)
 
     def _store_gates(self, model_id: str, version: str) -> list[GateResult]:
+        from registry.release.model_release import stored_code_gate
         return (stored_gate(self.store, model_id, version)
                 + stored_code_gate(self.store, model_id, version))
 
@@ -393,6 +399,8 @@ class Registry(AliasMixin, LifecycleMixin):
         if sig_gate:
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
+        from registry.formats.weights import INDEX, weights_names
+        from registry.release.convert import stored_summary
         if WEIGHTS not in files and INDEX not in files:
             doc["weights"], doc["weight_files"], doc["parameters"] = [], [], 0
             doc["config_dtype"] = None

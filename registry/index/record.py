@@ -28,9 +28,6 @@ from registry.index.schema import (
 from registry.protocol.layout import release_prefix
 from registry.gating.ledger import Revocation as StoreRevocation
 from registry.protocol.manifest import Manifest
-from registry.release import ModelRelease
-from registry.release.convert import dtype_label, weights_groups
-from registry.formats.weights import INDEX, SINGLE, load_weights
 from registry.protocol.sequence import sequence_of
 from registry.store import Store
 from registry.protocol.verify import read_manifest
@@ -48,6 +45,10 @@ def model_pk(s: Session, model_id: str) -> int:
 
 
 def _dtype(store: Store, prefix: str, manifest: Manifest) -> str:
+    # numpy and the weights formats load only when a release is indexed
+    from registry.formats.weights import INDEX, SINGLE, load_weights
+    from registry.release.convert import dtype_label, weights_groups
+
     files = {e.path: e.size for e in manifest.files}
     if SINGLE not in files and INDEX not in files:
         return "none"
@@ -64,6 +65,8 @@ def record_release(s: Session, store: Store, model_id: str, version: str, *,
     (``index rebuild``: its rank by ``(created_at, version)``), else one more
     than the model's highest."""
     prefix = release_prefix(model_id, version)
+    from registry.release import ModelRelease  # its conversion code loads numpy
+
     manifest = read_manifest(store, prefix)
     facts = ModelRelease(store).facts(model_id, version)
     card = gates.gate_model_card(facts.card)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from registry.host.actor import actor_of_metadata
 from registry.events import MODEL_VERSION_CREATED, append_event
-from registry.release.model_release import ReleaseResult
 from registry.store import Store
+
+if TYPE_CHECKING:  # model_release loads numpy (its conversions)
+    from registry.release.model_release import ReleaseResult
 
 
 def release_event(store: Store, result: ReleaseResult) -> str:

@@ -26,13 +26,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
-from typing import IO, Any, Self
-
-import fsspec
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from registry.rules import limits
 from registry.errors import DocumentError, ObjectNotFoundError, StorageError, UnsafeEntryError
 from registry.store.translate import translated
+
+if TYPE_CHECKING:  # ~0.1 s to import: a local store makes its filesystem on use
+    import fsspec
 
 #: bytes read per call when streaming a file (large enough to amortize calls,
 #: small enough to keep memory flat).

@@ -13,9 +13,7 @@ import errno
 import os
 import uuid
 from collections.abc import Iterator
-from typing import IO
-
-import fsspec
+from typing import IO, Any
 
 from registry.errors import (
     ObjectExistsError,
@@ -88,7 +86,21 @@ class LocalStore(Store):
     files_in_flight = max(1, min(4, os.cpu_count() or 1))
 
     def __init__(self, url: str, root: str) -> None:
-        super().__init__(url, fsspec.filesystem("file"), os.path.abspath(root))
+        super().__init__(url, None, os.path.abspath(root))  # type: ignore[arg-type]
+
+    @property
+    def fs(self) -> Any:
+        """fsspec's local filesystem, made on first use: the primitives here use
+        ``os`` directly, and importing fsspec costs a command ~0.1 s."""
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.filesystem("file")
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: Any) -> None:
+        self._fs = value
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, *key_parts(key, where=self.url)) if key else self.root
