@@ -1,7 +1,8 @@
 """Start-up cost of the command line (issue 44 item 6): ``import registry.cli``,
-``registry --version`` and ``registry --help`` load none of the heavy modules,
-and the root's table of commands (registry.cli.commands) says what the
-commands themselves say.
+``registry --version`` and ``registry --help`` load none of the heavy modules
+(``--help`` not even typer), ``registry ls`` on a local store and SQLite index
+loads only what it reads with, and the root's tables of commands and options
+(registry.cli.table) say what the commands themselves say.
 
 Each check runs a fresh interpreter and reads ``sys.modules`` when it exits:
 no wall-clock time is asserted (bench/startup_bench.py measures those).
@@ -74,11 +75,87 @@ def test_registry_cli_app_is_the_typer_app() -> None:
     assert isinstance(app, RootTyper) and registry.cli.app is app
 
 
-def test_help_loads_no_command_module(tmp_path: Path) -> None:
-    """The root's --help lists every command from the table: no command's
-    module (nor what it imports) loads; rich renders the help."""
-    loaded = _loaded(tmp_path, _main("--help"))
-    assert sorted(loaded & (set(HEAVY) - {"rich"})) == []
+@pytest.mark.parametrize("args", [["--help"], []])
+def test_help_loads_no_typer_click_or_rich(tmp_path: Path, args: list[str]) -> None:
+    """The root's --help (and ``registry`` alone) lists every command from the
+    table in plain text: no command's module, nor typer, click or rich."""
+    loaded = _loaded(tmp_path, _main(*args))
+    assert sorted(loaded & {*HEAVY, "typer", "click"}) == []
+
+
+def test_plain_help_says_what_the_app_says(tmp_path: Path) -> None:
+    """The plain help lists each command's first paragraph and each root
+    option of the Typer app with its metavar, help and environment variable;
+    ``registry`` alone prints it and exits 2 (no command), ``--help`` exits 0."""
+    import typer
+
+    from registry.cli import app
+    from registry.cli.table import ROOT_HELP, ROOT_OPTIONS
+
+    full = typer.main.get_command(app)
+    assert full.help == ROOT_HELP
+    options = [(p.opts[0], p.metavar or "", p.help or "", p.envvar or "")
+               for p in full.params]
+    assert options + [("--help", "", "Show this message and exit.", "")] == list(ROOT_OPTIONS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    for args, code in (["--help"], 0), ([], 2):
+        p = subprocess.run([sys.executable, "-c", "from registry.cli import main; main()", *args],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert p.returncode == code, p.stderr
+        text = " ".join(p.stdout.split())
+        assert text.startswith("Usage: registry [OPTIONS] COMMAND [ARGS]...")
+        for name, (_, _, help_text) in COMMANDS.items():
+            assert f"{name} {' '.join(help_text.split())}" in text, name
+        for flag, metavar, help_text, envvar in ROOT_OPTIONS:
+            assert " ".join(f"{flag} {metavar} {help_text}".split()) in text, flag
+            assert not envvar or f"[env var: {envvar}]" in text
+
+
+def _world(work: Path) -> tuple[str, str]:
+    """A local store and SQLite index holding one release ``m@1``: (store, db)."""
+    import numpy as np
+
+    from registry.api import Registry
+    from registry.formats.safetensors_io import write_safetensors
+
+    src = work / "model"
+    src.mkdir()
+    with open(src / "model.safetensors", "wb") as f:
+        write_safetensors(f, {"proj.weight": np.ones((4, 8), dtype=np.float32)},
+                          metadata={"format": "pt"}, path="model.safetensors")
+    (src / "config.json").write_text('{"hidden_size": 8}')
+    ledger = [{"source_id": "wiki", "name": "wiki corpus", "uri": "s3://data/wiki",
+               "license": "CC-BY-4.0", "allowed_uses": ["train", "eval"], "revoked": False,
+               "revoked_at": None, "revocation_reason": None}]
+    result = {"task": "copy", "metric": "accuracy", "value": 0.9, "n": 100, "threshold": 0.5,
+              "higher_is_better": True, "passed": True}
+    evals = {"suite": "smoke", "suite_version": "1", "created_at": "2026-11-29T10:00:00Z",
+             "results": [result], "passed": True}
+    store, db = str(work / "artifacts"), f"sqlite:///{work / 'registry.db'}"
+    with Registry(store, db=db) as reg:
+        reg.publish(src, "m", "1", ledger=ledger, eval_summary=evals)
+    return store, db
+
+
+#: what a read of the index needs none of: weights formats, remote stores,
+#: signing, templates, terminal rendering
+NOT_FOR_LS = ("numpy", "ml_dtypes", "torch", "safetensors", "fsspec", "s3fs", "aiobotocore",
+              "boto3", "botocore", "cryptography", "jinja2", "rich")
+
+
+@pytest.mark.parametrize(("args", "listed"), [([], "m"), (["m"], "1")])
+def test_ls_loads_only_what_it_reads_with(tmp_path: Path, args: list[str], listed: str) -> None:
+    """``registry ls`` (models, and a model's releases) on a local store and
+    SQLite index lists the release, loading SQLAlchemy but none of
+    :data:`NOT_FOR_LS`."""
+    store, db = _world(tmp_path)
+    out = tmp_path / "ls.txt"
+    code = (f"import sys\nsys.stdout = open({str(out)!r}, 'w')\n"
+            + _main("ls", *args, "--store", store, "--db", db))
+    loaded = _loaded(tmp_path, code)
+    assert listed == out.read_text().split()[0], out.read_text()
+    assert "sqlalchemy" in loaded
+    assert sorted(loaded & set(NOT_FOR_LS)) == []
 
 
 def test_a_command_loads_only_its_own_modules(tmp_path: Path) -> None:
