@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from registry.protocol.layout import release_prefix
 from registry.release import ModelRelease
 from registry.store import open_store
@@ -42,6 +44,17 @@ BERT_CONFIG = {"architectures": ["BertModel"], "model_type": "bert", "hidden_siz
                "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 37,
                "vocab_size": 100, "max_position_embeddings": 512, "type_vocab_size": 2,
                "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pad_token_id": 0}
+
+
+def two_berts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """:func:`tiny_bert` seeds 1 and 2 in a new temp folder: {"1": dir, "2": dir}."""
+    root = tmp_path_factory.mktemp("bert")
+    return {"1": tiny_bert(root, 1), "2": tiny_bert(root, 2)}
+
+
+def index_db(tmp_path: Path) -> str:
+    """The SQLite index URL of ``tmp_path/index.db``."""
+    return f"sqlite:///{tmp_path / 'index.db'}"
 
 
 def tiny_bert(root: Path, seed: int) -> Path:

@@ -40,7 +40,7 @@ from registry.api import Registry
 from registry.protocol.commit import commit_local_directory
 from registry.errors import UsageError
 from registry.lifecycle.gc import parse_duration
-from registry.protocol.manifest import Manifest
+from registry.protocol.manifest import FileEntry, Manifest
 from registry.pull import pull
 from registry.pull.cache import Cache
 from registry.pull.cache_admin import PullCache
@@ -444,7 +444,11 @@ def test_verify_removes_and_reports_a_bad_blob(durable_store_url: str, tmp_path:
     assert r.returncode == 0 and r.stdout.startswith(f"OK {cache.resolve()}: 4 blobs"), r.stderr
 
 
-def test_cli_verify_text_names_the_bad_blob(tmp_path: Path) -> None:
+def _pulled_with_bad_blob(tmp_path: Path,
+                          content: bytes) -> tuple[Path, Manifest, FileEntry, Path]:
+    """tiny@1 published to a local store and pulled into ``tmp_path/cache``,
+    then the blob of its own.bin overwritten with ``content``: (cache,
+    manifest, own.bin's entry, the blob's path)."""
     store = open_store(str(tmp_path / "store"))
     m = publish(store, tmp_path, "tiny", "1", files_of("1"))
     cache = tmp_path / "cache"
@@ -452,7 +456,12 @@ def test_cli_verify_text_names_the_bad_blob(tmp_path: Path) -> None:
     own = next(e for e in m.files if e.path == "own.bin")
     blob = cache / "blobs" / "sha256" / own.sha256
     blob.chmod(0o644)
-    blob.write_bytes(b"truncated")
+    blob.write_bytes(content)
+    return cache, m, own, blob
+
+
+def test_cli_verify_text_names_the_bad_blob(tmp_path: Path) -> None:
+    cache, m, own, blob = _pulled_with_bad_blob(tmp_path, b"truncated")
     r = run_cli("cache", "verify", "--cache", str(cache))
     assert r.returncode == 1
     assert r.stdout.startswith(f"BAD blobs/sha256/{own.sha256}: 9 bytes hash to ")
@@ -461,14 +470,7 @@ def test_cli_verify_text_names_the_bad_blob(tmp_path: Path) -> None:
 
 
 def test_verify_leaves_a_bad_blob_a_pull_in_progress_uses(tmp_path: Path) -> None:
-    store = open_store(str(tmp_path / "store"))
-    m = publish(store, tmp_path, "tiny", "1", files_of("1"))
-    cache = tmp_path / "cache"
-    pull(store, "tiny", "1", cache=cache)
-    own = next(e for e in m.files if e.path == "own.bin")
-    blob = cache / "blobs" / "sha256" / own.sha256
-    blob.chmod(0o644)
-    blob.write_bytes(b"rotten")
+    cache, m, own, blob = _pulled_with_bad_blob(tmp_path, b"rotten")
     with pulling(Cache(cache), m):
         r = PullCache(cache).verify()
         assert [(b.sha256, b.removed) for b in r.bad] == [(own.sha256, False)]

@@ -27,8 +27,9 @@ from tests.hub_util import (
     commit_of,
     hub_client,
     publish,
+    index_db,
     release_files,
-    tiny_bert,
+    two_berts,
 )
 from tests.web_util import serve
 
@@ -37,8 +38,7 @@ REPO_ID = "registry/tiny"
 
 @pytest.fixture(scope="module")
 def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bert")
-    return {"1": tiny_bert(root, 1), "2": tiny_bert(root, 2)}
+    return two_berts(tmp_path_factory)
 
 
 def _store(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
@@ -56,10 +56,6 @@ def hub_store(request: pytest.FixtureRequest, tmp_path: Path, srcs: dict[str, Pa
     return _store(request.param, request, tmp_path, srcs)
 
 
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'index.db'}"
-
-
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory,
            srcs: dict[str, Path]) -> Iterator[tuple[str, str, Path]]:
@@ -73,9 +69,9 @@ def shared(tmp_path_factory: pytest.TempPathFactory,
     publish(url, srcs["1"], "tiny", "3", sources=("books",))
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     p = run_cli("ledger", "revoke", "books", "--reason", "withdrawn", "--store", url,
-                "--db", db(root))
+                "--db", index_db(root))
     assert p.returncode == 0, p.stderr
-    with serve(url, db(root)) as base:
+    with serve(url, index_db(root)) as base:
         yield url, base, root
 
 
@@ -96,7 +92,7 @@ def stats(base: str) -> dict[str, int]:
 
 def test_snapshot_download_follows_a_moved_alias(hub_store: str, tmp_path: Path) -> None:
     c1, c2 = commit_of(hub_store, "tiny", "1"), commit_of(hub_store, "tiny", "2")
-    with serve(hub_store, db(tmp_path)) as base:
+    with serve(hub_store, index_db(tmp_path)) as base:
         first = hub_client(base, tmp_path / "hf", "snapshot", REPO_ID, "prod")
         assert first["ok"], first
         assert first["path"].endswith(f"/snapshots/{c1}")
@@ -187,7 +183,7 @@ def test_a_release_failing_its_gates_is_refused_unless_allowed(
     # "main" (the clients' default) is the newest release passing its gates: 2
     status, _, body = get(base, "/api/models/registry/tiny")
     assert json.loads(body)["registry"]["version"] == "2"
-    with serve(local_store, db(root), "--allow-failing") as base:
+    with serve(local_store, index_db(root), "--allow-failing") as base:
         out = hub_client(base, tmp_path / "hf", "snapshot", REPO_ID, "3")
         assert out["ok"], out
         assert out["files"] == release_files(local_store, "tiny", "3")
@@ -214,7 +210,7 @@ def _tamper(store_url: str, version: str, offset: int) -> None:
 def test_a_tampered_store_object_is_never_sent_whole(hub_store: str, tmp_path: Path) -> None:
     hf = tmp_path / "hf"
     data = release_files(hub_store, "tiny", "2")
-    with serve(hub_store, db(tmp_path)) as base:
+    with serve(hub_store, index_db(tmp_path)) as base:
         # a bad later piece: the response stops before its bytes (a short read)
         later = 5 * PIECE + 3
         _tamper(hub_store, "2", later)
@@ -258,7 +254,7 @@ def test_token_is_the_hubs_bearer_token(shared: tuple[str, str, Path], tmp_path:
     local_store = shared[0]
     tok = tmp_path / "token"
     tok.write_text("s3cret-token\n")
-    with serve(local_store, db(tmp_path), "--token-file", str(tok)) as base:
+    with serve(local_store, index_db(tmp_path), "--token-file", str(tok)) as base:
         out = hub_client(base, tmp_path / "hf", "file", REPO_ID, "prod", "config.json")
         assert out["ok"] is False and "401" in out["message"], out
         out = hub_client(base, tmp_path / "hf", "file", REPO_ID, "prod", "config.json",
@@ -282,7 +278,7 @@ def test_signatures_are_required_when_keys_are_trusted(shared: tuple[str, str, P
     publish(local_store, srcs["2"], "signed", "1", sign_key=str(priv))
     publish(local_store, srcs["2"], "signed", "2", sign_key=str(other))
     publish(local_store, srcs["2"], "signed", "3")
-    with serve(local_store, db(tmp_path), "--trusted-key", str(pub)) as base:
+    with serve(local_store, index_db(tmp_path), "--trusted-key", str(pub)) as base:
         out = hub_client(base, tmp_path / "hf", "snapshot", "registry/signed", "1")
         assert out["ok"], out
         assert out["files"] == release_files(local_store, "signed", "1")
@@ -339,7 +335,7 @@ def test_sentence_transformers_encodes_with_a_served_release(shared: tuple[str, 
 def test_serve_refuses_a_bad_namespace(shared: tuple[str, str, Path], tmp_path: Path) -> None:
     local_store = shared[0]
     p = run_cli("serve", "--port", "0", "--hub-namespace", "../x", "--store", local_store,
-                "--db", db(tmp_path))
+                "--db", index_db(tmp_path))
     assert p.returncode == 2 and "--hub-namespace" in p.stderr and "Traceback" not in p.stderr
     assert os.environ.get("HF_ENDPOINT") is None
 

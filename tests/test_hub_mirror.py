@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, run_cli
-from tests.hub_util import PIECE, hub_client, publish, release_files, tiny_bert
+from tests.hub_util import (
+    PIECE,
+    hub_client,
+    index_db,
+    publish,
+    release_files,
+    two_berts,
+)
 from tests.support.faultproxy import FaultProxy
 from tests.web_util import serve
 from tests.support.forkclient import python_run
@@ -26,12 +33,7 @@ REPO_ID = "registry/tiny"
 
 @pytest.fixture(scope="module")
 def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bert")
-    return {"1": tiny_bert(root, 1), "2": tiny_bert(root, 2)}
-
-
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'index.db'}"
+    return two_berts(tmp_path_factory)
 
 
 def _fill(url: str, srcs: dict[str, Path]) -> None:
@@ -64,7 +66,7 @@ def test_eight_hosts_through_one_mirror_read_each_store_byte_once(
     size = (srcs["1"] / "model.safetensors").stat().st_size
     proxy.reset()
     mirror = tmp_path / "mirror"
-    with serve(url, db(tmp_path), "--mirror-cache", str(mirror),
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(mirror),
                env={"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
         with ThreadPoolExecutor(8) as pool:
             outs = list(pool.map(lambda i: hub_client(base, tmp_path / f"hf{i}", "snapshot",
@@ -110,7 +112,7 @@ def test_a_tampered_object_never_enters_the_mirror(s3_bucket: str, srcs: dict[st
     data[3 * PIECE + 1] ^= 1
     s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes(data))
     mirror = tmp_path / "mirror"
-    with serve(url, db(tmp_path), "--mirror-cache", str(mirror)) as base:
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(mirror)) as base:
         out = hub_client(base, tmp_path / "hf", "file", REPO_ID, "2", "model.safetensors")
         # refused (409), or cut before the bad piece (the verified ones were streamed:
         # registry.web.filling): never a whole file
@@ -128,7 +130,7 @@ def test_pull_from_a_mirror_checks_what_it_gets_and_falls_back_to_the_store(
         tmp_path: Path, srcs: dict[str, Path]) -> None:
     store = str(tmp_path / "store")
     _fill(store, srcs)
-    with serve(store, db(tmp_path)) as base:
+    with serve(store, index_db(tmp_path)) as base:
         p = run_cli("pull", "tiny@prod", "--to", str(tmp_path / "t1"), "--cache",
                     str(tmp_path / "c"), "--json", env={"REGISTRY_MIRROR": base})
         assert p.returncode == 0, p.stderr

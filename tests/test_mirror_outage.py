@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import run_cli
-from tests.hub_util import publish, release_files, tiny_bert
+from tests.hub_util import index_db, publish, release_files, two_berts
 from tests.support.faultproxy import Action, FaultProxy
 from tests.web_util import serve
 
@@ -36,12 +36,7 @@ FAILING = Action("error", status=500, code="InternalError")
 
 @pytest.fixture(scope="module")
 def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bert")
-    return {"1": tiny_bert(root, 1), "2": tiny_bert(root, 2)}
-
-
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'index.db'}"
+    return two_berts(tmp_path_factory)
 
 
 def get(base: str, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
@@ -82,8 +77,8 @@ def test_an_outage_is_a_retryable_503_on_every_route_never_a_missing_model(
     url = f"s3://{s3_bucket}/root"
     publish(url, srcs["1"], "tiny", "1")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
-    assert run_cli("index", "rebuild", "--store", url, "--db", db(tmp_path)).returncode == 0
-    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
+    assert run_cli("index", "rebuild", "--store", url, "--db", index_db(tmp_path)).returncode == 0
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
                "--stale-for", "0", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
         # the store up: absence is still a 404 with the Hub's code
         status, headers, _ = get(base, "/api/models/registry/nope")
@@ -112,7 +107,8 @@ def test_a_slow_store_delays_but_never_fails_a_request(
     url = f"s3://{s3_bucket}/root"
     publish(url, srcs["1"], "tiny", "1")
     files = release_files(url, "tiny", "1")
-    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "600",
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"),
+               "--fresh-for", "600",
                env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
         proxy.rules.append(lambda r: Action("delay", seconds=0.3))
         for method, path in hub_routes("1"):
@@ -129,7 +125,7 @@ def test_verified_bytes_are_served_from_the_cache_with_no_store_request(
     publish(url, srcs["1"], "tiny", "1")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     files = release_files(url, "tiny", "1")
-    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for",
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for",
                "3600", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
         for rev in ("prod", "1"):
             for name in files:
@@ -156,7 +152,7 @@ def test_an_outage_serves_what_was_verified_stale_within_the_bound_and_never_pas
     publish(url, srcs["1"], "tiny", "3")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     one = release_files(url, "tiny", "1")
-    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
                "--stale-for", "3600", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
         for name in one:
             assert get(base, f"/{REPO}/resolve/prod/{name}")[0] == 200
@@ -183,7 +179,7 @@ def test_an_outage_serves_what_was_verified_stale_within_the_bound_and_never_pas
         # a release it never verified cannot be served: an outage, not "no such release"
         status, headers, _ = get(base, f"/{REPO}/resolve/3/config.json")
         assert status == 503 and headers.get("x-error-code") == "StoreUnavailable"
-    with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
+    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
                "--stale-for", "0", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
         # no stale bound: nothing is decided without the store, though the bytes are cached
         status, headers, _ = get(base, f"/{REPO}/resolve/prod/config.json")
@@ -218,7 +214,7 @@ def test_sixteen_downloads_through_a_store_killed_and_restarted(
     one, two = release_files(url, "tiny", "1"), release_files(url, "tiny", "2")
     relay, port = _relay(0, proxy.endpoint)
     try:
-        with serve(url, db(tmp_path), "--mirror-cache", str(tmp_path / "m"),
+        with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"),
                    env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", **FAST}) as base:
             for name in one:
                 assert get(base, f"/{REPO}/resolve/1/{name}")[0] == 200

@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from registry.rules import numbers
+from registry.host.processes import pid_alive
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -62,16 +63,6 @@ DEFAULT_SECONDS = 120.0
 
 def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def describe(holder: dict[str, Any]) -> str:
@@ -97,7 +88,7 @@ def is_live(holder: dict[str, Any], *, age: float) -> bool:
         return False
     pid = holder.get("pid")
     if holder.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0:
-        return _pid_alive(pid)
+        return pid_alive(pid)
     return True
 
 

@@ -156,12 +156,11 @@ def _leaf_maker(tracer: Any) -> Any:
     return emit
 
 
-def leaf(name: str, *, store: bool = False) -> Callable[[F], F]:
-    """Decorate a function so each call under a recorded span is a leaf span
-    ``name`` (module docstring): a store call or a piece check. Never a trace
-    of its own; with ``store``, not made inside another store call. The
-    function's own calls are not children of it (it is never the current
-    span): use :func:`traced` for a span with children."""
+def _leaf_wrap(name: str, store: bool,
+               finish: Callable[[Any, int, Any], Any]) -> Callable[[F], F]:
+    """The decorator behind :func:`leaf` and :func:`leaf_iter`: call ``fn``
+    under the span's bookkeeping; a raise ends the span with the error, a
+    return goes to ``finish(ctx, start, out)``, whose result the call returns."""
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
@@ -182,39 +181,29 @@ def leaf(name: str, *, store: bool = False) -> Callable[[F], F]:
             finally:
                 if store:
                     _depth.n -= 1
-            _emit(name, ctx, start, None)
-            return out
+            return finish(ctx, start, out)
         return inner  # type: ignore[return-value]
     return wrap
+
+
+def leaf(name: str, *, store: bool = False) -> Callable[[F], F]:
+    """Decorate a function so each call under a recorded span is a leaf span
+    ``name`` (module docstring): a store call or a piece check. Never a trace
+    of its own; with ``store``, not made inside another store call. The
+    function's own calls are not children of it (it is never the current
+    span): use :func:`traced` for a span with children."""
+    def finish(ctx: Any, start: int, out: Any) -> Any:
+        _emit(name, ctx, start, None)
+        return out
+    return _leaf_wrap(name, store, finish)
 
 
 def leaf_iter(name: str, *, store: bool = False) -> Callable[[F], F]:
     """:func:`leaf` for a function returning an iterator: the span runs from
     the call until the iterator is exhausted, closed or fails (closed early is
     no error: a reader that stops at a range's end)."""
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            t = _tracer if _tracer is not None else _setup()
-            if t is False or (store and _depth.n):
-                return fn(*args, **kwargs)
-            parent = _current()
-            if not parent.is_recording():
-                return fn(*args, **kwargs)
-            ctx, start = parent.get_span_context(), time.time_ns()
-            if store:
-                _depth.n += 1
-            try:
-                it = fn(*args, **kwargs)
-            except BaseException as e:
-                _emit(name, ctx, start, e)
-                raise
-            finally:
-                if store:
-                    _depth.n -= 1
-            return _leaf_items(name, ctx, start, it, store)
-        return inner  # type: ignore[return-value]
-    return wrap
+    return _leaf_wrap(name, store,
+                      lambda ctx, start, it: _leaf_items(name, ctx, start, it, store))
 
 
 def _leaf_items(name: str, ctx: Any, start: int, it: Any, store: bool) -> Iterator[Any]:

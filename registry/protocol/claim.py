@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.rules import numbers
+from registry.host.processes import pid_alive
 from registry.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -70,12 +71,9 @@ def lease_seconds() -> float:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
+        return pid_alive(pid)
+    except OverflowError:  # a pid no process here can have: another host's
         return True
-    return True
 
 
 @dataclass(frozen=True, slots=True)

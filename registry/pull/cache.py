@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from registry.errors import StorageError, UnsafeEntryError, UsageError
+from registry.host.processes import pid_alive
 from registry.pull import privacy
 from registry.pull.stamps import Stamps
 
@@ -79,16 +80,6 @@ def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
         return Path(env).expanduser().resolve()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) / "model-registry" if xdg else DEFAULT_CACHE.expanduser()).resolve()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def owner_pid(name: str) -> int | None:

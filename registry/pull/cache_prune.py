@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import UsageError
-from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
+from registry.host.processes import pid_alive
+from registry.pull.cache import Cache, owner_pid, temp_tag
 from registry.pull.cache_scan import CachedVersion, CacheReport, scan
 from registry.pull.records import (
     cache_lock,

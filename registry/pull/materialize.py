@@ -48,7 +48,8 @@ from registry.errors import (
 )
 from registry.protocol.hashing import HashingWriter
 from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, hash_file, parse_manifest
-from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
+from registry.host.processes import pid_alive
+from registry.pull.cache import Cache, owner_pid, temp_tag
 from registry.pull.stamps import stamp
 from registry.store import open_store
 from registry.store.durable import (

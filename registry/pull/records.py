@@ -43,7 +43,8 @@ from typing import Any, ParamSpec, TypeVar
 from registry.rules import numbers, schemas
 from registry.protocol.manifest import Manifest
 from registry.pull import privacy
-from registry.pull.cache import Cache, owner_pid, pid_alive, temp_tag
+from registry.host.processes import pid_alive
+from registry.pull.cache import Cache, owner_pid, temp_tag
 
 P = ParamSpec("P")
 R = TypeVar("R")

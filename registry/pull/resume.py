@@ -39,9 +39,9 @@ from registry.pull.cache import (  # noqa: F401 - LOG, KEEP_SECONDS, is_kept: re
     Cache,
     is_kept,
     owner_pid,
-    pid_alive,
     temp_tag,
 )
+from registry.host.processes import pid_alive
 from registry.store import Store
 from registry.protocol.verify import piece_error
 

@@ -86,6 +86,15 @@ class ProbedStore(Protocol):
     def remove(self, key: str) -> None: ...
 
 
+def single_writer(options: dict[str, Any], opt_out_env: str) -> bool:
+    """Whether a store accepts a service that ignores conditional writes:
+    ``single_writer=True`` in its storage ``options`` (popped from the dict,
+    which the filesystem must not see) or ``opt_out_env`` set to anything but
+    empty, ``0`` or ``false``."""
+    return bool(options.pop("single_writer", False)) or os.environ.get(
+        opt_out_env, "") not in ("", "0", "false")
+
+
 _lock = threading.Lock()
 _verdicts: dict[tuple[str, str], str | None] = {}
 #: (endpoint, bucket) -> whether the large-object path honours create-only.

@@ -80,8 +80,7 @@ class GCSStore(condprobe.TokenWrites, Store):
 
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
         options = dict(storage_options)
-        self.single_writer = bool(options.pop("single_writer", False)) or os.environ.get(
-            OPT_OUT_ENV, "") not in ("", "0", "false")
+        self.single_writer = condprobe.single_writer(options, OPT_OUT_ENV)
         self.retry = RetryPolicy.from_options(options)
         options.setdefault("skip_instance_cache", True)
         named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")

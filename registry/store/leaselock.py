@@ -21,22 +21,13 @@ import uuid
 
 from registry.rules import numbers
 from registry.errors import PointerConflictError
+from registry.host.processes import pid_alive
 
 #: seconds after which a lock file is taken to be abandoned (the section it
 #: guards takes milliseconds; a generous lease tolerates clock skew and stalls).
 LEASE = 30.0
 #: seconds to wait for a lock before giving up.
 TIMEOUT = 120.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LeaseLock:
@@ -75,7 +66,7 @@ class LeaseLock:
             # Empty or partial: being written right now, or a legacy flock
             # file (empty forever): stale once it is not brand new.
             return age > 2.0
-        if owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0))):
+        if owner.get("host") == socket.gethostname() and not pid_alive(int(owner.get("pid", 0))):
             return True
         return age > self.lease
 

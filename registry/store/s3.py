@@ -31,7 +31,7 @@ from registry.errors import (
     StorageError,
 )
 from registry.host.sourcecheck import ObjectState, object_state
-from registry.store import s3session, s3upload
+from registry.store import condprobe, s3session, s3upload
 from registry.store.ranges import RangeReader, range_answer_ok
 from registry.store.s3abort import abort_stale_uploads
 from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
@@ -50,8 +50,7 @@ class S3Store(Store):
         options: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
         options.update(storage_options)
         #: accept a server that ignores conditional writes (see s3probe).
-        self.single_writer = bool(options.pop("single_writer", False)) or os.environ.get(
-            OPT_OUT_ENV, "") not in ("", "0", "false")
+        self.single_writer = condprobe.single_writer(options, OPT_OUT_ENV)
         # Bodies are not SHA256-signed (UNSIGNED-PAYLOAD): each part carries a
         # CRC32 the server checks, and the manifest's sha256 covers every byte
         # end to end. Over https botocore already skips payload signing when a

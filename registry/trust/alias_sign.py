@@ -29,7 +29,7 @@ from typing import Any
 
 from registry.refs.alias_history import AliasMove, read_head, signed_bytes
 from registry.errors import DocumentError, SignatureError
-from registry.trust.keys import check_private_key
+from registry.trust.keys import check_private_key, sign_bytes
 from registry.protocol.layout import alias_key, policy_key
 from registry.rules.schemas import load_json
 from registry.store import Store
@@ -42,15 +42,8 @@ def sign_move(doc: dict[str, Any], key_path: str | os.PathLike[str]) -> dict[str
     Raises:
         DocumentError, SigningUnavailableError: see :func:`registry.trust.keys.check_private_key`.
     """
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    public = check_private_key(key_path)
-    with open(key_path, "rb") as f:
-        key = serialization.load_pem_private_key(f.read(), password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)  # checked just above
-    value = key.sign(signed_bytes(doc), ec.ECDSA(hashes.SHA256()))
-    return {"key": public.fingerprint, "value": base64.b64encode(value).decode()}
+    fingerprint, value = sign_bytes(key_path, signed_bytes(doc))
+    return {"key": fingerprint, "value": base64.b64encode(value).decode()}
 
 
 def key_fingerprint(key_path: str | os.PathLike[str]) -> str:

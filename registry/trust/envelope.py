@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from registry.errors import SignatureError
-from registry.trust.keys import check_private_key
+from registry.trust.keys import sign_bytes
 from registry.trust import Trust
 
 
@@ -39,16 +39,9 @@ def sign(signed: dict[str, Any], key_path: str | os.PathLike[str]) -> dict[str, 
     Raises:
         DocumentError, SigningUnavailableError: see :func:`registry.trust.keys.check_private_key`.
     """
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    public = check_private_key(key_path)
-    with open(key_path, "rb") as f:
-        key = serialization.load_pem_private_key(f.read(), password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)  # checked just above
-    value = key.sign(canonical(signed), ec.ECDSA(hashes.SHA256()))
+    fingerprint, value = sign_bytes(key_path, canonical(signed))
     return {"signed": signed,
-            "signatures": [{"keyid": public.fingerprint,
+            "signatures": [{"keyid": fingerprint,
                             "sig": base64.b64encode(value).decode()}]}
 
 

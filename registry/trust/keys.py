@@ -134,6 +134,23 @@ def check_private_key(path: str | os.PathLike[str]) -> PublicKey:
     return PublicKey(where, pem, fingerprint_of(pem))
 
 
+def sign_bytes(key_path: str | os.PathLike[str], data: bytes) -> tuple[str, bytes]:
+    """ECDSA-SHA256 signature of ``data`` by the EC private key at ``key_path``:
+    (the key's sha256 fingerprint, the DER-encoded signature).
+
+    Raises:
+        DocumentError, SigningUnavailableError: see :func:`check_private_key`.
+    """
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    public = check_private_key(key_path)
+    with open(key_path, "rb") as f:
+        key = serialization.load_pem_private_key(f.read(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)  # checked just above
+    return public.fingerprint, key.sign(data, ec.ECDSA(hashes.SHA256()))
+
+
 def generate(private_path: str | os.PathLike[str], *, public_path: str | os.PathLike[str]
              | None = None, curve: str = "secp256r1") -> tuple[Path, Path, str]:
     """Generate a key pair: ``private_path`` (mode 0600) and its public key.

@@ -37,6 +37,18 @@ def require(binary: str, what: str) -> str:
     return found
 
 
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    """Terminate ``proc`` (killed after 20 s) and close its stdout pipe."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 def _wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -106,14 +118,7 @@ class Prometheus:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        _stop(self.proc)
 
 
 class Pushgateway:
@@ -181,11 +186,4 @@ class OtlpReceiver:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        _stop(self.proc)
