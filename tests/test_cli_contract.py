@@ -596,7 +596,8 @@ def test_memory_stores_are_refused_by_the_cli_only() -> None:
     from tests.support.clirunner import CliRunner
 
     from registry.cli import app
-    from registry.store import MemoryStore, open_store
+    from registry.store import open_store
+    from registry.store.memory import MemoryStore
     r = CliRunner().invoke(app, ["ledger", "ls", "--store", "memory://cli-x"])
     assert r.exit_code == 2 and "one process" in r.output
     s = open_store("memory://api-after-cli")
