@@ -45,7 +45,7 @@ def test_the_new_import_name_is_the_same_modules():
     code = ("import modeldir_registry as m, registry\n"
             "import modeldir_registry.checkpoint.layout as a, registry.checkpoint.layout as b\n"
             "from modeldir_registry.store import open_store\n"
-            "from modeldir_registry.layout import release_prefix\n"
+            "from modeldir_registry.protocol.layout import release_prefix\n"
             "import registry.store, registry.protocol.layout\n"
             "assert a is b and open_store is registry.store.open_store\n"
             "assert release_prefix is registry.protocol.layout.release_prefix\n"

@@ -165,14 +165,24 @@ def test_gate_check_sees_later_revocation(store: Store) -> None:
     assert not results["ledger"].passed and "takedown request" in results["ledger"].reason
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/b", "", "refs", "..", ".hidden", "x" * 129])
+@pytest.mark.parametrize("bad", ["../x", "a/b/c", "a//b", "", "refs", "..", ".hidden", "x" * 129])
 def test_bad_names_are_refused(store: Store, bad: str) -> None:
+    """Refused as a model id and as a version (``a/b`` is a namespaced model id
+    since issue 44, never a version: see the next test)."""
     checkpoint(store)
     with pytest.raises(InvalidNameError):
         ModelRelease(store).create("r1", 10, bad, "1", ledger=[ledger_row()],
                                    eval_summary=summary())
     with pytest.raises(InvalidNameError):
         ModelRelease(store).create("r1", 10, "tiny", bad, ledger=[ledger_row()],
+                                   eval_summary=summary())
+    assert store.walk_files("models") == {}
+
+
+def test_a_slash_is_refused_in_a_version(store: Store) -> None:
+    checkpoint(store)
+    with pytest.raises(InvalidNameError):
+        ModelRelease(store).create("r1", 10, "tiny", "a/b", ledger=[ledger_row()],
                                    eval_summary=summary())
     assert store.walk_files("models") == {}
 
