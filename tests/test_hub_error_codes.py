@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_store_url
-from tests.hub_util import hub_client, publish, tiny_bert
-from tests.test_hub import db, get
+from tests.hub_util import hub_client, index_db, publish, tiny_bert
+from tests.test_hub import get
 from tests.web_util import serve
 
 REPO_ID = "registry/tiny"
@@ -30,7 +30,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("hub-codes")
     url = str(root / "store")
     publish(url, tiny_bert(root / "src", 1), "tiny", "1")
-    with serve(url, db(root)) as b:
+    with serve(url, index_db(root)) as b:
         yield b
 
 
@@ -72,7 +72,7 @@ def test_huggingface_hub_raises_revision_not_found(base: str, tmp_path: Path) ->
 def test_on_an_s3_store_too(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     url = make_store_url("s3", request, tmp_path)
     publish(url, tiny_bert(tmp_path / "src", 1), "tiny", "1")
-    with serve(url, db(tmp_path)) as b:
+    with serve(url, index_db(tmp_path)) as b:
         for path, code in (("/registry/tiny/resolve/users%2Falice%2Fexp/config.json",
                             "RevisionNotFound"),
                            ("/api/models/registry/tiny/revision/release%2Fv2",
