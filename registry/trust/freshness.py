@@ -33,7 +33,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import DocumentError, SignatureError
-from registry.protocol.layout import alias_key, snapshot_key, timestamp_key, tombstone_key, yank_key
+from registry.protocol.layout import alias_key, policy_key, snapshot_key, timestamp_key, \
+    tombstone_key, yank_key
 from registry.store import Store
 from registry.trust import envelope
 from registry.trust.snapshot import read_envelope, sha256
@@ -107,7 +108,7 @@ class Fresh:
             if key.startswith("ledger/revocations/"):
                 self._listed(store, key, f"the revocation {key.rsplit('/', 1)[-1][:-5]!r}",
                              removed="a revocation is never taken as lifted")
-        self._listed(store, f"models/{self.model_id}/policy.json",
+        self._listed(store, policy_key(self.model_id),
                      f"the policy (key list) of {self.model_id}",
                      removed="a key list is never taken as dropped")
 

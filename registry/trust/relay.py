@@ -21,6 +21,7 @@ so no other object of the store is reachable):
 from __future__ import annotations
 
 from registry.errors import RegistryError
+from registry.rules.names import model_from_key
 from registry.protocol.layout import (
     policy_key,
     revocation_key,
@@ -40,12 +41,12 @@ def relayed(key: str) -> str | None:
     parts = key.split("/")
     try:
         if len(parts) == 3 and parts[0] == "models" and parts[2] == "policy.json":
-            out = policy_key(parts[1])
+            out = policy_key(model_from_key(parts[1]))
         elif len(parts) == 3 and parts[:2] == ["ledger", "revocations"] \
                 and parts[2].endswith(".json"):
             out = revocation_key(parts[2][:-5])
         elif len(parts) == 4 and parts[0] == "ledger" and parts[3].endswith(".json"):
-            kind, model, name = parts[1], parts[2], parts[3]
+            kind, model, name = parts[1], model_from_key(parts[2]), parts[3]
             if kind == "snapshots" and name == "timestamp.json":
                 out = timestamp_key(model)
             elif kind == "snapshots" and name.endswith(".snapshot.json"):
