@@ -153,29 +153,34 @@ def _scribble(path: Path, start: int) -> None:
         os.pwrite(f.fileno(), bytes((i * 131 + 7) & 0xFF for i in range(size - start)), start)
 
 
-@pytest.mark.parametrize("mapped", [True, False, "refused"])
+@pytest.mark.parametrize("mapped", ["cached", "direct", "plain", False])
 def test_an_in_place_write_after_the_load_changes_no_tensor(
         tmp_path: Path, mapped: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tensors of a local store (default options: mapped) hold the bytes that
-    verified: a writer with write access to the store who modifies the file in
-    place after the load (or while it runs) changes none of them (a private
-    mapping's unwritten page would show it: the reader makes every handed-out
-    page the process's own before hashing it). ``refused``: a kernel that
-    refuses the advice at a piece (EINVAL) gets copies, just as safe."""
-    import errno
-
-    import registry.load.sources as sources
+    """Tensors read from a local store (each way bytes land:
+    ``cached`` from the page cache with RWF_NOWAIT, ``direct`` with O_DIRECT,
+    ``plain`` preadv; False: ordinary memory, preadv per piece) are the bytes that
+    verified: a writer with write access to the store who modifies the file
+    in place after the load (or while it runs) changes none of them."""
+    import registry.load.direct as direct
     from registry.errors import PieceMismatchError
     from registry.protocol.layout import release_prefix
     from registry.store import join
     from tests.test_load import publish, same, stored
 
-    if mapped == "refused":
-        def refuse(*_a: object) -> None:
-            raise OSError(errno.EINVAL, "Invalid argument")
+    opened: list[int] = []
+    if mapped in ("direct", "plain"):
+        monkeypatch.setattr(direct, "_NOWAIT", 0)  # never answer from the page cache
+    if mapped == "plain":
+        monkeypatch.setattr(direct, "_DIRECT", 0)
+    if mapped == "direct":
+        real = direct.Descriptors.__init__
 
-        monkeypatch.setattr(sources, "populate", refuse)
-        mapped = True
+        def spy(self: direct.Descriptors, fd: int) -> None:
+            real(self, fd)
+            opened.append(self.direct)
+
+        monkeypatch.setattr(direct.Descriptors, "__init__", spy)
+    mapped = bool(mapped)
     monkeypatch.setenv("REGISTRY_PIECE_SIZE", "4096")
     store = open_store(str(tmp_path / "store"))
     publish(store, tmp_path, "1")
@@ -209,3 +214,5 @@ def test_an_in_place_write_after_the_load_changes_no_tensor(
                 got[name] = t
     assert got and all(same(got[k], ref[k]) for k in got), \
         [k for k in got if not same(got[k], ref[k])]
+    if opened:  # the direct case: the store's file system (ext4 here) took O_DIRECT
+        assert all(fd >= 0 for fd in opened), opened

@@ -34,7 +34,7 @@ def _workers(store: Store, workers: int | None) -> int:
     if workers is not None:
         return workers
     if store.local_path("") is not None:
-        return max(2, min(8, os.cpu_count() or 2))
+        return 8  # direct reads wait on the disk, not the CPU: keep its queue full
     return 16  # object stores: latency-bound, many ranged GETs in flight
 
 
@@ -90,17 +90,17 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
         offline: resolve from the pull cache's record of the last pull (or
             ``place``) and read only its blobs: the store is not touched.
         workers: pieces read at once (default 8 on a local store, 16 on an
-            object store).
+            object store; each reading thread holds an 8 MiB bounce buffer).
         window_bytes: bytes of pieces in flight at once (default 1 GiB).
         mapped: on a local source (a local store, the pull cache) and the CPU,
-            hand out tensors as private mappings of the very file that
-            verified (opened once: a file renamed over in the store is not
-            what later tensors map), each page made the process's own
-            (``MADV_POPULATE_WRITE``: one kernel copy) before it is hashed
-            there, so no later write to the file, in place or not, changes
-            a tensor. Where the kernel lacks the advice (Linux < 5.14), the
-            reader copies as with ``False``: tensors in fresh memory, filled
-            with ``preadv``.
+            read each file through one descriptor opened once (a file renamed
+            over in the store is not what later pieces come from), into
+            tensors laid out at the file's page offsets: from the page cache
+            when it holds the bytes, else with ``O_DIRECT`` straight into the
+            tensors' pages (registry.load.direct). ``False``: tensors in
+            ordinary memory, filled with ``preadv`` through the store's
+            opener at every piece. Either way tensors are the process's own
+            memory: no later write to the file changes one.
 
     Returns:
         A :class:`WeightsReader` (a context manager: close it).

@@ -16,13 +16,11 @@ buffer per reading thread (touched only where no target asks for bytes).
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from registry.protocol import pieces as pc
 from registry.errors import (
@@ -34,6 +32,7 @@ from registry.errors import (
     UnsafeEntryError,
 )
 from registry.protocol.manifest import FileEntry
+from registry.load.direct import chunks, usable
 
 #: bytes hashed and copied per step; also the scratch buffer's size.
 CHUNK = 4 * 1024 * 1024
@@ -46,16 +45,15 @@ class Target:
     """Bytes ``[start, end)`` of a file (absolute offsets) wanted in ``view``
     (a writable uint8 memoryview of exactly ``end - start`` bytes).
 
-    ``mapping``: ``view`` is bytes ``[offset, offset + end - start)`` of this
-    private mapping of the file itself (a mapped reader's tensor): its pages
-    are made private (``MADV_POPULATE_WRITE``) and hashed where they lie, not
-    copied."""
+    ``whole``: None, or the page-aligned memory ``view`` lies in, whose first
+    byte stands for the file's byte ``base`` (registry.load.direct.aligned):
+    a local read lands whole pages of the file there directly."""
 
     start: int
     end: int
     view: memoryview
-    mapping: Any = None
-    offset: int = 0
+    whole: memoryview | None = None
+    base: int = 0
 
 
 def geometry(entry: FileEntry) -> pc.Pieces:
@@ -114,11 +112,8 @@ class PieceReader:
 
     def __init__(self, source: object, *, mapped: bool = False) -> None:
         self.source = source
-        #: read through the source's mapping of the file (a local file):
-        #: bytes no target asks for are hashed where they lie, unmapped after;
-        #: only where the kernel can make a mapping's pages private
-        #: (MADV_POPULATE_WRITE), else the reader copies
-        self.mapped = mapped and bool(getattr(source, "can_map", False)) and _can_populate()
+        #: a local file, read with registry.load.direct: see :meth:`read`
+        self.mapped = mapped and bool(getattr(source, "can_map", False))
         self._local = threading.local()
         self.bytes_read = 0
         self._lock = threading.Lock()
@@ -131,7 +126,9 @@ class PieceReader:
 
     def read(self, key: str, entry: FileEntry, k: int, targets: list[Target]) -> None:
         """Read piece ``k`` of ``entry`` (stored at ``key``) into ``targets``
-        (sorted by start, non-overlapping) and verify it.
+        (sorted by start, non-overlapping) and verify it. A :attr:`mapped`
+        reader reads a block-aligned piece with registry.load.direct (the
+        page cache, else O_DIRECT into the targets' pages).
 
         Raises:
             PieceMismatchError: the piece's bytes do not hash to the manifest's
@@ -142,6 +139,9 @@ class PieceReader:
         """
         for attempt in range(1, ATTEMPTS + 1):
             try:
+                start, end = piece_bounds(entry, k)
+                if self.mapped and usable(start, end, entry.size):
+                    return self._read_direct(key, entry, k, targets)
                 return self._read_once(key, entry, k, targets)
             except (ObjectNotFoundError, StoragePermissionError, UnsafeEntryError):
                 raise
@@ -155,30 +155,43 @@ class PieceReader:
     def _read_once(self, key: str, entry: FileEntry, k: int, targets: list[Target]) -> None:
         start, end = piece_bounds(entry, k)
         segs = list(_segments(start, end, targets))
-        if self.mapped:
-            with self.source.mapped(key, start, end) as view:  # type: ignore[attr-defined]
-                counted = _Counted(_from_mapping(view, start, segs, entry.path, k))
-                actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
-        else:
-            # bytes no target asks for land in the thread's scratch, its two
-            # halves in turn: a source may receive one segment ahead of the hash
-            scratch = self._scratch()
-            gaps = 0
-            filled = []
-            for s, e, v, _t in segs:
-                if v is None:
-                    half = (gaps % 2) * CHUNK
-                    v, gaps = scratch[half:half + e - s], gaps + 1
-                filled.append((s, e, v))
-            blocks = self.source.blocks(key, start, end, filled)  # type: ignore[attr-defined]
-            counted = _Counted(blocks)
+        # bytes no target asks for land in the thread's scratch, its two
+        # halves in turn: a source may receive one segment ahead of the hash
+        scratch = self._scratch()
+        gaps = 0
+        filled = []
+        for s, e, v, _t in segs:
+            if v is None:
+                half = (gaps % 2) * CHUNK
+                v, gaps = scratch[half:half + e - s], gaps + 1
+            filled.append((s, e, v))
+        blocks = self.source.blocks(key, start, end, filled)  # type: ignore[attr-defined]
+        counted = _Counted(blocks)
+        actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
+        self._judge(entry, k, start, end, counted.n, actual)
+
+    def _read_direct(self, key: str, entry: FileEntry, k: int, targets: list[Target]) -> None:
+        start, end = piece_bounds(entry, k)
+        d = self.source.descriptors(key)  # type: ignore[attr-defined]
+        counted = _Counted(chunks(d, start, end, entry.size, targets))
+        try:
             actual = pc.check_piece(geometry(entry), entry.sha256, entry.size, k, counted)
+        except OSError as e:
+            if isinstance(e, StorageError):
+                raise
+            raise StorageError(f"{entry.path}: reading piece {k} failed: "
+                               f"{e.strerror or e}", key=key) from None
+        self._judge(entry, k, start, end, counted.n, actual)
+
+    def _judge(self, entry: FileEntry, k: int, start: int, end: int, n: int,
+               actual: str | None) -> None:
+        """Raise unless piece ``k`` was ``end - start`` bytes hashing right."""
         with self._lock:
-            self.bytes_read += counted.n
-        if counted.n != end - start:
+            self.bytes_read += n
+        if n != end - start:
             raise IntegrityError(entry.path, expected_size=entry.size,
-                                 actual_size=start + counted.n,
-                                 reason=f"the object ended at byte {start + counted.n} "
+                                 actual_size=start + n,
+                                 reason=f"the object ended at byte {start + n} "
                                         f"inside piece {k} (the manifest says "
                                         f"{entry.size} bytes): truncated")
         if actual is not None:
@@ -186,54 +199,6 @@ class PieceReader:
             raise PieceMismatchError(entry.path, size=entry.size, piece=k, start=start, end=end,
                                      expected_state=pc.expected_state(geo, entry.sha256, k),
                                      actual_state=actual, last=k == geo.count() - 1)
-
-
-def _from_mapping(view: memoryview, start: int,
-                  segs: list[tuple[int, int, memoryview | None, Target | None]],
-                  path: str, k: int) -> Iterator[memoryview]:
-    """The piece's bytes from ``view`` (the mapped bytes from ``start``, shorter
-    when the file is), each part hashed where it will be handed out from:
-
-    - a target that is a private mapping of the file (a mapped tensor): its
-      pages are first made the process's own (``MADV_POPULATE_WRITE``, no
-      user-space copy), then hashed there; no later write to the file, in
-      place or by rename, reaches what was hashed. Where the kernel refuses
-      the advice (EINVAL), the bytes are copied into the target instead,
-      which privatizes its pages just the same;
-    - another target (a header buffer, fresh memory): copied in, hashed there;
-    - bytes no target asks for: hashed in the piece's mapping, copied nowhere.
-    """
-    from registry.load.pages import populate
-
-    for s, e, v, t in segs:
-        have = min(e, start + len(view)) - s
-        if have <= 0:
-            return
-        part = view[s - start:s - start + have]
-        if v is None:
-            yield part
-        elif t is not None and t.mapping is not None:
-            at = t.offset + (s - t.start)
-            try:
-                populate(t.mapping, at, at + have)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise IntegrityError(path, reason=f"piece {k} could not be made private "
-                                                      f"in memory ({exc.strerror}): the file "
-                                                      "changed under the read") from None
-                v[:have] = part  # writing makes the target's pages private too
-            yield v[:have]
-        else:
-            v[:have] = part
-            yield v[:have]
-        if have < e - s:
-            return
-
-
-def _can_populate() -> bool:
-    from registry.load.pages import can_populate
-
-    return can_populate()
 
 
 class _Counted:

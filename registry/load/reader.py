@@ -19,16 +19,19 @@ one the plan was made from is refused. A bad piece raises
 :class:`~registry.errors.PieceMismatchError` (file, piece, expected digest);
 no tensor touching it is returned.
 
-**Memory.** On a local source (a local store, the pull cache) and the CPU,
-each tensor is a private mapping of the file (opened once) whose pages are
-made the process's own (``MADV_POPULATE_WRITE``, one kernel copy) before
-they are hashed there, so a later write to the file changes no tensor
-(``mapped=False``, or a kernel without the advice: copies into fresh memory).
-Otherwise tensors are allocated at their final size and filled in place (one
-copy on a local store, none beyond the socket's on S3). At most ``window_bytes`` of
-pieces (default 1 GiB) are in flight at once, plus one 4 MiB scratch buffer
-per thread for bytes no tensor asked for. Nothing is written to disk, unless
-``place`` asks for the pull cache to be filled (see :func:`open_weights`).
+**Memory.** Every tensor is memory of its own, allocated at its final size
+and filled in place; nothing handed out maps a file, so no later write to
+the store (in place or by rename) changes a tensor. On a local source (a
+local store, the pull cache) and the CPU, a tensor's memory is laid out at
+the file's page offsets and each piece is read by :mod:`registry.load.direct`:
+from the page cache when it holds the bytes (one copy), else with
+``O_DIRECT`` straight into the tensor's pages (no copy); pages shared by two
+tensors pass through a per-thread 8 MiB bounce buffer. On S3 the body is
+received into the tensor (registry.store.s3direct); elsewhere one copy per
+received block. At most ``window_bytes`` of pieces (default 1 GiB) are in
+flight at once, plus one scratch buffer per thread for bytes no tensor asked
+for. Nothing is written to disk, unless ``place`` asks for the pull cache to
+be filled (see :func:`open_weights`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import numpy as np
 
 from registry.errors import IntegrityError, UsageError
 from registry.load.dequant import dequantized
+from registry.load.direct import MIN_ALIGNED
 from registry.load.pieces import PieceReader, Target, covering
 from registry.protocol.manifest import FileEntry
 from registry.obs.tracing import in_context, traced_iter
@@ -102,8 +106,8 @@ class _Want:
     shape: tuple[int, ...]
     obj: Any = None
     view: memoryview | None = None
-    mapping: Any = None
-    moff: int = 0
+    whole: memoryview | None = None
+    base: int = 0
 
 
 class WeightsReader:
@@ -276,31 +280,28 @@ class WeightsReader:
         verified file (a local source, on the CPU, nothing placed)."""
         return self.mapped and f.reader.mapped and f.written is None and self.device == "cpu"
 
-    def _map(self, w: _Want) -> tuple[Any, memoryview | None, Any, int]:
-        """``(tensor, its bytes, mapping, offset)`` for ``w``: a tensor backed
-        by a private (copy-on-write) mapping of the file its pieces will
-        verify in, not yet read. The piece reader makes each page of it the
-        process's own before hashing it there, so the tensor handed out holds
-        exactly the bytes that verified, whatever is written to the file
-        afterwards. ``(None, None, None, 0)`` when the file is shorter than
-        the span (the piece reader then reports the truncation)."""
-        got = w.file.reader.source.map_span(w.file.key, w.start, w.end)  # type: ignore[attr-defined]
-        if got is None or got[2] != w.end - w.start:
-            return None, None, None, 0
-        m, off, n = got
-        view = memoryview(m)[off:off + n]
+    def _aligned(self, w: _Want) -> tuple[Any, memoryview, memoryview, int]:
+        """``(tensor, its bytes, the page-aligned memory around them, the file
+        offset of that memory's first byte)`` for ``w``: private anonymous
+        memory laid out at the file's page offsets (registry.load.direct), so
+        a local read lands the tensor's whole pages there directly."""
+        from registry.load.direct import aligned
+
+        mem, off = aligned(w.start, w.end)
+        n = w.end - w.start
+        whole = memoryview(mem)
         if self.framework == "np":
             dt = np.dtype(DTYPES[w.dtype])
-            t = np.frombuffer(m, dtype=dt, count=n // dt.itemsize, offset=off).reshape(w.shape)
-            return t, view, m, off
-        import torch
+            t = np.frombuffer(mem, dtype=dt, count=n // dt.itemsize, offset=off).reshape(w.shape)
+        else:
+            import torch
 
-        from registry.load.torchio import TORCH_DTYPES
+            from registry.load.torchio import TORCH_DTYPES
 
-        dtype = TORCH_DTYPES[w.dtype]
-        count = n // torch.empty((), dtype=dtype).element_size()
-        t = torch.frombuffer(m, dtype=dtype, count=count, offset=off).reshape(w.shape)
-        return t, view, m, off
+            dtype = TORCH_DTYPES[w.dtype]
+            count = n // torch.empty((), dtype=dtype).element_size()
+            t = torch.frombuffer(mem, dtype=dtype, count=count, offset=off).reshape(w.shape)
+        return t, whole[off:off + n], whole, w.start - off
 
     def _finish(self, obj: Any) -> Any:
         self.stats.tensors += 1
@@ -323,9 +324,12 @@ class WeightsReader:
                 pass
 
     @traced_iter("registry.load.read")
-    def _read(self, wanted: list[_Want], headers: list[WeightFile] = ()) -> Iterator[_Want]:
+    def _read(self, wanted: list[_Want], headers: list[WeightFile] = (),
+              aligned: bool = True) -> Iterator[_Want]:
         """Read the pieces under ``wanted`` (and the headers of their files, and
-        of ``headers``), yielding each want once all its pieces verified."""
+        of ``headers``), yielding each want once all its pieces verified.
+        ``aligned``: tensors of a local file get page-aligned memory that
+        reads land in directly (registry.load.direct)."""
         files = {id(w.file): w.file for w in wanted} | {id(f): f for f in headers}
         hbufs: dict[int, memoryview] = {}
         need: dict[tuple[int, int], list[_Want]] = {}
@@ -377,26 +381,25 @@ class WeightsReader:
                     targets = []
                     if fid in hbufs and k in header_left.get(fid, ()):
                         targets.append(Target(0, f.header.data_start, hbufs[fid]))
-                    mapped = self._maps(f)
+                    direct = aligned and self._maps(f)
                     for w in need.get((fid, k), []):
                         if w.obj is None and w.view is None:
-                            if mapped and w.end > w.start:
-                                w.obj, w.view, w.mapping, w.moff = self._map(w)
-                            if w.obj is None:
+                            if direct and w.end - w.start >= MIN_ALIGNED:
+                                w.obj, w.view, w.whole, w.base = self._aligned(w)
+                            else:
                                 w.obj, w.view = self._alloc(w.dtype, w.shape)
                             if w.view is None:
                                 w.view = memoryview(b"")
                         if len(w.view):
-                            targets.append(Target(w.start, w.end, w.view, w.mapping, w.moff))
+                            targets.append(Target(w.start, w.end, w.view, w.whole, w.base))
                     targets.sort(key=lambda t: t.start)
                     size = _piece_size(f.entry, k)
                     budget += size
                     inflight[pool.submit(in_context(f.reader.read), f.key, f.entry, k,
-                                         targets)] = (
-                        fid, k, size, targets)
+                                         targets)] = (fid, k, size, targets)
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    fid, k, size, targets = inflight.pop(fut)
+                done_now = [(fut, inflight.pop(fut)) for fut in done]
+                for fut, (fid, k, size, targets) in done_now:
                     budget -= size
                     fut.result()
                     f = files[fid]
@@ -413,7 +416,7 @@ class WeightsReader:
                         left[i] -= 1
                         if not left[i]:
                             yield w
-                            w.obj = w.view = w.mapping = _DONE  # the caller holds it now
+                            w.obj = w.view = w.whole = _DONE  # the caller holds it now
         finally:
             for fut in inflight:
                 fut.cancel()

@@ -6,8 +6,10 @@ memoryview, in order, with the object's bytes ``[start, end)`` and yields each
 part as it lands (the caller hashes it before asking for the next). It never
 decides whether bytes are good: :class:`registry.load.pieces.PieceReader` does.
 
-- :class:`StoreSource` on a local store reads with ``preadv`` straight into the
-  segments (no copy) through the store's confined opener; on a remote store
+- :class:`StoreSource` on a local store opens each file once through the
+  store's confined opener; its pieces are read by registry.load.direct (the
+  page cache when it holds them, else O_DIRECT into the tensors), or, for a
+  piece not block-aligned, with ``preadv`` straight into the segments; on a remote store
   it sends one ranged GET per piece: on S3 through a synchronous client per
   reading thread that receives the body straight into the segments
   (:mod:`registry.store.s3direct`: no event loop, no copy); on other stores
@@ -19,86 +21,44 @@ decides whether bytes are good: :class:`registry.load.pieces.PieceReader` does.
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from registry.load.pages import can_populate, populate
+from registry.load.direct import Descriptors
 from registry.load.pieces import CHUNK, pread_into
 from registry.store import Store
 
 Segments = list[tuple[int, int, memoryview]]
 
 class _Mapped:
-    """A local source's files mapped into memory, each opened once.
-
-    Every mapping of one key comes from the same open file (the first one
-    opened): a file renamed over in the store after a piece verified is not
-    the one later tensors map. Mappings are private (copy-on-write): what a
-    caller writes into a tensor never reaches the file. A private page not yet
-    written still shows later in-place writes to the file, so a mapping that is
-    handed out is first made the process's own (:func:`populate`) before its
-    bytes are hashed (:class:`registry.load.pieces.PieceReader`).
-    """
+    """A local source's files, each opened once (registry.load.direct reads
+    them): every read of one key goes to the same open file, so a file
+    renamed over in the store after a piece verified is not the one later
+    pieces come from."""
 
     def __init__(self) -> None:
-        self._fds: dict[str, tuple[int, int]] = {}
+        self._files: dict[str, Descriptors] = {}
         self._fd_lock = threading.Lock()
 
     def _open(self, key: str) -> int:
         raise NotImplementedError
 
-    def _fd(self, key: str) -> tuple[int, int]:
+    def descriptors(self, key: str) -> Descriptors:
+        """The open file of ``key`` (and its O_DIRECT twin where allowed)."""
         with self._fd_lock:
-            got = self._fds.get(key)
+            got = self._files.get(key)
             if got is None:
-                fd = self._open(key)
-                got = self._fds[key] = (fd, os.fstat(fd).st_size)
+                got = self._files[key] = Descriptors(self._open(key))
             return got
 
-    def map_span(self, key: str, start: int, end: int) -> tuple[mmap.mmap, int, int] | None:
-        """A private, writable mapping holding bytes ``[start, end)`` of ``key``:
-        ``(mapping, offset of start in it, bytes there)``; None when the file
-        has none of them (it is shorter). Its pages still show in-place writes
-        to the file until :func:`populate` made them private."""
-        fd, size = self._fd(key)
-        end = min(end, size)
-        if end <= start:
-            return None
-        base = start - start % mmap.ALLOCATIONGRANULARITY
-        m = mmap.mmap(fd, end - base, access=mmap.ACCESS_COPY, offset=base)
-        return m, start - base, end - start
-
-    @contextmanager
-    def mapped(self, key: str, start: int, end: int) -> Iterator[memoryview]:
-        """Bytes ``[start, end)`` of ``key`` (fewer when the file is shorter)
-        as a memoryview of a mapping, unmapped on exit; read ahead."""
-        got = self.map_span(key, start, end)
-        if got is None:
-            yield memoryview(b"")
-            return
-        m, off, n = got
-        view = memoryview(m)
-        try:
-            if hasattr(mmap, "MADV_WILLNEED"):
-                m.madvise(mmap.MADV_WILLNEED)
-            yield view[off:off + n]
-        finally:
-            view.release()
-            try:
-                m.close()
-            except BufferError:
-                pass  # a block still referenced (an error mid-piece): unmapped when freed
-
     def close(self) -> None:
-        """Close the open files (mappings handed out stay valid)."""
+        """Close the open files."""
         with self._fd_lock:
-            fds, self._fds = self._fds, {}
-        for fd, _ in fds.values():
-            os.close(fd)
+            files, self._files = self._files, {}
+        for d in files.values():
+            d.close()
 
 
 class StoreSource(_Mapped):
@@ -177,4 +137,4 @@ def _fill(stream: Iterator[bytes], segments: Segments) -> Iterator[memoryview]:
             return
 
 
-__all__ = ["BlobSource", "StoreSource", "can_populate", "populate"]
+__all__ = ["BlobSource", "StoreSource"]
