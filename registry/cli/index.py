@@ -14,8 +14,6 @@ from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo, shown
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import RegistryError, UsageError
-from registry.store import open_store
-from registry.facade.documents import revocation_list
 from registry.rules.words import count
 
 db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
@@ -125,6 +123,9 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
 def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List revoked sources (from the store)."""
     with error_boundary(as_json):
+        from registry.facade.documents import revocation_list
+        from registry.store import open_store
+
         s = open_store(store)
         revs = revocation_list(s)
     if as_json:
@@ -218,9 +219,13 @@ def _ref(reg: Registry, ref: str) -> tuple[str, str]:
 def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
          store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Manifest summary, each gate with its reason, evals and sources of a release."""
+    from registry.facade import quick
+
     with error_boundary(as_json):
-        reg = _registry(store, db)
-        doc = reg.show(*_ref(reg, ref))
+        doc = quick.show(store, db, ref)  # SQLite, no store-decided gate: no SQLAlchemy
+        if doc is None:
+            reg = _registry(store, db)
+            doc = reg.show(*_ref(reg, ref))
     if as_json:
         print_json(doc)
         return
@@ -275,9 +280,13 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(
 
     From the index; the store gives the signature gate of a model whose policy
     requires a signature (as for query --passing)."""
+    from registry.facade import quick
+
     with error_boundary(as_json):
-        reg = _registry(store, db)
-        rows = reg.ls(model_id)
+        rows = quick.ls(store, db, model_id)  # SQLite, no store-decided gate: no SQLAlchemy
+        if rows is None:
+            reg = _registry(store, db)
+            rows = reg.ls(model_id)
     if as_json:
         print_json(rows)
         return

@@ -1,0 +1,122 @@
+"""``registry ls`` and ``registry show`` answered without SQLAlchemy, numpy or
+the rest of :class:`registry.api.Registry` (issue 44 item 6): a command line
+call pays for what it reads, not for the whole facade.
+
+Each function answers what :meth:`registry.api.Registry.ls` /
+:meth:`~registry.api.Registry.show` answer (the same rows and documents, so
+every output stays byte-identical), in the common case only: a SQLite index
+at the current schema read with ``sqlite3`` (:mod:`registry.index.lite`), and
+no gate the store must decide (a policy listing signing keys or forbidding
+code, a signed release). Anything else returns None and the caller asks the
+Registry, which says it as it always has, errors included (an unknown model,
+a release not in the index, an empty index: None here, worded there).
+Postgres indexes always take the Registry (SQLAlchemy) path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.errors import RegistryError
+from registry.index.lite import LiteIndex, open_lite
+from registry.store import Store, open_store
+
+#: the signature file of a release (registry.trust.model_sig.SIGNATURE, whose
+#: module loads the signing code)
+SIGNATURE = "model.sig"
+
+
+def _store_gated(store: Store, model_id: str) -> bool | None:
+    """The model's policy has a gate only the store can decide (True), none
+    (False), or cannot be read (None: the Registry quarantines or raises)."""
+    from registry.release.policy import forbids_code, signed_by
+
+    try:
+        return bool(signed_by(store, model_id)) or forbids_code(store, model_id)
+    except RegistryError:
+        return None
+
+
+def ls(store_url: str | Store | None, db: str | None,
+       model_id: str | None = None) -> list[dict[str, Any]] | None:
+    """:meth:`registry.api.Registry.ls`, or None (see the module docstring)."""
+    from registry.rules.names import check_model_id, check_name
+
+    try:
+        if model_id is not None:
+            (check_name(model_id[:-1]) if model_id.endswith("/") else check_model_id(model_id))
+    except RegistryError:
+        return None
+    lite = open_lite(db)
+    if lite is None:
+        return None
+    try:
+        return _ls(lite, store_url, model_id)
+    finally:
+        lite.close()
+
+
+def _ls(lite: LiteIndex, store_url: str | Store | None,
+        model_id: str | None) -> list[dict[str, Any]] | None:
+    org = model_id[:-1] if model_id is not None and model_id.endswith("/") else None
+    rows = lite.ls(None if org is not None else model_id)
+    if not rows:
+        return None
+    store = store_url if isinstance(store_url, Store) else open_store(store_url)
+    if model_id is None or org is not None:
+        if org is not None:
+            rows = [r for r in rows if r["model_id"].startswith(f"{org}/")]
+        for r in rows:
+            if r["newest_passing"] is not None and _store_gated(store, r["model_id"]) is not False:
+                return None
+        return rows or None
+    return None if _store_gated(store, model_id) is not False else rows
+
+
+def show(store_url: str | Store | None, db: str | None, ref: str) -> dict[str, Any] | None:
+    """:meth:`registry.api.Registry.resolve` then
+    :meth:`~registry.api.Registry.show` of ``ref``, or None (see the module
+    docstring). Raises what ``resolve`` raises, as the Registry would first."""
+    from registry.refs.aliases import parse_ref, resolve
+
+    store = store_url if isinstance(store_url, Store) else open_store(store_url)
+    try:
+        model_id, name = parse_ref(ref)
+    except RegistryError:
+        return None
+    if name is None:
+        return None
+    version = resolve(store, model_id, name)
+    lite = open_lite(db)
+    if lite is None:
+        return None
+    try:
+        doc = lite.show(model_id, version)
+    finally:
+        lite.close()
+    if doc is None:
+        return None
+    files = {f["path"]: f["sha256"] for f in doc["manifest"]}
+    if SIGNATURE in files or _store_gated(store, model_id) is not False:
+        return None
+    from registry.formats.modeldir import other_weights
+    from registry.protocol.layout import release_prefix
+    from registry.release.code import code_files
+    from registry.release.weights_summary import stored_summary
+    from registry.rules import limits
+    from registry.store import join
+
+    doc["signature"] = None
+    prefix = release_prefix(model_id, version)
+    doc["code"] = code_files(
+        files, lambda n: store.read_bytes(join(prefix, n), limit=limits.MAX_JSON_BYTES))
+    doc["other_weights"] = other_weights(files)
+    summary = stored_summary(store, model_id, version,
+                             files={f["path"]: f["bytes"] for f in doc["manifest"]})
+    doc["weights"], doc["weight_files"] = summary["groups"], summary["files"]
+    doc["parameters"] = summary["parameters"]
+    doc["config_dtype"] = summary["config_dtype"]
+    return doc
+
+
+__all__ = ["ls", "show"]
