@@ -21,8 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-import typer
-
 from registry.rules import numbers
 from registry import errors as E
 from registry.cli.output import echo, shown
@@ -93,6 +91,15 @@ def error_document(cls: str, code: int, message: str, path: str | None,
                       **extra}}
 
 
+def _exit(code: int) -> NoReturn:
+    """End the command with ``code``: typer's Exit, which its callers (the
+    Typer app, registry.cli.reads) turn into the exit status; typer loads only
+    on this path (a read command that succeeds never imports it)."""
+    import typer
+
+    raise typer.Exit(code)
+
+
 def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
          path: str | None = None, **extra: Any) -> NoReturn:
     """Report an outcome that is not a success and exit with ``code``: one
@@ -105,13 +112,13 @@ def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
         from registry.obs.logs import emit
 
         emit("error", "error", **error_document(cls, code, message, path, **extra))
-        raise typer.Exit(code)
+        _exit(code)
     if as_json:
         echo(numbers.dumps(error_document(cls, code, message, path, **extra),
                               sort_keys=True, default=str), err=True)
     else:
         echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    _exit(code)
 
 
 def at_least(option: str, value: int | None, minimum: int) -> None:
