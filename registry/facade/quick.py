@@ -24,17 +24,38 @@ from registry.store import Store, open_store
 #: the signature file of a release (registry.trust.model_sig.SIGNATURE, whose
 #: module loads the signing code)
 SIGNATURE = "model.sig"
+#: a committed directory's manifest (registry.protocol.manifest.MANIFEST, whose
+#: module loads the hashing code)
+MANIFEST = "MANIFEST.json"
 
 
 def _store_gated(store: Store, model_id: str) -> bool | None:
     """The model's policy has a gate only the store can decide (True), none
-    (False), or cannot be read (None: the Registry quarantines or raises)."""
-    from registry.release.policy import forbids_code, signed_by
+    (False), or cannot be read or is anything but plain (None: the Registry
+    reads it with registry.release.policy, and quarantines or raises).
 
+    No ``policy.json``, or one whose ``signed_by`` is absent or ``[]`` and
+    whose ``forbid_code`` is absent or false, is False: what
+    ``signed_by``/``forbids_code`` say of it, without loading the signing code
+    they check keys with."""
+    from registry.protocol.layout import policy_key
+    from registry.rules import limits, schemas
+
+    key = policy_key(model_id)
     try:
-        return bool(signed_by(store, model_id)) or forbids_code(store, model_id)
+        raw = store.read_bytes(key, limit=limits.MAX_JSON_BYTES)
+    except FileNotFoundError:
+        return False
     except RegistryError:
         return None
+    try:
+        doc = schemas.load_json(raw, path=store.url_of(key))
+    except RegistryError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    plain = doc.get("signed_by", []) == [] and doc.get("forbid_code", False) is False
+    return False if plain else True
 
 
 def ls(store_url: str | Store | None, db: str | None,
@@ -73,20 +94,36 @@ def _ls(lite: LiteIndex, store_url: str | Store | None,
     return None if _store_gated(store, model_id) is not False else rows
 
 
+def _version(store: Store, ref: str) -> str | None:
+    """The version ``ref`` (``MODEL_ID@VERSION``) names when it is a committed
+    version and no alias shares its name (what
+    :func:`registry.refs.aliases.resolve` answers then); None for anything else
+    (an alias, a bad or unknown ref: the Registry resolves or refuses it)."""
+    from registry.protocol.layout import alias_key, release_prefix
+    from registry.rules.names import check_model_id, check_name
+    from registry.store import join
+
+    model_id, sep, name = ref.partition("@")
+    try:
+        check_model_id(model_id)
+        if not sep:
+            return None
+        check_name(name, "version or alias")
+        manifest, alias = join(release_prefix(model_id, name), MANIFEST), alias_key(model_id, name)
+        return name if store.exists(manifest) and not store.exists(alias) else None
+    except RegistryError:
+        return None
+
+
 def show(store_url: str | Store | None, db: str | None, ref: str) -> dict[str, Any] | None:
     """:meth:`registry.api.Registry.resolve` then
     :meth:`~registry.api.Registry.show` of ``ref``, or None (see the module
     docstring). Raises what ``resolve`` raises, as the Registry would first."""
-    from registry.refs.aliases import parse_ref, resolve
-
     store = store_url if isinstance(store_url, Store) else open_store(store_url)
-    try:
-        model_id, name = parse_ref(ref)
-    except RegistryError:
+    version = _version(store, ref)
+    if version is None:
         return None
-    if name is None:
-        return None
-    version = resolve(store, model_id, name)
+    model_id = ref.partition("@")[0]
     lite = open_lite(db)
     if lite is None:
         return None
