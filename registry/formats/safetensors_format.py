@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 
 from registry.errors import SafetensorsError
@@ -76,6 +76,14 @@ def _numpy_tables() -> dict[str, Any]:
     }
     globals().update(tables)
     return tables
+
+
+if TYPE_CHECKING:  # built on first use by _numpy_tables (module __getattr__)
+    import numpy as np
+
+    DTYPES: Mapping[str, np.dtype[Any]]
+    DTYPE_NAMES: Mapping[np.dtype[Any], str]
+    _BY_NUMPY_NAME: dict[str, str]
 
 
 def __getattr__(name: str) -> Any:

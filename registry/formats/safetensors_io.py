@@ -45,6 +45,8 @@ from registry.formats.safetensors_write import write_safetensors
 if TYPE_CHECKING:  # numpy loads where arrays are built (read_tensor), not to read a header
     import numpy as np
 
+    from registry.formats.safetensors_format import DTYPE_NAMES, DTYPES
+
 __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
