@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -179,6 +178,12 @@ def report_not_indexed(index_errors: list[str], *, store: str | None, db: str | 
     fail(message, EXIT_NOT_INDEXED, as_json=as_json, cls="IndexNotUpdated")
 
 
+def _print_traceback() -> None:
+    import traceback  # --debug only: it loads textwrap and more for every command
+
+    traceback.print_exc()
+
+
 @contextmanager
 def error_boundary(as_json: bool = False) -> Iterator[None]:
     """Turn registry errors (and the environment's OSError / database errors)
@@ -188,7 +193,7 @@ def error_boundary(as_json: bool = False) -> Iterator[None]:
         yield
     except E.RegistryError as exc:
         if debug_enabled():
-            traceback.print_exc()
+            _print_traceback()
         extra = {}
         if isinstance(exc, E.GateFailedError):
             extra["gates"] = [r.to_dict() for r in getattr(exc, "results", ())]
@@ -196,14 +201,14 @@ def error_boundary(as_json: bool = False) -> Iterator[None]:
              cls=type(exc).__name__, path=_path_of(exc), **extra)
     except OSError as exc:  # not a RegistryError: the host refused (EROFS, EACCES, ...)
         if debug_enabled():
-            traceback.print_exc()
+            _print_traceback()
         fail(_one_line(_os_message(exc), type(exc).__name__), EXIT_STORAGE, as_json=as_json,
              cls=type(exc).__name__, path=_path_of(exc))
     except Exception as exc:
         if not _is_database_error(exc):
             raise  # a bug: keep the traceback
         if debug_enabled():
-            traceback.print_exc()
+            _print_traceback()
         orig = getattr(exc, "orig", None) or exc
         fail(_one_line(f"index database: {orig}", type(exc).__name__), EXIT_INDEX,
              as_json=as_json, cls=type(exc).__name__)
