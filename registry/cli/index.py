@@ -14,7 +14,6 @@ from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo, shown
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import RegistryError, UsageError
-from registry.rules.words import count
 
 db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
 index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)

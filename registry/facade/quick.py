@@ -15,6 +15,7 @@ Postgres indexes always take the Registry (SQLAlchemy) path.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from registry.errors import RegistryError
@@ -73,6 +74,8 @@ def ls(store_url: str | Store | None, db: str | None,
         return None
     try:
         return _ls(lite, store_url, model_id)
+    except sqlite3.Error:  # locked past the timeout, damaged: the Registry words it
+        return None
     finally:
         lite.close()
 
@@ -129,6 +132,8 @@ def show(store_url: str | Store | None, db: str | None, ref: str) -> dict[str, A
         return None
     try:
         doc = lite.show(model_id, version)
+    except sqlite3.Error:
+        return None
     finally:
         lite.close()
     if doc is None:
