@@ -400,7 +400,7 @@ class Registry(AliasMixin, LifecycleMixin):
             doc["gates"] = [*doc["gates"], *(g.to_dict() for g in sig_gate)]
             doc["passed"] = doc["passed"] and all(g.passed for g in sig_gate)
         from registry.formats.weights import INDEX, weights_names
-        from registry.release.convert import stored_summary
+        from registry.release.weights_summary import stored_summary
         if WEIGHTS not in files and INDEX not in files:
             doc["weights"], doc["weight_files"], doc["parameters"] = [], [], 0
             doc["config_dtype"] = None

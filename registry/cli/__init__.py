@@ -77,6 +77,14 @@ def main() -> None:
         sys.exit(0 if args else 2)  # no command: click's exit code for it
     as_json = "--json" in args
     interrupt.terminate_like_interrupt()
+    if args[0] in ("ls", "show"):  # a plain read line is answered before typer loads
+        from registry.cli.reads import run
+
+        answered = run(args)
+        if answered is not None:
+            if answered == interrupt.EXIT_SIGINT:
+                _interrupted(args, as_json)
+            sys.exit(answered)
     try:
         code = _command().main(args=args, standalone_mode=False, prog_name="registry")
     except Exception as exc:

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from registry.rules import numbers
-from registry.cli.output import echo
+from registry.cli.output import echo, print_json
 from registry.cli.profile import PROFILE_DEFAULTS
 
 if TYPE_CHECKING:
@@ -255,5 +254,3 @@ def nothing_stored(store: Store, key: str) -> bool:
     return not store.list_dir(key)
 
 
-def print_json(doc: Any) -> None:
-    echo(numbers.dumps(doc, indent=2, sort_keys=True, default=str), lines=True)

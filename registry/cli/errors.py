@@ -15,13 +15,10 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
-
-import typer
 
 from registry.rules import numbers
 from registry import errors as E
@@ -93,6 +90,15 @@ def error_document(cls: str, code: int, message: str, path: str | None,
                       **extra}}
 
 
+def _exit(code: int) -> NoReturn:
+    """End the command with ``code``: typer's Exit, which its callers (the
+    Typer app, registry.cli.reads) turn into the exit status; typer loads only
+    on this path (a read command that succeeds never imports it)."""
+    import typer
+
+    raise typer.Exit(code)
+
+
 def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
          path: str | None = None, **extra: Any) -> NoReturn:
     """Report an outcome that is not a success and exit with ``code``: one
@@ -105,13 +111,13 @@ def fail(message: str, code: int, *, as_json: bool, cls: str = "CheckFailed",
         from registry.obs.logs import emit
 
         emit("error", "error", **error_document(cls, code, message, path, **extra))
-        raise typer.Exit(code)
+        _exit(code)
     if as_json:
         echo(numbers.dumps(error_document(cls, code, message, path, **extra),
                               sort_keys=True, default=str), err=True)
     else:
         echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+    _exit(code)
 
 
 def at_least(option: str, value: int | None, minimum: int) -> None:
@@ -172,6 +178,12 @@ def report_not_indexed(index_errors: list[str], *, store: str | None, db: str | 
     fail(message, EXIT_NOT_INDEXED, as_json=as_json, cls="IndexNotUpdated")
 
 
+def _print_traceback() -> None:
+    import traceback  # --debug only: it loads textwrap and more for every command
+
+    traceback.print_exc()
+
+
 @contextmanager
 def error_boundary(as_json: bool = False) -> Iterator[None]:
     """Turn registry errors (and the environment's OSError / database errors)
@@ -181,7 +193,7 @@ def error_boundary(as_json: bool = False) -> Iterator[None]:
         yield
     except E.RegistryError as exc:
         if debug_enabled():
-            traceback.print_exc()
+            _print_traceback()
         extra = {}
         if isinstance(exc, E.GateFailedError):
             extra["gates"] = [r.to_dict() for r in getattr(exc, "results", ())]
@@ -189,14 +201,14 @@ def error_boundary(as_json: bool = False) -> Iterator[None]:
              cls=type(exc).__name__, path=_path_of(exc), **extra)
     except OSError as exc:  # not a RegistryError: the host refused (EROFS, EACCES, ...)
         if debug_enabled():
-            traceback.print_exc()
+            _print_traceback()
         fail(_one_line(_os_message(exc), type(exc).__name__), EXIT_STORAGE, as_json=as_json,
              cls=type(exc).__name__, path=_path_of(exc))
     except Exception as exc:
         if not _is_database_error(exc):
             raise  # a bug: keep the traceback
         if debug_enabled():
-            traceback.print_exc()
+            _print_traceback()
         orig = getattr(exc, "orig", None) or exc
         fail(_one_line(f"index database: {orig}", type(exc).__name__), EXIT_INDEX,
              as_json=as_json, cls=type(exc).__name__)

@@ -14,9 +14,6 @@ from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo, shown
 from registry.cli.progress import ProgressOpt, reporter
 from registry.errors import RegistryError, UsageError
-from registry.store import open_store
-from registry.facade.documents import revocation_list
-from registry.rules.words import count
 
 db_app = RegistryTyper(help="The index database schema.", no_args_is_help=True)
 index_app = RegistryTyper(help="The SQL index derived from the store.", no_args_is_help=True)
@@ -125,6 +122,9 @@ def ledger_revoke(source_id: Annotated[str, typer.Argument(help="Data source id.
 def ledger_ls(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """List revoked sources (from the store)."""
     with error_boundary(as_json):
+        from registry.facade.documents import revocation_list
+        from registry.store import open_store
+
         s = open_store(store)
         revs = revocation_list(s)
     if as_json:
@@ -218,53 +218,11 @@ def _ref(reg: Registry, ref: str) -> tuple[str, str]:
 def show(ref: Annotated[str, typer.Argument(help="MODEL_ID@VERSION or MODEL_ID@ALIAS.")],
          store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Manifest summary, each gate with its reason, evals and sources of a release."""
-    with error_boundary(as_json):
-        reg = _registry(store, db)
-        doc = reg.show(*_ref(reg, ref))
-    if as_json:
-        print_json(doc)
-        return
-    echo(f"{doc['model_id']}@{doc['version']}  {doc['uri']}")
-    echo(f"  manifest sha256 {doc['manifest_sha256']}, {count(doc['files'], 'file')}, "
-               f"{doc['bytes']} bytes, dtype {doc['dtype']}, created {doc['created_at']}")
-    if doc.get("config_dtype"):
-        typer.echo(f"  config.json dtype {doc['config_dtype']} (what engines load it as)")
-    for w in doc.get("weights", []):
-        names = ", ".join(w["tensors"][:6]) + (f" and {len(w['tensors']) - 6} more"
-                                                if len(w["tensors"]) > 6 else "")
-        echo(f"  weights {w['stored']}: {count(len(w['tensors']), 'tensor')}, "
-             f"{count(w['parameters'], 'parameter')} ({names})")
-    shards = doc.get("weight_files", [])
-    if len(shards) > 1:
-        echo(f"  weights in {count(len(shards) - 1, 'shard')}, {count(doc['parameters'], 'parameter')}:")
-        for f in shards:
-            echo(f"    {shown(f['path'])}\t{f['bytes']} bytes\t{count(f['tensors'], 'tensor')}")
-    for fmt, paths in (doc.get("other_weights") or {}).items():
-        echo(f"  other weights ({fmt}, an engine preferring it loads these): "
-             + ", ".join(shown(p) for p in paths))
-    sig = doc.get("signature")
-    if sig is not None:
-        state = {True: "verified against the policy's keys",
-                 False: "NOT verified by the policy's keys", None: "unverified"}[sig["verified"]]
-        who = (f"certificate {sig['subject']!r} ({sig['fingerprint']}, issued by "
-               f"{sig['issuer']!r})" if sig.get("kind") == "certificate"
-               else f"key {sig['fingerprint']}")
-        echo(f"  signed: {sig['path']} by {who} ({state})")
-    code = doc.get("code")
-    if code is not None:
-        from registry.release.code import describe as describe_code
+    from registry.cli import reads
 
-        echo(f"  code: {shown(describe_code(code))}")
-    if doc.get("tags"):
-        echo("  tags: " + " ".join(f"{k}={v}" for k, v in doc["tags"].items()))
-    for g in doc["gates"]:
-        echo(f"  {'PASS' if g['passed'] else 'FAIL'} {g['gate']}: {g['reason']}")
-    for r in doc["evals"]["results"]:
-        echo(f"  eval {r['task']}/{r['metric']} = {r['value']:g} (threshold "
-                   f"{r['threshold']:g}, n={r['n']})")
-    for src in doc["sources"]:
-        echo(f"  source {src['source_id']} ({src['license']})"
-                   + (f" REVOKED: {src['revocation_reason']}" if src["revoked"] else ""))
+    with error_boundary(as_json):
+        doc = reads.show_doc(store, db, ref)
+    reads.print_show(doc, as_json)
 
 
 @app.command("ls")
@@ -275,26 +233,11 @@ def ls_cmd(model_id: Annotated[str | None, typer.Argument(
 
     From the index; the store gives the signature gate of a model whose policy
     requires a signature (as for query --passing)."""
+    from registry.cli import reads
+
     with error_boundary(as_json):
-        reg = _registry(store, db)
-        rows = reg.ls(model_id)
-    if as_json:
-        print_json(rows)
-        return
-    if not rows:
-        echo(f"no model in the index {reg.index}" if model_id is None
-             else f"no model of {model_id} in the index {reg.index}" if model_id.endswith("/")
-                   else f"{model_id} has no releases in the index {reg.index}", err=True)
-    for why in sorted({(r.get("model_id") or model_id, r["quarantined"]) for r in rows
-                       if r.get("quarantined")}):  # once per model, never stopping the rest
-        echo(f"warning: quarantined {why[0]}: {why[1]} (passes nothing until mended)", err=True)
-    for r in rows:
-        if model_id is None or model_id.endswith("/"):
-            echo(f"{r['model_id']}\t{count(r['releases'], 'release')}\tnewest {r['newest']}\t"
-                 f"newest passing {r['newest_passing'] or 'none'}")
-        else:
-            echo(f"{r['version']}\t{r['created_at']}\t{r['dtype']}\t{r['bytes']}\t"
-                       f"{'passing' if r['passing'] else 'FAILING'}\t{','.join(r['aliases'])}")
+        rows, reg = reads.ls_rows(store, db, model_id)
+    reads.print_ls(rows, model_id, reg, as_json)
 
 
 @app.command()

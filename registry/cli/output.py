@@ -13,9 +13,8 @@ escape there already), redacted too.
 
 from __future__ import annotations
 
+import sys
 import unicodedata
-
-import typer
 
 from registry.host.redact import redact
 
@@ -57,4 +56,25 @@ def echo(message: object = "", *, err: bool = False, nl: bool = True,
     its own; tabs stay, as column separators), or with ``lines`` several (the
     CLI's own multi-line text)."""
     text = inert(str(message), keep="\n\t" if lines else "\t")
-    typer.echo(redact(text), err=err, nl=nl)
+    write(redact(text), err=err, nl=nl)
+
+
+def write(text: str, *, err: bool = False, nl: bool = True) -> None:
+    """``text`` as ``typer.echo`` (click.echo) writes a string: to stdout (or
+    stderr), a line break after unless ``nl`` is false, flushed; without
+    loading typer (``registry ls`` and ``show`` answer without it). click
+    strips ANSI escapes off a terminal: :func:`echo`'s text has none left."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    out = text + "\n" if nl else text
+    if out:
+        stream.write(out)
+    stream.flush()
+
+
+def print_json(doc: object) -> None:
+    """One JSON document on stdout, sorted keys, indented (``--json``)."""
+    from registry.rules import numbers
+
+    echo(numbers.dumps(doc, indent=2, sort_keys=True, default=str), lines=True)

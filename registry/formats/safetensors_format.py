@@ -22,10 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import ml_dtypes
-import numpy as np
 
 from registry.errors import SafetensorsError
 
@@ -33,35 +31,66 @@ from registry.errors import SafetensorsError
 MAX_HEADER_BYTES = 100_000_000
 
 
-#: safetensors dtype name -> numpy dtype (sub-byte F4/F6 types are not supported).
-DTYPES: Mapping[str, np.dtype[Any]] = MappingProxyType({
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "C64": np.dtype(np.complex64),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64),
-    "U32": np.dtype(np.uint32),
-    "U16": np.dtype(np.uint16),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
+#: safetensors dtype name -> item size in bytes (sub-byte F4/F6 types are not
+#: supported): what reading and checking a header needs, without numpy.
+ITEMSIZES: Mapping[str, int] = MappingProxyType({
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
 })
 
 
-#: numpy dtype (native byte order) -> safetensors dtype name.
-DTYPE_NAMES: Mapping[np.dtype[Any], str] = MappingProxyType(
-    {dtype: name for name, dtype in DTYPES.items()})
+def _numpy_tables() -> dict[str, Any]:
+    """:data:`DTYPES`, :data:`DTYPE_NAMES` and the by-name table, built on
+    first use: numpy (and ml_dtypes) load only where arrays are built, not to
+    read a header (``registry show``; issue 44 item 6)."""
+    import ml_dtypes
+    import numpy as np
+
+    dtypes: Mapping[str, np.dtype[Any]] = MappingProxyType({
+        "F64": np.dtype(np.float64),
+        "F32": np.dtype(np.float32),
+        "F16": np.dtype(np.float16),
+        "BF16": np.dtype(ml_dtypes.bfloat16),
+        "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+        "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+        "C64": np.dtype(np.complex64),
+        "I64": np.dtype(np.int64),
+        "I32": np.dtype(np.int32),
+        "I16": np.dtype(np.int16),
+        "I8": np.dtype(np.int8),
+        "U64": np.dtype(np.uint64),
+        "U32": np.dtype(np.uint32),
+        "U16": np.dtype(np.uint16),
+        "U8": np.dtype(np.uint8),
+        "BOOL": np.dtype(np.bool_),
+    })
+    assert {n: d.itemsize for n, d in dtypes.items()} == dict(ITEMSIZES)
+    tables = {
+        #: safetensors dtype name -> numpy dtype
+        "DTYPES": dtypes,
+        #: numpy dtype (native byte order) -> safetensors dtype name
+        "DTYPE_NAMES": MappingProxyType({dtype: name for name, dtype in dtypes.items()}),
+        # Looked up by numpy's dtype *name* so that big-endian arrays ('>f4' is
+        # still "float32") find their safetensors name too.
+        "_BY_NUMPY_NAME": {dtype.name: name for name, dtype in dtypes.items()},
+    }
+    globals().update(tables)
+    return tables
 
 
-# Looked up by numpy's dtype *name* so that big-endian arrays ('>f4' is still
-# "float32") find their safetensors name too.
-_BY_NUMPY_NAME = {dtype.name: name for name, dtype in DTYPES.items()}
+if TYPE_CHECKING:  # built on first use by _numpy_tables (module __getattr__)
+    import numpy as np
+
+    DTYPES: Mapping[str, np.dtype[Any]]
+    DTYPE_NAMES: Mapping[np.dtype[Any], str]
+    _BY_NUMPY_NAME: dict[str, str]
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES``, ``DTYPE_NAMES`` (numpy dtypes): built on first use."""
+    if name in ("DTYPES", "DTYPE_NAMES", "_BY_NUMPY_NAME"):
+        return _numpy_tables()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _TORCH_DTYPES = {
@@ -172,16 +201,18 @@ class LazyTensor:
 def _describe(tensor: Any, name: str, path: str) -> tuple[str, tuple[int, ...]]:
     """Return (safetensors dtype, shape) without materializing lazy or torch data."""
     if isinstance(tensor, LazyTensor):
-        dtype: str | None = tensor.dtype if tensor.dtype in DTYPES else None
+        dtype: str | None = tensor.dtype if tensor.dtype in ITEMSIZES else None
         shape = tuple(tensor.shape)
         found = tensor.dtype
     elif type(tensor).__module__.startswith("torch"):
         found = str(tensor.dtype)
         dtype, shape = _TORCH_DTYPES.get(found), tuple(tensor.shape)
     else:
+        import numpy as np
+
         array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
         found = array.dtype.name
-        dtype, shape = _BY_NUMPY_NAME.get(found), array.shape
+        dtype, shape = _numpy_tables()["_BY_NUMPY_NAME"].get(found), array.shape
     if dtype is None:
         raise SafetensorsError(path, f"tensor {name!r}: dtype {found} has no safetensors "
                                      "equivalent")

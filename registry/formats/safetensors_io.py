@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from registry.rules import limits
 from registry.errors import SafetensorsError
 from registry.formats.optimizer_state import check_optimizer_state
 from registry.formats.safetensors_format import (
-    DTYPE_NAMES,
-    DTYPES,
+    ITEMSIZES,
     MAX_HEADER_BYTES,
     LazyTensor,
     SafetensorsHeader,
@@ -44,6 +41,11 @@ from registry.formats.safetensors_format import (
     Writer,
 )
 from registry.formats.safetensors_write import write_safetensors
+
+if TYPE_CHECKING:  # numpy loads where arrays are built (read_tensor), not to read a header
+    import numpy as np
+
+    from registry.formats.safetensors_format import DTYPE_NAMES, DTYPES
 
 __all__ = [
     "DTYPES",
@@ -150,7 +152,7 @@ def read_header(fileobj: SeekableReader, *, path: str, file_size: int) -> Safete
             raise SafetensorsError(path, f"tensor {info.name!r}: data_offsets "
                                          f"[{info.begin}, {info.end}] leave a gap of "
                                          f"{info.begin - position} bytes after {where}")
-        expected = _nbytes(info.shape, DTYPES[info.dtype].itemsize)
+        expected = _nbytes(info.shape, ITEMSIZES[info.dtype])
         if expected is None:
             raise SafetensorsError(path, f"tensor {info.name!r}: shape "
                                          f"{_show(list(info.shape))} overflows 64 bits")
@@ -204,7 +206,7 @@ def _tensor_info(name: str, entry: Any, path: str) -> TensorInfo:
         raise fail(f"entry lacks {missing}" if missing else
                    f"entry has unknown keys {sorted(entry.keys() - _ENTRY_KEYS)}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in ITEMSIZES:
         raise fail(f"unknown dtype {_show(dtype)}")
     if not _non_negative_ints(shape):
         raise fail(f"shape must be a list of non-negative integers, got {_show(shape)}")
@@ -261,6 +263,10 @@ def read_tensor(fileobj: SeekableReader, header: SafetensorsHeader, name: str, *
     info = header.tensors.get(name)
     if info is None:
         raise SafetensorsError(path, f"no tensor named {name!r}")
+    import numpy as np
+
+    from registry.formats.safetensors_format import DTYPES
+
     buffer = np.empty(info.nbytes, dtype=np.uint8)
     fileobj.seek(header.data_start + info.begin)
     _readinto_exact(fileobj, memoryview(buffer), path)
@@ -342,3 +348,12 @@ def _readinto_exact(fileobj: SeekableReader, view: memoryview, path: str) -> Non
         done += count
 
 
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` and ``DTYPE_NAMES`` (numpy dtypes), re-exported on first use."""
+    if name in ("DTYPES", "DTYPE_NAMES"):
+        from registry.formats import safetensors_format
+
+        return getattr(safetensors_format, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

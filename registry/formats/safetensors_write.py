@@ -11,22 +11,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from registry.errors import SafetensorsError
 from registry.formats.safetensors_format import (
-    _BY_NUMPY_NAME,
     _TORCH_DTYPES,
     _WRITE_RANK,
-    DTYPES,
+    ITEMSIZES,
     MAX_HEADER_BYTES,
     LazyTensor,
     Writer,
     _describe,
+    _numpy_tables,
 )
+
+if TYPE_CHECKING:  # numpy loads where a tensor is written, not with this module
+    import numpy as np
 
 
 def write_safetensors(fileobj: Writer,
@@ -92,7 +92,7 @@ def write_safetensors(fileobj: Writer,
         header["__metadata__"] = dict(sorted(metadata.items()))
     offset = 0
     for name, dtype, shape, _ in plan:
-        size = math.prod(shape) * DTYPES[dtype].itemsize
+        size = math.prod(shape) * ITEMSIZES[dtype]
         header[name] = {"dtype": dtype, "shape": list(shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
@@ -108,7 +108,7 @@ def write_safetensors(fileobj: Writer,
     _write_all(fileobj, len(encoded).to_bytes(8, "little") + encoded)
     for name, dtype, shape, tensor in plan:
         array = _to_numpy(tensor.load() if isinstance(tensor, LazyTensor) else tensor)
-        got = (_BY_NUMPY_NAME.get(array.dtype.name), array.shape)
+        got = (_numpy_tables()["_BY_NUMPY_NAME"].get(array.dtype.name), array.shape)
         if got != (dtype, shape):
             raise SafetensorsError(path, f"tensor {name!r}: data is {got[0]} {list(got[1])}, "
                                          f"declared {dtype} {list(shape)}")
@@ -118,6 +118,9 @@ def write_safetensors(fileobj: Writer,
 
 
 def _to_numpy(tensor: Any) -> np.ndarray:
+    import ml_dtypes
+    import numpy as np
+
     if not type(tensor).__module__.startswith("torch"):
         return np.asarray(tensor)
     import torch  # only reached when the caller already uses torch
@@ -127,7 +130,7 @@ def _to_numpy(tensor: Any) -> np.ndarray:
     if str(tensor.dtype) == "torch.bfloat16":
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     if str(tensor.dtype) in ("torch.float8_e4m3fn", "torch.float8_e5m2"):
-        ml_dtype = DTYPES[_TORCH_DTYPES[str(tensor.dtype)]]
+        ml_dtype = _numpy_tables()["DTYPES"][_TORCH_DTYPES[str(tensor.dtype)]]
         return tensor.view(torch.uint8).numpy().view(ml_dtype)
     return tensor.numpy()
 
@@ -138,6 +141,8 @@ def _little_endian_bytes(array: np.ndarray) -> np.ndarray:
     A uint8 view rather than ``memoryview(array).cast("B")``: the buffer
     protocol refuses ml_dtypes types such as bfloat16.
     """
+    import numpy as np
+
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)

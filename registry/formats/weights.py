@@ -38,18 +38,20 @@ time), :func:`shard_name` and :func:`index_bytes` (to write the sharded form).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from registry.rules import limits, numbers
 from registry.errors import DocumentError
 from registry.formats.safetensors_io import SafetensorsHeader, TensorInfo, read_header, read_tensor
 from registry.store import Store, join
+
+if TYPE_CHECKING:  # numpy loads where tensors are read, not to read the headers
+    import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_SHARD_SIZE",
@@ -151,7 +153,7 @@ class ModelWeights:
     @property
     def parameter_count(self) -> int:
         """Scalars stored, over all shards (an int4 ``.qweight`` byte counts once)."""
-        return sum(int(np.prod(i.shape, dtype=np.int64)) for _, i in self._tensors.values())
+        return sum(math.prod(i.shape) for _, i in self._tensors.values())
 
     @property
     def size(self) -> int:

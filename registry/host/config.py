@@ -33,7 +33,6 @@ import json
 import os
 import re
 import stat
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -145,6 +144,8 @@ def load(path: str | None = None) -> Config:
     with os.fdopen(fd, "rb") as f:
         _check_file(path, os.fstat(f.fileno()))
         raw = f.read(1 << 20)
+    import tomllib  # only when there is a file to read
+
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -7,13 +7,17 @@ editable install they are the repo root's folders next to the package.
 
 from __future__ import annotations
 
-from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.resources loads tempfile, shutil, bz2...: on use
+    from importlib.resources.abc import Traversable
 
 
 def resource_dir(name: str) -> Traversable:
     """The folder ``name`` (``"schemas"``, ``"templates"``, ``"migrations"``)."""
+    from importlib import resources
+
     packaged = resources.files("registry") / "_resources" / name
     if packaged.is_dir():
         return packaged

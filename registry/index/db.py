@@ -51,22 +51,10 @@ from registry.errors import (
     IndexReadOnlyError,
 )
 from registry.host.resources import resource_path
+from registry.index.lite import DEFAULT_DB, SCHEMA_HEAD, db_url, read_only_mode
 
-DEFAULT_DB = "sqlite:///registry.db"
 T = TypeVar("T")
 _RETRIES = 20
-
-
-def db_url(url: str | None = None) -> str:
-    """``url``, else ``$REGISTRY_DB``, else ``sqlite:///registry.db``."""
-    return url or os.environ.get("REGISTRY_DB") or DEFAULT_DB
-
-
-#: the revision of the newest shipped migration. An index already there is
-#: opened without loading alembic (a third of a second of every command line
-#: call); any other revision goes the full way, through alembic's own head.
-#: tests/test_index.py keeps this equal to alembic's head.
-SCHEMA_HEAD = "0006"
 
 
 def _alembic_config(connection: Any) -> Any:
@@ -114,23 +102,6 @@ def sqlite_path(url: str) -> str | None:
     except Exception:  # noqa: BLE001 - create_engine reports a bad URL
         return None
     return db if db and db != ":memory:" and not db.startswith("file:") else None
-
-
-def read_only_mode(path: str) -> str | None:
-    """How a SQLite file must be opened: None (read-write), ``"ro"`` (the file
-    cannot be written), ``"immutable"`` (neither can its directory: a
-    read-only volume or folder, where no ``-wal``/``-shm`` can be made)."""
-    if not os.path.exists(path):
-        return None
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.access(folder, os.W_OK):
-        # A snapshot may hold committed pages still in its -wal file, which an
-        # immutable open would not read: then read it as WAL, read-only.
-        wal = f"{path}-wal"
-        return "ro" if os.path.exists(wal) and os.path.getsize(wal) else "immutable"
-    if not os.access(path, os.W_OK):
-        return "ro"
-    return None
 
 
 class Index:

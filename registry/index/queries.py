@@ -33,6 +33,7 @@ from registry.index.schema import (
     Revocation,
     Yank,
 )
+from registry.index.lite import gates_of as _gates
 from registry.protocol.layout import release_prefix
 
 
@@ -220,31 +221,6 @@ def release_gates(s: Session, rels: Sequence[Any], model: int, *,
     return {r.id: _gates(r, revoked.get(r.id, []), by_release.get(r.id, []), policy,
                          yanks.get(r.id))
             for r in rels}
-
-
-def _gates(rel: Any, revoked: list[tuple[str, str]], evals: list[tuple[str, str, float]],
-           policy: list[Threshold], yank: tuple[str, str] | None = None) -> list[GateResult]:
-    card = GateResult("model_card", rel.card_ok, "MODEL_CARD.md present" if rel.card_ok
-                      else "MODEL_CARD.md is missing or empty")
-    if rel.ledger_ok and revoked:
-        ledger = GateResult("ledger", False, "; ".join(
-            f"source {sid} is revoked in the live ledger ({why})" for sid, why in revoked))
-    else:
-        ledger = GateResult("ledger", rel.ledger_ok, rel.ledger_reason)
-    results = [card, ledger, GateResult("evals", rel.evals_passed, rel.evals_reason)]
-    for t in policy:
-        values = [v for task, metric, v in evals if t.metric in (metric, f"{task}/{metric}")]
-        name = f"policy:{t}"
-        if not values:
-            results.append(GateResult(name, False, f"metric {t.metric} not in the eval summary"))
-            continue
-        bad = [v for v in values if not (v >= t.value if t.op == ">=" else v <= t.value)]
-        results.append(GateResult(name, not bad, f"{t.metric}={bad[0]:g}, required {t.op} "
-                                  f"{t.value:g}" if bad else
-                                  f"{t.metric}={values[0]:g} {t.op} {t.value:g}"))
-    if yank is not None:  # listed only when yanked, as registry.lifecycle.yank.yank_gate
-        results.append(GateResult("yanked", False, f"yanked at {yank[1]}: {yank[0]}"))
-    return results
 
 
 def show(s: Session, model_id: str, version: str) -> dict[str, Any]:

@@ -17,12 +17,14 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from importlib.resources.abc import Traversable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry.rules import limits, numbers
 from registry.errors import DocumentError, SchemaValidationError
 from registry.host.resources import resource_dir
+
+if TYPE_CHECKING:  # importlib.resources loads on the first schema read, not with this module
+    from importlib.resources.abc import Traversable
 
 __all__ = [
     "load_json",

@@ -10,7 +10,6 @@ and the pull's placement build on them (``registry.store.local`` re-exports them
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -22,7 +21,9 @@ from registry.host.pools import HelperPool
 from registry.store.writepath import WritePath
 
 _RENAME_NOREPLACE = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# the process's own symbols, libc's among them: find_library("c") ran ldconfig
+# (a subprocess) on every import, a start-up cost of every command line call
+_libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
 _AT_FDCWD = -100
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -30,7 +29,6 @@ from registry.store.durable import (
     fsync_path,
     rename_noreplace,
 )
-from registry.store.leaselock import LeaseLock
 from registry.store.translate import translated
 from registry.store.writepath import write_path
 #: what other modules import from here (the durable file helpers are
@@ -166,6 +164,8 @@ class LocalStore(Store):
         with translated(key), _named(self.root, key):
             fd, name = self._parent_fd(key)
             try:
+                from registry.store.leaselock import LeaseLock  # writes only: uuid, socket
+
                 with LeaseLock(path + ".lock"):  # in the folder just checked
                     _remove_dead_temps(fd, name)
                     try:
@@ -174,6 +174,8 @@ class LocalStore(Store):
                         current = None
                     if current != expected:
                         raise PointerConflictError(key, expected=expected, actual=current)
+                    import uuid
+
                     tmp_key = f"{key}.tmp-{uuid.uuid4().hex[:12]}"
                     tmp = tmp_key.rsplit("/", 1)[-1]
                     try:

@@ -28,7 +28,6 @@ import mmap
 import os
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +100,8 @@ def measure(root: str | os.PathLike[str]) -> WritePath:
     """
     folder = Path(root) / Path(RECORD).parent
     folder.mkdir(parents=True, exist_ok=True)
+    import uuid  # loads platform: only when a folder is probed
+
     probe = folder / f"probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     buf = mmap.mmap(-1, max(CHUNKS))  # page-aligned, as O_DIRECT needs
     buf.write(os.urandom(len(buf)))
@@ -135,6 +136,8 @@ def measure(root: str | os.PathLike[str]) -> WritePath:
     choice = WritePath(best != "buffered", chunk, "measured",
                        {k: v for k, v in seconds.items() if v != float("inf")},
                        os.stat(root).st_dev, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    import uuid
+
     tmp = folder / f".write-path.{uuid.uuid4().hex[:6]}.tmp"
     tmp.write_text(numbers.dumps(choice.to_dict(), indent=2) + "\n")
     os.replace(tmp, Path(root) / RECORD)
