@@ -62,3 +62,31 @@ def test_removed_yank_through_serve_is_a_rollback_not_a_signature(tmp_path: Path
         assert not (tmp_path / "out").exists()
     doc = json.loads((tmp_path / "s/models/m/1/MANIFEST.json").read_text())
     assert doc["version"] == "1"
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_publish_failing_manifest_check_takes_no_sequence(kind: str, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    """A publish whose manifest breaks a bound (here REGISTRY_MAX_MANIFEST_FILES)
+    fails before it takes the model's sequence number: it used to leave
+    models/<id>/.sequence behind, and index rebuild then showed a model with
+    0 releases."""
+    from tests.conftest import make_store_url
+
+    url = make_store_url(kind, request, tmp_path)
+    (tmp_path / "l.json").write_text(json.dumps([ledger_row()]))
+    (tmp_path / "e.json").write_text(json.dumps(summary()))
+    src = model_dir(tmp_path, "a")
+    db = f"sqlite:///{tmp_path / 'i.db'}"
+    r = run_cli("publish", str(src), "--model-id", "lim", "--version", "1", "--ledger",
+                str(tmp_path / "l.json"), "--evals", str(tmp_path / "e.json"),
+                "--store", url, "--db", db, env={"REGISTRY_MAX_MANIFEST_FILES": "2"})
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "REGISTRY_MAX_MANIFEST_FILES" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    store = open_store(url)
+    assert not store.exists("models/lim/.sequence")
+    assert store.walk_files("models") == {}
+    assert run_cli("index", "rebuild", "--store", url, "--db", db).returncode == 0
+    if kind == "s3":  # no folders: nothing of the model is left at all
+        listed = run_cli("ls", "--json", "--store", url, "--db", db)
+        assert "lim" not in listed.stdout, listed.stdout

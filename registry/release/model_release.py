@@ -474,7 +474,9 @@ class ModelRelease(ReleaseChecks):
                 w.write_bytes(name, data)
             results = signature_gate.seal(w, signer, self.store, model_id, version, results)
             # The store's order, not this host's clock (registry.protocol.sequence):
-            # taken last, under the claim, right before the commit marker.
+            # taken last, under the claim, right before the commit marker, and
+            # only for a manifest that validates (else a new model's .sequence stays).
+            w.check()
             w.meta["metadata"] = {**w.meta.get("metadata", {}),
                                   **actor_metadata(current_actor(
                                       signer.public.fingerprint if signer else None)),
