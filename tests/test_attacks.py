@@ -8,6 +8,7 @@ Rooms: tests only.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -90,3 +91,51 @@ def test_publish_failing_manifest_check_takes_no_sequence(kind: str, tmp_path: P
     if kind == "s3":  # no folders: nothing of the model is left at all
         listed = run_cli("ls", "--json", "--store", url, "--db", db)
         assert "lim" not in listed.stdout, listed.stdout
+
+
+def test_kserve_rerun_is_admitted_by_the_trust_function(tmp_path: Path) -> None:
+    """KServe's storage initializer run again on a DEST that holds the release
+    (an init container restarted, its emptyDir kept) accepted it after the
+    gates alone: a key revoked on the host since, or a yank under
+    REGISTRY_ALLOW_FAILING=1, was refused by a fresh DEST (and by pull) but
+    accepted by the re-run, exit 0. Both now go through the trust function."""
+    import subprocess
+    import sys
+
+    from registry.trust.keys import generate
+
+    script = Path(sys.executable).parent / "registry-storage-initializer"
+    store_url = str(tmp_path / "store")
+    keys = tmp_path / "trusted"
+    keys.mkdir(mode=0o755)
+    priv, pub, _ = generate(tmp_path / "release.pem", public_path=keys / "release.pub")
+    src = model_dir(tmp_path, "a")
+    for v in ("1", "2"):
+        ModelRelease(store_url).publish(src, "m", v, ledger=[ledger_row()],
+                                        eval_summary=summary(), sign_key=str(priv))
+
+    def init(version: str, dest: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        full = {**os.environ, "REGISTRY_STORE": store_url, "REGISTRY_TRUSTED_KEYS": str(keys),
+                "REGISTRY_TERMINATION_LOG": str(tmp_path / "term"), **env}
+        full.pop("REGISTRY_CACHE", None)
+        return subprocess.run([str(script), f"registry://m@{version}", str(dest)],
+                              capture_output=True, text=True, env=full, timeout=300)
+
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    assert init("1", d1).returncode == 0 and init("2", d2).returncode == 0
+    # a yank, with failing gates allowed: a fresh DEST refuses it, so must a re-run
+    yank(open_store(store_url), "m", "2", "broken")
+    fresh = init("2", tmp_path / "d2b", REGISTRY_ALLOW_FAILING="1")
+    assert fresh.returncode == 1 and "yank" in fresh.stderr, fresh.stderr
+    again = init("2", d2, REGISTRY_ALLOW_FAILING="1")
+    assert again.returncode == 1 and "yank" in again.stderr, again.stderr
+    assert again.stderr.startswith("error: ") and again.stderr.count("\n") == 1
+    # the signing key revoked on this host: a fresh DEST refuses m@1, so must a re-run
+    r = run_cli("keys", "revoke", str(keys / "release.pub"), "--reason", "stolen",
+                "--trusted-keys", str(keys))
+    assert r.returncode == 0, r.stderr
+    fresh = init("1", tmp_path / "d1b")
+    assert fresh.returncode == 1 and "revoked" in fresh.stderr, fresh.stderr
+    again = init("1", d1)
+    assert again.returncode == 1 and "revoked" in again.stderr, again.stderr
+    assert "Traceback" not in again.stderr
