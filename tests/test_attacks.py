@@ -139,3 +139,24 @@ def test_kserve_rerun_is_admitted_by_the_trust_function(tmp_path: Path) -> None:
     again = init("1", d1)
     assert again.returncode == 1 and "revoked" in again.stderr, again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_a_bad_manifest_entry_is_named_by_its_own_index(tmp_path: Path) -> None:
+    """A store writer breaks the fourth entry of a MANIFEST.json: every door's
+    one-line error names files[3], the entry broken (entries that pass the fast
+    check were dropped before the schema ran, so it said files[0])."""
+    store = open_store(str(tmp_path / "s"))
+    ModelRelease(store).publish(model_dir(tmp_path, "a"), "m", "1", ledger=[ledger_row()],
+                                eval_summary=summary())
+    path = tmp_path / "s/models/m/1/MANIFEST.json"
+    doc = json.loads(path.read_text())
+    assert len(doc["files"]) > 4
+    doc["files"][3]["size"] = -1
+    path.write_text(json.dumps(doc))
+    for args in (["pull", "m@1", "--to", str(tmp_path / "out"), "--store", store.url,
+                  "--cache", str(tmp_path / "c")],
+                 ["verify", str(tmp_path / "s/models/m/1")]):
+        r = run_cli(*args)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert "files[3].size: -1 is less than the minimum of 0" in r.stderr, r.stderr
+        assert "files[0]" not in r.stderr
