@@ -160,3 +160,30 @@ def test_a_bad_manifest_entry_is_named_by_its_own_index(tmp_path: Path) -> None:
         assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
         assert "files[3].size: -1 is less than the minimum of 0" in r.stderr, r.stderr
         assert "files[0]" not in r.stderr
+
+
+@pytest.mark.parametrize("text,rule", [('{"a":', "not valid JSON"),
+                                       ('{"temperature": -5}', "temperature: -5 is less than")])
+def test_publish_refuses_a_carried_generation_config_that_breaks_its_schema(
+        text: str, rule: str, tmp_path: Path) -> None:
+    """A directory's own generation_config.json is held to the schema a given
+    one is (DESIGN section 4): it was carried verbatim, so `{"a":` was released."""
+    src = model_dir(tmp_path, "a")
+    (src / "generation_config.json").write_text(text)
+    (tmp_path / "l.json").write_text(json.dumps([ledger_row()]))
+    (tmp_path / "e.json").write_text(json.dumps(summary()))
+    url = str(tmp_path / "s")
+    r = run_cli("publish", str(src), "--model-id", "g", "--version", "1", "--ledger",
+                str(tmp_path / "l.json"), "--evals", str(tmp_path / "e.json"), "--store", url,
+                "--db", f"sqlite:///{tmp_path / 'i.db'}")
+    assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+    assert f"{src / 'generation_config.json'}: {rule}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s/models/g/1").exists()
+    (src / "generation_config.json").write_text('{"max_new_tokens": 8, "x_custom": [1]}')
+    ok = run_cli("publish", str(src), "--model-id", "g", "--version", "1", "--ledger",
+                 str(tmp_path / "l.json"), "--evals", str(tmp_path / "e.json"), "--store", url,
+                 "--db", f"sqlite:///{tmp_path / 'i.db'}")
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "s/models/g/1/generation_config.json").read_text() == \
+        '{"max_new_tokens": 8, "x_custom": [1]}'
