@@ -17,7 +17,8 @@ inside it (same filesystem) and its entries are renamed into ``DEST``; the
 staging folder and its private cache are removed afterwards (``REGISTRY_CACHE``
 set: that cache is used and kept, e.g. a node's hostPath shared by pods). A
 ``DEST`` that already holds the release (an init container run again) is
-re-hashed and accepted; one holding anything else is refused.
+admitted by the trust function as a pull is, then re-hashed and accepted; one
+holding anything else is refused.
 
 Exit codes are the CLI's (docs/errors.md): 0 placed, 1 refused (gates, yank,
 signature, bytes that differ), 2 bad URI or arguments, 3 no such model or
