@@ -56,6 +56,14 @@ def test_removed_yank_through_serve_is_a_rollback_not_a_signature(tmp_path: Path
         code, why = _hub_error(url)
         assert code == 403 and "never taken as lifted" in why, why
         assert "signature not accepted" not in why, why
+        req = urllib.request.Request(f"{base}/v2/m/manifests/1", headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json"})
+        with pytest.raises(urllib.error.HTTPError) as oci:
+            urllib.request.urlopen(req, timeout=60)
+        with oci.value:
+            body = oci.value.read().decode()
+        assert oci.value.code == 403 and "never taken as lifted" in body, body
+        assert "signature not accepted" not in body
         r = run_cli("pull", "m@1", "--from", base, "--to", str(tmp_path / "out"),
                     "--cache", str(tmp_path / "c"), "--trusted-key", str(pub))
         assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
