@@ -195,3 +195,24 @@ def test_publish_refuses_a_carried_generation_config_that_breaks_its_schema(
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "s/models/g/1/generation_config.json").read_text() == \
         '{"max_new_tokens": 8, "x_custom": [1]}'
+
+
+def test_a_release_copied_under_another_version_is_refused_without_keys(tmp_path: Path) -> None:
+    """A store writer (or a careless `cp -r`) puts m@1's directory, manifest
+    and all, at models/m/7: index rebuild calls it damaged, but pull and load
+    (every door of the trust function) handed out m@1's bytes as m@7. Now the
+    manifest's own model id and version must be the ones asked for."""
+    import shutil
+
+    store = open_store(str(tmp_path / "s"))
+    ModelRelease(store).publish(model_dir(tmp_path, "a"), "m", "1", ledger=[ledger_row()],
+                                eval_summary=summary())
+    shutil.copytree(tmp_path / "s/models/m/1", tmp_path / "s/models/m/7")
+    for args in (["pull", "m@7", "--to", str(tmp_path / "out")], ["load", "m@7", "--check"]):
+        r = run_cli(*args, "--store", store.url, "--cache", str(tmp_path / "c"))
+        assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+        assert "is the manifest of m@1, not m@7" in r.stderr
+    assert not (tmp_path / "out").exists()
+    ok = run_cli("pull", "m@1", "--to", str(tmp_path / "ok"), "--store", store.url,
+                 "--cache", str(tmp_path / "c"))
+    assert ok.returncode == 0, ok.stderr
