@@ -17,7 +17,8 @@ inside it (same filesystem) and its entries are renamed into ``DEST``; the
 staging folder and its private cache are removed afterwards (``REGISTRY_CACHE``
 set: that cache is used and kept, e.g. a node's hostPath shared by pods). A
 ``DEST`` that already holds the release (an init container run again) is
-re-hashed and accepted; one holding anything else is refused.
+admitted by the trust function as a pull is, then re-hashed and accepted; one
+holding anything else is refused.
 
 Exit codes are the CLI's (docs/errors.md): 0 placed, 1 refused (gates, yank,
 signature, bytes that differ), 2 bad URI or arguments, 3 no such model or
@@ -36,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import CommitConflictError, GateFailedError, RegistryError, UsageError
-from registry.protocol.layout import release_prefix
 
 SCHEME = "registry://"
 #: the staging folders this entry point makes inside DEST
@@ -107,7 +107,7 @@ def initialize(uri: str, dest: str | os.PathLike[str], *, store: str | None = No
     from registry.release.failing import describe, failing_gates
     from registry.store import open_store
     from registry.store.durable import rename_noreplace
-    from registry.protocol.verify import read_manifest
+    from registry.trust.release import open_release
 
     model_id, ref = parse_uri(uri)
     target = Path(dest).expanduser().resolve()
@@ -121,7 +121,9 @@ def initialize(uri: str, dest: str | os.PathLike[str], *, store: str | None = No
             raise GateFailedError(f"{model_id}@{version}: fails its gates now "
                                   f"({describe(failed)}); not placed", failed)
         if any(target.iterdir()):
-            manifest = read_manifest(s, release_prefix(model_id, version))
+            # admitted as a pull admits it (yank, deletion, marks, signed snapshot,
+            # signature), not after the gates alone: then only compared with DEST
+            manifest = open_release(s, model_id, version, trust=trust, verify="now").manifest
             scratch = Cache(cache) if cache else Cache(target / f"{STAGING_PREFIX}check")
             try:
                 holds, changed = check_target(target, manifest, scratch,

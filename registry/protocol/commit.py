@@ -237,6 +237,12 @@ class DirectoryWriter:
 
     # -- committing ------------------------------------------------------------
 
+    def check(self) -> None:
+        """Raise what :meth:`commit` would raise for the manifest itself
+        (UnsafePathError, ManifestError: a bound, the schema), writing nothing:
+        checked before taking what cannot be given back (a release's sequence)."""
+        Manifest.build(self.kind, self.entries.values(), **self.meta)
+
     def commit(self) -> Manifest:
         """Write MANIFEST.json last and make the directory visible at once.
 

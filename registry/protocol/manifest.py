@@ -228,11 +228,15 @@ def _validate(doc: Any, *, source: str) -> None:
             raise ManifestError(source, f"lists {len(files)} files, more than the limit of "
                                         f"{limits.MAX_MANIFEST_FILES} "
                                         "(REGISTRY_MAX_MANIFEST_FILES)")
-        doc = {**doc, "files": [f for f in files if not _plain_entry(f)]}
+        kept = [i for i, f in enumerate(files) if not _plain_entry(f)]
+        doc = {**doc, "files": [files[i] for i in kept]}
     try:
         schemas.validate(doc, "manifest", path=source)
     except DocumentError as e:
-        raise ManifestError(source, e.rule) from None
+        rule = e.rule
+        if isinstance(files, list):  # name the entry by its place in the file, not the list checked
+            rule = re.sub(r"^files\[(\d+)\]", lambda m: f"files[{kept[int(m[1])]}]", rule)
+        raise ManifestError(source, rule) from None
 
 
 #: manifests parsed lately, by their bytes (a Manifest is frozen, and the same

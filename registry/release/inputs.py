@@ -138,3 +138,13 @@ def source_run_id(run_id: str | None, manifest: Manifest, where: str) -> str:
         raise UsageError(f"{where}/MANIFEST.json: records run_id {recorded!r}, not "
                          f"{run_id!r}; name that run (or none)")
     return recorded
+
+
+def check_carried_generation_config(data: bytes, where: str) -> None:
+    """A source's own ``generation_config.json``, carried into the release, is
+    held to the rule a given one is (``generation-config.schema.json``).
+
+    Raises:
+        DocumentError: not UTF-8 JSON, or it breaks the schema (naming ``where``).
+    """
+    schemas.validate(schemas.load_json(data, path=where), "generation-config", path=where)

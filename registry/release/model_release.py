@@ -46,6 +46,7 @@ from registry.release.card import render_card
 from registry.release.checks import ReleaseChecks
 from registry.release.copying import copy_file
 from registry.release.inputs import (  # noqa: F401 - stored_code_gate: re-exported
+    check_carried_generation_config,
     check_source_bytes,
     config_dtype,
     dump_doc,
@@ -396,7 +397,12 @@ class ModelRelease(ReleaseChecks):
         as_is = dcp is None and dtype is None and shard_limit is None and all(
             engines_accept(s.header.metadata) for s in weights.shards)
         extra: dict[str, bytes] = {}
-        if generation_config is not None:
+        if generation_config is None and "generation_config.json" in names:  # carried as it is
+            check_carried_generation_config(read_checked(
+                src_store, join(src, "generation_config.json"), checks=checks,
+                relpath="generation_config.json", limit=limits.MAX_JSON_BYTES),
+                f"{where}/generation_config.json")
+        elif generation_config is not None:
             doc, gwhere = load_doc(generation_config, what="generation_config.json")
             schemas.validate(doc, "generation-config", path=gwhere)
             extra["generation_config.json"] = dump_doc(doc)
@@ -474,7 +480,9 @@ class ModelRelease(ReleaseChecks):
                 w.write_bytes(name, data)
             results = signature_gate.seal(w, signer, self.store, model_id, version, results)
             # The store's order, not this host's clock (registry.protocol.sequence):
-            # taken last, under the claim, right before the commit marker.
+            # taken last, under the claim, right before the commit marker, and
+            # only for a manifest that validates (else a new model's .sequence stays).
+            w.check()
             w.meta["metadata"] = {**w.meta.get("metadata", {}),
                                   **actor_metadata(current_actor(
                                       signer.public.fingerprint if signer else None)),

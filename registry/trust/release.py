@@ -339,6 +339,13 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
                                   "require_passing: it fails its gates now)", failed)
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
+    said = (manifest.meta.get("model_id"), manifest.meta.get("version"))
+    if trust is None and said != (model_id, version):  # with trust, the signature says it
+        from registry.errors import ManifestError
+
+        raise ManifestError(store.url_of(join(prefix, MANIFEST)),
+                            f"is the manifest of {said[0]}@{said[1]}, not {model_id}@{version} "
+                            "(a release copied from another version?)")
     signature: Future[SignatureCheck] | None = None
     if trust is not None and verify == "now":
         check = (verdicts.check(store, prefix, manifest, model_id, version, trust)

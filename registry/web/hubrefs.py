@@ -45,6 +45,7 @@ from registry.rules.names import check_model_id, check_name
 from registry.refs.alias_history import read_head
 from registry.release.failing import describe, failing_gates
 from registry.store import Store, join
+from registry.trust.marks import RollbackError
 from registry.trust.release import OpenedRelease, Verdicts, is_version, open_release
 from registry.trust.source import current
 from registry.protocol.verify import read_manifest
@@ -244,6 +245,8 @@ class HubPolicy:
             return rel
         try:  # a fact: read at most once per freshness interval (registry.web.fresh)
             rel = self.facts.get(("release", repo_id, model_id, name, id(trust)), admitted)
+        except RollbackError as e:  # a record went back: not a signature's fault
+            raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: {e}") from None
         except SignatureError as e:
             raise HubError(403, "GatedRepo", f"{repo_id}@{revision}: signature not accepted: "
                            f"{e}") from None
