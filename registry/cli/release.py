@@ -35,6 +35,7 @@ from registry.gating.gates import GateResult
 from registry.trust.certs import Certificate
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
+from registry.cli.trustopts import TrustedKeysOpt, host_trust, trusted_key_option
 from registry.trust.keys import PublicKey
 from registry.protocol.layout import MODELS, model_ids, model_root
 from registry.release.policy import signed_by, thresholds
@@ -198,14 +199,10 @@ def publish(
              "without it such a file is refused (exit 5), since an engine that prefers its "
              "format would serve it; the card and `registry show` then list every set. "
              "Repeatable.")] = None,
-    trusted_key: Annotated[list[str] | None, typer.Option(
-        "--trusted-key", metavar="PATH",
-        help="Public key (PEM) this host trusts (repeatable): a MODEL_DIR that is a "
-             "release's folder in a store must be signed by one of them.")] = None,
-    trusted_keys: Annotated[str | None, typer.Option(
-        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-        help="Folder of trusted public keys (*.pem, *.pub) and revoked.json, for a "
-             "MODEL_DIR that is a release's folder (as --trusted-key).")] = None,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Public key (PEM) this host trusts (repeatable): a MODEL_DIR that is a release's "
+        "folder in a store must be signed by one of them.")] = None,
+    trusted_keys: TrustedKeysOpt = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
     progress: ProgressOpt = None,
 ) -> None:
@@ -223,11 +220,7 @@ def publish(
             reporter(progress, as_json, f"publish {model_id}@{version}",
                      on_gates=gates) as shown:
         at_least("--group-size", group_size, 1)
-        source_trust = None
-        if trusted_key or trusted_keys:
-            from registry.trust import load_trust
-
-            source_trust = load_trust(trusted_key or [], trusted_keys)
+        source_trust = host_trust(trusted_key, trusted_keys)
         reg = _registry(store, db)
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
