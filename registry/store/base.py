@@ -21,6 +21,7 @@ Capabilities, never the URL scheme, decide the commit protocol
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -38,6 +39,35 @@ if TYPE_CHECKING:  # ~0.1 s to import: a local store makes its filesystem on use
 #: bytes read per call when streaming a file (large enough to amortize calls,
 #: small enough to keep memory flat).
 CHUNK = 8 * 1024 * 1024
+
+
+class ForkSafeFs:
+    """The ``fs`` of an object store whose client (sessions, connections, an
+    event loop: s3fs, gcsfs, adlfs) cannot cross ``fork()``: a forked child
+    (gunicorn ``--preload``, multiprocessing) gets a fresh one from
+    :meth:`_new_fs` on first use. Put it before :class:`Store` in the bases."""
+
+    _fs: Any
+    _fs_pid: int
+
+    def _new_fs(self) -> Any:
+        raise NotImplementedError
+
+    def _forked(self) -> None:
+        """What else a forked child starts afresh, after its new ``fs``."""
+
+    @property
+    def fs(self) -> Any:
+        if self._fs_pid != os.getpid():
+            self._fs = self._new_fs()
+            self._fs_pid = os.getpid()
+            self._forked()
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: Any) -> None:
+        self._fs = value
+        self._fs_pid = os.getpid()
 
 
 class CommitsOnExit:
