@@ -76,6 +76,7 @@ RequireOpt = Annotated[list[str] | None, typer.Option(
 if TYPE_CHECKING:
     from registry.api import Registry
     from registry.release import ReleaseResult
+    from registry.obs.progress import Progress
 
 
 def _registry(store: str | None, db: str | None) -> Registry:
@@ -141,6 +142,18 @@ def _gate_failures(as_json: bool, printed: _GatePrinter | None = None) -> Iterat
         fail(f"{e.where}: not released: fails the release gates", EXIT_FAILED,
              as_json=as_json, cls="GateFailedError", path=e.where,
              gates=[r.to_dict() for r in e.results])
+
+
+@contextmanager
+def _releasing(as_json: bool, progress: bool | None,
+               label: str) -> Iterator[tuple[_GatePrinter, Progress]]:
+    """Where a command that releases runs: its errors and failed gates reported,
+    the index written after the store, the bar, and each gate printed as it is
+    decided (the printer says how many were)."""
+    gates = _GatePrinter()
+    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
+            reporter(progress, as_json, label, on_gates=gates) as shown:
+        yield gates, shown
 
 MaxShardOpt = Annotated[str | None, typer.Option(
     "--max-shard-size", metavar="SIZE",
@@ -215,10 +228,7 @@ def publish(
 
     On a terminal a bar shows the files and bytes written; the gate results
     print as they are decided, before the first byte is written."""
-    gates = _GatePrinter()
-    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
-            reporter(progress, as_json, f"publish {model_id}@{version}",
-                     on_gates=gates) as shown:
+    with _releasing(as_json, progress, f"publish {model_id}@{version}") as (gates, shown):
         at_least("--group-size", group_size, 1)
         source_trust = host_trust(trusted_key, trusted_keys)
         reg = _registry(store, db)
@@ -277,10 +287,7 @@ def release_create(
 
     On a terminal a bar shows the files and bytes written; the gate results
     print as they are decided, before the first byte is written."""
-    gates = _GatePrinter()
-    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
-            reporter(progress, as_json, f"release {model_id}@{version}",
-                     on_gates=gates) as shown:
+    with _releasing(as_json, progress, f"release {model_id}@{version}") as (gates, shown):
         at_least("--step", step, 0)
         at_least("--group-size", group_size, 1)
         fields = {}
