@@ -70,6 +70,31 @@ class ForkSafeFs:
         self._fs_pid = os.getpid()
 
 
+class ReadOnly:
+    """A store that refuses every write with the error :meth:`_read_only` makes
+    (a mirror, an OCI artifact, a source directory). Put it before the store's
+    class in the bases."""
+
+    def _read_only(self, key: str) -> StorageError:
+        raise NotImplementedError
+
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
+        raise self._read_only(key)
+
+    def create(self, key: str, data: bytes) -> None:
+        raise self._read_only(key)
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        raise self._read_only(key)
+
+    def delete(self, key: str) -> None:
+        raise self._read_only(key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        raise self._read_only(prefix)
+
+
 class CommitsOnExit:
     """``with writer:`` for a writer of one object: ``close()`` (the object lands)
     when the block ends normally, ``discard()`` (nothing lands) on an error."""
