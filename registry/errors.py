@@ -18,18 +18,32 @@ class RegistryError(Exception):
     """Base class of every error raised by the registry on bad input or state."""
 
 
+class _Message:
+    """Put before an ``OSError`` base: the error reads as its message
+    (``OSError.__str__`` would print errno tuples)."""
+
+    def __str__(self) -> str:
+        args = self.args  # type: ignore[attr-defined]
+        return str(args[0]) if args else ""
+
+
+class _AtPath(_Message):
+    """An error about the directory at ``path``."""
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)  # type: ignore[call-arg]
+        self.path = path
+
+
 # -- storage -----------------------------------------------------------------
 
 
-class StorageError(RegistryError, OSError):
+class StorageError(_Message, RegistryError, OSError):
     """An operation on the store failed (network, permissions, backend error)."""
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
         self.key = key
-
-    def __str__(self) -> str:  # OSError.__str__ would print errno tuples
-        return str(self.args[0]) if self.args else ""
 
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
@@ -168,26 +182,12 @@ class IntegrityError(RegistryError):
         super().__init__(f"{path}: {reason}")
 
 
-class NotCommittedError(RegistryError, FileNotFoundError):
+class NotCommittedError(_AtPath, RegistryError, FileNotFoundError):
     """The directory has no valid ``MANIFEST.json``: it is not committed."""
 
-    def __init__(self, message: str, *, path: str = "") -> None:
-        super().__init__(message)
-        self.path = path
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class CommitConflictError(RegistryError, FileExistsError):
+class CommitConflictError(_AtPath, RegistryError, FileExistsError):
     """Another writer committed (or claimed) the same directory first."""
-
-    def __init__(self, message: str, *, path: str = "") -> None:
-        super().__init__(message)
-        self.path = path
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class NameTakenError(CommitConflictError):
@@ -398,11 +398,8 @@ class CheckpointExistsError(CommitConflictError, CheckpointError):
     saving never overwrites it."""
 
 
-class NoValidCheckpointError(CheckpointError, FileNotFoundError):
+class NoValidCheckpointError(_Message, CheckpointError, FileNotFoundError):
     """No checkpoint step of the run is committed and verifies."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 # -- LoongSage data sources, rollout data, reference and teacher paths (issue 18) --

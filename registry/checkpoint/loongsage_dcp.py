@@ -286,13 +286,7 @@ class DistLoongSageCheckpointer(LoongSageCheckpointer):
             docs.update({f"{HF}/{name}": data for name, data in self.hf_files.items()})
         _agree(self.group, self.lease.hold)
         job = _DistJob(step, state, docs if self.rank == 0 else {})
-        if self.async_save and not preempted:
-            self._pending = self._pool.submit(self._write_dist, job)
-        else:
-            self._finalize(self._write_dist(job))
-        if preempted:
-            self._exit_preempted(step)
-        return True
+        return self._dispatch(self._write_dist, job, step, preempted)
 
     def _state_dict(self, step: int, model: Mapping[str, Any], opt: Mapping[str, Any],
                     optimizer: str, scheduler_state: Any, rng_state: Any,

@@ -338,10 +338,15 @@ class LoongSageCheckpointer:
                                   optimizer=optimizer, path=f"{where}/{DIST}: optimizer_state")
         self.lease.hold()  # one writer per tree, checked before any byte is written
         job = _Job(step, params, opt, optimizer, docs, dcp_docs)
+        return self._dispatch(self._write, job, step, preempted)
+
+    def _dispatch(self, write: Callable[[Any], _Landed], job: Any, step: int,
+                  preempted: bool) -> bool:
+        """Write ``job`` on the save thread (async_save) or now; preempted: now, then exit."""
         if self.async_save and not preempted:
-            self._pending = self._pool.submit(self._write, job)
+            self._pending = self._pool.submit(write, job)
         else:
-            self._finalize(self._write(job))
+            self._finalize(write(job))
         if preempted:
             self._exit_preempted(step)
         return True

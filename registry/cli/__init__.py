@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 from registry.host import interrupt
 from registry.rules import numbers
@@ -92,19 +92,13 @@ def main() -> None:
         # typer carries its own copy of click
         if not (hasattr(exc, "exit_code") and hasattr(exc, "format_message")):
             raise
-        from registry.cli.errors import error_document
         from registry.cli.usage import usage_line
 
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(exc.format_message())
             sys.exit(exc.exit_code)
         line, code = usage_line(exc)
-        if as_json:
-            doc = error_document("UsageError", code, line, None)
-            print(numbers.dumps(doc, sort_keys=True), file=sys.stderr)
-        else:
-            print(f"error: {line}", file=sys.stderr)
-        sys.exit(code)
+        _exit_with_error("UsageError", code, line, as_json)
     if code == interrupt.EXIT_SIGINT:  # typer's answer to KeyboardInterrupt (or Terminated)
         _interrupted(args, as_json)
     sys.exit(code if isinstance(code, int) else 0)
@@ -121,8 +115,6 @@ def _interrupted(args: list[str], as_json: bool) -> None:
     """One line for SIGINT/SIGTERM, exit 130/143 (docs/errors.md): a write was
     unwound (staging removed, claim released) unless it had committed; a command
     that also indexes says how to index what may have committed."""
-    from registry.cli.errors import error_document
-
     words = [a for a in args if not a.startswith("-")][:2]
     from registry.cli.table import COMMANDS
 
@@ -139,9 +131,17 @@ def _interrupted(args: list[str], as_json: bool) -> None:
         line = (f"{command}: interrupted by {interrupt.signal_name()} after the commit "
                 "printed above, which stands in the store (do not write it again); "
                 "`registry index rebuild` indexes it if the index missed it")
+    _exit_with_error("Interrupted", code, line, as_json)
+
+
+def _exit_with_error(cls: str, code: int, line: str, as_json: bool) -> NoReturn:
+    """One ``error:`` line on stderr (``--json``: the error document), then exit
+    ``code``: outside typer, where :func:`registry.cli.errors.fail` cannot run."""
     if as_json:
-        doc = error_document("Interrupted", code, line, None)
-        print(numbers.dumps(doc, sort_keys=True), file=sys.stderr)
+        from registry.cli.errors import error_document
+
+        print(numbers.dumps(error_document(cls, code, line, None), sort_keys=True),
+              file=sys.stderr)
     else:
         print(f"error: {line}", file=sys.stderr)
     sys.exit(code)

@@ -13,6 +13,7 @@ from registry.cli.app import DbOpt, JsonOpt, StoreOpt, print_json
 from registry.cli.errors import error_boundary, index_writes, report_not_indexed
 from registry.cli.output import echo
 from registry.cli.release import MoveKeyOpt, _registry, alias_app
+from registry.cli.trustopts import TrustedKeysOpt, host_trust, trusted_key_option
 from registry.errors import UsageError
 
 
@@ -66,14 +67,10 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
                   "--at", metavar="TIME",
                   help="Say what ALIAS designated at TIME (RFC 3339, or a date: the end "
                        "of that day, UTC) instead of listing the moves.")] = None,
-              trusted_key: Annotated[list[str] | None, typer.Option(
-                  "--trusted-key", metavar="PATH",
-                  help="Public key (PEM) to verify the moves' signatures with "
-                       "(repeatable); without one a signature is shown as a claim, "
-                       "not verified.")] = None,
-              trusted_keys: Annotated[str | None, typer.Option(
-                  "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-                  help="Folder of trusted public keys and revoked.json.")] = None,
+              trusted_key: Annotated[list[str] | None, trusted_key_option(
+                  "Public key (PEM) to verify the moves' signatures with (repeatable); "
+                  "without one a signature is shown as a claim, not verified.")] = None,
+              trusted_keys: TrustedKeysOpt = None,
               store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """The moves of ALIAS of MODEL_ID, newest first: when, from, to, who, and their
     signatures: verified against --trusted-key(s), else shown as unverified claims."""
@@ -83,11 +80,7 @@ def alias_log(model_id: Annotated[str, typer.Argument(help="Model id.")],
 
     with error_boundary(as_json):
         when = parse_time(at) if at is not None else None
-        trust = None
-        if trusted_key or trusted_keys:
-            from registry.trust import load_trust
-
-            trust = load_trust(trusted_key or [], trusted_keys)
+        trust = host_trust(trusted_key, trusted_keys)
         s = open_store(store)
         doc = log_document(s, model_id, alias, at=when, trust=trust)
         if not doc["moves"] and not doc["broken"] and when is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -175,15 +176,11 @@ def tag_set(ref: RefArg,
             tags: Annotated[list[str], typer.Argument(help="KEY=VALUE pairs (one or more).")],
             store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Set tags on a release (compare-and-swap: concurrent writers all land)."""
-    with error_boundary(as_json), index_writes():
+    with error_boundary(as_json):
         from registry.lifecycle.tags import parse_assignments
 
         values = parse_assignments(tags)
-        reg = _registry(store, db)
-        model_id, version = reg.resolve(ref)
-        out = reg.set_tags(model_id, version, values)
-    _print_tags(model_id, version, out, as_json)
-    report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
+    _change_tags(ref, store, db, as_json, lambda reg, m, v: reg.set_tags(m, v, values))
 
 
 @tag_app.command("rm")
@@ -191,10 +188,17 @@ def tag_rm(ref: RefArg,
            keys: Annotated[list[str], typer.Argument(help="Tag keys (one or more).")],
            store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Remove tags from a release (every key must be there)."""
+    _change_tags(ref, store, db, as_json, lambda reg, m, v: reg.remove_tags(m, v, keys))
+
+
+def _change_tags(ref: str, store: str | None, db: str | None, as_json: bool,
+                 change: Callable[[Registry, str, str], dict[str, str]]) -> None:
+    """``change(registry, model_id, version)`` on the release REF names, then
+    print its tags as they are now."""
     with error_boundary(as_json), index_writes():
         reg = _registry(store, db)
         model_id, version = reg.resolve(ref)
-        out = reg.remove_tags(model_id, version, keys)
+        out = change(reg, model_id, version)
     _print_tags(model_id, version, out, as_json)
     report_not_indexed(reg.index_errors, store=store, db=db, as_json=as_json)
 

@@ -11,6 +11,8 @@ from registry.cli.app import JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
+from registry.cli.trustopts import TrustedCaOpt, TrustedCasOpt, TrustedKeysOpt, host_trust
+from registry.cli.trustopts import trusted_key_option
 from registry.errors import GateFailedError
 from registry.rules.words import count
 
@@ -42,18 +44,11 @@ def load(
                                   "gates now.")] = False,
     allow_yanked: Annotated[bool, typer.Option(
         "--allow-yanked", help="Load a yanked release anyway.")] = False,
-    trusted_key: Annotated[list[str] | None, typer.Option(
-        "--trusted-key", metavar="PATH",
-        help="Public key (PEM) this host trusts (repeatable): the release must be signed "
-             "by one of them; checked before the first byte of weights is read.")] = None,
-    trusted_keys: Annotated[str | None, typer.Option(
-        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-        help="Folder of trusted public keys and revoked.json.")] = None,
-    trusted_ca: Annotated[list[str] | None, typer.Option(
-        "--trusted-ca", metavar="PATH", help="CA certificate (PEM) this host trusts.")] = None,
-    trusted_cas: Annotated[str | None, typer.Option(
-        "--trusted-cas", envvar="REGISTRY_TRUSTED_CAS", metavar="PATH",
-        help="Folder of trusted CA certificates and revoked.json.")] = None,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Public key (PEM) this host trusts (repeatable): the release must be signed by one "
+        "of them; checked before the first byte of weights is read.")] = None,
+    trusted_keys: TrustedKeysOpt = None, trusted_ca: TrustedCaOpt = None,
+    trusted_cas: TrustedCasOpt = None,
     mirror: Annotated[str | None, typer.Option(
         "--from", envvar="REGISTRY_MIRROR", metavar="URL",
         help="Read through a `registry serve` mirror (http://HOST:PORT), same checks.")
@@ -79,12 +74,7 @@ def load(
         if workers is not None:
             at_least("--workers", workers, 1)
         at_least("--window-mib", window_mib, 1)
-        trust = None
-        if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.trust import load_trust
-
-            trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
-                               ca_folder=trusted_cas)
+        trust = host_trust(trusted_key, trusted_keys, trusted_ca, trusted_cas)
         source: Any = store
         target = ref
         failed: list[Any] = []

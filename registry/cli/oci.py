@@ -14,6 +14,7 @@ from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import at_least, error_boundary, index_writes
 from registry.cli.output import echo
 from registry.cli.release import SignKeyOpt, _gate_failures, _registry, _report
+from registry.cli.trustopts import TrustedKeysOpt, host_trust, trusted_key_option
 from registry.errors import InvalidNameError, UsageError
 
 InsecureOpt = Annotated[bool, typer.Option(
@@ -116,13 +117,9 @@ def import_(
     evals: Annotated[str | None, typer.Option(
         "--evals", metavar="PATH", help="Eval summary (JSON) [default: the artifact's "
                                         "evals/summary.json].")] = None,
-    trusted_key: Annotated[list[str] | None, typer.Option(
-        "--trusted-key", metavar="PATH",
-        help="Public key (PEM) the artifact's signature must verify with (repeatable).")
-    ] = None,
-    trusted_keys: Annotated[str | None, typer.Option(
-        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-        help="Folder of trusted public keys and revoked.json.")] = None,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Public key (PEM) the artifact's signature must verify with (repeatable).")] = None,
+    trusted_keys: TrustedKeysOpt = None,
     sign_key: SignKeyOpt = None,
     cache: Annotated[str | None, typer.Option("--cache", envvar="REGISTRY_CACHE",
                                               metavar="PATH", help="Cache directory.")] = None,
@@ -136,22 +133,13 @@ def import_(
     with error_boundary(as_json), _gate_failures(as_json), index_writes():
         oref, client = client_for(source, insecure=insecure, insecure_remote=insecure_remote,
                                   username=username, password_stdin=password_stdin)
-        trust = _trust(trusted_key, trusted_keys)
+        trust = host_trust(trusted_key, trusted_keys)
         reg = _registry(store, db)
         with client:
             result = import_oci(reg, client, oref, model_id, version, ledger=ledger,
                                 eval_summary=evals, trust=trust, cache=cache,
                                 sign_key=sign_key)
     _report(result, as_json)
-
-
-def _trust(keys: list[str] | None, folder: str | None, cas: list[str] | None = None,
-           ca_folder: str | None = None) -> Any:
-    if not (keys or folder or cas or ca_folder):
-        return None
-    from registry.trust import load_trust
-
-    return load_trust(keys or [], folder, ca_files=cas or [], ca_folder=ca_folder)
 
 
 def pull_command(ref: str, *, ignored: dict[str, Any], to: str | None, cache: str | None,
@@ -176,7 +164,7 @@ def pull_command(ref: str, *, ignored: dict[str, Any], to: str | None, cache: st
         at_least("--workers", workers, 1)
         oref, client = client_for(ref, insecure=insecure, insecure_remote=insecure_remote,
                                   username=username, password_stdin=password_stdin)
-        trust = _trust(*trust_args)
+        trust = host_trust(*trust_args)
         with client:
             result = pull_oci(client, oref, to=to, cache=cache, trust=trust, workers=workers,
                               verify=verify, force=force, fsync=fsync, blobs=blobs,

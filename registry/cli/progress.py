@@ -34,7 +34,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
-from registry.obs.progress import NULL, Progress, RateWindow
+from registry.obs.progress import NULL, NullProgress, Progress, RateWindow
 
 ProgressOpt = Annotated[bool | None, typer.Option(
     "--progress/--no-progress",
@@ -218,28 +218,15 @@ class JsonLinesProgress:
                    seconds=round(time.monotonic() - self.c.t0, 3))
 
 
-class _GatesOnly:
+class _GatesOnly(NullProgress):
     """No bar; gate results still reach ``on_gates`` as they are decided."""
 
     def __init__(self, on_gates: Callable[[Sequence[Any]], None] | None) -> None:
         self._on_gates = on_gates
 
-    def start(self, what: str, *, files: int | None = None, total: int | None = None,
-              unit: str = "files") -> None:
-        pass
-
-    def advance(self, n: int) -> None:
-        pass
-
-    def file_done(self, name: str, size: int) -> None:
-        pass
-
     def gates(self, results: Sequence[Any]) -> None:
         if self._on_gates is not None:
             self._on_gates(results)
-
-    def finish(self) -> None:
-        pass
 
 
 def wanted(flag: bool | None, as_json: bool) -> str:

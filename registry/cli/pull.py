@@ -12,6 +12,8 @@ from registry.cli.errors import at_least, error_boundary
 from registry.cli.oci import InsecureOpt, InsecureRemoteOpt, PasswordStdinOpt, UsernameOpt
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
+from registry.cli.trustopts import TrustedCaOpt, TrustedCasOpt, TrustedKeysOpt, host_trust
+from registry.cli.trustopts import trusted_key_option
 from registry.errors import GateFailedError, InvalidNameError, UsageError
 from registry.pull import pull as do_pull
 from registry.gating.gates import GateResult
@@ -63,22 +65,11 @@ def pull(
         "--allow-yanked", help="Pull a yanked release (`registry yank`) anyway; without it "
                                "a yanked release is refused (exit 1, nothing downloaded). "
                                "--require-passing refuses it whatever this says.")] = False,
-    trusted_key: Annotated[list[str] | None, typer.Option(
-        "--trusted-key", metavar="PATH",
-        help="Public key (PEM) this host trusts (repeatable): the release must be signed "
-             "by one of them (model.sig), else nothing is placed.")] = None,
-    trusted_keys: Annotated[str | None, typer.Option(
-        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-        help="Folder of trusted public keys (*.pem, *.pub) and revoked.json; when set, "
-             "every pull must be signed by one of them.")] = None,
-    trusted_ca: Annotated[list[str] | None, typer.Option(
-        "--trusted-ca", metavar="PATH",
-        help="CA certificate (PEM) this host trusts (repeatable): a release signed with a "
-             "certificate must chain to one of them, valid now.")] = None,
-    trusted_cas: Annotated[str | None, typer.Option(
-        "--trusted-cas", envvar="REGISTRY_TRUSTED_CAS", metavar="PATH",
-        help="Folder of trusted CA certificates (*.pem, *.crt) and revoked.json; when "
-             "set, every pull must be signed.")] = None,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Public key (PEM) this host trusts (repeatable): the release must be signed by one "
+        "of them (model.sig), else nothing is placed.")] = None,
+    trusted_keys: TrustedKeysOpt = None, trusted_ca: TrustedCaOpt = None,
+    trusted_cas: TrustedCasOpt = None,
     mirror: Annotated[str | None, typer.Option(
         "--from", envvar="REGISTRY_MIRROR", metavar="URL",
         help="Pull through a `registry serve` mirror (http://HOST:PORT) with the same checks "
@@ -126,12 +117,7 @@ def pull(
         if range_threshold_mib < 0:
             raise UsageError(f"--range-threshold-mib {range_threshold_mib}: must not be "
                              "negative (0: any file may be split)")
-        trust = None
-        if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.trust import load_trust
-
-            trust = load_trust(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
-                               ca_folder=trusted_cas)
+        trust = host_trust(trusted_key, trusted_keys, trusted_ca, trusted_cas)
         if offline:
             from registry.pull.cache import Cache
             from registry.pull.offline import CacheStore, recall

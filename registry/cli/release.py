@@ -35,6 +35,7 @@ from registry.gating.gates import GateResult
 from registry.trust.certs import Certificate
 from registry.cli.output import echo
 from registry.cli.progress import ProgressOpt, reporter
+from registry.cli.trustopts import TrustedKeysOpt, host_trust, trusted_key_option
 from registry.trust.keys import PublicKey
 from registry.protocol.layout import MODELS, model_ids, model_root
 from registry.release.policy import signed_by, thresholds
@@ -75,6 +76,7 @@ RequireOpt = Annotated[list[str] | None, typer.Option(
 if TYPE_CHECKING:
     from registry.api import Registry
     from registry.release import ReleaseResult
+    from registry.obs.progress import Progress
 
 
 def _registry(store: str | None, db: str | None) -> Registry:
@@ -141,6 +143,18 @@ def _gate_failures(as_json: bool, printed: _GatePrinter | None = None) -> Iterat
              as_json=as_json, cls="GateFailedError", path=e.where,
              gates=[r.to_dict() for r in e.results])
 
+
+@contextmanager
+def _releasing(as_json: bool, progress: bool | None,
+               label: str) -> Iterator[tuple[_GatePrinter, Progress]]:
+    """Where a command that releases runs: its errors and failed gates reported,
+    the index written after the store, the bar, and each gate printed as it is
+    decided (the printer says how many were)."""
+    gates = _GatePrinter()
+    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
+            reporter(progress, as_json, label, on_gates=gates) as shown:
+        yield gates, shown
+
 MaxShardOpt = Annotated[str | None, typer.Option(
     "--max-shard-size", metavar="SIZE",
     help=("Most bytes of tensor data per released shard, e.g. 5GB (10**9), 500MiB (2**20) "
@@ -198,14 +212,10 @@ def publish(
              "without it such a file is refused (exit 5), since an engine that prefers its "
              "format would serve it; the card and `registry show` then list every set. "
              "Repeatable.")] = None,
-    trusted_key: Annotated[list[str] | None, typer.Option(
-        "--trusted-key", metavar="PATH",
-        help="Public key (PEM) this host trusts (repeatable): a MODEL_DIR that is a "
-             "release's folder in a store must be signed by one of them.")] = None,
-    trusted_keys: Annotated[str | None, typer.Option(
-        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-        help="Folder of trusted public keys (*.pem, *.pub) and revoked.json, for a "
-             "MODEL_DIR that is a release's folder (as --trusted-key).")] = None,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Public key (PEM) this host trusts (repeatable): a MODEL_DIR that is a release's "
+        "folder in a store must be signed by one of them.")] = None,
+    trusted_keys: TrustedKeysOpt = None,
     store: StoreOpt = None, db: DbOpt = None, as_json: JsonOpt = False,
     progress: ProgressOpt = None,
 ) -> None:
@@ -218,16 +228,9 @@ def publish(
 
     On a terminal a bar shows the files and bytes written; the gate results
     print as they are decided, before the first byte is written."""
-    gates = _GatePrinter()
-    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
-            reporter(progress, as_json, f"publish {model_id}@{version}",
-                     on_gates=gates) as shown:
+    with _releasing(as_json, progress, f"publish {model_id}@{version}") as (gates, shown):
         at_least("--group-size", group_size, 1)
-        source_trust = None
-        if trusted_key or trusted_keys:
-            from registry.trust import load_trust
-
-            source_trust = load_trust(trusted_key or [], trusted_keys)
+        source_trust = host_trust(trusted_key, trusted_keys)
         reg = _registry(store, db)
         result = reg.publish(
             model_dir, model_id, version, ledger=ledger, eval_summary=evals,
@@ -284,10 +287,7 @@ def release_create(
 
     On a terminal a bar shows the files and bytes written; the gate results
     print as they are decided, before the first byte is written."""
-    gates = _GatePrinter()
-    with error_boundary(as_json), _gate_failures(as_json, gates), index_writes(), \
-            reporter(progress, as_json, f"release {model_id}@{version}",
-                     on_gates=gates) as shown:
+    with _releasing(as_json, progress, f"release {model_id}@{version}") as (gates, shown):
         at_least("--step", step, 0)
         at_least("--group-size", group_size, 1)
         fields = {}

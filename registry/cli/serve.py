@@ -13,6 +13,13 @@ import typer
 from registry.cli.app import DbOpt, JsonOpt, StoreOpt, app, print_json
 from registry.cli.errors import error_boundary
 from registry.cli.output import echo
+from registry.cli.trustopts import (
+    TrustedCasOpt,
+    TrustedKeysOpt,
+    host_trust,
+    trusted_ca_option,
+    trusted_key_option,
+)
 from registry.errors import UsageError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -66,22 +73,14 @@ def serve(
     allow_failing: Annotated[bool, typer.Option(
         "--allow-failing", help="Hub API: also serve releases that fail their gates now "
                                 "(by default they are refused, 403 GatedRepo).")] = False,
-    trusted_key: Annotated[list[str] | None, typer.Option(
-        "--trusted-key", metavar="PATH",
-        help="Hub API: public key (PEM) a release must be signed by (repeatable); "
-             "unsigned or badly signed releases are refused.")] = None,
-    trusted_keys: Annotated[str | None, typer.Option(
-        "--trusted-keys", envvar="REGISTRY_TRUSTED_KEYS", metavar="PATH",
-        help="Hub API: folder of trusted public keys (*.pem, *.pub) and revoked.json.")
-    ] = None,
-    trusted_ca: Annotated[list[str] | None, typer.Option(
-        "--trusted-ca", metavar="PATH",
-        help="Hub API: CA certificate (PEM) a release's signing certificate must chain "
-             "to (repeatable).")] = None,
-    trusted_cas: Annotated[str | None, typer.Option(
-        "--trusted-cas", envvar="REGISTRY_TRUSTED_CAS", metavar="PATH",
-        help="Hub API: folder of trusted CA certificates (*.pem, *.crt) and revoked.json.")
-    ] = None,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Hub API: public key (PEM) a release must be signed by (repeatable); unsigned or "
+        "badly signed releases are refused.")] = None,
+    trusted_keys: TrustedKeysOpt = None,
+    trusted_ca: Annotated[list[str] | None, trusted_ca_option(
+        "Hub API: CA certificate (PEM) a release's signing certificate must chain to "
+        "(repeatable).")] = None,
+    trusted_cas: TrustedCasOpt = None,
     mirror_cache: Annotated[str | None, typer.Option(
         "--mirror-cache", metavar="PATH",
         help="Front the store as a verifying mirror: keep every verified file in this "
@@ -149,12 +148,8 @@ def serve(
         if token is None and not is_loopback(host):
             raise UsageError(f"--host {host}: serving beyond this machine needs "
                              "--token-file (every request must then carry the token)")
-        trust = None
-        if trusted_key or trusted_keys or trusted_ca or trusted_cas:
-            from registry.trust.source import TrustSource  # re-read when its files change
-
-            trust = TrustSource(trusted_key or [], trusted_keys, ca_files=trusted_ca or [],
-                                ca_folder=trusted_cas)
+        # re-read when its files change
+        trust = host_trust(trusted_key, trusted_keys, trusted_ca, trusted_cas, live=True)
         from registry.rules.names import check_name
         from registry.web.hub import HubStats
         from registry.web.hubrefs import HubPolicy

@@ -1,22 +1,13 @@
 """Streaming safetensors reader with a strict header check; the one import point
 for the safetensors helpers (writer, format types, optimizer state rules).
 
-The format (DESIGN section 4, "Safetensors conventions"; the reference is
-huggingface/safetensors)::
-
-    [8 bytes]  N, the header length in bytes, unsigned little-endian
-    [N bytes]  UTF-8 JSON object, padded with spaces to a multiple of 8 bytes:
-               {"__metadata__": {str: str}?,
-                "<name>": {"dtype": "F32", "shape": [rows, cols],
-                           "data_offsets": [begin, end]}, ...}
-    [rest]     tensor bytes, little-endian, C order; offsets are relA reader here must reject a hostile header before allocating anything it
+The format is drawn in :mod:`registry.formats.safetensors_format` (DESIGN
+section 4, "Safetensors conventions"; the reference is huggingface/safetensors).
+A reader here must reject a hostile header before allocating anything it
 announces, which the reference library does not promise. The format's types and
 dtypes are :mod:`registry.formats.safetensors_format`, the writer
 :mod:`registry.formats.safetensors_write`, the optimizer state rules
 :mod:`registry.formats.optimizer_state`; their public names are importable from here.
-
-a reader here must
-reject a hostile header before allocating anything it announces.
 
 numpy has no bfloat16 or float8: those come from ``ml_dtypes``. Hosts are
 assumed little-endian (as numpy's in-memory dtypes here are native).

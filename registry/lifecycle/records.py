@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from registry.rules import limits, numbers
-from registry.errors import DocumentError, ObjectNotFoundError, RegistryError, UsageError
+from registry.errors import DocumentError, ObjectNotFoundError, PointerConflictError, \
+    RegistryError, UsageError
 from registry.rules.schemas import load_json
 from registry.rules.names import check_name, model_key
 from registry.store import Store, join
@@ -88,6 +89,31 @@ def load_versioned(store: Store, key: str) -> tuple[dict[str, Any] | None, str |
 def backoff(attempt: int) -> None:
     """Sleep a little, more after each lost compare-and-swap (jittered)."""
     time.sleep(min(0.2, 0.002 * 2 ** min(attempt, 7)) * random.uniform(0.5, 1.5))
+
+
+def swap_record(store: Store, key: str, what: str,
+                change: Callable[[dict[str, Any] | None], tuple[T, dict[str, Any] | None]]
+                ) -> T:
+    """Move the record at ``key`` by compare-and-swap: ``change(current)``
+    (None: no record yet) returns ``(result, new record)``, or ``(result,
+    None)`` to write nothing; a lost swap reads again and retries.
+
+    Raises:
+        PointerConflictError: ``what`` (e.g. "the yank record") kept changing
+            (:data:`MAX_ATTEMPTS` tries).
+    """
+    for attempt in range(MAX_ATTEMPTS):
+        current, token = load_versioned(store, key)
+        result, new = change(current)
+        if new is None:
+            return result
+        try:
+            store.swap(key, dump(new), token)
+            return result
+        except PointerConflictError:
+            backoff(attempt)
+    raise PointerConflictError(store.url_of(key), expected=what,
+                               actual=f"changed {MAX_ATTEMPTS} times")
 
 
 def check_reason(reason: object, what: str) -> str:

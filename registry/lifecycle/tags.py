@@ -25,7 +25,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from registry.errors import PointerConflictError, UsageError
+from registry.errors import UsageError
 from registry.protocol.layout import TAGS, release_prefix, tags_key
 from registry.lifecycle import records
 from registry.lifecycle.tombstone import refuse_deleted
@@ -95,23 +95,20 @@ def _change(store: Store, model_id: str, version: str,
     read_manifest(store, release_prefix(model_id, version))  # a committed release
     key = tags_key(model_id, version)
     store.ensure_root()
-    for attempt in range(records.MAX_ATTEMPTS):
-        doc, token = records.load_versioned(store, key)
+
+    def change(doc: dict[str, Any] | None
+               ) -> tuple[tuple[dict[str, str], dict[str, str]], dict[str, Any] | None]:
         before = _tags_of(doc, store.url_of(key))
         after = apply(dict(before))
         if after == before:
-            return before, after
+            return (before, after), None
         if len(after) > MAX_TAGS:
             raise UsageError(f"{model_id}@{version}: {len(after)} tags, at most {MAX_TAGS}")
-        new = {"schema": records.RECORD_SCHEMA, "model_id": model_id, "version": version,
-               "tags": dict(sorted(after.items())), "updated_at": utc_now(), "actor": actor}
-        try:
-            store.swap(key, records.dump(new), token)
-            return before, after
-        except PointerConflictError:
-            records.backoff(attempt)
-    raise PointerConflictError(store.url_of(key), expected="the tags record",
-                               actual=f"changed {records.MAX_ATTEMPTS} times")
+        return (before, after), {
+            "schema": records.RECORD_SCHEMA, "model_id": model_id, "version": version,
+            "tags": dict(sorted(after.items())), "updated_at": utc_now(), "actor": actor}
+
+    return records.swap_record(store, key, "the tags record", change)
 
 
 def set_tags(store: Store, model_id: str, version: str, tags: Mapping[str, str], *,

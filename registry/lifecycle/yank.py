@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.errors import DocumentError, PointerConflictError
+from registry.errors import DocumentError
 from registry.gating.gates import GateResult
 from registry.protocol.layout import YANKS, release_prefix, yank_key
 from registry.lifecycle import records
@@ -51,26 +51,34 @@ def _swap(store: Store, model_id: str, version: str, want: bool, reason: str,
     key = yank_key(model_id, version)
     manifest = read_manifest(store, release_prefix(model_id, version))
     store.ensure_root()
-    for attempt in range(records.MAX_ATTEMPTS):
-        current, token = records.load_versioned(store, key)
+
+    def change(current: dict[str, Any] | None
+               ) -> tuple[tuple[dict[str, Any], bool], dict[str, Any] | None]:
         if current is not None and bool(current.get("yanked")) == want:
-            return current, False
+            return (current, False), None
         if current is None and not want:
-            return {"schema": records.RECORD_SCHEMA, "model_id": model_id,
-                    "version": version, "yanked": False}, False
+            return ({"schema": records.RECORD_SCHEMA, "model_id": model_id,
+                     "version": version, "yanked": False}, False), None
         doc: dict[str, Any] = {
             "schema": records.RECORD_SCHEMA, "model_id": model_id, "version": version,
             "manifest_sha256": manifest.digest, "yanked": want, "reason": reason,
             "at": utc_now(), "actor": actor, "revision": _revision(current) + 1}
         if not want and current is not None:
             doc["lifted"] = {k: current.get(k) for k in ("reason", "at", "actor")}
-        try:
-            store.swap(key, records.dump(doc), token)
-            return doc, True
-        except PointerConflictError:
-            records.backoff(attempt)
-    raise PointerConflictError(store.url_of(key), expected="the yank record",
-                               actual=f"changed {records.MAX_ATTEMPTS} times")
+        return (doc, True), doc
+
+    return records.swap_record(store, key, "the yank record", change)
+
+
+def _transition(store: Store, model_id: str, version: str, want: bool, why: str,
+                who: dict[str, Any], event: str) -> tuple[dict[str, Any], bool]:
+    """Yank (``want``) or unyank, and append ``event`` when that changed the record."""
+    doc, changed = _swap(store, model_id, version, want, why, who)
+    if changed:
+        records.event(store, event, model_id, version,
+                      {"reason": why, "manifest_sha256": doc["manifest_sha256"],
+                       "revision": doc["revision"]}, who)
+    return doc, changed
 
 
 def yank(store: Store, model_id: str, version: str, reason: str, *,
@@ -92,16 +100,11 @@ def yank(store: Store, model_id: str, version: str, reason: str, *,
         Atomic against concurrent yanks and unyanks (compare-and-swap on the
         record): each sees the other's result, none is lost. Durable on return.
     """
-    why = records.check_reason(reason, f"yank of {model_id}@{version}")
-    who = records.actor_of(actor)
-    doc, changed = _swap(store, model_id, version, True, why, who)
-    if changed:
-        from registry.events import MODEL_VERSION_YANKED
+    from registry.events import MODEL_VERSION_YANKED
 
-        records.event(store, MODEL_VERSION_YANKED, model_id, version,
-                      {"reason": why, "manifest_sha256": doc["manifest_sha256"],
-                       "revision": doc["revision"]}, who)
-    return doc, changed
+    why = records.check_reason(reason, f"yank of {model_id}@{version}")
+    return _transition(store, model_id, version, True, why, records.actor_of(actor),
+                       MODEL_VERSION_YANKED)
 
 
 def unyank(store: Store, model_id: str, version: str, *, reason: str | None = None,
@@ -111,15 +114,10 @@ def unyank(store: Store, model_id: str, version: str, *, reason: str | None = No
     reason is optional here)."""
     why = (records.check_reason(reason, f"unyank of {model_id}@{version}")
            if reason is not None else "")
-    who = records.actor_of(actor)
-    doc, changed = _swap(store, model_id, version, False, why, who)
-    if changed:
-        from registry.events import MODEL_VERSION_UNYANKED
+    from registry.events import MODEL_VERSION_UNYANKED
 
-        records.event(store, MODEL_VERSION_UNYANKED, model_id, version,
-                      {"reason": why, "manifest_sha256": doc["manifest_sha256"],
-                       "revision": doc["revision"]}, who)
-    return doc, changed
+    return _transition(store, model_id, version, False, why, records.actor_of(actor),
+                       MODEL_VERSION_UNYANKED)
 
 
 def yank_record(store: Store, model_id: str, version: str) -> dict[str, Any] | None:

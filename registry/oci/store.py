@@ -34,7 +34,7 @@ from registry.trust.model_sig import SIGNATURE
 from registry.oci import mapping as M
 from registry.oci.client import OciClient
 from registry.oci.ref import OciRef
-from registry.store.base import CHUNK, ObjectInfo, Store
+from registry.store.base import CHUNK, ObjectInfo, ReadOnly, Store
 
 
 @dataclass
@@ -124,7 +124,7 @@ def open_artifact(client: OciClient, ref: OciRef, *, model_id: str | None = None
                     tars)
 
 
-class OciStore(Store):
+class OciStore(ReadOnly, Store):
     """The release ``artifact`` maps to, read through ``client``."""
 
     atomic_rename = False
@@ -231,22 +231,6 @@ class OciStore(Store):
         return StorageError(f"{self.url}: an OCI artifact is read-only (asked to write "
                             f"{key!r})", key=key)
 
-    def open_write(self, key: str, *, exclusive: bool = False,
-                   size: int | None = None) -> IO[bytes]:
-        raise self._read_only(key)
-
-    def create(self, key: str, data: bytes) -> None:
-        raise self._read_only(key)
-
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         with self.open_read(key) as f:
             return f.read(), ""
-
-    def swap(self, key: str, data: bytes, expected: str | None) -> None:
-        raise self._read_only(key)
-
-    def delete(self, key: str) -> None:
-        raise self._read_only(key)
-
-    def delete_prefix(self, prefix: str) -> None:
-        raise self._read_only(prefix)

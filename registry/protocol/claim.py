@@ -247,12 +247,7 @@ class Claim:
             except BaseException:
                 self._drop_if_ours(body)
                 raise
-            try:
-                self._learn_token(body)
-                self._start()
-            except BaseException:
-                self._drop_if_ours(body)
-                raise
+            self._adopt(body)
             return state
         err = ObjectExistsError(f"{self.key}: claim keeps changing", key=self.key)
         err.state = None  # type: ignore[attr-defined]

@@ -36,7 +36,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 from registry.rules import limits, schemas
 from registry.errors import DocumentError, IntegrityError, ObjectNotFoundError, StorageError
-from registry.store.base import CHUNK, ObjectInfo, Store
+from registry.store.base import CHUNK, ObjectInfo, ReadOnly, Store
 
 #: seconds to wait for the mirror to connect or answer
 TIMEOUT = 30.0
@@ -71,7 +71,7 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_SameOrigin)
 
 
-class MirrorStore(Store):
+class MirrorStore(ReadOnly, Store):
     """The releases a ``registry serve`` at ``base`` (``http://host:port``) serves.
 
     Raises (from its methods):
@@ -248,13 +248,6 @@ class MirrorStore(Store):
         return StorageError(f"{self.url}: a mirror is read-only (asked to write {key!r})",
                             key=key)
 
-    def open_write(self, key: str, *, exclusive: bool = False,
-                   size: int | None = None) -> IO[bytes]:
-        raise self._read_only(key)
-
-    def create(self, key: str, data: bytes) -> None:
-        raise self._read_only(key)
-
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         with self.open_read(key) as f:
             data = limits.read_at_most(f, limits.MAX_READ_BYTES)
@@ -262,12 +255,3 @@ class MirrorStore(Store):
             raise DocumentError(self.url_of(key), f"larger than {limits.MAX_READ_BYTES} bytes "
                                                   "(REGISTRY_MAX_READ_BYTES)")
         return data, ""
-
-    def swap(self, key: str, data: bytes, expected: str | None) -> None:
-        raise self._read_only(key)
-
-    def delete(self, key: str) -> None:
-        raise self._read_only(key)
-
-    def delete_prefix(self, prefix: str) -> None:
-        raise self._read_only(prefix)

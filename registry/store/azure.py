@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
@@ -59,7 +58,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.store import condprobe
-from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
+from registry.store.base import CHUNK, ForkSafeFs, ObjectInfo, Store, key_parts
 from registry.store.s3retry import RetryPolicy
 from registry.store.translate import unreachable
 
@@ -93,7 +92,7 @@ def _clean(text: str) -> str:
     return _SECRET.sub(lambda m: f"{m.group(1)}=(hidden)", text.split("\n", 1)[0])
 
 
-class AzureStore(condprobe.TokenWrites, Store):
+class AzureStore(condprobe.TokenWrites, ForkSafeFs, Store):
     """A store under ``az://container[/prefix]``."""
 
     condition_names = {"absent": "If-None-Match: *", "match": "If-Match: <ETag>",
@@ -125,20 +124,6 @@ class AzureStore(condprobe.TokenWrites, Store):
                 f"{self.url}: no Azure credentials found: set AZURE_STORAGE_CONNECTION_STRING, "
                 "or AZURE_STORAGE_ACCOUNT_NAME with a key, SAS token or DefaultAzureCredential "
                 "(see docs/azure.md)") from None
-
-    @property  # type: ignore[override]
-    def fs(self) -> adlfs.AzureBlobFileSystem:
-        """adlfs's clients and event loop cannot cross ``fork()``: a forked
-        child gets fresh ones on first use."""
-        if self._fs_pid != os.getpid():
-            self._fs = self._new_fs()
-            self._fs_pid = os.getpid()
-        return self._fs
-
-    @fs.setter
-    def fs(self, value: adlfs.AzureBlobFileSystem) -> None:
-        self._fs = value
-        self._fs_pid = os.getpid()
 
     # -- raw calls -----------------------------------------------------------------
 

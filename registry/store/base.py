@@ -21,6 +21,7 @@ Capabilities, never the URL scheme, decide the commit protocol
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -38,6 +39,60 @@ if TYPE_CHECKING:  # ~0.1 s to import: a local store makes its filesystem on use
 #: bytes read per call when streaming a file (large enough to amortize calls,
 #: small enough to keep memory flat).
 CHUNK = 8 * 1024 * 1024
+
+
+class ForkSafeFs:
+    """The ``fs`` of an object store whose client (sessions, connections, an
+    event loop: s3fs, gcsfs, adlfs) cannot cross ``fork()``: a forked child
+    (gunicorn ``--preload``, multiprocessing) gets a fresh one from
+    :meth:`_new_fs` on first use. Put it before :class:`Store` in the bases."""
+
+    _fs: Any
+    _fs_pid: int
+
+    def _new_fs(self) -> Any:
+        raise NotImplementedError
+
+    def _forked(self) -> None:
+        """What else a forked child starts afresh, after its new ``fs``."""
+
+    @property
+    def fs(self) -> Any:
+        if self._fs_pid != os.getpid():
+            self._fs = self._new_fs()
+            self._fs_pid = os.getpid()
+            self._forked()
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: Any) -> None:
+        self._fs = value
+        self._fs_pid = os.getpid()
+
+
+class ReadOnly:
+    """A store that refuses every write with the error :meth:`_read_only` makes
+    (a mirror, an OCI artifact, a source directory). Put it before the store's
+    class in the bases."""
+
+    def _read_only(self, key: str) -> StorageError:
+        raise NotImplementedError
+
+    def open_write(self, key: str, *, exclusive: bool = False,
+                   size: int | None = None) -> IO[bytes]:
+        raise self._read_only(key)
+
+    def create(self, key: str, data: bytes) -> None:
+        raise self._read_only(key)
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> None:
+        raise self._read_only(key)
+
+    def delete(self, key: str) -> None:
+        raise self._read_only(key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        raise self._read_only(prefix)
 
 
 class CommitsOnExit:

@@ -40,7 +40,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.store import condprobe
-from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
+from registry.store.base import CHUNK, ForkSafeFs, ObjectInfo, Store, key_parts
 from registry.store.ranges import RangeReader, range_answer_ok  # reads through read_range
 from registry.store.s3retry import RetryPolicy
 from registry.store.translate import unreachable
@@ -65,7 +65,7 @@ def is_transient(exc: BaseException) -> bool:
         unreachable(exc) is not None)
 
 
-class GCSStore(condprobe.TokenWrites, Store):
+class GCSStore(condprobe.TokenWrites, ForkSafeFs, Store):
     """A store under ``gs://bucket[/prefix]``.
 
     Raises:
@@ -105,22 +105,6 @@ class GCSStore(condprobe.TokenWrites, Store):
         # The core class, never ExtendedGcsFileSystem: its zonal-bucket check asks
         # the storage-control API before uploads (60 s against an emulator).
         return gcsfs.core.GCSFileSystem(**self._options)
-
-    # -- fork safety ---------------------------------------------------------------
-
-    @property  # type: ignore[override]
-    def fs(self) -> gcsfs.core.GCSFileSystem:
-        """gcsfs's session and event loop cannot cross ``fork()``: a forked
-        child gets fresh ones on first use."""
-        if self._fs_pid != os.getpid():
-            self._fs = self._new_fs()
-            self._fs_pid = os.getpid()
-        return self._fs
-
-    @fs.setter
-    def fs(self, value: gcsfs.core.GCSFileSystem) -> None:
-        self._fs = value
-        self._fs_pid = os.getpid()
 
     # -- raw requests --------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from registry.host.sourcecheck import ObjectState, object_state
 from registry.store import condprobe, s3session, s3upload
 from registry.store.ranges import RangeReader, range_answer_ok
 from registry.store.s3abort import abort_stale_uploads
-from registry.store.base import CHUNK, ObjectInfo, Store, key_parts
+from registry.store.base import CHUNK, ForkSafeFs, ObjectInfo, Store, key_parts
 from registry.store.s3probe import OPT_OUT_ENV, etag_as_sent, require_conditional_writes
 from registry.store.s3retry import RetryPolicy, timeouts
 from registry.store.translate import s3_error_code, translate, translated
@@ -43,7 +43,7 @@ from registry.store.translate import s3_error_code, translate, translated
 _RETRYABLE_CONDITIONAL = {"ConditionalRequestConflict", "409"}
 
 
-class S3Store(Store):
+class S3Store(ForkSafeFs, Store):
     """A store under ``s3://bucket[/prefix]``."""
 
     def __init__(self, url: str, root: str, **storage_options: Any) -> None:
@@ -68,7 +68,7 @@ class S3Store(Store):
         #: how each request is retried (s3retry: attempts, backoff).
         self.retry = RetryPolicy.from_options(options)
         self._options = options
-        super().__init__(url, _filesystem(options), root)
+        super().__init__(url, self._new_fs(), root)
         self.bucket, _, self.prefix = self.root.partition("/")
         #: parts in flight across every writer of this store (memory bound).
         self.part_slots = threading.BoundedSemaphore(s3upload.MAX_INFLIGHT)
@@ -109,22 +109,14 @@ class S3Store(Store):
 
     # -- fork safety ---------------------------------------------------------------
 
-    @property  # type: ignore[override]
-    def fs(self) -> s3fs.S3FileSystem:
-        """The s3fs filesystem of this process. s3fs's event loop and
-        connections cannot cross ``fork()`` ("This class is not fork-safe"):
-        a forked child (gunicorn ``--preload``, multiprocessing) gets fresh
-        ones on first use, and a fresh part budget (issue 13 item 4)."""
-        if self._fs_pid != os.getpid():
-            self._fs = _filesystem(self._options)
-            self._fs_pid = os.getpid()
-            self.part_slots = threading.BoundedSemaphore(s3upload.MAX_INFLIGHT)
-        return self._fs
+    # s3fs "is not fork-safe" (base.ForkSafeFs): a forked child gets a fresh
+    # filesystem and a fresh part budget (issue 13 item 4)
 
-    @fs.setter
-    def fs(self, value: s3fs.S3FileSystem) -> None:
-        self._fs = value
-        self._fs_pid = os.getpid()
+    def _new_fs(self) -> s3fs.S3FileSystem:
+        return _filesystem(self._options)
+
+    def _forked(self) -> None:
+        self.part_slots = threading.BoundedSemaphore(s3upload.MAX_INFLIGHT)
 
     # -- raw calls ---------------------------------------------------------------
 

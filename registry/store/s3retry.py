@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from registry.errors import UsageError
-from registry.store.translate import s3_error_code, unreachable
+from registry.store.translate import causes, is_named, s3_error_code, unreachable
 
 T = TypeVar("T")
 
@@ -99,22 +99,15 @@ def is_transient(exc: BaseException) -> bool:
         return code in TRANSIENT_CODES
     if unreachable(exc) is not None:
         return True
-    seen: BaseException | None = exc
-    while seen is not None:
-        if any(c.__name__ in _CUT_SHORT for c in type(seen).__mro__):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(is_named(seen, _CUT_SHORT) for seen in causes(exc))
 
 
 def attempts_of(exc: BaseException) -> int:
     """How many times the request that ended in ``exc`` was sent (1 if unknown)."""
-    seen: BaseException | None = exc
-    while seen is not None:
+    for seen in causes(exc):
         n = getattr(seen, "registry_attempts", None)
         if isinstance(n, int):
             return n
-        seen = seen.__cause__ or seen.__context__
     return 1
 
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from registry.errors import ObjectExistsError, StorageError, UsageError
 from registry.store.s3retry import attempts_of
-from registry.store.translate import s3_error_code
+from registry.store.translate import causes, s3_error_code
 from registry.store.base import CommitsOnExit
 
 #: boto3's TransferConfig defaults (8 MiB chunks, 10 at once): against the S3
@@ -90,13 +90,11 @@ def write_token() -> str:
 def _retries(exc: BaseException) -> int:
     """How many times the request that ended in ``exc`` was re-sent (by the
     store's retry policy, or botocore's when a caller configured one)."""
-    seen: BaseException | None = exc
-    while seen is not None:
+    for seen in causes(exc):
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
             botocore = int(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) or 0)
             return attempts_of(exc) - 1 + botocore
-        seen = seen.__cause__ or seen.__context__
     return attempts_of(exc) - 1
 
 

@@ -16,12 +16,12 @@ from typing import IO
 from registry.errors import StorageError
 from registry.protocol.manifest import list_local_files
 from registry.host.sourcedir import SourceRule, open_source_file
-from registry.store.base import ObjectInfo
+from registry.store.base import ObjectInfo, ReadOnly
 from registry.store.local import LocalStore
 from registry.store.translate import translated
 
 
-class SourceDirStore(LocalStore):
+class SourceDirStore(ReadOnly, LocalStore):
     """The local directory ``root`` for reading, under ``rule``.
 
     Raises (from every read): UnsafeEntryError for a link leading out of the
@@ -77,19 +77,6 @@ class SourceDirStore(LocalStore):
 
     def _read_only(self, key: str) -> StorageError:
         return StorageError(f"{self.url_of(key)}: a source directory is only read", key=key)
-
-    def open_write(self, key: str, *, exclusive: bool = False,
-                   size: int | None = None) -> IO[bytes]:
-        raise self._read_only(key)
-
-    def create(self, key: str, data: bytes) -> None:
-        raise self._read_only(key)
-
-    def delete(self, key: str) -> None:
-        raise self._read_only(key)
-
-    def delete_prefix(self, prefix: str) -> None:
-        raise self._read_only(prefix)
 
 
 __all__ = ["SourceDirStore"]

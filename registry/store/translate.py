@@ -9,7 +9,7 @@ primitive runs its backend call inside :func:`translated`.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from registry.errors import (
@@ -80,26 +80,33 @@ READ_ONLY = "read-only file system: this command writes there, so it must be mou
 _S3_FULL = {"XMinioStorageFull", "507"}
 
 
-def s3_error_code(exc: BaseException) -> str | None:
-    """The S3 error code of a botocore ClientError (or its translated cause)."""
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from or while handling, and so on."""
     seen: BaseException | None = exc
     while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def is_named(exc: BaseException, names: Collection[str]) -> bool:
+    """Whether ``exc``'s class, or a class it derives from, has one of ``names``
+    (a library's exception matched without importing the library)."""
+    return any(c.__name__ in names for c in type(exc).__mro__)
+
+
+def s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code of a botocore ClientError (or its translated cause)."""
+    for seen in causes(exc):
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
             code = response.get("Error", {}).get("Code")
             return str(code) if code is not None else None
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
 def unreachable(exc: BaseException) -> BaseException | None:
     """The connection-level error behind ``exc`` (refused, reset, timed out)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if any(c.__name__ in _UNREACHABLE for c in type(seen).__mro__):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
+    return next((seen for seen in causes(exc) if is_named(seen, _UNREACHABLE)), None)
 
 
 def translate(exc: BaseException, key: str, *, where: str | None = None) -> StorageError:

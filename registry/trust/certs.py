@@ -40,7 +40,7 @@ from typing import Any
 
 from registry.errors import DocumentError, UsageError
 from registry.trust.keys import PublicKey, check_private_key, fingerprint_of, public_pem
-from registry.trust.keys import require_signing, unavailable
+from registry.trust.keys import read_pem, require_signing, unavailable
 
 #: default lifetimes, days.
 CA_DAYS = 3650
@@ -95,11 +95,7 @@ def describe(cert: Any, path: str) -> Certificate:
 
 def _read_certs(path: str | os.PathLike[str], what: str) -> list[Any]:
     x509 = _x509()
-    where = os.fspath(path)
-    try:
-        data = Path(where).read_bytes()
-    except OSError as e:
-        raise DocumentError(where, f"cannot read the {what}: {e.strerror}") from None
+    where, data = read_pem(path, what)
     if b"PRIVATE KEY" in data:
         raise DocumentError(where, f"holds a private key: give the {what} (PEM) instead")
     try:

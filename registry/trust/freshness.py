@@ -88,13 +88,10 @@ class Fresh:
         listed = self.records.get(key)
         if listed is None:
             return
-        where = store.url_of(key)
-        try:
-            raw = store.read_bytes(key)
-        except FileNotFoundError:
-            raise FreshnessError(where, f"{what}, listed in {self.describe()}, is gone: "
-                                        f"refused, {removed}") from None
+        raw = _read(store, key, f"{what}, listed in {self.describe()}, is gone: refused, "
+                                f"{removed}")
         if sha256(raw) != listed.get("sha256"):
+            where = store.url_of(key)
             raise FreshnessError(where, f"{what} differs from the one listed in "
                                         f"{self.describe()} (version {listed.get('version')}, "
                                         f"sha256 {str(listed.get('sha256'))[:16]}): refused, a "
@@ -126,22 +123,28 @@ class Fresh:
         listed = self.records.get(key)
         if listed is None:
             return
-        where = store.url_of(key)
-        try:
-            raw = store.read_bytes(key)
-        except FileNotFoundError:
-            raise FreshnessError(where, f"alias {alias!r} of {self.model_id}, listed at move "
-                                        f"{listed.get('version')} in {self.describe()}, is "
-                                        "gone: refused") from None
+        raw = _read(store, key, f"alias {alias!r} of {self.model_id}, listed at move "
+                                f"{listed.get('version')} in {self.describe()}, is gone: "
+                                "refused")
         from registry.trust.snapshot import _int_field
 
         seq = _int_field(raw, "seq")
         want = int(listed.get("version") or 0)
         if seq < want or (seq == want and sha256(raw) != listed.get("sha256")):
             now = f"is at move {seq}" if seq != want else "holds another move of that seq"
+            where = store.url_of(key)
             raise FreshnessError(where, f"alias {alias!r} of {self.model_id} {now}, but "
                                         f"{self.describe()} lists move {want}: refused, a "
                                         "rolled-back alias is never followed")
+
+
+def _read(store: Store, key: str, gone: str) -> bytes:
+    """The record at ``key``, which the snapshot lists. Raises FreshnessError
+    (``gone``) when it is no longer stored."""
+    try:
+        return store.read_bytes(key)
+    except FileNotFoundError:
+        raise FreshnessError(store.url_of(key), gone) from None
 
 
 def admit(store: Store, model_id: str, trust: Trust, marks: Marks | None) -> Fresh | None:

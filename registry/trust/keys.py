@@ -85,6 +85,19 @@ class PublicKey:
         return Path(self.path).name
 
 
+def read_pem(path: str | os.PathLike[str], what: str) -> tuple[str, bytes]:
+    """The path as a string and the bytes of a key or certificate file.
+
+    Raises:
+        DocumentError: the file cannot be read (naming it and ``what`` it holds).
+    """
+    where = os.fspath(path)
+    try:
+        return where, Path(where).read_bytes()
+    except OSError as e:
+        raise DocumentError(where, f"cannot read the {what}: {e.strerror}") from None
+
+
 def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
     """Read an EC public key (PEM). A private key file is refused, never used.
 
@@ -94,11 +107,7 @@ def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
         SigningUnavailableError: the ``[signing]`` extra is not installed.
     """
     serialization, ec = _crypto()
-    where = os.fspath(path)
-    try:
-        data = Path(where).read_bytes()
-    except OSError as e:
-        raise DocumentError(where, f"cannot read the public key: {e.strerror}") from None
+    where, data = read_pem(path, "public key")
     if b"PRIVATE KEY" in data:
         raise DocumentError(where, "is a private key: give the public key (.pub) instead")
     try:
@@ -119,11 +128,7 @@ def check_private_key(path: str | os.PathLike[str]) -> PublicKey:
             supported curve.
     """
     serialization, ec = _crypto()
-    where = os.fspath(path)
-    try:
-        data = Path(where).read_bytes()
-    except OSError as e:
-        raise DocumentError(where, f"cannot read the signing key: {e.strerror}") from None
+    where, data = read_pem(path, "signing key")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
