@@ -14,7 +14,6 @@ Target: time ratio <= 0.8 for bf16; peak memory of ours <= largest tensor +
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -30,6 +29,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import bench_args  # noqa: E402
 MIB = 1024 * 1024
 
 
@@ -107,10 +108,8 @@ def peak_of(*args: str) -> tuple[float, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "release", repeat=3)
     ap.add_argument("--model-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-release.json")))
     ap.add_argument("--child", nargs="*")
     args = ap.parse_args()
     if args.child:

@@ -22,7 +22,6 @@ trusted pull <= 1.02x.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import alternating, make_release_dir, prefault, timed  # noqa: E402
+from bench.harness import alternating, bench_args, make_release_dir, prefault, timed  # noqa: E402
 from registry.trust.local_ca import issue, make_ca  # noqa: E402
 from registry.trust.keys import generate
 from registry.trust import load_trust  # noqa: E402
@@ -47,10 +46,8 @@ from tests.release_util import ledger_row, summary  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "signing", repeat=5)
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-signing.json")))
     args = ap.parse_args()
     samples: dict[str, list[float]] = {"publish": [], "publish_signed": [], "pull": [],
                                        "pull_trusted": []}
