@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ def summary(value: float = 0.9, threshold: float = 0.5, **kw: Any) -> dict[str, 
            "results": [result], "passed": result["passed"]}
     doc.update(kw)
     return doc
+
+
+def docs_args(tmp_path: Path) -> list[str]:
+    """A ledger of one row and a passing eval summary written under ``tmp_path``:
+    the ``--ledger`` and ``--evals`` arguments of ``registry publish`` for them."""
+    ledger, evals = tmp_path / "ledger.json", tmp_path / "evals.json"
+    ledger.write_text(json.dumps([ledger_row()]))
+    evals.write_text(json.dumps(summary()))
+    return ["--ledger", str(ledger), "--evals", str(evals)]
 
 
 def head(name: str = "sentiment", input_dim: int = 8, labels: int = 2) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from registry.errors import SourceChangedError, UnsafeEntryError
 from registry.release import ModelRelease
 from registry.store import open_store
 from tests.conftest import run_cli
-from tests.release_util import ledger_row, summary
+from tests.release_util import docs_args, ledger_row, summary
 from tests.support.attacker import as_nobody, require_other_user, shared_dir, victim_files
 from tests.test_pull import release_files
 from tests.support.forkclient import python_popen
@@ -47,17 +47,10 @@ def _write(src: Path, files: dict[str, bytes]) -> None:
         (src / rel).write_bytes(data)
 
 
-def _docs(tmp_path: Path) -> list[str]:
-    ledger, evals = tmp_path / "ledger.json", tmp_path / "evals.json"
-    ledger.write_text(json.dumps([ledger_row()]))
-    evals.write_text(json.dumps(summary()))
-    return ["--ledger", str(ledger), "--evals", str(evals)]
-
-
 def _publish_cli(tmp_path: Path, src: Path, store: str, *extra: str,
                  version: str = "1") -> subprocess.CompletedProcess[str]:
     return run_cli("publish", str(src), "--model-id", "tiny", "--version", version,
-                   *_docs(tmp_path), "--store", store, "--db",
+                   *docs_args(tmp_path), "--store", store, "--db",
                    f"sqlite:///{tmp_path / 'r.db'}", *extra)
 
 
