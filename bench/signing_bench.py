@@ -92,23 +92,19 @@ def main() -> int:
             return sign_entries(manifest.files, str(tmp / "bot.pem"), model_id="bench",
                                 version=version, cert=str(tmp / "bot.crt"),
                                 chain=[str(tmp / "ca.crt")])
-        cert_data = sign_cert()
+        def sign_key() -> bytes:
+            return sign_entries(manifest.files, str(priv), model_id="bench", version=version)
+        # (sample name part, signer, its bundle, the trust that checks it): certificate, key
+        kinds = (("_cert", sign_cert, sign_cert(), ca_trust), ("", sign_key, data, trust))
         for _ in range(10):
-            samples.setdefault("sign_cert_only", []).append(timed(sign_cert))
-            samples.setdefault("precheck_cert_only", []).append(timed(lambda: precheck(
-                cert_data, manifest.files, model_id="bench", version=version, trust=ca_trust,
-                where="bench")))
-            samples.setdefault("verify_cert_only", []).append(timed(lambda: verify_bytes(
-                cert_data, manifest.files, model_id="bench", version=version, trust=ca_trust,
-                where="bench")))
-            samples.setdefault("sign_only", []).append(timed(lambda: sign_entries(
-                manifest.files, str(priv), model_id="bench", version=version)))
-            samples.setdefault("precheck_only", []).append(timed(lambda: precheck(
-                data, manifest.files, model_id="bench", version=version, trust=trust,
-                where="bench")))
-            samples.setdefault("verify_only", []).append(timed(lambda: verify_bytes(
-                data, manifest.files, model_id="bench", version=version, trust=trust,
-                where="bench")))
+            for kind, sign, bundle, host in kinds:
+                samples.setdefault(f"sign{kind}_only", []).append(timed(sign))
+                samples.setdefault(f"precheck{kind}_only", []).append(timed(lambda: precheck(
+                    bundle, manifest.files, model_id="bench", version=version, trust=host,
+                    where="bench")))
+                samples.setdefault(f"verify{kind}_only", []).append(timed(lambda: verify_bytes(
+                    bundle, manifest.files, model_id="bench", version=version, trust=host,
+                    where="bench")))
         total = sum(e.size for e in manifest.files)
         for i, pair in enumerate(alternating(args.repeat)):
             # A signed pull checks the sha256 the signature covers; an unsigned
