@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import bench_args  # noqa: E402
+from bench.shards_bench import EVALS, LEDGER  # noqa: E402
 MIB = 1024 * 1024
 
 
@@ -53,14 +54,8 @@ def make_checkpoint(store: str, mib: int) -> int:
 
 def child_ours(store: str, dtype: str, version: str) -> None:
     from registry.release import ModelRelease
-    ledger = [{"source_id": "bench", "name": "bench", "uri": "x", "license": "CC0-1.0",
-               "allowed_uses": ["train"], "revoked": False, "revoked_at": None,
-               "revocation_reason": None}]
-    evals = {"suite": "b", "suite_version": "1", "created_at": "2026-01-01T00:00:00Z",
-             "results": [{"task": "t", "metric": "m", "value": 1.0, "n": 1, "threshold": 0.0,
-                          "higher_is_better": True, "passed": True}], "passed": True}
-    ModelRelease(store).create("bench", 1, "bench-model", version, dtype=dtype, ledger=ledger,
-                               eval_summary=evals)
+    ModelRelease(store).create("bench", 1, "bench-model", version, dtype=dtype, ledger=LEDGER,
+                               eval_summary=EVALS)
 
 
 def child_naive(store: str, dtype: str, out_dir: str) -> None:
