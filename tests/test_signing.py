@@ -72,6 +72,19 @@ def keys(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
     return {n: keypair(tmp_path, n) for n in ("release", "old", "attacker")}
 
 
+class SignedStore:
+    """A local store under ``root`` and a release key pair (``key``, ``pub``)
+    under ``root``; ``mirror``: the base URL of a server of it, once started."""
+
+    def __init__(self, root: Path) -> None:
+        (root / "keys").mkdir(parents=True)
+        self.root = root
+        self.url = str(root / "store")
+        self.store: Store = open_store(self.url)
+        self.key, self.pub = keypair(root, "release")
+        self.mirror = ""
+
+
 def model_dir(root: Path, name: str = "src", *, seed: int = 1) -> Path:
     d = root / name
     (d / "data").mkdir(parents=True)
