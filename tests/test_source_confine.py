@@ -24,14 +24,16 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 from registry.errors import SourceChangedError, UnsafeEntryError
 from registry.release import ModelRelease
-from registry.store import open_store
+from registry.store import Store, open_store
 from tests.conftest import run_cli
 from tests.release_util import docs_args, ledger_row, summary
 from tests.support.attacker import as_nobody, require_other_user, shared_dir, victim_files
@@ -265,6 +267,23 @@ def _s3_source(bucket: str, *, checksum: bool) -> str:
     return f"s3://{bucket}/src"
 
 
+def _refused_with_pump(store: Store, url: str, pump: Callable[[Any, Any], Any],
+                       match: str) -> None:
+    """A publish of ``url`` whose copy loop (``_pump``) is ``pump`` is refused
+    with SourceChangedError matching ``match``, and commits nothing."""
+    import registry.release.copying as mr  # the copy loop (_pump) of a release
+
+    real_pump = mr._pump
+    mr._pump = pump  # type: ignore[assignment]
+    try:
+        with pytest.raises(SourceChangedError, match=match):
+            ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
+                                        eval_summary=summary())
+    finally:
+        mr._pump = real_pump
+    assert not store.exists("models/tiny/1/MANIFEST.json")
+
+
 def test_an_s3_source_replaced_during_the_copy_is_refused(s3_bucket: str,
                                                           tmp_path: Path) -> None:
     url = _s3_source(s3_bucket, checksum=False)
@@ -280,14 +299,7 @@ def test_an_s3_source_replaced_during_the_copy_is_refused(s3_bucket: str,
             for rel in release_files():  # whichever is being copied now changes
                 boto3.client("s3").put_object(Bucket=s3_bucket, Key=f"src/{rel}",
                                               Body=b"new bytes")
-    mr._pump = pump_then_replace  # type: ignore[assignment]
-    try:
-        with pytest.raises(SourceChangedError, match="changed while it was copied .etag"):
-            ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
-                                        eval_summary=summary())
-    finally:
-        mr._pump = real_pump
-    assert not store.exists("models/tiny/1/MANIFEST.json")
+    _refused_with_pump(store, url, pump_then_replace, "changed while it was copied .etag")
 
 
 def test_s3_bytes_altered_on_the_way_disagree_with_the_servers_checksum(
@@ -319,14 +331,8 @@ def test_s3_bytes_altered_on_the_way_disagree_with_the_servers_checksum(
             b[:len(data)] = data
             return len(data)
 
-    mr._pump = lambda f, out: real_pump(Flip(f), out)  # type: ignore[assignment,arg-type]
-    try:
-        with pytest.raises(SourceChangedError, match="not the object the server holds"):
-            ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
-                                        eval_summary=summary())
-    finally:
-        mr._pump = real_pump
-    assert not store.exists("models/tiny/1/MANIFEST.json")
+    _refused_with_pump(store, url, lambda f, out: real_pump(Flip(f), out),
+                       "not the object the server holds")
     r = ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
                                     eval_summary=summary())
     assert r.manifest.files
