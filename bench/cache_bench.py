@@ -23,7 +23,6 @@ the cache's own ``models/<model_id>/<version>`` and every tenth also in a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import bench_args  # noqa: E402
 from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.pull.cache_admin import PullCache  # noqa: E402
@@ -82,13 +82,11 @@ def restore(snapshot: Path, cache: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "cache", repeat=5)
     ap.add_argument("--versions", type=int, default=1000)
     ap.add_argument("--models", type=int, default=10)
     ap.add_argument("--prune", type=int, default=100)
     ap.add_argument("--weights-kib", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-cache.json")))
     args = ap.parse_args()
     per_model = args.versions // args.models
     prune_per_model = args.prune // args.models

@@ -20,7 +20,6 @@ state (twice that), saved to a local store:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -38,6 +37,7 @@ import safetensors.numpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import bench_args  # noqa: E402
 from registry.checkpoint import CheckpointManager  # noqa: E402
 from registry.protocol.verify import verify_directory  # noqa: E402
 
@@ -132,10 +132,8 @@ def disk_floor(root: Path, params: dict[str, np.ndarray], opt: dict[str, np.ndar
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "checkpoint", repeat=3)
     ap.add_argument("--model-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-checkpoint.json")))
     args = ap.parse_args()
     params, opt = make_model(args.model_mib)
     total = sum(a.nbytes for a in params.values()) + sum(a.nbytes for a in opt.values())

@@ -28,7 +28,6 @@ system, this process and its children) of each.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -45,6 +44,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import bench_args  # noqa: E402
 from bench.llama_dir import make_llama_dir  # noqa: E402
 from bench.load_bench import drop_caches  # noqa: E402
 
@@ -90,12 +90,10 @@ def paired(samples: dict[str, list[dict[str, float]]], a: str, b: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "copy", repeat=2)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--publish-size-mib", type=int, default=256)
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-copy.json")))
     args = ap.parse_args()
     from registry.protocol.commit import commit_local_directory
     from registry.pull import pull

@@ -63,6 +63,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,38 +162,23 @@ def rank_main(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     for rnd in range(a.warmup + a.repeat):
         plain_dir = work / "plain" / f"r{rnd}"
 
-        def run_plain() -> float:
-            t = timed(lambda: dcp.save(plain_sd, checkpoint_id=str(plain_dir)))
-            if rank == 0:
-                prune(work / "plain", None)
-            return t
+        def plain_arm(then: Callable[[], object] = lambda: None) -> Callable[[], float]:
+            """An arm: the plain DCP save and ``then`` (hash or export), timed
+            together; the plain folders pruned after."""
+            def run() -> float:
+                def save_and_then() -> None:
+                    dcp.save(plain_sd, checkpoint_id=str(plain_dir))
+                    then()
+                t = timed(save_and_then)
+                if rank == 0:
+                    prune(work / "plain", None)
+                return t
+            return run
 
-        def run_plain_hashed() -> float:
-            def save_and_hash() -> None:
-                dcp.save(plain_sd, checkpoint_id=str(plain_dir))
-                sha256_files(plain_dir, rank)
-            t = timed(save_and_hash)
-            if rank == 0:
-                prune(work / "plain", None)
-            return t
-
-        def run_plain_hf() -> float:
-            def save_and_export() -> None:
-                dcp.save(plain_sd, checkpoint_id=str(plain_dir))
-                gather_save_file(model, plain_dir / "hf", rank)
-            t = timed(save_and_export)
-            if rank == 0:
-                prune(work / "plain", None)
-            return t
-
-        def run_plain_dcp_hf() -> float:
-            def save_and_export() -> None:
-                dcp.save(plain_sd, checkpoint_id=str(plain_dir))
-                dcp_hf_export(model, plain_dir / "hf")
-            t = timed(save_and_export)
-            if rank == 0:
-                prune(work / "plain", None)
-            return t
+        run_plain = plain_arm()
+        run_plain_hashed = plain_arm(lambda: sha256_files(plain_dir, rank))
+        run_plain_hf = plain_arm(lambda: gather_save_file(model, plain_dir / "hf", rank))
+        run_plain_dcp_hf = plain_arm(lambda: dcp_hf_export(model, plain_dir / "hf"))
 
         def run_with(ck: Any) -> Any:
             def run_ours() -> float:

@@ -1,6 +1,7 @@
-"""What the pull and signing benchmarks share: the release directory they time
-(``--size-mib`` MiB: a weights file of 3/4 of the size and three smaller files),
-the clock, and the alternating order of paired runs.
+"""What the benchmarks share: the command line's ``--repeat`` and ``--out``,
+the release directory the pull and signing benchmarks time (``--size-mib`` MiB:
+a weights file of 3/4 of the size and three smaller files), the clock, and the
+alternating order of paired runs.
 
 Imported by scripts run as ``python bench/<name>.py`` (they put the repository
 root on ``sys.path`` first).
@@ -8,6 +9,7 @@ root on ``sys.path`` first).
 
 from __future__ import annotations
 
+import argparse
 import json
 import struct
 import time
@@ -18,6 +20,16 @@ from typing import Any
 import numpy as np
 
 MIB = 1024 * 1024
+
+
+def bench_args(doc: str | None, name: str, *, repeat: int) -> argparse.ArgumentParser:
+    """A benchmark's command line: described by the first line of ``doc``, with
+    ``--repeat`` (default ``repeat``) and ``--out`` (default
+    ``bench/results-NAME.json``); the caller adds its own options."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    ap.add_argument("--repeat", type=int, default=repeat)
+    ap.add_argument("--out", default=str(Path(__file__).with_name(f"results-{name}.json")))
+    return ap
 
 
 def prefault(nbytes: int) -> None:

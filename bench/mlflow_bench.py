@@ -16,7 +16,6 @@ Runs in the benchmark's own environment, where MLflow is installed
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -31,6 +30,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import bench_args  # noqa: E402
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -116,10 +117,8 @@ def synthetic(path: Path, size_mib: int) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "mlflow", repeat=3)
     ap.add_argument("--size-mib", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-mlflow.json")))
     args = ap.parse_args()
     logging.getLogger("mlflow").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.ERROR)

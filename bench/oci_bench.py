@@ -22,7 +22,6 @@ memory (bench.harness). Ratios are ours / peer, medians.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import MIB, prefault, timed  # noqa: E402
+from bench.harness import bench_args, MIB, prefault, timed  # noqa: E402
 from bench.shards_bench import EVALS, LEDGER, make_sharded_dir  # noqa: E402
 
 ORAS = r'''
@@ -82,11 +81,9 @@ def targets(med: dict[str, float], size: str) -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = bench_args(__doc__, "oci", repeat=2)
     ap.add_argument("--size-mib", type=int, default=4096)
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-oci.json")))
     args = ap.parse_args()
 
     from registry.oci.client import OciClient

@@ -18,7 +18,6 @@ Targets: commit with pieces <= 1.03x today's; resume verification <= 0.6x
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from registry.protocol import hashing  # noqa: E402
-from bench.harness import prefault  # noqa: E402
+from bench.harness import bench_args, prefault  # noqa: E402
 from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.protocol.pieces import ChainHasher  # noqa: E402
 from registry.store import open_store  # noqa: E402
@@ -115,10 +114,8 @@ def disk_floor(tmp: Path, size: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "pieces", repeat=3)
     ap.add_argument("--model-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-pieces.json")))
     args = ap.parse_args()
     cpus = os.cpu_count() or 1
     out: dict[str, Any] = {"cpus": cpus, "load_before": os.getloadavg()}

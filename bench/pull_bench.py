@@ -19,7 +19,6 @@ Targets: ratio <= 1.15 locally (both), <= 1.0 on S3, warm re-pull <= 0.1 s per G
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.floor import disk_floor  # noqa: E402
-from bench.harness import MIB, make_release_dir, prefault, timed  # noqa: E402
+from bench.harness import bench_args, make_release_dir, MIB, prefault, timed  # noqa: E402
 from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
@@ -142,10 +141,8 @@ def bench_backend(name: str, store_url: str, src: Path, tmp: Path, repeat: int,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "pull", repeat=3)
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-pull.json")))
     ap.add_argument("--local-only", action="store_true", help="skip the S3 half")
     ap.add_argument("--range-threshold-mib", type=int, default=None,
                     help="files above this are fetched in parallel byte ranges "

@@ -14,7 +14,6 @@ Target: time ratio <= 0.8 for bf16; peak memory of ours <= largest tensor +
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -30,6 +29,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.harness import bench_args  # noqa: E402
+from bench.shards_bench import EVALS, LEDGER  # noqa: E402
 MIB = 1024 * 1024
 
 
@@ -52,14 +54,8 @@ def make_checkpoint(store: str, mib: int) -> int:
 
 def child_ours(store: str, dtype: str, version: str) -> None:
     from registry.release import ModelRelease
-    ledger = [{"source_id": "bench", "name": "bench", "uri": "x", "license": "CC0-1.0",
-               "allowed_uses": ["train"], "revoked": False, "revoked_at": None,
-               "revocation_reason": None}]
-    evals = {"suite": "b", "suite_version": "1", "created_at": "2026-01-01T00:00:00Z",
-             "results": [{"task": "t", "metric": "m", "value": 1.0, "n": 1, "threshold": 0.0,
-                          "higher_is_better": True, "passed": True}], "passed": True}
-    ModelRelease(store).create("bench", 1, "bench-model", version, dtype=dtype, ledger=ledger,
-                               eval_summary=evals)
+    ModelRelease(store).create("bench", 1, "bench-model", version, dtype=dtype, ledger=LEDGER,
+                               eval_summary=EVALS)
 
 
 def child_naive(store: str, dtype: str, out_dir: str) -> None:
@@ -107,10 +103,8 @@ def peak_of(*args: str) -> tuple[float, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "release", repeat=3)
     ap.add_argument("--model-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-release.json")))
     ap.add_argument("--child", nargs="*")
     args = ap.parse_args()
     if args.child:

@@ -17,7 +17,6 @@ here), medians of ``--repeat`` trials of ``--opens`` opens each.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -28,6 +27,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import bench_args  # noqa: E402
 
 import boto3  # noqa: E402
 import s3fs  # noqa: E402
@@ -49,10 +50,8 @@ def per_open(fn, n: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = bench_args(__doc__, "s3open", repeat=5)
     ap.add_argument("--opens", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-s3open.json")))
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = S3Server(serialize=False).start()

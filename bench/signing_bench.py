@@ -22,7 +22,6 @@ trusted pull <= 1.02x.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import alternating, make_release_dir, prefault, timed  # noqa: E402
+from bench.harness import alternating, bench_args, make_release_dir, prefault, timed  # noqa: E402
 from registry.trust.local_ca import issue, make_ca  # noqa: E402
 from registry.trust.keys import generate
 from registry.trust import load_trust  # noqa: E402
@@ -47,10 +46,8 @@ from tests.release_util import ledger_row, summary  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_args(__doc__, "signing", repeat=5)
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("results-signing.json")))
     args = ap.parse_args()
     samples: dict[str, list[float]] = {"publish": [], "publish_signed": [], "pull": [],
                                        "pull_trusted": []}
@@ -95,23 +92,19 @@ def main() -> int:
             return sign_entries(manifest.files, str(tmp / "bot.pem"), model_id="bench",
                                 version=version, cert=str(tmp / "bot.crt"),
                                 chain=[str(tmp / "ca.crt")])
-        cert_data = sign_cert()
+        def sign_key() -> bytes:
+            return sign_entries(manifest.files, str(priv), model_id="bench", version=version)
+        # (sample name part, signer, its bundle, the trust that checks it): certificate, key
+        kinds = (("_cert", sign_cert, sign_cert(), ca_trust), ("", sign_key, data, trust))
         for _ in range(10):
-            samples.setdefault("sign_cert_only", []).append(timed(sign_cert))
-            samples.setdefault("precheck_cert_only", []).append(timed(lambda: precheck(
-                cert_data, manifest.files, model_id="bench", version=version, trust=ca_trust,
-                where="bench")))
-            samples.setdefault("verify_cert_only", []).append(timed(lambda: verify_bytes(
-                cert_data, manifest.files, model_id="bench", version=version, trust=ca_trust,
-                where="bench")))
-            samples.setdefault("sign_only", []).append(timed(lambda: sign_entries(
-                manifest.files, str(priv), model_id="bench", version=version)))
-            samples.setdefault("precheck_only", []).append(timed(lambda: precheck(
-                data, manifest.files, model_id="bench", version=version, trust=trust,
-                where="bench")))
-            samples.setdefault("verify_only", []).append(timed(lambda: verify_bytes(
-                data, manifest.files, model_id="bench", version=version, trust=trust,
-                where="bench")))
+            for kind, sign, bundle, host in kinds:
+                samples.setdefault(f"sign{kind}_only", []).append(timed(sign))
+                samples.setdefault(f"precheck{kind}_only", []).append(timed(lambda: precheck(
+                    bundle, manifest.files, model_id="bench", version=version, trust=host,
+                    where="bench")))
+                samples.setdefault(f"verify{kind}_only", []).append(timed(lambda: verify_bytes(
+                    bundle, manifest.files, model_id="bench", version=version, trust=host,
+                    where="bench")))
         total = sum(e.size for e in manifest.files)
         for i, pair in enumerate(alternating(args.repeat)):
             # A signed pull checks the sha256 the signature covers; an unsigned

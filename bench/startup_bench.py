@@ -32,34 +32,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.release_util import one_release_store  # noqa: E402
+
 MAIN = "from registry.cli import main; main()"
 TARGETS = {"--version": 0.15, "--help": 0.15, "ls": 0.35, "show": 0.35}
-
-
-def _world(work: Path) -> tuple[str, str]:
-    """A local store and SQLite index with one release ``m@1``; (store, db)."""
-    import numpy as np
-
-    from registry.api import Registry
-    from registry.formats.safetensors_io import write_safetensors
-
-    src = work / "model"
-    src.mkdir()
-    with open(src / "model.safetensors", "wb") as f:
-        write_safetensors(f, {"proj.weight": np.ones((4, 8), dtype=np.float32)},
-                          metadata={"format": "pt"}, path="model.safetensors")
-    (src / "config.json").write_text('{"hidden_size": 8}')
-    ledger = [{"source_id": "wiki", "name": "wiki corpus", "uri": "s3://data/wiki",
-               "license": "CC-BY-4.0", "allowed_uses": ["train", "eval"], "revoked": False,
-               "revoked_at": None, "revocation_reason": None}]
-    result = {"task": "copy", "metric": "accuracy", "value": 0.9, "n": 100, "threshold": 0.5,
-              "higher_is_better": True, "passed": True}
-    evals = {"suite": "smoke", "suite_version": "1", "created_at": "2026-11-29T10:00:00Z",
-             "results": [result], "passed": True}
-    store, db = str(work / "artifacts"), f"sqlite:///{work / 'registry.db'}"
-    with Registry(store, db=db) as reg:
-        reg.publish(src, "m", "1", ledger=ledger, eval_summary=evals)
-    return store, db
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -82,7 +58,7 @@ def main() -> int:
     py = sys.executable
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         work = Path(tmp)
-        store, db = _world(work)
+        store, db = one_release_store(work)
         env = {**os.environ, "PYTHONPATH": str(REPO), "REGISTRY_CONFIG": str(work / "none.toml")}
         for var in ("REGISTRY_STORE", "REGISTRY_DB", "REGISTRY_PROFILE"):
             env.pop(var, None)

@@ -1,7 +1,9 @@
-"""Small helpers shared by checkpoint tests: a model, its AdamW state, a trainer state."""
+"""Small helpers shared by checkpoint tests: a model, its AdamW state, a trainer
+state, and a store writer's rewrite of a committed step."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -30,3 +32,19 @@ def save(mgr: Any, step: int, **kw: Any) -> Any:
     return mgr.save(step, params, adamw(params), optimizer="adamw",
                     config=kw.pop("config", {"hidden_size": 8}),
                     trainer_state=trainer_state(step), **kw)
+
+
+def plant(store: Any, step: str, files: dict[str, bytes]) -> None:
+    """The store writer: replace files of the committed ``step`` and rewrite
+    its manifest to list them."""
+    from registry.protocol.manifest import MANIFEST, FileEntry, Manifest
+    from registry.protocol.verify import read_manifest
+    from registry.store import join
+
+    m = read_manifest(store, step)
+    entries = {e.path: e for e in m.files}
+    for path, data in files.items():
+        store.write_bytes(join(step, path), data)
+        entries[path] = FileEntry(path, len(data), hashlib.sha256(data).hexdigest())
+    store.write_bytes(join(step, MANIFEST),
+                      Manifest.build("checkpoint", entries.values(), **dict(m.meta)).to_bytes())

@@ -5,9 +5,11 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -241,6 +243,18 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 def durable_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL other processes can reach: local disk, S3, GCS or Azure (not memory)."""
     return make_store_url(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def any_uid_dir() -> Iterator[Path]:
+    """A new folder every uid can traverse (pytest's tmp_path is 0700 root's),
+    for tests that run a second user against files root made; removed after."""
+    d = Path(tempfile.mkdtemp(prefix="reg-uid-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
 
 
 @pytest.fixture(autouse=True)

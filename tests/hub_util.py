@@ -46,8 +46,10 @@ BERT_CONFIG = {"architectures": ["BertModel"], "model_type": "bert", "hidden_siz
                "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pad_token_id": 0}
 
 
-def two_berts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """:func:`tiny_bert` seeds 1 and 2 in a new temp folder: {"1": dir, "2": dir}."""
+@pytest.fixture(scope="module")
+def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A module's fixture (import it by name): :func:`tiny_bert` seeds 1 and 2
+    in a new temp folder, {"1": dir, "2": dir}."""
     root = tmp_path_factory.mktemp("bert")
     return {"1": tiny_bert(root, 1), "2": tiny_bert(root, 2)}
 
@@ -102,6 +104,15 @@ def release_files(store_url: str, model_id: str, version: str) -> dict[str, str]
     with open_store(store_url) as s:
         m = read_manifest(s, release_prefix(model_id, version))
     return {**{e.path: e.sha256 for e in m.files}, "MANIFEST.json": m.digest}
+
+
+def tiny_on_s3(bucket: str, tmp_path: Path, seed: int) -> tuple[str, Path, str]:
+    """:func:`tiny_bert` ``seed`` published as tiny@1 under ``s3://bucket/root``:
+    (store URL, source folder, sha256 of its model.safetensors)."""
+    src = tiny_bert(tmp_path, seed)
+    url = f"s3://{bucket}/root"
+    publish(url, src, "tiny", "1")
+    return url, src, release_files(url, "tiny", "1")["model.safetensors"]
 
 
 def client_env(base: str, hf_home: Path, **extra: str) -> dict[str, str]:

@@ -12,7 +12,6 @@ and S3.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from registry.errors import AmbiguousRefError, InvalidNameError, NameTakenError
 from registry.protocol.pointer import move_pointer
 from registry.store import open_store
 from tests.conftest import run_cli
-from tests.release_util import ledger_row, summary
+from tests.release_util import docs_args, ledger_row, summary
 from tests.test_pull import release_files
 
 
@@ -37,16 +36,9 @@ def model_dir(tmp_path: Path) -> Path:
     return src
 
 
-def docs(tmp_path: Path) -> list[str]:
-    lpath, epath = tmp_path / "ledger.json", tmp_path / "summary.json"
-    lpath.write_text(json.dumps([ledger_row()]))
-    epath.write_text(json.dumps(summary(0.9, 0.5)))
-    return ["--ledger", str(lpath), "--evals", str(epath)]
-
-
 def publish_cli(url: str, db: str, tmp_path: Path, version: str) -> subprocess.CompletedProcess[str]:
     return run_cli("publish", str(model_dir(tmp_path)), "--model-id", "m", "--version", version,
-                   *docs(tmp_path), "--store", url, "--db", db)
+                   *docs_args(tmp_path), "--store", url, "--db", db)
 
 
 def assert_error(p: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:

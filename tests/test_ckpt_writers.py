@@ -42,7 +42,7 @@ from registry.formats.safetensors_io import read_safetensors
 from registry.store import Store, open_store
 from registry.protocol.verify import verify_directory
 from tests.support.ckpt_race_child import STEP, save_loongsage, save_tinyllm, tensors
-from tests.support.forkclient import python_popen, python_run
+from tests.support.forkclient import python_popen, python_popens, python_run
 
 CHILD = Path(__file__).resolve().parent / "support" / "ckpt_race_child.py"
 ROUNDS = 12
@@ -73,10 +73,9 @@ def run_rounds(url: str, layout: str, tmp: Path, writers: int = 2,
     round; returns, per round, each writer's report."""
     barrier = tmp / "barrier"
     barrier.mkdir()
-    procs = [python_popen([sys.executable, str(CHILD), url, layout, str(w), str(rounds),
-                               str(barrier)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for w in range(writers)]
-    try:
+    with python_popens([[sys.executable, str(CHILD), url, layout, str(w), str(rounds),
+                         str(barrier)] for w in range(writers)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as procs:
         deadline = time.monotonic() + 120
         while not all((barrier / f"ready-{w}").exists() for w in range(writers)):
             dead = [p for p in procs if p.poll() is not None]
@@ -93,11 +92,6 @@ def run_rounds(url: str, layout: str, tmp: Path, writers: int = 2,
                 assert time.monotonic() < deadline + 60 * (r + 1), f"round {r} hangs"
                 time.sleep(0.005)
         outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert "Traceback" not in err, err

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from registry.cli.commands import COMMANDS, first_paragraph
+from tests.release_util import one_release_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,6 +159,19 @@ def test_a_read_loads_only_what_it_reads_with(tmp_path: Path, args: list[str],
     with sqlite3 and loading none of :data:`NOT_FOR_READS`."""
     store, db = _world(tmp_path)
     out = tmp_path / "read.txt"
+#: what a read of the index needs none of: weights formats, remote stores,
+#: signing, templates, terminal rendering
+NOT_FOR_LS = ("numpy", "ml_dtypes", "torch", "safetensors", "fsspec", "s3fs", "aiobotocore",
+              "boto3", "botocore", "cryptography", "jinja2", "rich")
+
+
+@pytest.mark.parametrize(("args", "listed"), [([], "m"), (["m"], "1")])
+def test_ls_loads_only_what_it_reads_with(tmp_path: Path, args: list[str], listed: str) -> None:
+    """``registry ls`` (models, and a model's releases) on a local store and
+    SQLite index lists the release, loading SQLAlchemy but none of
+    :data:`NOT_FOR_LS`."""
+    store, db = one_release_store(tmp_path)
+    out = tmp_path / "ls.txt"
     code = (f"import sys\nsys.stdout = open({str(out)!r}, 'w')\n"
             + _main(*args, "--store", store, "--db", db))
     loaded = _loaded(tmp_path, code)

@@ -12,32 +12,14 @@ from pathlib import Path
 
 import pytest
 
-import registry.store.local as local_mod
 from registry.refs.aliases import set_alias
 from registry.protocol.commit import commit_local_directory
 from registry.store import open_store
+from tests.support.fsync_spy import record_fsyncs
 
 NESTED = ["model.safetensors", "evals/summary.json", "heads/sentiment.json",
           "dist_ckpt/mp_rank_00/model_optim_rng.pt", "hf_model/config.json",
           "data_source/shard-0/state.json"]
-
-
-def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    events: list[tuple[str, str]] = []
-    real_fsync, real_open = local_mod.fsync_path, local_mod._DurableFile.__init__
-
-    def fsync(path: str) -> None:
-        if os.path.isdir(path):
-            events.append(("fsync-dir", os.path.realpath(path)))
-        real_fsync(path)
-
-    def durable_init(self: object, path: str, mode: str, **kw: object) -> None:
-        events.append(("open", os.path.realpath(path)))
-        real_open(self, path, mode, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(local_mod, "fsync_path", fsync)
-    monkeypatch.setattr(local_mod._DurableFile, "__init__", durable_init)
-    return events
 
 
 def test_every_folder_a_commit_creates_is_fsynced_before_the_manifest(
@@ -47,7 +29,7 @@ def test_every_folder_a_commit_creates_is_fsynced_before_the_manifest(
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(rel.encode())
     store = open_store(str(tmp_path / "store"))
-    events = _spy(monkeypatch)
+    events = record_fsyncs(monkeypatch)
     commit_local_directory(store, src, "runs/r1/ckpt/step-000001", kind="checkpoint",
                            run_id="r1", step=1)
     manifest_at = next(i for i, (what, p) in enumerate(events)
@@ -72,7 +54,7 @@ def test_a_new_refs_folder_is_fsynced_into_its_parent(
     src.mkdir()
     (src / "model.safetensors").write_bytes(b"x")
     commit_local_directory(store, src, "models/m/1", kind="checkpoint", run_id="r", step=1)
-    events = _spy(monkeypatch)
+    events = record_fsyncs(monkeypatch)
     set_alias(store, "m", "prod", "1")
     assert ("fsync-dir", os.path.realpath(tmp_path / "store/models/m")) in events
     assert ("fsync-dir", os.path.realpath(tmp_path / "store/models/m/refs")) in events

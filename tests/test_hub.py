@@ -29,16 +29,11 @@ from tests.hub_util import (
     publish,
     index_db,
     release_files,
-    two_berts,
+    srcs,
 )
 from tests.web_util import serve
 
 REPO_ID = "registry/tiny"
-
-
-@pytest.fixture(scope="module")
-def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return two_berts(tmp_path_factory)
 
 
 def _store(kind: str, request: pytest.FixtureRequest, tmp_path: Path,

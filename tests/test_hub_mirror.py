@@ -22,18 +22,13 @@ from tests.hub_util import (
     index_db,
     publish,
     release_files,
-    two_berts,
+    srcs,
 )
 from tests.support.faultproxy import FaultProxy
 from tests.web_util import serve
 from tests.support.forkclient import python_run
 
 REPO_ID = "registry/tiny"
-
-
-@pytest.fixture(scope="module")
-def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return two_berts(tmp_path_factory)
 
 
 def _fill(url: str, srcs: dict[str, Path]) -> None:

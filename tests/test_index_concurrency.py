@@ -40,7 +40,7 @@ from registry.index import Index
 from registry.index.db import head_revision
 from tests.ckpt_util import save
 from tests.release_util import ledger_row, summary
-from tests.support.forkclient import python_popen
+from tests.support.forkclient import python_popen, python_popens
 
 
 CHILD = r'''
@@ -99,10 +99,9 @@ def run_together(tmp_path: Path, argvs: list[list[str]],
     tmp_path.mkdir(parents=True, exist_ok=True)
     go = tmp_path / "go"
     readies = [tmp_path / f"ready-{i}" for i in range(len(argvs))]
-    procs = [python_popen([sys.executable, "-c", CHILD, str(r), str(go), *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r, argv in zip(readies, argvs, strict=True)]
-    try:
+    with python_popens([[sys.executable, "-c", CHILD, str(r), str(go), *argv]
+                        for r, argv in zip(readies, argvs, strict=True)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as procs:
         deadline = time.monotonic() + timeout
         while not all(r.exists() or p.poll() is not None for r, p in zip(readies, procs)):
             assert time.monotonic() < deadline, "children never reached the barrier"
@@ -113,11 +112,6 @@ def run_together(tmp_path: Path, argvs: list[list[str]],
             stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             out.append(subprocess.CompletedProcess(argv, p.returncode, stdout, stderr))
         return out
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def checkpoint(store_url: str) -> None:

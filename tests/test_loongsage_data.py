@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-import registry.store.local as local_mod
 from registry.checkpoint.loongsage import (
     PIPELINE,
     DataSourceFreshWarning,
@@ -32,6 +31,7 @@ from registry.errors import CheckpointError, DocumentError, TorchUnavailableErro
 from registry.protocol.manifest import MANIFEST, FileEntry, Manifest, parse_manifest
 from registry.store import Store, open_store
 from registry.protocol.verify import verify_directory
+from tests.support.fsync_spy import record_fsyncs
 from tests.support.loongsage_child import save_kwargs
 from tests.test_loongsage import hf_dir
 
@@ -206,20 +206,7 @@ def test_save_freq_defaults_to_minus_one_and_checkpoint_path_is_required() -> No
 def test_every_sub_folder_is_fsynced_before_the_commit_marker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store(str(tmp_path / "store"))
-    events: list[tuple[str, str]] = []
-    real_fsync, real_init = local_mod.fsync_path, local_mod._DurableFile.__init__
-
-    def fsync(path: str) -> None:
-        if os.path.isdir(path):
-            events.append(("fsync-dir", os.path.realpath(path)))
-        real_fsync(path)
-
-    def durable_init(self: object, path: str, mode: str, **kwargs: object) -> None:
-        events.append(("open", os.path.realpath(path)))
-        real_init(self, path, mode, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(local_mod, "fsync_path", fsync)
-    monkeypatch.setattr(local_mod._DurableFile, "__init__", durable_init)
+    events = record_fsyncs(monkeypatch)
     c = LoongSageCheckpointer(store, ROOT, save_freq=2, total_steps=2, async_save=False,
                               save_hf=True,
                               hf_config={"hidden_size": 64},

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.hub_util import publish, release_files, tiny_bert
+from tests.hub_util import publish, release_files, tiny_bert, tiny_on_s3
 from tests.support.faultproxy import Action, FaultProxy
 from tests.web_util import serve
 
@@ -104,10 +104,7 @@ def test_a_file_the_cache_cannot_hold_is_refused_at_once_with_nothing_fetched(
 
 def test_a_failed_fill_leaves_nothing_behind_and_the_next_one_completes(
         s3_bucket: str, proxy: FaultProxy, tmp_path: Path) -> None:
-    src = tiny_bert(tmp_path, 2)
-    url = f"s3://{s3_bucket}/root"
-    publish(url, src, "tiny", "1")
-    weights = release_files(url, "tiny", "1")["model.safetensors"]
+    url, _, weights = tiny_on_s3(s3_bucket, tmp_path, 2)
     mirror = tmp_path / "m"
     with serve(url, f"sqlite:///{tmp_path / 'i.db'}", "--mirror-cache", str(mirror),
                env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:

@@ -15,13 +15,14 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.conftest import run_cli
-from tests.hub_util import index_db, publish, release_files, two_berts
+from tests.hub_util import index_db, publish, release_files, srcs
 from tests.support.faultproxy import Action, FaultProxy
 from tests.web_util import serve
 
@@ -32,11 +33,6 @@ FAST = {"REGISTRY_S3_ATTEMPTS": "1", "REGISTRY_S3_RETRY_DELAY": "0",
 
 DOWN = Action("reset")
 FAILING = Action("error", status=500, code="InternalError")
-
-
-@pytest.fixture(scope="module")
-def srcs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return two_berts(tmp_path_factory)
 
 
 def get(base: str, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
@@ -70,6 +66,20 @@ def store_requests(proxy: FaultProxy) -> int:
     return len(list(proxy.log))
 
 
+def _mirror(url: str, proxy: FaultProxy, tmp_path: Path, *flags: str) -> AbstractContextManager[str]:
+    """``registry serve --mirror-cache`` of ``url`` with ``flags``, its store
+    reads through ``proxy`` and failing fast (a context manager: the base URL)."""
+    return serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), *flags,
+                 env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST})
+
+
+def assert_serves(base: str, rev: str, files: dict[str, str]) -> None:
+    """Each of ``files`` (name: sha256) is served whole at revision ``rev``."""
+    for name, digest in files.items():
+        status, _, body = get(base, f"/{REPO}/resolve/{rev}/{name}")
+        assert status == 200 and sha(body) == digest, name
+
+
 @pytest.mark.parametrize("fault", ["down", "500"])
 def test_an_outage_is_a_retryable_503_on_every_route_never_a_missing_model(
         s3_bucket: str, proxy: FaultProxy, srcs: dict[str, Path], tmp_path: Path,
@@ -78,8 +88,7 @@ def test_an_outage_is_a_retryable_503_on_every_route_never_a_missing_model(
     publish(url, srcs["1"], "tiny", "1")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     assert run_cli("index", "rebuild", "--store", url, "--db", index_db(tmp_path)).returncode == 0
-    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
-               "--stale-for", "0", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
+    with _mirror(url, proxy, tmp_path, "--fresh-for", "0", "--stale-for", "0") as base:
         # the store up: absence is still a 404 with the Hub's code
         status, headers, _ = get(base, "/api/models/registry/nope")
         assert (status, headers.get("x-error-code")) == (404, "RepoNotFound")
@@ -97,9 +106,7 @@ def test_an_outage_is_a_retryable_503_on_every_route_never_a_missing_model(
         # the store back: every route answers again, same server
         proxy.rules.clear()
         files = release_files(url, "tiny", "1")
-        for name, digest in files.items():
-            status, _, body = get(base, f"/{REPO}/resolve/prod/{name}")
-            assert status == 200 and sha(body) == digest, name
+        assert_serves(base, "prod", files)
 
 
 def test_a_slow_store_delays_but_never_fails_a_request(
@@ -107,16 +114,12 @@ def test_a_slow_store_delays_but_never_fails_a_request(
     url = f"s3://{s3_bucket}/root"
     publish(url, srcs["1"], "tiny", "1")
     files = release_files(url, "tiny", "1")
-    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"),
-               "--fresh-for", "600",
-               env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
+    with _mirror(url, proxy, tmp_path, "--fresh-for", "600") as base:
         proxy.rules.append(lambda r: Action("delay", seconds=0.3))
         for method, path in hub_routes("1"):
             status, _, body = get(base, path, method)
             assert status == 200, (path, status, body)
-        for name, digest in files.items():
-            status, _, body = get(base, f"/{REPO}/resolve/1/{name}")
-            assert status == 200 and sha(body) == digest, name
+        assert_serves(base, "1", files)
 
 
 def test_verified_bytes_are_served_from_the_cache_with_no_store_request(
@@ -125,8 +128,7 @@ def test_verified_bytes_are_served_from_the_cache_with_no_store_request(
     publish(url, srcs["1"], "tiny", "1")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     files = release_files(url, "tiny", "1")
-    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for",
-               "3600", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
+    with _mirror(url, proxy, tmp_path, "--fresh-for", "3600") as base:
         for rev in ("prod", "1"):
             for name in files:
                 assert get(base, f"/{REPO}/resolve/{rev}/{name}")[0] == 200
@@ -152,8 +154,7 @@ def test_an_outage_serves_what_was_verified_stale_within_the_bound_and_never_pas
     publish(url, srcs["1"], "tiny", "3")
     assert run_cli("alias", "set", "tiny", "prod", "1", "--store", url).returncode == 0
     one = release_files(url, "tiny", "1")
-    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
-               "--stale-for", "3600", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
+    with _mirror(url, proxy, tmp_path, "--fresh-for", "0", "--stale-for", "3600") as base:
         for name in one:
             assert get(base, f"/{REPO}/resolve/prod/{name}")[0] == 200
         assert get(base, f"/{REPO}/resolve/2/config.json")[0] == 200  # passes now
@@ -179,8 +180,7 @@ def test_an_outage_serves_what_was_verified_stale_within_the_bound_and_never_pas
         # a release it never verified cannot be served: an outage, not "no such release"
         status, headers, _ = get(base, f"/{REPO}/resolve/3/config.json")
         assert status == 503 and headers.get("x-error-code") == "StoreUnavailable"
-    with serve(url, index_db(tmp_path), "--mirror-cache", str(tmp_path / "m"), "--fresh-for", "0",
-               "--stale-for", "0", env={"AWS_ENDPOINT_URL": proxy.endpoint, **FAST}) as base:
+    with _mirror(url, proxy, tmp_path, "--fresh-for", "0", "--stale-for", "0") as base:
         # no stale bound: nothing is decided without the store, though the bytes are cached
         status, headers, _ = get(base, f"/{REPO}/resolve/prod/config.json")
         assert status == 503 and int(headers["retry-after"]) > 0

@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.hub_util import publish, release_files, tiny_bert
+from tests.hub_util import tiny_on_s3
 from tests.support.faultproxy import Action, FaultProxy
 from tests.test_hub_mirror import bytes_read, total
 from tests.web_util import serve
@@ -36,10 +36,7 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 def test_a_cold_stampede_reads_the_store_once_and_stalls_no_other_route(
         s3_bucket: str, proxy: FaultProxy, tmp_path: Path) -> None:
-    src = tiny_bert(tmp_path, 3)
-    url = f"s3://{s3_bucket}/root"
-    publish(url, src, "tiny", "1")
-    digest = release_files(url, "tiny", "1")["model.safetensors"]
+    url, src, digest = tiny_on_s3(s3_bucket, tmp_path, 3)
     size = (src / "model.safetensors").stat().st_size
     with serve(url, f"sqlite:///{tmp_path / 'i.db'}", "--mirror-cache",
                str(tmp_path / "m"), env={"AWS_ENDPOINT_URL": proxy.endpoint}) as base:

@@ -13,17 +13,19 @@ body accepted as complete) and the fill is discarded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
-from tests.hub_util import PIECE, publish, release_files, tiny_bert
+from tests.hub_util import PIECE, tiny_on_s3
 from tests.support.faultproxy import Action, FaultProxy
 from tests.test_hub_mirror import bytes_read, total
 from tests.web_util import serve
@@ -39,11 +41,9 @@ HELD_AT = 3 * PIECE
 
 @pytest.fixture()
 def release(s3_bucket: str, tmp_path: Path) -> tuple[str, Path, str]:
-    src = tiny_bert(tmp_path, 5)
-    url = f"s3://{s3_bucket}/root"
-    publish(url, src, "tiny", "1")
+    url, src, digest = tiny_on_s3(s3_bucket, tmp_path, 5)
     assert (src / "model.safetensors").stat().st_size > HELD_AT + 2 * PIECE
-    return url, src, release_files(url, "tiny", "1")["model.safetensors"]
+    return url, src, digest
 
 
 def _hold(proxy: FaultProxy, kind: str = "delay") -> threading.Event:
@@ -95,15 +95,24 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def test_first_piece_goes_out_before_the_fill_ends_and_16_clients_get_right_bytes(
-        release: tuple[str, Path, str], proxy: FaultProxy, tmp_path: Path) -> None:
-    url, src, digest = release
-    data = (src / "model.safetensors").read_bytes()
+@contextlib.contextmanager
+def _mirror(url: str, proxy: FaultProxy, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """``registry serve --mirror-cache`` of ``url``, its store reads through
+    ``proxy``, once the config has been served (the release's facts are warm):
+    (port, cache folder)."""
     cache = tmp_path / "m"
     with serve(url, f"sqlite:///{tmp_path / 'i.db'}", "--mirror-cache", str(cache),
                env=ENV | {"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
         port = int(base.rsplit(":", 1)[1])
-        assert _get(port, "/registry/tiny/resolve/1/config.json")[0] == 200  # facts warm
+        assert _get(port, "/registry/tiny/resolve/1/config.json")[0] == 200
+        yield port, cache
+
+
+def test_first_piece_goes_out_before_the_fill_ends_and_16_clients_get_right_bytes(
+        release: tuple[str, Path, str], proxy: FaultProxy, tmp_path: Path) -> None:
+    url, src, digest = release
+    data = (src / "model.safetensors").read_bytes()
+    with _mirror(url, proxy, tmp_path) as (port, cache):
         config_size = (src / "config.json").stat().st_size
         release_store = _hold(proxy)
         proxy.log.clear()
@@ -161,11 +170,7 @@ def test_a_tampered_later_piece_cuts_every_response_and_the_fill_is_discarded(
         release: tuple[str, Path, str], proxy: FaultProxy, tmp_path: Path) -> None:
     url, src, digest = release
     data = (src / "model.safetensors").read_bytes()
-    cache = tmp_path / "m"
-    with serve(url, f"sqlite:///{tmp_path / 'i.db'}", "--mirror-cache", str(cache),
-               env=ENV | {"AWS_ENDPOINT_URL": proxy.endpoint}) as base:
-        port = int(base.rsplit(":", 1)[1])
-        assert _get(port, "/registry/tiny/resolve/1/config.json")[0] == 200
+    with _mirror(url, proxy, tmp_path) as (port, cache):
         release_store = _hold(proxy, "corrupt")  # the last byte flipped: the last piece is bad
         opened = [_open(port) for _ in range(4)]
         try:

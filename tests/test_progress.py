@@ -20,42 +20,35 @@ from registry.obs.progress import RateWindow
 from tests.ckpt_util import save
 from tests.conftest import REPO, run_cli
 from tests.release_util import ledger_row, summary
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.fakeclock import FakeClock
 
 
 def test_no_rate_and_no_eta_until_a_rate_is_measured() -> None:
-    clock = _Clock()
+    clock = FakeClock(100.0)
     w = RateWindow(5.0, min_span=0.5, clock=clock)
     assert w.rate() is None and w.eta(0, 1000) is None  # nothing yet
     w.add(400)  # a first chunk at once: says nothing about the speed
     assert w.rate() is None and w.eta(400, 1000) is None
-    clock.t += 0.25
+    clock.now += 0.25
     assert w.rate() is None and w.eta(400, 1000) is None
-    clock.t += 0.75  # one second since the start: 400 B/s
+    clock.now += 0.75  # one second since the start: 400 B/s
     assert w.rate() == pytest.approx(400.0)
     assert w.eta(400, 1000) == pytest.approx(1.5)
     assert w.eta(400, None) is None  # no total, no ETA
 
 
 def test_the_rate_is_measured_over_the_window_only() -> None:
-    clock = _Clock()
+    clock = FakeClock(100.0)
     w = RateWindow(2.0, clock=clock)
     for _ in range(10):  # 10 s at 1000 B/s
-        clock.t += 1
+        clock.now += 1
         w.add(1000)
     assert w.rate() == pytest.approx(1000.0)
     for _ in range(2):  # then 2 s at 100 B/s: the window forgets the fast part
-        clock.t += 1
+        clock.now += 1
         w.add(100)
     assert w.rate() == pytest.approx(100.0)
-    clock.t += 10  # stalled: nothing in the window, no rate (and no ETA)
+    clock.now += 10  # stalled: nothing in the window, no rate (and no ETA)
     assert w.rate() is None and w.eta(0, 10) is None
 
 

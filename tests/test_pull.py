@@ -83,7 +83,7 @@ from registry.store.s3 import S3Store
 from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli, run_cli_batch
 from tests.release_util import ledger_row, summary
-from tests.support.forkclient import python_popen, python_run
+from tests.support.forkclient import python_popen, python_popens, python_run
 
 MODEL = "tiny"
 KIB = 1024
@@ -945,21 +945,15 @@ def test_concurrent_pulls_of_one_release_all_succeed(durable_store_url: str, dur
     publish(durable, tmp_path, "1", release_files())
     base = tmp_path / "race"
     base.mkdir()
-    procs = [python_popen([sys.executable, str(CHILD), "race", durable_store_url, MODEL,
-                               "1", str(base), str(REPETITIONS)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(RACERS)]
-    try:
+    argv = [sys.executable, str(CHILD), "race", durable_store_url, MODEL, "1", str(base),
+            str(REPETITIONS)]
+    with python_popens([argv] * RACERS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True) as procs:
         for rep in range(REPETITIONS):
             wait_for(lambda: len(list(base.glob(f"ready-{rep}-*"))) == RACERS, 120,
                      f"{RACERS} racers ready for repetition {rep}")
             (base / f"go-{rep}").touch()
         outs = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, out + err
         lines = [json.loads(x) for x in out.splitlines()]

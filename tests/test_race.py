@@ -26,7 +26,7 @@ from registry.protocol.manifest import MANIFEST, list_local_files
 from registry.protocol.pointer import move_pointer, read_pointer
 from registry.store import open_store
 from registry.protocol.verify import is_committed, read_manifest, verify_directory
-from tests.support.forkclient import python_popen
+from tests.support.forkclient import python_popens
 
 CHILD = Path(__file__).resolve().parent / "support" / "commit_child.py"
 PREFIX = "runs/r/ckpt/step-000001"
@@ -38,11 +38,9 @@ def run_together(argvs: list[list[str]], tmp: Path, *,
     tmp.mkdir(parents=True, exist_ok=True)
     go = tmp / "go"
     ready = [tmp / f"ready-{i}" for i in range(len(argvs))]
-    procs = [python_popen([sys.executable, str(CHILD), *argv, "--ready", str(r),
-                               "--go", str(go)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv, r in zip(argvs, ready, strict=True)]
-    try:
+    with python_popens([[sys.executable, str(CHILD), *argv, "--ready", str(r), "--go", str(go)]
+                        for argv, r in zip(argvs, ready, strict=True)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as procs:
         deadline = time.monotonic() + timeout
         while not all(r.exists() for r in ready):
             dead = [p for p in procs if p.poll() is not None]
@@ -58,11 +56,6 @@ def run_together(argvs: list[list[str]], tmp: Path, *,
             out, err = p.communicate(timeout=timeout)
             results.append(subprocess.CompletedProcess(argv, p.returncode, out, err))
         return results
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
 
 
 # -- two or four committers of the same directory ------------------------------

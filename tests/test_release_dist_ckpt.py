@@ -10,7 +10,6 @@ peak resident memory of a release stays a fraction of the model's size.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
@@ -24,6 +23,7 @@ import pytest
 from registry.checkpoint.layout import LOONGSAGE
 from registry.protocol.manifest import MANIFEST
 from registry.store import Store, join, open_store
+from tests.ckpt_util import plant
 from tests.conftest import REPO, make_store_url, run_cli
 from tests.release_util import ledger_row, summary
 from tests.test_loongsage_dcp import job, lines
@@ -141,20 +141,6 @@ def _release(url: str, tmp_path: Path, *extra: str, root: str = "exp",
                    "--from", part, "--store", url, *extra)
 
 
-def _plant(store: Store, files: dict[str, bytes]) -> None:
-    """The store writer: replace files of the step and rewrite its manifest."""
-    from registry.protocol.manifest import FileEntry, Manifest
-    from registry.protocol.verify import read_manifest
-
-    m = read_manifest(store, STEP)
-    entries = {e.path: e for e in m.files}
-    for path, data in files.items():
-        store.write_bytes(join(STEP, path), data)
-        entries[path] = FileEntry(path, len(data), hashlib.sha256(data).hexdigest())
-    store.write_bytes(join(STEP, MANIFEST),
-                      Manifest.build("checkpoint", entries.values(), **dict(m.meta)).to_bytes())
-
-
 def _one_line_nothing_committed(p: subprocess.CompletedProcess[str], code: int,
                                 *needles: str, url: str) -> None:
     assert p.returncode == code, p.stdout + p.stderr
@@ -264,7 +250,7 @@ def _tamper_metadata(store: Store, change: str) -> None:
         meta.storage_data = {k: v for k, v in meta.storage_data.items() if k.fqn != "model.w"}
         for c in md.chunks:
             meta.storage_data[MetadataIndex("model.w", c.offsets)] = record
-    _plant(store, {"dist_ckpt/.metadata": pickle.dumps(meta)})
+    plant(store, STEP, {"dist_ckpt/.metadata": pickle.dumps(meta)})
 
 
 @pytest.mark.parametrize("case,needle", [

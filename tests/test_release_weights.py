@@ -27,7 +27,7 @@ from registry.errors import UsageError
 from registry.formats.safetensors_io import write_safetensors
 from registry.store import open_store
 from tests.conftest import run_cli
-from tests.release_util import ledger_row, summary
+from tests.release_util import docs_args, ledger_row, summary
 
 RNG = np.random.default_rng(5)
 TENSORS = {"proj.weight": RNG.standard_normal((4, 96), dtype=np.float32),  # cols 96
@@ -43,13 +43,6 @@ def model_dir(tmp_path: Path, name: str, tensors: dict, metadata: dict | None) -
     return d
 
 
-def docs(tmp_path: Path) -> list[str]:
-    lpath, epath = tmp_path / "ledger.json", tmp_path / "summary.json"
-    lpath.write_text(json.dumps([ledger_row()]))
-    epath.write_text(json.dumps(summary(0.9, 0.5)))
-    return ["--ledger", str(lpath), "--evals", str(epath)]
-
-
 def test_int4_with_no_int4_tensor_is_refused(tmp_path: Path) -> None:
     src = model_dir(tmp_path, "src", TENSORS, {"format": "pt"})
     url, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
@@ -58,7 +51,7 @@ def test_int4_with_no_int4_tensor_is_refused(tmp_path: Path) -> None:
         reg.publish(src, "m", "1", ledger=[ledger_row()], eval_summary=summary(0.9, 0.5),
                     dtype="int4", group_size=128)  # 96 columns: no group of 128 fits
     p = run_cli("publish", str(src), "--model-id", "m", "--version", "1", "--dtype", "int4",
-                "--group-size", "256", *docs(tmp_path), "--store", url, "--db", db)
+                "--group-size", "256", *docs_args(tmp_path), "--store", url, "--db", db)
     assert p.returncode == 2 and "would quantize no tensor" in p.stderr, p.stderr
     assert str(src / "model.safetensors") in p.stderr and "96" in p.stderr
     assert not open_store(url).exists("models/m/1/MANIFEST.json")

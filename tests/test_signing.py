@@ -72,6 +72,19 @@ def keys(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
     return {n: keypair(tmp_path, n) for n in ("release", "old", "attacker")}
 
 
+class SignedStore:
+    """A local store under ``root`` and a release key pair (``key``, ``pub``)
+    under ``root``; ``mirror``: the base URL of a server of it, once started."""
+
+    def __init__(self, root: Path) -> None:
+        (root / "keys").mkdir(parents=True)
+        self.root = root
+        self.url = str(root / "store")
+        self.store: Store = open_store(self.url)
+        self.key, self.pub = keypair(root, "release")
+        self.mirror = ""
+
+
 def model_dir(root: Path, name: str = "src", *, seed: int = 1) -> Path:
     d = root / name
     (d / "data").mkdir(parents=True)
@@ -110,6 +123,25 @@ def model_signing_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The library's own CLI, in a real process."""
     return python_run([sys.executable, "-m", "model_signing", *args], capture_output=True,
                           text=True, timeout=300)
+
+
+def release_dir_to_sign(store: Store, tmp_path: Path) -> Path:
+    """MODEL@1 published unsigned, then pulled without its MANIFEST.json into a
+    folder named MODEL@2 (the library's subject name binds the folder's name):
+    a complete release directory (card, ledger, evals) to sign."""
+    publish(store, model_dir(tmp_path), "1", None)
+    signed_dir = tmp_path / f"{MODEL}@2"
+    pull(store, MODEL, "1", to=signed_dir, cache=tmp_path / "cache")
+    (signed_dir / MANIFEST).unlink()
+    return signed_dir
+
+
+def publish_dir(release_dir: Path, version: str, *s: str) -> subprocess.CompletedProcess[str]:
+    """``registry publish`` of a release directory as MODEL@version, with the
+    ledger and evals it holds."""
+    return run_cli("publish", str(release_dir), "--model-id", MODEL, "--version", version,
+                   "--ledger", str(release_dir / "ledger.json"),
+                   "--evals", str(release_dir / "evals" / "summary.json"), *s)
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -205,28 +237,20 @@ def test_directory_signed_by_the_library_cli_then_published_verifies_on_pull(
         durable_store_url: str, tmp_path: Path, keys: dict[str, tuple[Path, Path]]) -> None:
     priv, pub = keys["release"]
     store = open_store(durable_store_url)
-    publish(store, model_dir(tmp_path), "1", None)
-    # A complete release directory (card, ledger, evals), named <model_id>@<version>
-    # so the library's subject name binds it, signed by the library's CLI.
-    signed_dir = tmp_path / f"{MODEL}@2"
-    pull(store, MODEL, "1", to=signed_dir, cache=tmp_path / "cache")
-    (signed_dir / MANIFEST).unlink()
+    # A complete release directory, named <model_id>@<version>, signed by the library's CLI.
+    signed_dir = release_dir_to_sign(store, tmp_path)
     v = model_signing_cli("sign", "key", "--private_key", str(priv), "--signature",
                           str(signed_dir / "model.sig"), str(signed_dir))
     assert v.returncode == 0, v.stdout + v.stderr
     s = ["--store", durable_store_url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
-    r = run_cli("publish", str(signed_dir), "--model-id", MODEL, "--version", "2",
-                "--ledger", str(signed_dir / "ledger.json"),
-                "--evals", str(signed_dir / "evals" / "summary.json"), *s)
+    r = publish_dir(signed_dir, "2", *s)
     assert r.returncode == 0, r.stderr
     assert store.read_bytes(f"models/{MODEL}/2/model.sig") == (signed_dir / "model.sig").read_bytes()
     r = run_cli("pull", f"{MODEL}@2", "--to", str(tmp_path / "out"), "--trusted-key", str(pub),
                 "--cache", str(tmp_path / "cache"), *s[:2])
     assert r.returncode == 0, r.stderr
     # The same signature published under another version is refused at publish.
-    r = run_cli("publish", str(signed_dir), "--model-id", MODEL, "--version", "3",
-                "--ledger", str(signed_dir / "ledger.json"),
-                "--evals", str(signed_dir / "evals" / "summary.json"), *s)
+    r = publish_dir(signed_dir, "3", *s)
     assert r.returncode == 1 and "not 'tiny@3'" in r.stderr, r.stderr
     assert not store.exists(f"models/{MODEL}/3/MANIFEST.json")
     # ... and so is a signed directory whose files changed after signing.
@@ -235,9 +259,7 @@ def test_directory_signed_by_the_library_cli_then_published_verifies_on_pull(
                           str(changed / "model.sig"), str(changed))
     assert v.returncode == 0, v.stdout + v.stderr
     (changed / "config.json").write_text('{"hidden_size": 8, "x": 1}\n')
-    r = run_cli("publish", str(changed), "--model-id", MODEL, "--version", "4",
-                "--ledger", str(changed / "ledger.json"),
-                "--evals", str(changed / "evals" / "summary.json"), *s)
+    r = publish_dir(changed, "4", *s)
     assert r.returncode == 1 and "config.json differs from the signed sha256" in r.stderr
     assert not store.exists(f"models/{MODEL}/4/MANIFEST.json")
 

@@ -54,7 +54,7 @@ from tests.release_util import ledger_row, summary
 from tests.support.pull_attacks import assert_never_downloaded, assert_pulls_refused, rewrite
 from tests.test_release import checkpoint
 from tests.test_signing import MODEL, _safetensors, gate_files, model_dir, \
-    model_signing_cli, publish
+    model_signing_cli, publish, publish_dir, release_dir_to_sign
 
 pytest.importorskip("model_signing")
 
@@ -297,19 +297,14 @@ def test_cli_sign_with_certificate_pull_with_trusted_cas_and_the_library_verifie
 def test_directory_signed_by_the_library_with_a_certificate_then_published_pulls(
         durable_store_url: str, tmp_path: Path, pki: Path) -> None:
     store = open_store(durable_store_url)
-    publish(store, model_dir(tmp_path), "1", None)
-    signed_dir = tmp_path / f"{MODEL}@2"
-    pull(store, MODEL, "1", to=signed_dir, cache=tmp_path / "cache")
-    (signed_dir / MANIFEST).unlink()
+    signed_dir = release_dir_to_sign(store, tmp_path)
     v = model_signing_cli("sign", "certificate", "--private_key", str(pki / "release.pem"),
                           "--signing_certificate", str(pki / "release.crt"),
                           "--certificate_chain", str(pki / "ca.crt"),
                           "--signature", str(signed_dir / "model.sig"), str(signed_dir))
     assert v.returncode == 0, v.stdout + v.stderr
     s = ["--store", durable_store_url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
-    r = run_cli("publish", str(signed_dir), "--model-id", MODEL, "--version", "2",
-                "--ledger", str(signed_dir / "ledger.json"),
-                "--evals", str(signed_dir / "evals" / "summary.json"), *s)
+    r = publish_dir(signed_dir, "2", *s)
     assert r.returncode == 0, r.stderr
     r = run_cli("pull", f"{MODEL}@2", "--to", str(tmp_path / "out"), "--trusted-ca",
                 str(pki / "ca.crt"), "--cache", str(tmp_path / "cache"), "--json", *s[:2])

@@ -24,16 +24,18 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 from registry.errors import SourceChangedError, UnsafeEntryError
 from registry.release import ModelRelease
-from registry.store import open_store
+from registry.store import Store, open_store
 from tests.conftest import run_cli
-from tests.release_util import ledger_row, summary
+from tests.release_util import docs_args, ledger_row, summary
 from tests.support.attacker import as_nobody, require_other_user, shared_dir, victim_files
 from tests.test_pull import release_files
 from tests.support.forkclient import python_popen
@@ -47,17 +49,10 @@ def _write(src: Path, files: dict[str, bytes]) -> None:
         (src / rel).write_bytes(data)
 
 
-def _docs(tmp_path: Path) -> list[str]:
-    ledger, evals = tmp_path / "ledger.json", tmp_path / "evals.json"
-    ledger.write_text(json.dumps([ledger_row()]))
-    evals.write_text(json.dumps(summary()))
-    return ["--ledger", str(ledger), "--evals", str(evals)]
-
-
 def _publish_cli(tmp_path: Path, src: Path, store: str, *extra: str,
                  version: str = "1") -> subprocess.CompletedProcess[str]:
     return run_cli("publish", str(src), "--model-id", "tiny", "--version", version,
-                   *_docs(tmp_path), "--store", store, "--db",
+                   *docs_args(tmp_path), "--store", store, "--db",
                    f"sqlite:///{tmp_path / 'r.db'}", *extra)
 
 
@@ -272,6 +267,23 @@ def _s3_source(bucket: str, *, checksum: bool) -> str:
     return f"s3://{bucket}/src"
 
 
+def _refused_with_pump(store: Store, url: str, pump: Callable[[Any, Any], Any],
+                       match: str) -> None:
+    """A publish of ``url`` whose copy loop (``_pump``) is ``pump`` is refused
+    with SourceChangedError matching ``match``, and commits nothing."""
+    import registry.release.copying as mr  # the copy loop (_pump) of a release
+
+    real_pump = mr._pump
+    mr._pump = pump  # type: ignore[assignment]
+    try:
+        with pytest.raises(SourceChangedError, match=match):
+            ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
+                                        eval_summary=summary())
+    finally:
+        mr._pump = real_pump
+    assert not store.exists("models/tiny/1/MANIFEST.json")
+
+
 def test_an_s3_source_replaced_during_the_copy_is_refused(s3_bucket: str,
                                                           tmp_path: Path) -> None:
     url = _s3_source(s3_bucket, checksum=False)
@@ -287,14 +299,7 @@ def test_an_s3_source_replaced_during_the_copy_is_refused(s3_bucket: str,
             for rel in release_files():  # whichever is being copied now changes
                 boto3.client("s3").put_object(Bucket=s3_bucket, Key=f"src/{rel}",
                                               Body=b"new bytes")
-    mr._pump = pump_then_replace  # type: ignore[assignment]
-    try:
-        with pytest.raises(SourceChangedError, match="changed while it was copied .etag"):
-            ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
-                                        eval_summary=summary())
-    finally:
-        mr._pump = real_pump
-    assert not store.exists("models/tiny/1/MANIFEST.json")
+    _refused_with_pump(store, url, pump_then_replace, "changed while it was copied .etag")
 
 
 def test_s3_bytes_altered_on_the_way_disagree_with_the_servers_checksum(
@@ -326,14 +331,8 @@ def test_s3_bytes_altered_on_the_way_disagree_with_the_servers_checksum(
             b[:len(data)] = data
             return len(data)
 
-    mr._pump = lambda f, out: real_pump(Flip(f), out)  # type: ignore[assignment,arg-type]
-    try:
-        with pytest.raises(SourceChangedError, match="not the object the server holds"):
-            ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
-                                        eval_summary=summary())
-    finally:
-        mr._pump = real_pump
-    assert not store.exists("models/tiny/1/MANIFEST.json")
+    _refused_with_pump(store, url, lambda f, out: real_pump(Flip(f), out),
+                       "not the object the server holds")
     r = ModelRelease(store).publish(url, "tiny", "1", ledger=[ledger_row()],
                                     eval_summary=summary())
     assert r.manifest.files

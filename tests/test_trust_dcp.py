@@ -4,7 +4,6 @@ the step may run them (issue 30, item 1)."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -14,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.protocol.manifest import MANIFEST, FileEntry, Manifest
-from registry.store import Store, join
-from registry.protocol.verify import read_manifest
+from registry.store import Store
+from tests.ckpt_util import plant
 
 torch = pytest.importorskip("torch") if os.environ.get("REGISTRY_REQUIRE_ENGINES") != "1" \
     else __import__("torch")
@@ -44,17 +42,6 @@ def _save(store: Store) -> dict[str, object]:
                                    async_save=False) as ckpt:
         ckpt.maybe_save(1, model=model, optimizer_state=opt)
     return model
-
-
-def _plant(store: Store, files: dict[str, bytes]) -> None:
-    """The store writer: replace files of the step and rewrite its manifest."""
-    m = read_manifest(store, STEP)
-    entries = {e.path: e for e in m.files}
-    for path, data in files.items():
-        store.write_bytes(join(STEP, path), data)
-        entries[path] = FileEntry(path, len(data), hashlib.sha256(data).hexdigest())
-    store.write_bytes(join(STEP, MANIFEST),
-                      Manifest.build("checkpoint", entries.values(), **dict(m.meta)).to_bytes())
 
 
 def _hf(tmp_path: Path, model: dict[str, object]) -> Path:
@@ -88,7 +75,7 @@ def test_a_code_running_metadata_pickle_is_refused_unrun(store: Store, tmp_path:
     model = _save(store)
     hf = _hf(tmp_path, model)
     marker = tmp_path / "payload-ran"
-    _plant(store, {"dist_ckpt/.metadata": pickle.dumps(Payload(marker))})
+    plant(store, STEP, {"dist_ckpt/.metadata": pickle.dumps(Payload(marker))})
     with pytest.raises(UnsafeCheckpointError) as e:
         _readers(store, hf, model)[reader]()  # type: ignore[operator]
     assert not marker.exists()
@@ -113,7 +100,7 @@ def test_a_code_running_byte_entry_is_refused_unrun(store: Store, tmp_path: Path
         warnings.simplefilter("ignore")
         dcp.save({"model.w": model["w"], "common": Payload(marker), "rng.rank0": b"[]"},
                  checkpoint_id=str(forged), no_dist=True)
-    _plant(store, {f"dist_ckpt/{p.name}": p.read_bytes() for p in forged.iterdir()})
+    plant(store, STEP, {f"dist_ckpt/{p.name}": p.read_bytes() for p in forged.iterdir()})
     with pytest.raises(UnsafeCheckpointError, match="builtins.exec"):
         _readers(store, hf, model)[reader]()  # type: ignore[operator]
     assert not marker.exists()

@@ -22,23 +22,14 @@ pytest.importorskip("model_signing")
 
 from registry.refs.aliases import set_alias  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
-from registry.store import Store, open_store  # noqa: E402
 from registry.trust.snapshot import sign_snapshot  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.release_util import ledger_row, summary  # noqa: E402
-from tests.test_signing import keypair, model_dir  # noqa: E402
+from tests.test_signing import SignedStore, model_dir  # noqa: E402
 from tests.web_util import serve  # noqa: E402
 
 
-class World:
-    def __init__(self, root: Path) -> None:
-        (root / "keys").mkdir(parents=True)
-        self.root = root
-        self.url = str(root / "store")
-        self.store: Store = open_store(self.url)
-        self.key, self.pub = keypair(root, "release")
-        self.mirror = ""
-
+class World(SignedStore):
     def model(self, m: str) -> str:
         """``m`` with signed releases 1 and 2, ``prod`` -> 2 (signed)."""
         for v in ("1", "2"):

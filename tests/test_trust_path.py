@@ -32,11 +32,11 @@ from registry.errors import RegistryError, SignatureError  # noqa: E402
 from registry.lifecycle.yank import yank  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.release import ModelRelease  # noqa: E402
-from registry.store import Store, open_store  # noqa: E402
+from registry.store import open_store  # noqa: E402
 from registry.trust import load_trust  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.release_util import ledger_row, summary  # noqa: E402
-from tests.test_signing import keypair, model_dir  # noqa: E402
+from tests.test_signing import SignedStore, model_dir  # noqa: E402
 from tests.web_util import serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "registry"
@@ -45,19 +45,15 @@ ROOT = Path(__file__).resolve().parent.parent / "registry"
 # -- the world: one store, one honest keyless mirror, one trusting server ---------------
 
 
-class World:
+class World(SignedStore):
     """A local store with signed releases; ``mirror``: a ``registry serve`` of it
     with no keys; ``hub``: one with ``--trusted-key``."""
 
     def __init__(self, root: Path) -> None:
-        (root / "keys").mkdir(parents=True)
-        self.root = root
-        self.url = str(root / "store")
-        self.store: Store = open_store(self.url)
-        self.key, self.pub = keypair(root, "release")
+        super().__init__(root)
         self.trust = load_trust([self.pub])
         self.srcs = {v: model_dir(root / "src", f"s{v}", seed=int(v)) for v in ("1", "2")}
-        self.mirror = self.hub = ""
+        self.hub = ""
 
     def model(self, model_id: str) -> str:
         """``model_id`` with versions 1 and 2 (signed) and ``prod`` moved 1 -> 2, signed."""

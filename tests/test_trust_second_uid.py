@@ -15,8 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,14 +52,8 @@ def as_other(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def world() -> Iterator[Path]:
-    """A folder every uid can traverse (pytest's tmp_path is 0700 root)."""
-    d = Path(tempfile.mkdtemp(prefix="reg-uid2-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
+def world(any_uid_dir: Path) -> Path:
+    return any_uid_dir
 
 
 def door(world: Path, kind: str, to: str) -> subprocess.CompletedProcess[str]:

@@ -14,15 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from registry.errors import UnsafeFileModeError
 from registry.host.filemodes import check_trusted_path
-from registry.store import open_store
+from registry.store import Store, open_store
 from registry.trust import load_trust
 from tests.test_signing import MODEL, model_dir, publish
 
@@ -35,14 +33,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def world() -> Iterator[Path]:
-    """A folder every uid can traverse (pytest's tmp_path is 0700 root)."""
-    d = Path(tempfile.mkdtemp(prefix="reg-uid-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
+def world(any_uid_dir: Path) -> Path:
+    return any_uid_dir
 
 
 def _keypair(path: Path) -> tuple[Path, Path]:
@@ -50,6 +42,19 @@ def _keypair(path: Path) -> tuple[Path, Path]:
 
     priv, pub, _ = generate(path.with_suffix(".key"), public_path=path.with_suffix(".pem"))
     return priv, pub
+
+
+def _published(world: Path, who: str) -> tuple[Path, Store, Path]:
+    """A local store holding MODEL@1 signed by a new key ``who`` and a keys
+    folder trusting that key: (store_dir, store, keys)."""
+    store_dir = world / "store"
+    store = open_store(str(store_dir))
+    priv, pub = _keypair(world / who)
+    publish(store, model_dir(world), "1", priv)
+    keys = world / "keys"
+    keys.mkdir()
+    shutil.copy(pub, keys / f"{who}.pem")
+    return store_dir, store, keys
 
 
 def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -67,13 +72,7 @@ def pull(world: Path, store_url: str, ref: str, keys: Path,
 
 
 def test_a_key_planted_in_a_world_writable_keys_folder_is_never_trusted(world: Path) -> None:
-    store_dir = world / "store"
-    store = open_store(str(store_dir))
-    op_priv, op_pub = _keypair(world / "operator")
-    publish(store, model_dir(world), "1", op_priv)
-    keys = world / "keys"
-    keys.mkdir()
-    shutil.copy(op_pub, keys / "operator.pem")
+    store_dir, store, keys = _published(world, "operator")
     keys.chmod(0o777)  # the operator's mistake
     # the attacker: its own key, planted; then (as a store writer too) a release it signed
     evil_priv, evil_pub = _keypair(world / "evil")
@@ -106,13 +105,7 @@ def test_a_revocation_another_user_can_rewrite_is_refused(world: Path) -> None:
     from registry.trust.keys import load_public_key
     from registry.trust import revoke
 
-    store_dir = world / "store"
-    store = open_store(str(store_dir))
-    priv, pub = _keypair(world / "leaked")
-    publish(store, model_dir(world), "1", priv)
-    keys = world / "keys"
-    keys.mkdir()
-    shutil.copy(pub, keys / "leaked.pem")
+    store_dir, _, keys = _published(world, "leaked")
     revoke(keys, load_public_key(keys / "leaked.pem"), "key leaked")
     assert pull(world, str(store_dir), f"{MODEL}@1", keys).returncode != 0  # revoked holds
     (keys / "revoked.json").chmod(0o666)  # a careless chmod

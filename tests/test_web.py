@@ -21,16 +21,7 @@ from registry.api import Registry
 from registry.cli import app as cli_app
 from registry.web import create_app
 from tests.conftest import run_cli
-from tests.web_util import EVIL, build, ledger_row, serve, summary2
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """One local store + SQLite index for the module (read-only tests only)."""
-    root = tmp_path_factory.mktemp("web")
-    store, db = str(root / "store"), f"sqlite:///{root / 'index.db'}"
-    build(store, db)
-    return store, db
+from tests.web_util import EVIL, build, built, ledger_row, serve, summary2
 
 
 @pytest.fixture(scope="module")

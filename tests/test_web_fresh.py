@@ -24,14 +24,7 @@ from registry.store import open_store
 from registry.web.failure import failure_of
 from registry.web.fresh import Facts, reset_stale, stale_age
 from tests.conftest import free_port
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.fakeclock import FakeClock
 
 
 def down_error() -> StorageError:
@@ -66,7 +59,7 @@ def test_the_one_mapping(outage: StorageError) -> None:
 
 
 def test_one_read_per_interval_shared_by_every_request() -> None:
-    clock = Clock()
+    clock = FakeClock()
     facts = Facts(5.0, 0.0, clock=clock)
     gate = threading.Event()
     reads: list[int] = []
@@ -93,7 +86,7 @@ def test_one_read_per_interval_shared_by_every_request() -> None:
 
 
 def test_stale_only_within_the_bound_and_never_past_a_refusal(outage: StorageError) -> None:
-    clock = Clock()
+    clock = FakeClock()
     facts = Facts(5.0, 60.0, clock=clock)
 
     def fail() -> str:

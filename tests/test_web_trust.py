@@ -20,18 +20,10 @@ from registry.api import Registry
 from registry.store import Store
 from registry.web import create_app
 from registry.web.security import CSP, allowed_hosts, host_of
-from tests.web_util import build, serve
+from tests.web_util import built, serve
 
 HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff",
            "referrer-policy": "no-referrer", "x-frame-options": "DENY"}
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    root = tmp_path_factory.mktemp("webtrust")
-    store, db = str(root / "store"), f"sqlite:///{root / 'index.db'}"
-    build(store, db)
-    return store, db
 
 
 @pytest.fixture(scope="module")

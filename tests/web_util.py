@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 
 from registry.api import Registry
 from tests.ckpt_util import adamw, trainer_state
@@ -47,6 +48,16 @@ def build(store_url: str, db_url: str) -> None:
         reg.set_policy("tiny", ["copy/accuracy>=0.92"])
         reg.revoke("books", "the publisher withdrew the licence")
         assert not reg.index_errors, reg.index_errors
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A module's fixture (import it by name): one local store and SQLite index
+    holding :func:`build`'s registry, (store, db), for read-only tests."""
+    root = tmp_path_factory.mktemp("web")
+    store, db = str(root / "store"), f"sqlite:///{root / 'index.db'}"
+    build(store, db)
+    return store, db
 
 
 @contextmanager

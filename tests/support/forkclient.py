@@ -3,6 +3,7 @@ flavour, started on first use, and :class:`ForkedProcess`, the part of
 ``subprocess.Popen`` the suite uses, for a child it forked."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -281,6 +283,20 @@ def python_popen(argv: list[str], *, torch: bool = False, env: dict[str, str] | 
     return server(flavour).popen(
         "python", [str(a) for a in argv[1:]], env=dict(os.environ) if env is None else env,
         cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text)
+
+
+@contextlib.contextmanager
+def python_popens(argvs: list[list[str]], **kw: Any) -> Iterator[list[Any]]:
+    """One :func:`python_popen` per argv (the same keywords for each); on the
+    way out, any child still running is killed and reaped."""
+    procs = [python_popen(argv, **kw) for argv in argvs]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 _TORCH_WORDS = ("torch", "loongsage", "dcp")

@@ -9,15 +9,9 @@ Usage: ``load_rss_child.py STORE_URL REF WINDOW_BYTES``; prints one JSON line
 from __future__ import annotations
 
 import json
-import re
 import sys
 
-
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)
-    assert m is not None, field
-    return int(m.group(1))
+from tests.support.rss import reset_peak, status_kib
 
 
 def main() -> None:
@@ -25,13 +19,11 @@ def main() -> None:
     from registry.load import open_weights
 
     with open_weights(ref, store=url, framework="np", window_bytes=window, workers=2) as w:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _kib("VmRSS")
+        base = reset_peak()
         for _name, tensor in w:
             del tensor
         stats = w.stats.to_dict()
-    print(json.dumps({"base": base, "peak": _kib("VmHWM"), "tensors": stats["tensors"],
+    print(json.dumps({"base": base, "peak": status_kib("VmHWM"), "tensors": stats["tensors"],
                       "bytes": stats["bytes"]}))
 
 

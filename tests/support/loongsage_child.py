@@ -34,17 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from tests.ckpt_util import adamw
+
 
 def params(step: int) -> dict[str, np.ndarray]:
     """The model of step ``step``: deterministic, distinct per step."""
     rng = np.random.default_rng(step)
     return {"layer.weight": rng.standard_normal((64, 64), dtype=np.float32),
             "layer.bias": rng.standard_normal(64, dtype=np.float32)}
-
-
-def adamw(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {f"{k}.{s}": np.full_like(v, 0.5 if s == "exp_avg" else 0.25)
-            for k, v in p.items() for s in ("exp_avg", "exp_avg_sq")}
 
 
 def save_kwargs(step: int) -> dict[str, Any]:

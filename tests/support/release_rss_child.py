@@ -11,15 +11,9 @@ it (Linux: /proc/self/status VmRSS, VmHWM; the mark is reset through
 from __future__ import annotations
 
 import json
-import re
 import sys
 
-
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)
-    assert m is not None, field
-    return int(m.group(1))
+from tests.support.rss import reset_peak, status_kib
 
 
 def main() -> None:
@@ -32,13 +26,11 @@ def main() -> None:
     from tests.release_util import ledger_row, summary
 
     rel = ModelRelease(url)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _kib("VmRSS")
+    base = reset_peak()
     result = rel.create(None, int(step), "big", "1", ledger=[ledger_row()],
                         eval_summary=summary(), layout=LOONGSAGE, checkpoint_root=root,
                         subdir="dist_ckpt", hf_model_path=hf, max_shard_size="16MB")
-    print(json.dumps({"base": base, "peak": _kib("VmHWM"),
+    print(json.dumps({"base": base, "peak": status_kib("VmHWM"),
                       "files": len(result.manifest.files)}))
 
 
