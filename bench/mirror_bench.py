@@ -96,16 +96,34 @@ def load(port: int, kind: str, clients: int, n: int, size: int) -> dict[str, Any
             "p95_s": pct(lat, 0.95), "mib_s": sum(g[1] for g in got) / MIB / wall}
 
 
+def _env(tree: Path, proxy: FaultProxy) -> dict[str, str]:
+    """The environment of a server of ``tree`` (and the working folder set:
+    ``python -m registry`` imports from it first)."""
+    os.chdir(tree)
+    # a slow store is slow, not down
+    return {"AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tree),
+            "REGISTRY_S3_READ_TIMEOUT": "300"}
+
+
+def interleaved(trees: list[tuple[str, Path]], url: str, db: str, proxy: FaultProxy,
+                tmp: Path, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``--stampede-only``: ``args.rounds`` rounds, each a cold stampede on
+    every tree in turn, so the trees see the same load from other work."""
+    rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
+    for i in range(args.rounds):
+        for label, tree in trees:
+            rows[label].append(_stampede_once(url, db, proxy, tmp, size, args,
+                                              f"{label}-{i}", _env(tree, proxy)))
+    return {label: {"tree": str(tree), "stampede": _summary(rows[label])}
+            for label, tree in trees}
+
+
 def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
              args: argparse.Namespace, label: str) -> dict[str, Any]:
-    env = {"AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tree)}
-    os.chdir(tree)  # `python -m registry` imports from its working folder first
+    env = _env(tree, proxy)
     out: dict[str, Any] = {"tree": str(tree)}
     counts = {"json": args.requests, "small": args.requests, "range": args.requests // 2,
               "full": 0}
-    env["REGISTRY_S3_READ_TIMEOUT"] = "300"  # a slow store is slow, not down
-    if args.stampede_only:
-        return {**out, "stampede": stampede(url, db, proxy, tmp, size, args, label, env)}
     with serve(url, db, "--mirror-cache", str(tmp / f"mirror-{label}"), env=env) as base:
         port = int(base.rsplit(":", 1)[1])
         request(port, W)  # warm: the weights are in the mirror
@@ -167,8 +185,11 @@ def stampede(url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
     file warm, nothing else asked), so idle and stampede see the same load
     from other work on the machine. One row per round (the last round's
     also at the top level, as before), and the rounds' ratios."""
-    rows = [_stampede_once(url, db, proxy, tmp, size, args, f"{label}-{i}", env)
-            for i in range(args.rounds)]
+    return _summary([_stampede_once(url, db, proxy, tmp, size, args, f"{label}-{i}", env)
+                     for i in range(args.rounds)])
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = [r["json_ratio"] for r in rows]
     return {**rows[-1], "rounds": rows, "json_ratios": ratios,
             "json_ratio_median": statistics.median(ratios),
@@ -316,10 +337,13 @@ def main() -> None:
                                   eval_summary=summary())
         size = (src / "model.safetensors").stat().st_size
         db = f"sqlite:///{tmp / 'i.db'}"
-        for label, tree in (("before", args.before), ("after", args.after)):
-            if not tree:
-                continue  # --before '': the after tree alone
-            out[label] = run_tree(Path(tree), url, db, proxy, tmp, size, args, label)
+        # --before '': the after tree alone
+        trees = [(label, Path(tree)) for label, tree in
+                 (("before", args.before), ("after", args.after)) if tree]
+        if args.stampede_only:
+            out.update(interleaved(trees, url, db, proxy, tmp, size, args))
+        for label, tree in trees if not args.stampede_only else ():
+            out[label] = run_tree(tree, url, db, proxy, tmp, size, args, label)
         proxy.stop()
         s3.stop()
     out["load_after"] = os.getloadavg()[0]
