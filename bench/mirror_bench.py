@@ -17,11 +17,19 @@ behind the tests' request-logging proxy), run once from each code tree given
    stampede, when the last client had its whole file, the JSON API's p95
    during it and idle. The release is published with ``--piece-mib`` pieces,
    so a mirror that streams verified pieces (issue 51, item 3) can send the
-   first piece before the whole file has arrived.
+   first piece before the whole file has arrived. With ``--rounds N`` each
+   tree runs N stampedes, each on a new server with a cold cache, the trees
+   taking turns round by round (``--stampede-only``); the JSON API's idle
+   p95 of a round is measured on its server just before and just after its
+   stampede, so both see the same load from other work on the machine, and
+   each round's ratio is kept (``json_ratios``), with the JSON API's p95
+   while the clients wait for the first piece and while bytes stream.
+   ``MIRROR_BENCH_TRACE=FILE`` appends every poll and the CPU seconds of the
+   server's threads to FILE.
 
     python bench/mirror_bench.py [--size-mib 16] [--before /work/main] [--out ...]
     python bench/mirror_bench.py --stampede-only --size-mib 64 --piece-mib 4 \
-        --store-rate-mib 16     # the stampede alone; merged into --out as "streaming"
+        --store-rate-mib 16 --rounds 4  # the stampede alone; merged into --out as "streaming"
 """
 
 from __future__ import annotations
@@ -312,7 +320,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="cold stampedes per tree, each with its own idle p95")
     ap.add_argument("--stampede-only", action="store_true",
-                    help="only the cold stampede; merged into --out under 'streaming'")
+                    help="only the cold stampede; merged into --out under --key")
+    ap.add_argument("--key", default="streaming",
+                    help="where --stampede-only puts its run in --out (a list of runs when "
+                         "the key already holds one)")
     ap.add_argument("--before", default="/work/main")
     ap.add_argument("--after", default=str(ROOT))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-mirror.json"))
@@ -349,7 +360,10 @@ def main() -> None:
     out["load_after"] = os.getloadavg()[0]
     if args.stampede_only:  # kept beside the full run's table
         whole = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-        whole["streaming"] = out
+        if isinstance(whole.get(args.key), list):
+            whole[args.key].append(out)
+        else:
+            whole[args.key] = out
         Path(args.out).write_text(json.dumps(whole, indent=2) + "\n")
     else:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
