@@ -17,11 +17,19 @@ behind the tests' request-logging proxy), run once from each code tree given
    stampede, when the last client had its whole file, the JSON API's p95
    during it and idle. The release is published with ``--piece-mib`` pieces,
    so a mirror that streams verified pieces (issue 51, item 3) can send the
-   first piece before the whole file has arrived.
+   first piece before the whole file has arrived. With ``--rounds N`` each
+   tree runs N stampedes, each on a new server with a cold cache, the trees
+   taking turns round by round (``--stampede-only``); the JSON API's idle
+   p95 of a round is measured on its server just before and just after its
+   stampede, so both see the same load from other work on the machine, and
+   each round's ratio is kept (``json_ratios``), with the JSON API's p95
+   while the clients wait for the first piece and while bytes stream.
+   ``MIRROR_BENCH_TRACE=FILE`` appends every poll and the CPU seconds of the
+   server's threads to FILE.
 
     python bench/mirror_bench.py [--size-mib 16] [--before /work/main] [--out ...]
     python bench/mirror_bench.py --stampede-only --size-mib 64 --piece-mib 4 \
-        --store-rate-mib 16     # the stampede alone; merged into --out as "streaming"
+        --store-rate-mib 16 --rounds 4  # the stampede alone; merged into --out as "streaming"
 """
 
 from __future__ import annotations
@@ -96,16 +104,34 @@ def load(port: int, kind: str, clients: int, n: int, size: int) -> dict[str, Any
             "p95_s": pct(lat, 0.95), "mib_s": sum(g[1] for g in got) / MIB / wall}
 
 
+def _env(tree: Path, proxy: FaultProxy) -> dict[str, str]:
+    """The environment of a server of ``tree`` (and the working folder set:
+    ``python -m registry`` imports from it first)."""
+    os.chdir(tree)
+    # a slow store is slow, not down
+    return {"AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tree),
+            "REGISTRY_S3_READ_TIMEOUT": "300"}
+
+
+def interleaved(trees: list[tuple[str, Path]], url: str, db: str, proxy: FaultProxy,
+                tmp: Path, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``--stampede-only``: ``args.rounds`` rounds, each a cold stampede on
+    every tree in turn, so the trees see the same load from other work."""
+    rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
+    for i in range(args.rounds):
+        for label, tree in trees:
+            rows[label].append(_stampede_once(url, db, proxy, tmp, size, args,
+                                              f"{label}-{i}", _env(tree, proxy)))
+    return {label: {"tree": str(tree), "stampede": _summary(rows[label])}
+            for label, tree in trees}
+
+
 def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
              args: argparse.Namespace, label: str) -> dict[str, Any]:
-    env = {"AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(tree)}
-    os.chdir(tree)  # `python -m registry` imports from its working folder first
+    env = _env(tree, proxy)
     out: dict[str, Any] = {"tree": str(tree)}
     counts = {"json": args.requests, "small": args.requests, "range": args.requests // 2,
               "full": 0}
-    env["REGISTRY_S3_READ_TIMEOUT"] = "300"  # a slow store is slow, not down
-    if args.stampede_only:
-        return {**out, "stampede": stampede(url, db, proxy, tmp, size, args, label, env)}
     with serve(url, db, "--mirror-cache", str(tmp / f"mirror-{label}"), env=env) as base:
         port = int(base.rsplit(":", 1)[1])
         request(port, W)  # warm: the weights are in the mirror
@@ -126,13 +152,14 @@ def run_tree(tree: Path, url: str, db: str, proxy: FaultProxy, tmp: Path, size: 
 
 def _poll(port: int, n: int, stop: Any, go: Any, out: Any) -> None:
     """In its own process (its GIL is not the stampede clients'): once ``go``
-    is set, seconds of each JSON API request, ``n`` of them or until
-    ``stop`` is set."""
+    is set, ``(start, seconds)`` of each JSON API request (``start`` on the
+    shared ``time.time()`` clock), ``n`` of them or until ``stop`` is set."""
     out.put("ready")
     go.wait()
-    got: list[float] = []
+    got: list[tuple[float, float]] = []
     while len(got) < n and not stop.is_set():
-        got.append(request(port, "/api/v1/models")[2])
+        t = time.time()
+        got.append((t, request(port, "/api/v1/models")[2]))
     out.put(got)
 
 
@@ -149,44 +176,132 @@ def polled(port: int, n: int) -> tuple[Any, Any, Any, Any]:
     return p, q, go, stop
 
 
+def idle_polls(port: int, n: int = 100) -> list[float]:
+    """Seconds of ``n`` JSON API requests from another process, nothing else asked."""
+    proc, q, go, _ = polled(port, n)
+    go.set()
+    got = q.get()
+    proc.join()
+    return [s for _, s in got]
+
+
 def stampede(url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
              args: argparse.Namespace, label: str, env: dict[str, str]) -> dict[str, Any]:
-    """The cold stampede, with a slow store and a JSON poller."""
+    """``args.rounds`` cold stampedes, with a slow store and a JSON poller,
+    each on a new server with a cold cache; the JSON API's idle p95 is
+    measured on that server just before and just after its stampede (the
+    file warm, nothing else asked), so idle and stampede see the same load
+    from other work on the machine. One row per round (the last round's
+    also at the top level, as before), and the rounds' ratios."""
+    return _summary([_stampede_once(url, db, proxy, tmp, size, args, f"{label}-{i}", env)
+                     for i in range(args.rounds)])
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [r["json_ratio"] for r in rows]
+    return {**rows[-1], "rounds": rows, "json_ratios": ratios,
+            "json_ratio_median": statistics.median(ratios),
+            "json_ratio_max": max(ratios)}
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds of this process, of its children (the servers, the
+    poller) and of each of their threads, for MIRROR_BENCH_TRACE."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def secs(stat: str) -> tuple[str, float]:
+        f = stat.rsplit(")", 1)[1].split()
+        return stat[stat.index("(") + 1:stat.rindex(")")], (int(f[11]) + int(f[12])) / tick
+
+    pids = [os.getpid()]
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) \
+                    == os.getpid():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            who = "bench" if pid == os.getpid() else "serve" if " serve " in cmd else \
+                "poller" if "multiprocessing" in cmd else f"child{pid}"
+            out[who] = secs(Path(f"/proc/{pid}/stat").read_text())[1]
+        except OSError:
+            continue
+        if who != "serve":
+            continue
+        for t in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                f = (t / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[f"{who}:{t.name}:user"] = int(f[11]) / tick
+            out[f"{who}:{t.name}:sys"] = int(f[12]) / tick
+    return out
+
+
+def _stampede_once(url: str, db: str, proxy: FaultProxy, tmp: Path, size: int,
+                   args: argparse.Namespace, label: str,
+                   env: dict[str, str]) -> dict[str, Any]:
     with serve(url, db, "--mirror-cache", str(tmp / f"cold-{label}"), env=env) as base:
         port = int(base.rsplit(":", 1)[1])
         request(port, "/registry/bench/resolve/1/config.json")  # facts warm, weights cold
-        proc, q, go, _ = polled(port, 50)
-        go.set()
-        idle = q.get()
-        proc.join()
+        load_before = os.getloadavg()[0]
+        idle = idle_polls(port)
         proxy.reset()
         rate = args.store_rate_mib * MIB
         proxy.rules.append(lambda r: Action("delay", seconds=args.store_delay, rate=rate)
                            if r.op == "GetObject" and r.key.endswith("model.safetensors")
                            else None)
         first: list[float] = []
+        cpu0 = _cpu() if os.environ.get("MIRROR_BENCH_TRACE") else {}
         poller, q, go, done = polled(port, 1 << 30)  # the JSON API, from another process
         t = time.perf_counter()
+        t0 = time.time()
         with ThreadPoolExecutor(args.stampede) as pool:
             futs = [pool.submit(request, port, W, None, first) for _ in range(args.stampede)]
             time.sleep(0.2)
             go.set()
             res = [f.result() for f in futs]
         done.set()
-        during = q.get()
+        timed = q.get()
         poller.join()
         proxy.rules.clear()
+        store_gets = sum(1 for r in proxy.log if r.op == "GetObject")
+        cpu1 = _cpu() if cpu0 else {}
+        idle_after = idle_polls(port)  # the same server, the file warm now
+        during = [s for _, s in timed]
+        if os.environ.get("MIRROR_BENCH_TRACE"):  # every poll, for a closer look
+            with open(os.environ["MIRROR_BENCH_TRACE"], "a") as f:
+                f.write(json.dumps({"label": label, "first": sorted(first), "idle": idle,
+                                    "idle_after": idle_after,
+                                    "cpu": {k: v - cpu0.get(k, 0) for k, v in cpu1.items()},
+                                    "during": [(a - t0, s) for a, s in timed]}) + "\n")
+        idle_before, idle = idle, idle + idle_after
+        # the phases: waiting for the first verified piece, then bytes streaming
+        streaming_from = t0 + min(first)
+        waiting = [s for a, s in timed if a + s < streaming_from]
+        streaming = [s for a, s in timed if a + s >= streaming_from]
         row = {
             "clients": args.stampede, "store_delay_s": args.store_delay,
             "store_rate_mib_s": args.store_rate_mib, "piece_mib": args.piece_mib,
+            "load_avg_1m": load_before,
             "wall_s": time.perf_counter() - t,
             "ok": sum(1 for r in res if r[0] == 200 and r[1] == size),
             "first_byte_s": {"min": min(first), "p50": pct(first, 0.5), "max": max(first)},
             "last_body_done_s": max(r[2] for r in res),
             "json_idle_p95_s": pct(idle, 0.95), "json_during_p95_s": pct(during, 0.95),
+            "json_idle_before_p95_s": pct(idle_before, 0.95),
+            "json_idle_after_p95_s": pct(idle_after, 0.95),
+            "json_ratio": pct(during, 0.95) / pct(idle, 0.95),
             "json_during_max_s": max(during) if during else None,
             "json_polls_during": len(during),
-            "store_get_requests": sum(1 for r in proxy.log if r.op == "GetObject")}
+            "json_waiting_p95_s": pct(waiting, 0.95), "json_polls_waiting": len(waiting),
+            "json_streaming_p95_s": pct(streaming, 0.95),
+            "json_polls_streaming": len(streaming),
+            "store_get_requests": store_gets}
         print(label, "stampede", json.dumps(row), flush=True)
     return row
 
@@ -202,8 +317,13 @@ def main() -> None:
                     help="MiB/s the store streams the weights at in the stampede (0: at once)")
     ap.add_argument("--piece-mib", type=int, default=0,
                     help="piece size of the release (0: the default, 64 MiB)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="cold stampedes per tree, each with its own idle p95")
     ap.add_argument("--stampede-only", action="store_true",
-                    help="only the cold stampede; merged into --out under 'streaming'")
+                    help="only the cold stampede; merged into --out under --key")
+    ap.add_argument("--key", default="streaming",
+                    help="where --stampede-only puts its run in --out (a list of runs when "
+                         "the key already holds one)")
     ap.add_argument("--before", default="/work/main")
     ap.add_argument("--after", default=str(ROOT))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-mirror.json"))
@@ -228,21 +348,28 @@ def main() -> None:
                                   eval_summary=summary())
         size = (src / "model.safetensors").stat().st_size
         db = f"sqlite:///{tmp / 'i.db'}"
-        for label, tree in (("before", args.before), ("after", args.after)):
-            if not tree:
-                continue  # --before '': the after tree alone
-            out[label] = run_tree(Path(tree), url, db, proxy, tmp, size, args, label)
+        # --before '': the after tree alone
+        trees = [(label, Path(tree)) for label, tree in
+                 (("before", args.before), ("after", args.after)) if tree]
+        if args.stampede_only:
+            out.update(interleaved(trees, url, db, proxy, tmp, size, args))
+        for label, tree in trees if not args.stampede_only else ():
+            out[label] = run_tree(tree, url, db, proxy, tmp, size, args, label)
         proxy.stop()
         s3.stop()
     out["load_after"] = os.getloadavg()[0]
     if args.stampede_only:  # kept beside the full run's table
         whole = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-        whole["streaming"] = out
+        if isinstance(whole.get(args.key), list):
+            whole[args.key].append(out)
+        else:
+            whole[args.key] = out
         Path(args.out).write_text(json.dumps(whole, indent=2) + "\n")
     else:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k]["stampede"] for k in ("before", "after") if k in out},
-                     indent=2))
+    print(json.dumps({k: {f: out[k]["stampede"][f] for f in
+                          ("json_ratios", "json_ratio_median", "json_ratio_max")}
+                      for k in ("before", "after") if k in out}, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import hmac
 import time
-from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Any
 from urllib.parse import unquote
@@ -24,6 +23,7 @@ from urllib.parse import unquote
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.api import Registry
@@ -144,36 +144,7 @@ def create_app(registry: Registry, *, token: str | None = None,
     app.state.hub_source = hub_source or StoreSource(registry.store,
                                                      on_store_bytes=stats.from_store)
 
-    @app.middleware("http")
-    async def guard(request: Request,
-                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        t0 = time.perf_counter()
-        refused = refuse_host(request.headers.get("host"), allowed)
-        if refused is not None:
-            return _secured(_error(request, refused[0], "MisdirectedRequest", 2,
-                                   refused[1], None))
-        if token is not None and not _authorized(request.headers.get("authorization", ""),
-                                                 token):
-            denied = _error(request, 401, "Unauthorized", 2,
-                            "this registry needs a token: Authorization: Bearer <token>", None)
-            denied.headers["X-Error-Message"] = "Invalid credentials in Authorization header"
-            denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
-            return _secured(denied)
-        raw = request.scope.get("raw_path") or request.url.path.encode()
-        routed = route_path(raw)  # a namespaced model id as one segment (registry.web.modelpath)
-        why = _bad_path(routed[0] if routed else raw)
-        hub = hub_refusal(raw.decode("latin-1"), why) if why else None
-        if hub is not None:  # in the Hub's terms: X-Error-Code (registry.web.hubpaths)
-            response = hub_error_response(hub, request.method)
-        elif why:
-            response = _error(request, 400, "InvalidNameError", 2,
-                              f"{request.url.path}: {why}", None)
-        else:
-            if routed:
-                request.scope["path"] = routed[1]
-            response = await call_next(request)
-        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.2f}"
-        return _secured(response)
+    app.add_middleware(_Guard, allowed=allowed, token=token)
 
     @app.exception_handler(RegistryError)
     async def registry_error(request: Request, exc: RegistryError) -> Response:
@@ -233,6 +204,63 @@ def create_app(registry: Registry, *, token: str | None = None,
     app.include_router(pages.router)
     _observe(app, registry, request_log)
     return app
+
+
+class _Guard:
+    """Host, token and path checks before any route, and the security headers
+    and ``Server-Timing`` on every answer. A plain ASGI middleware (not
+    starlette's ``BaseHTTPMiddleware``, which re-streamed every body message
+    through a queue and passes no other message on): a file's zero-copy body
+    (registry.web.sending) reaches the server as it was sent."""
+
+    def __init__(self, app: Any, *, allowed: frozenset[str], token: str | None) -> None:
+        self.app, self.allowed, self.token = app, allowed, token
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+
+        async def secured(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.2f}"
+                headers.update(SECURITY_HEADERS)
+            await send(message)
+
+        request = Request(scope)
+        response = self._refusal(request)
+        if response is not None:
+            await response(scope, receive, secured)
+        else:
+            await self.app(scope, receive, secured)
+
+    def _refusal(self, request: Request) -> Response | None:
+        """The answer to a request refused before routing (None: route it;
+        a namespaced model id's path is rewritten here: registry.web.modelpath)."""
+        refused = refuse_host(request.headers.get("host"), self.allowed)
+        if refused is not None:
+            return _error(request, refused[0], "MisdirectedRequest", 2, refused[1], None)
+        if self.token is not None and \
+                not _authorized(request.headers.get("authorization", ""), self.token):
+            denied = _error(request, 401, "Unauthorized", 2,
+                            "this registry needs a token: Authorization: Bearer <token>", None)
+            denied.headers["X-Error-Message"] = "Invalid credentials in Authorization header"
+            denied.headers["WWW-Authenticate"] = 'Basic realm="model-registry", charset="UTF-8"'
+            return denied
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        routed = route_path(raw)  # a namespaced model id as one segment (registry.web.modelpath)
+        why = _bad_path(routed[0] if routed else raw)
+        hub = hub_refusal(raw.decode("latin-1"), why) if why else None
+        if hub is not None:  # in the Hub's terms: X-Error-Code (registry.web.hubpaths)
+            return hub_error_response(hub, request.method)
+        if why:
+            return _error(request, 400, "InvalidNameError", 2,
+                          f"{request.url.path}: {why}", None)
+        if routed:
+            request.scope["path"] = routed[1]
+        return None
 
 
 def _no_fastapi_telemetry() -> dict[str, Any]:

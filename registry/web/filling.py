@@ -24,10 +24,10 @@ verified against the manifest's piece states:
   request asks is answered with its error (409, 503...) before any byte.
 * **Waiting holds no thread.** A response waiting for its next piece awaits
   an asyncio future that the checking thread resolves
-  (``loop.call_soon_threadsafe``); reading a verified block is one short
-  ``pread`` of the page cache (:data:`BLOCK`), and at most :data:`SENDERS`
-  responses hand a block over at once, so the JSON API and warm files keep
-  their turns of the event loop during a stampede.
+  (``loop.call_soon_threadsafe``); each verified span is then sent from
+  the temp file by registry.web.sending (zero-copy ``sendfile`` under
+  ``registry serve``: no byte goes through Python), so the JSON API and
+  warm files keep the event loop during a stampede.
 
 A ranged request waits only for the pieces its range touches.
 
@@ -40,8 +40,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from registry.protocol import pieces as pc
@@ -49,19 +48,8 @@ from registry.errors import IntegrityError
 from registry.protocol.manifest import FileEntry
 from registry.web.hubfiles import spans
 
-#: bytes per block sent while a fill runs. Each block is read on the event
-#: loop: its piece was read back moments ago by the fill's checker, so it is
-#: in the page cache and a read is a copy of tens of microseconds, where a hop
-#: to a worker thread per block (and the GIL handoffs it costs) made 48
-#: streaming clients slow every other route (bench/mirror_bench.py). Small
-#: blocks keep each turn of the loop short, so other requests interleave.
-BLOCK = 256 * 1024
-#: responses of this process that may read and hand over a block in one turn
-#: of the event loop. The others wait their turn (FIFO): a turn then holds at
-#: most this many block writes, so a request of another route waits for a few
-#: blocks per turn, not one per streaming client (48 in the bench). A turn is
-#: given back at the loop's next turn, never held while a client drains.
-SENDERS = 2
+#: bytes at the end of a file held back until its fill has ended (see :meth:`LiveFill.spans`)
+TAIL = 256 * 1024
 
 
 def streamable(entry: FileEntry) -> bool:
@@ -80,7 +68,7 @@ class LiveFill:
     """The verified pieces of one running fill (see the module docstring).
 
     The fill's threads call :meth:`verified` and then :meth:`end`; requests
-    (on the event loop) call :meth:`first` and iterate :meth:`blocks`.
+    (on the event loop) call :meth:`first` and send :meth:`spans`.
     Thread-safe.
     """
 
@@ -172,7 +160,7 @@ class LiveFill:
 
     async def first(self, start: int, end: int) -> int | None:
         """Wait until the first piece of ``[start, end)`` is verified; then a
-        descriptor of the temp file for :meth:`blocks` (the caller's to
+        descriptor of the temp file for :meth:`spans` (the caller's to
         close), or None when the fill already ended well (send from the
         blob).
 
@@ -187,51 +175,23 @@ class LiveFill:
                 raise self._error
             return None if self._fd is None else os.dup(self._fd)
 
-    async def blocks(self, fd: int, start: int, end: int,
-                     sent: Callable[[int], None]) -> AsyncIterator[bytes]:
-        """Bytes ``[start, end)`` from ``fd`` (:meth:`first`'s; closed here),
-        each piece once it verified; raises the fill's error at the first
+    async def spans(self, start: int, end: int) -> AsyncIterator[tuple[int, int]]:
+        """The spans of ``[start, end)`` that may be sent, in order, each once
+        its piece verified (for registry.web.sending.FileSpans over
+        :meth:`first`'s descriptor); raises the fill's error at the first
         piece that never verifies (the server then drops the connection).
 
-        The last block of a response that reaches the file's end waits for
-        the fill to end (its fsync and link into ``blobs/``): a client that
-        has a whole file finds it in the mirror's cache, never a fill still
-        finishing."""
-        turns = _turns()
-        loop = asyncio.get_running_loop()
-        try:
-            for k, a, b in spans(self.entry, start, end):
-                await self.ready(k)
-                pos, stop = max(a, start), min(b, end)
-                while pos < stop:
-                    n = min(BLOCK, stop - pos)
-                    if pos + n == self.entry.size:
-                        await self.settled()  # verified bytes: sent however the fill ended
-                    await turns.acquire()
-                    try:
-                        block = os.pread(fd, n, pos)  # the page cache: see BLOCK
-                    finally:
-                        # the turn ends with this turn of the loop, in which the server
-                        # writes the block to its socket: never held while a client drains
-                        loop.call_soon(turns.release)
-                    if len(block) != n:
-                        raise IntegrityError(self.entry.path,
-                                             reason=f"bytes {pos}-{stop}: short read")
-                    sent(n)
-                    yield block
-                    pos += n
-        finally:
-            os.close(fd)
-
-
-_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = \
-    weakref.WeakKeyDictionary()
-
-
-def _turns() -> asyncio.Semaphore:
-    """The running loop's :data:`SENDERS` turns, shared by every streaming response."""
-    loop = asyncio.get_running_loop()
-    sem = _TURNS.get(loop)
-    if sem is None:
-        sem = _TURNS[loop] = asyncio.Semaphore(SENDERS)
-    return sem
+        The last :data:`TAIL` bytes of a response that reaches the file's
+        end wait for the fill to end (its fsync and link into ``blobs/``): a
+        client that has a whole file finds it in the mirror's cache, never a
+        fill still finishing."""
+        for k, a, b in spans(self.entry, start, end):
+            await self.ready(k)
+            lo, hi = max(a, start), min(b, end)
+            if hi == self.entry.size:
+                tail = max(lo, hi - TAIL)
+                if tail > lo:
+                    yield lo, tail
+                await self.settled()  # verified bytes: sent however the fill ended
+                lo = tail
+            yield lo, hi

@@ -33,7 +33,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from registry.errors import IntegrityError, RegistryError
 from registry.protocol.manifest import MANIFEST, FileEntry
@@ -42,6 +41,7 @@ from registry.web.failure import failure_of
 from registry.web.fresh import reset_stale, stale_age
 from registry.web.hubfiles import Source
 from registry.web.hubrefs import HubError, HubPolicy, Release
+from registry.web.sending import FileSpans, on_file_thread, whole
 
 router = APIRouter(include_in_schema=False)
 
@@ -317,28 +317,35 @@ async def _resolve(request: Request, repo_id: str, revision: str, path: str) -> 
     (registry.web.mirror) is waited for without holding a request thread:
     clients waiting on a cold file cost the other routes nothing; a file
     being filled is sent piece by piece as its pieces verify
-    (registry.web.filling)."""
-    prepared = await run_in_threadpool(_guarded(_prepare), request, repo_id, revision, path)
+    (registry.web.filling), and a cached file from its verified blob; both
+    zero-copy under ``registry serve`` (registry.web.sending). The route's
+    blocking work runs on the file routes' own threads
+    (registry.web.sending.file_threads), never on those of the JSON API."""
+    prepared = await on_file_thread(_guarded(_prepare), request, repo_id, revision, path)
     if isinstance(prepared, Response):
         return prepared
     rel, entry, start, end, status, headers, age = prepared
     source = _source(request)
     fill = getattr(source, "fill", None)
     if fill is not None:
+        stats = request.app.state.hub_stats
         try:
             filled = fill(rel.prefix, entry, rel.manifest)
             live = None if filled.done() else source.live(entry.sha256)  # type: ignore[attr-defined]
             if live is not None:  # registry.web.filling: each piece once it verified
                 fd = await live.first(start, end)
                 if fd is not None:
-                    stats = request.app.state.hub_stats
-                    return _marked(StreamingResponse(live.blocks(fd, start, end, stats.sent),
-                                                     status_code=status, headers=headers), age)
+                    return _marked(FileSpans(fd, live.spans(start, end), status_code=status,
+                                             headers=headers, sent=stats.sent), age)
             await asyncio.wrap_future(filled)
+            fd = await on_file_thread(source.verified,  # type: ignore[attr-defined]
+                                      rel.prefix, entry, rel.manifest)
         except (HubError, RegistryError, OSError) as e:
             return _marked(error_of(e, request.method), age)
-    sent = await run_in_threadpool(_guarded(_send), request, rel, entry, start, end, status,
-                                   headers)
+        return _marked(FileSpans(fd, whole(start, end), status_code=status, headers=headers,
+                                 sent=stats.sent), age)
+    sent = await on_file_thread(_guarded(_send), request, rel, entry, start, end, status,
+                                headers)
     return _marked(sent, age)  # type: ignore[no-any-return]
 
 

@@ -230,8 +230,17 @@ class MirrorSource:
                 f"bound the cache (registry cache prune --cache {self.cache.root} "
                 "--max-size ...)", key=str(self.cache.root), needed=needed, available=free)
 
-    def _verified_fd(self, prefix: str, entry: FileEntry, manifest: Manifest) -> int:
-        """An open descriptor of the blob whose bytes are verified now."""
+    def verified(self, prefix: str, entry: FileEntry, manifest: Manifest) -> int:
+        """An open descriptor (the caller's to close) of the blob of
+        ``entry`` whose bytes are verified now: fetched first if the cache
+        lacks it, re-hashed if its stat stamp changed since it was verified
+        (registry.web.hub sends it with registry.web.sending, zero-copy).
+
+        Raises:
+            IntegrityError: the store's bytes, or the cached copy twice over,
+                differ from the manifest.
+            ObjectNotFoundError, StorageError, InsufficientSpaceError: as :meth:`blob`.
+        """
         for _attempt in (1, 2):
             path = self.blob(prefix, entry, manifest)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -254,7 +263,7 @@ class MirrorSource:
 
     def open(self, prefix: str, entry: FileEntry, start: int, end: int, *,
              manifest: Manifest) -> Iterator[bytes]:
-        fd = self._verified_fd(prefix, entry, manifest)
+        fd = self.verified(prefix, entry, manifest)
         return self._stream(fd, start, end)
 
     @staticmethod

@@ -44,6 +44,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+#: the ASGI message of a body sent from a file (registry.web.sending; counted by its ``count``)
+ZERO_COPY = "http.response.zerocopysend"
 #: seconds each readiness check may take before it counts as failed
 READY_TIMEOUT = 5.0
 #: seconds a readiness verdict is kept
@@ -188,6 +190,8 @@ class Observe:
                         metrics.refused_for(reason)
                 elif message["type"] == "http.response.body":
                     sent += len(message.get("body", b""))
+                elif message["type"] == ZERO_COPY:  # a file's bytes (registry.web.sending)
+                    sent += message.get("count") or 0
                 await send(message)
 
             try:
