@@ -187,8 +187,11 @@ def bench(kind: str, src: Path, tmp: Path, repeat: int, warmup: int = 1, *,
                     try:
                         times[name], seen = watch.phase(fn)
                     except Exception:
-                        if watch.tripped:
-                            raise MemoryError(f"{kind} {name}: {watch.tripped}") from None
+                        if watch.tripped:  # what was measured before stays in the record
+                            done = {k: {"seconds": t, "emulator": emulator.get(k)}
+                                    for k, t in times.items()}
+                            raise MemoryError(f"{kind} {name}: {watch.tripped}; measured "
+                                              f"before: {json.dumps(done)}") from None
                         raise
                     if i >= 0:
                         emulator.setdefault(name, []).append(seen)
