@@ -21,9 +21,18 @@ in-memory emulator holds at most one copy of the directory at a time (4 GiB
 at ``--size-mib 4096``, not 2 x rounds x the size). The load average and the
 memory available before the run are recorded.
 The emulators run on this host, so the figures compare client-side costs on
-one machine, not the services' bandwidth.
+one machine, not the services' bandwidth. Each phase also records the
+emulator process's CPU seconds and peak resident memory (``emulator``).
+
+``--gcs-backend filesystem`` runs fake-gcs-server with its objects in files
+under ``--data-dir`` (the memory backend keeps every object in the server's
+heap: at 4 GiB it outgrew this host). A guard thread watches MemAvailable:
+under ``--min-available-gib`` it stops the emulator, the phase fails, and the
+service is recorded under ``not_measured`` with what was seen.
 
     python bench/cloud_bench.py [--size-mib 1024] [--repeat 3] [--warmup 1] [--out FILE]
+        [--services gcs,azure] [--gcs-backend memory|filesystem] [--data-dir DIR]
+        [--min-available-gib 4]
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -50,14 +60,15 @@ from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
 
 
-def _service(kind: str) -> tuple[Any, str, Any]:
+def _service(kind: str, gcs_backend: str = "memory",
+             data_dir: Path | None = None) -> tuple[Any, str, Any]:
     """(server, store URL, peer filesystem), the server started."""
     if kind == "gcs":
         import gcsfs.core
 
         from tests.support.fakegcs import FakeGCS
 
-        server = FakeGCS().start()
+        server = FakeGCS(backend=gcs_backend, root=data_dir).start()
         os.environ.update(server.env())
         server.create_bucket("bench")
         return server, "gs://bench/registry", gcsfs.core.GCSFileSystem(token="anon",
@@ -84,9 +95,60 @@ def _available_gib() -> float | None:
     return None
 
 
-def bench(kind: str, src: Path, tmp: Path, repeat: int, warmup: int = 1) -> dict[str, Any]:
-    server, url, fs = _service(kind)
+class Watch:
+    """A thread sampling the emulator (CPU seconds, peak RSS) and MemAvailable
+    every 0.5 s; under ``floor_gib`` available it stops the server (``tripped``
+    says what it saw)."""
+
+    def __init__(self, server: Any, floor_gib: float) -> None:
+        self.server, self.floor = server, floor_gib
+        self.pid = server._proc.pid
+        self.peak, self.tripped, self.min_available = 0.0, "", float("inf")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> tuple[float, float]:
+        """(CPU seconds, RSS GiB) of the emulator process (0, 0 once gone)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            pages = int(Path(f"/proc/{self.pid}/statm").read_text().split()[1])
+        except (OSError, IndexError):
+            return 0.0, 0.0
+        return ((int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"),
+                pages * os.sysconf("SC_PAGE_SIZE") / 2**30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak = max(self.peak, self.sample()[1])
+            avail = _available_gib()
+            if avail is not None:
+                self.min_available = min(self.min_available, avail)
+                if avail < self.floor and not self.tripped:
+                    self.tripped = (f"MemAvailable {avail:.1f} GiB < {self.floor} GiB at "
+                                    f"{time.strftime('%H:%M:%S', time.gmtime())} UTC, emulator "
+                                    f"resident {self.peak:.1f} GiB; emulator stopped")
+                    self.server.stop()
+
+    def phase(self, fn: Any) -> tuple[float, dict[str, float]]:
+        """Wall seconds of ``fn()`` and the emulator's CPU seconds and peak RSS meanwhile."""
+        cpu0, self.peak = self.sample()[0], self.sample()[1]
+        t = timed(fn)
+        return t, {"emulator_cpu_s": round(self.sample()[0] - cpu0, 2),
+                   "emulator_peak_rss_gib": round(self.peak, 2)}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def bench(kind: str, src: Path, tmp: Path, repeat: int, warmup: int = 1, *,
+          gcs_backend: str = "memory", data_dir: Path | None = None,
+          floor_gib: float = 4.0) -> dict[str, Any]:
+    server, url, fs = _service(kind, gcs_backend, data_dir)
     root = url.split("://", 1)[1].split("/", 1)[0]
+    watch = Watch(server, floor_gib)
+    emulator: dict[str, list[dict[str, float]]] = {}
     try:
         store = open_store(url)
         samples: dict[str, list[float]] = {k: [] for k in ("commit", "put", "pull", "get")}
@@ -121,8 +183,18 @@ def bench(kind: str, src: Path, tmp: Path, repeat: int, warmup: int = 1) -> dict
                      (("put", put), ("get", get), drop_peer)]
             times = {}
             for (w, write), (r, read), drop in (sides if i % 2 else sides[::-1]):
-                times[w] = timed(write)
-                times[r] = timed(read)
+                for name, fn in ((w, write), (r, read)):
+                    try:
+                        times[name], seen = watch.phase(fn)
+                    except Exception:
+                        if watch.tripped:  # what was measured before stays in the record
+                            done = {k: {"seconds": t, "emulator": emulator.get(k)}
+                                    for k, t in times.items()}
+                            raise MemoryError(f"{kind} {name}: {watch.tripped}; measured "
+                                              f"before: {json.dumps(done)}") from None
+                        raise
+                    if i >= 0:
+                        emulator.setdefault(name, []).append(seen)
                 drop()
             for p in (dest, target, tmp / f"{kind}-cache-{i}"):
                 shutil.rmtree(p, ignore_errors=True)
@@ -136,8 +208,10 @@ def bench(kind: str, src: Path, tmp: Path, repeat: int, warmup: int = 1) -> dict
                 "pull_seconds": med["pull"], "get_seconds": med["get"],
                 "pull_ratio": med["pull"] / med["get"],
                 "commit_mb_per_s": total / 1e6 / med["commit"],
-                "pull_mb_per_s": total / 1e6 / med["pull"], "samples": samples}
+                "pull_mb_per_s": total / 1e6 / med["pull"], "samples": samples,
+                "emulator": emulator, "min_mem_available_gib": round(watch.min_available, 2)}
     finally:
+        watch.close()
         server.stop()
 
 
@@ -148,6 +222,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="Rounds run first and not counted")
     ap.add_argument("--services", default="gcs,azure")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--gcs-backend", choices=("memory", "filesystem"), default="memory",
+                    help="fake-gcs-server's backend (filesystem: objects in files)")
+    ap.add_argument("--data-dir", type=Path, help="Where the filesystem backend's folder goes")
+    ap.add_argument("--min-available-gib", type=float, default=4.0,
+                    help="Stop the emulator when MemAvailable drops under this")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cloud-bench-"))
     try:
@@ -155,13 +234,20 @@ def main() -> int:
         make_release_dir(src, args.size_mib)
         load_before, available = os.getloadavg(), _available_gib()
         results: dict[str, Any] = {}
+        not_measured: dict[str, str] = {}
         for kind in args.services.split(","):
-            results[kind] = bench(kind, src, tmp, args.repeat, args.warmup)
+            try:
+                results[kind] = bench(kind, src, tmp, args.repeat, args.warmup,
+                                      gcs_backend=args.gcs_backend, data_dir=args.data_dir,
+                                      floor_gib=args.min_available_gib)
+            except MemoryError as e:
+                not_measured[kind] = str(e)
             doc = {"size_mib": args.size_mib, "repeat": args.repeat, "warmup": args.warmup,
                    "cpus": os.cpu_count(), "mem_available_gib_before": available,
+                   "gcs_backend": args.gcs_backend, "gomemlimit": os.environ.get("GOMEMLIMIT"),
                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "results": results}
+                   "results": results, **({"not_measured": not_measured} if not_measured else {})}
             if args.out:  # after each service: a long run stopped keeps what it measured
                 args.out.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"{args.size_mib} MiB, {args.repeat} rounds after {args.warmup} warm-up, "

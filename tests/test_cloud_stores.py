@@ -279,19 +279,53 @@ def test_an_exclusive_large_write_never_replaces_an_object(
     assert store.walk_versions("d")["new.bin"] == (len(big), f.etag)  # type: ignore[attr-defined]
 
 
-def test_a_block_corrupted_on_the_wire_is_refused(faulty: tuple[str, FaultProxy]) -> None:
+def test_gcs_chunks_grow_and_the_object_holds_every_byte(
+        gcs_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumable upload's chunks double from CHUNK up to MAX_CHUNK (here
+    256 KiB and 1 MiB); writes of odd sizes cross their edges; the object
+    holds every byte and its generation is the writer's etag."""
+    from registry.store import gcsupload
+
+    monkeypatch.setattr(gcsupload, "CHUNK", 256 * 1024)
+    monkeypatch.setattr(gcsupload, "MAX_CHUNK", 1024 * 1024)
+    store = open_store(f"gs://{gcs_bucket}/root")
+    data = os.urandom(5 * 1024 * 1024 + 12345)
+    with store.open_write("d/big.bin", exclusive=True, size=len(data)) as f:
+        for i in range(0, len(data), 100_003):
+            f.write(data[i:i + 100_003])
+    assert f._chunk == 1024 * 1024  # type: ignore[attr-defined]  # grew, and stopped at the cap
+    assert store.read_bytes("d/big.bin", limit=len(data) + 1) == data
+    assert store.walk_versions("d")["big.bin"] == (len(data), f.etag)  # type: ignore[attr-defined]
+
+
+def test_a_block_corrupted_on_the_wire_is_refused(faulty: tuple[str, FaultProxy],
+                                                  request: pytest.FixtureRequest) -> None:
     """Azure: a staged block whose bytes change on the way fails its
-    Content-MD5 at the service; the write fails and nothing is visible."""
+    Content-MD5 at the service. GCS: a resumable upload's chunk changed on
+    the way is stored as sent, and the finished object's crc32c differs from
+    the writer's; the write fails and nothing is visible."""
     url, proxy = faulty
-    if not url.startswith("az://"):
-        pytest.skip("GCS chunks go to the session URL the emulator names, not through the proxy")
     store = open_store(url)
 
     def flip(headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
         return headers, body[:-1] + bytes([body[-1] ^ 0xFF])
 
-    proxy.rules.append(_first("edit", lambda r: r.method == "PUT" and "blockid" in r.query,
-                              edit_request=flip))
+    if url.startswith("az://"):
+        proxy.rules.append(_first("edit", lambda r: r.method == "PUT" and "blockid" in r.query,
+                                  edit_request=flip))
+    else:  # the session URL the emulator names is rewritten to go through the proxy
+        emulator: FakeGCS = request.getfixturevalue("gcs_server")
+
+        def via_proxy(req: Request, status: int, headers: list[tuple[str, str]],
+                      body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+            return status, [(k, v.replace(emulator.endpoint, proxy.endpoint)
+                             if k.lower() == "location" else v) for k, v in headers], body
+
+        proxy.rules.append(lambda r: Action("edit", edit_response=via_proxy)
+                           if r.method == "POST" and "resumable" in r.query.get("uploadType", [])
+                           else None)
+        proxy.rules.append(_first("edit", lambda r: r.method == "PUT" and "upload_id" in r.query,
+                                  edit_request=flip))
     big = os.urandom(8 * 1024 * 1024 + 100)
     with pytest.raises(StorageError):
         with store.open_write("d/w.bin", size=len(big)) as f:
