@@ -37,14 +37,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import attach as _attach
+from opentelemetry.context import detach as _detach
+from opentelemetry.propagate import extract as _extract
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 _log = logging.getLogger(__name__)
+_in_context = trace.set_span_in_context
 _UNSET = Status(StatusCode.UNSET)
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
 _NOT_SAMPLED = trace.TraceFlags(trace.TraceFlags.DEFAULT)
+_SAMPLED_RANDOM = trace.TraceFlags(trace.TraceFlags.SAMPLED | trace.TraceFlags.RANDOM_TRACE_ID)
 
 
 class Leaf:
@@ -94,6 +99,13 @@ class Source:
         self.processor = processor or tracer.span_processor
         #: hand a finished span on, its trace known to be sampled
         self.add = getattr(self.processor, "add", self.processor.on_end)
+        from opentelemetry.sdk.trace import sampling
+
+        #: the sampler samples every trace that has no parent (the default,
+        #: parentbased_always_on, or always_on): a request without a
+        #: ``traceparent`` needs no sampler call (its answer is known)
+        self.roots_sampled = self.sampler is sampling.DEFAULT_ON or \
+            self.sampler is sampling.ALWAYS_ON
         limits = getattr(tracer, "_span_limits", None)
         #: the SDK's attribute limits are the defaults (128, no value length
         #: limit): a light span, which has at most a handful, never reaches them
@@ -197,6 +209,10 @@ def server_span(src: Source, name: str, parent_ctx: Any,
     extracted from the request's headers, or None), sampled as the SDK's
     ``Tracer.start_span`` samples (the same sampler call, trace flags and
     trace state); a ``NonRecordingSpan`` when the sampler drops it."""
+    if parent_ctx is None and src.roots_sampled:  # what the sampler would answer
+        flags = _SAMPLED_RANDOM if src.random_ids else _SAMPLED
+        return ServerSpan(src, name, SpanContext(src.new_trace_id(), src.new_span_id(), False,
+                                                 flags), None, attributes)
     parent = trace.get_current_span(parent_ctx).get_span_context() if parent_ctx else None
     if parent is None or not parent.is_valid:
         parent, trace_id, random = None, src.new_trace_id(), src.random_ids
@@ -310,3 +326,30 @@ class Batcher(SpanProcessor):
 def iter_spans(spans: Sequence[Any]) -> Iterator[Any]:
     """``spans`` as the SDK's exporters take them (:func:`readable` each)."""
     return (readable(s) for s in spans)
+
+
+class Serving:
+    """The context of one served request's span (``with``): the span is the
+    current span inside; an exception that escapes is recorded as its type
+    (``error.type``, error status), never a formatted traceback."""
+
+    __slots__ = ("src", "name", "headers", "attributes", "span", "token")
+
+    def __init__(self, src: Source, name: str, headers: Mapping[str, str],
+                 attributes: dict[str, Any]) -> None:
+        self.src, self.name, self.headers, self.attributes = src, name, headers, attributes
+
+    def __enter__(self) -> trace.Span:
+        ctx = _extract(self.headers) if self.headers else None
+        sp = self.span = server_span(self.src, self.name, ctx, self.attributes)
+        self.token = _attach(_in_context(sp, ctx))
+        return sp
+
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
+        sp = self.span
+        _detach(self.token)
+        if error is not None and isinstance(error, Exception) and sp.is_recording():
+            name = type(error).__qualname__
+            sp.set_attribute("error.type", name)
+            sp.set_status(StatusCode.ERROR, name)
+        sp.end()

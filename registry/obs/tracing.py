@@ -51,6 +51,8 @@ _emit: Any = None
 _batcher: Any = None
 #: what light spans take from the SDK's tracer (registry.obs.spans.Source), or None
 _src: Any = None
+#: registry.obs.spans.Serving, once the SDK is set up
+_serving: Any = None
 
 
 class _Depth(threading.local):
@@ -96,13 +98,13 @@ def _setup() -> Any:
                                     "service.version": __version__})
         provider = TracerProvider(resource=resource)
         from registry.obs.otlp import span_exporter
-        from registry.obs.spans import Batcher, Source
+        from registry.obs.spans import Batcher, Serving, Source
 
-        global _current, _emit, _batcher, _src
+        global _current, _emit, _batcher, _src, _serving
         _batcher = Batcher(span_exporter())
         provider.add_span_processor(_batcher)
         trace.set_tracer_provider(provider)
-        _current = trace.get_current_span
+        _current, _serving = trace.get_current_span, Serving
         _tracer = trace.get_tracer("registry", __version__)
         _src = Source(_tracer, _batcher) if hasattr(_tracer, "span_processor") else None
         _emit = _leaf_maker(_tracer)
@@ -357,34 +359,6 @@ def _server(tracer: Any, method: str, route: str, path: str,
         yield s
 
 
-@contextmanager
-def _light_server(method: str, route: str, path: str,
-                  headers: Mapping[str, str]) -> Iterator[Any]:
-    """The light server span (registry.obs.spans.ServerSpan): the current
-    span while the request runs; an error that escapes the application is
-    its type (``error.type``, error status), never a formatted traceback."""
-    from opentelemetry import context, propagate, trace
-    from opentelemetry.trace import StatusCode
-
-    from registry.obs.spans import server_span as start
-
-    ctx = propagate.extract(headers) if headers else None
-    sp = start(_src, f"{method} {route}", ctx, {"http.request.method": method,
-                                                 "url.path": path, "registry.route": route})
-    token = context.attach(trace.set_span_in_context(sp, ctx))
-    try:
-        yield sp
-    except Exception as e:
-        if sp.is_recording():
-            kind = type(e).__qualname__
-            sp.set_attribute("error.type", kind)
-            sp.set_status(StatusCode.ERROR, kind)
-        raise
-    finally:
-        context.detach(token)
-        sp.end()
-
-
 def server_span(method: str, route: str, path: str,
                 headers: Mapping[str, str]) -> AbstractContextManager[Any]:
     """The span of one served request, a child of the ``traceparent`` in
@@ -392,8 +366,9 @@ def server_span(method: str, route: str, path: str,
     t = _tracer if _tracer is not None else _setup()
     if t is False:
         return _OFF
-    if _src is not None and _src.plain:
-        return _light_server(method, route, path, headers)
+    if _src is not None and _src.plain:  # the light span (registry.obs.spans.Serving)
+        return _serving(_src, f"{method} {route}", headers,
+                        {"http.request.method": method, "url.path": path, "registry.route": route})
     return _server(t, method, route, path, headers)
 
 
