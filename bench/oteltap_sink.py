@@ -32,13 +32,15 @@ def main() -> None:
     stop = threading.Event()
     count = [0]
 
-    def drain() -> None:
-        while not stop.is_set():
-            code, data = OtelTapCore.oteltap_poll_trace(handle, 200)
+    def drain() -> None:  # until stopped and nothing more came for 1 s
+        while True:
+            code, data = OtelTapCore.oteltap_poll_trace(handle, 200 if not stop.is_set() else 1000)
             if code < 0:
                 return
             if data is not None:
                 count[0] += 1
+            elif stop.is_set():
+                return
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     worker = threading.Thread(target=drain)

@@ -35,6 +35,8 @@ _double = struct.Struct("<d").pack
 _times = struct.Struct("<BQBQ").pack
 #: span flags: the context says whether it is remote / and it is (trace.proto SpanFlags)
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
+#: registry.obs.spans.UNSET once a batch was encoded (the leaves' shared status)
+UNSET: Any = None
 
 
 def _varint(n: int) -> bytes:
@@ -87,11 +89,28 @@ def _attributes(tag: bytes, attributes: Any) -> bytes:
         return b""
     out = []
     for k, v in attributes.items():
+        kind = type(v)
+        if kind is str or kind is int:  # the values that repeat: method, route, status...
+            cache = _kv_str if kind is str else _kv_int
+            field = cache.get((tag, k, v))
+            if field is None:
+                field = _field(tag, _key_value(k, v))
+                if len(cache) < _KV_CACHED:
+                    cache[(tag, k, v)] = field
+            out.append(field)
+            continue
         try:
             out.append(_field(tag, _key_value(k, v)))
         except TypeError as e:
             _log.error("Failed to encode key %s: %s", k, e)
     return b"".join(out)
+
+
+#: encoded ``KeyValue`` fields by (tag, key, value), for str and int values
+#: apart (True == 1 would share a key); at most _KV_CACHED each
+_kv_str: dict[tuple[bytes, str, Any], bytes] = {}
+_kv_int: dict[tuple[bytes, str, Any], bytes] = {}
+_KV_CACHED = 4096
 
 
 def _flags(ctx: Any) -> bytes:
@@ -187,7 +206,9 @@ def _leaf(s: Any) -> bytes:
     if s.attributes:
         out.append(_attributes(b"\x4a", s.attributes))
     status = s.status
-    if status.status_code.value:
+    if status is UNSET:
+        out.append(b"\x7a\x00")
+    elif status.status_code.value:
         body = b"\x18" + _varint(status.status_code.value)
         if status.description:
             body = _field(b"\x12", status.description.encode()) + body
@@ -212,7 +233,8 @@ def encode(spans: Sequence[Any]) -> bytes:
     ``ReadableSpan``s): grouped by resource, then instrumentation scope, in
     order of first appearance, as the SDK's ``encode_spans`` groups them
     (by identity here, which is what one process's spans share)."""
-    from registry.obs.spans import Leaf
+    global UNSET
+    from registry.obs.spans import UNSET, Leaf
 
     groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for s in spans:

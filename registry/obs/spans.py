@@ -46,7 +46,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 _log = logging.getLogger(__name__)
 _in_context = trace.set_span_in_context
-_UNSET = Status(StatusCode.UNSET)
+#: the status of every span that ended without an error (the encoder knows it by identity)
+UNSET = Status(StatusCode.UNSET)
 _SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
 _NOT_SAMPLED = trace.TraceFlags(trace.TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = trace.TraceFlags(trace.TraceFlags.SAMPLED | trace.TraceFlags.RANDOM_TRACE_ID)
@@ -139,7 +140,7 @@ class ServerSpan(trace.Span):
         self.attributes = attributes
         self.events: list[Any] = []
         self.links: list[Any] = []
-        self.status = _UNSET
+        self.status = UNSET
         self.start_time, self.end_time = time.time_ns(), None
 
     @property

@@ -147,7 +147,7 @@ def _leaf_maker(tracer: Any) -> Any:
 
     src = _src if _src is not None and _src.tracer is tracer else Source(tracer)
     add, new_id = src.add, src.new_span_id
-    unset = Status(StatusCode.UNSET)
+    from registry.obs.spans import UNSET as unset
     not_found_attrs = {"registry.outcome": "not_found"}
 
     def emit(name: str, parent: Any, start: int, error: BaseException | None) -> None:
