@@ -123,3 +123,17 @@ def test_light_server_spans_encode_alike() -> None:
     assert encode(spans) == encode_spans([readable(s) for s in spans]).SerializePartialToString()
     for one in spans:
         assert encode([one]) == encode_spans([readable(one)]).SerializePartialToString()
+
+
+def test_cached_attribute_fields_keep_int_and_bool_apart() -> None:
+    """Encoded attribute fields are cached by value (registry.obs.otlp):
+    ``1`` and ``True`` are equal in Python but not on the wire."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("registry")
+    for value in (1, True, 1, "1", 1.0, True):
+        tracer.start_span("s", attributes={"x": value}).end()
+    spans = list(exporter.get_finished_spans())
+    for one in spans:
+        assert encode([one]) == encode_spans([one]).SerializePartialToString()

@@ -317,6 +317,19 @@ class HubCollector:
                                     "filesystem.", value=use.free_bytes)
 
 
+class TraceCollector:
+    """``registry_trace_spans_dropped_total``: spans the tracing's export
+    queue had no room for (registry.obs.spans.Batcher), read when scraped;
+    registered while tracing is on."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("registry_trace_spans_dropped",
+                                  "Spans dropped because the export queue was full.",
+                                  value=tracing.dropped())
+
+
 def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str | None = None,
                request_log: str | bool | None = None) -> metrics.Families | None:
     """Add ``/metrics`` and :class:`Observe` to the FastAPI ``app`` serving
@@ -338,6 +351,9 @@ def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str 
             families.registry.unregister(old)
         families.cache_collector = HubCollector(mirror_cache)  # type: ignore[attr-defined]
         families.registry.register(families.cache_collector)  # type: ignore[attr-defined]
+    if tracing.enabled() and getattr(families, "trace_collector", None) is None:
+        families.trace_collector = TraceCollector()  # type: ignore[attr-defined]
+        families.registry.register(families.trace_collector)  # type: ignore[attr-defined]
     app.add_route("/metrics", metrics_endpoint(families), methods=["GET"],
                   include_in_schema=False)
     app.add_middleware(Observe, families=families, readiness=Readiness(registry, trust),
