@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -322,11 +322,6 @@ class Batcher(SpanProcessor):
         self._wake.set()
         self._worker.join(5)
         self.exporter.shutdown()
-
-
-def iter_spans(spans: Sequence[Any]) -> Iterator[Any]:
-    """``spans`` as the SDK's exporters take them (:func:`readable` each)."""
-    return (readable(s) for s in spans)
 
 
 class Serving:
