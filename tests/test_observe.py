@@ -133,10 +133,11 @@ def test_prometheus_scrapes_the_mirror_after_a_pull_through_it(store_url: str,
             files = release_files(store_url, "tiny", "1")
             sizes = sum((tmp_path / "m" / p).stat().st_size for p in files if p != "MANIFEST.json")
             assert prom.value('up{job="registry"}') == 1
-            misses = prom.value('registry_mirror_cache_requests_total{result="miss"}')
+            misses = prom.settled('registry_mirror_cache_requests_total{result="miss"}',
+                                  len(files) - 1)
             assert misses == len(files) - 1  # each released file fetched once
-            assert prom.value("registry_store_read_bytes_total") == sizes
-            assert prom.value("registry_mirror_cache_size_bytes") == sizes
+            assert prom.settled("registry_store_read_bytes_total", sizes) == sizes
+            assert prom.settled("registry_mirror_cache_size_bytes", sizes) == sizes
             assert prom.value('sum(registry_http_requests_total{route="hub_file",code="200"})') \
                 >= len(files) - 1
             assert prom.value('registry_http_time_to_first_byte_seconds_count{route="hub_file"}'

@@ -80,10 +80,60 @@ def test_leaf_spans_of_the_tracing_module_encode_alike(monkeypatch: pytest.Monke
         emit("store.exists", ctx, 1, None)
         emit("store.read_bytes", ctx, 2, FileNotFoundError("gone"))
         emit("store.open_read", ctx, 3, PermissionError("denied"))
+    from registry.obs.spans import readable
+
     spans = list(exporter.get_finished_spans())
     assert [s.name for s in spans[:3]] == ["store.exists", "store.read_bytes", "store.open_read"]
     assert all(s.parent.span_id == ctx.span_id for s in spans[:3])
     assert spans[1].attributes == {"registry.outcome": "not_found"}
     assert spans[2].status.status_code is StatusCode.ERROR
     assert spans[2].attributes == {"error.type": "PermissionError"}
-    assert encode(spans) == encode_spans(spans).SerializePartialToString()
+    assert encode(spans) == encode_spans([readable(s) for s in spans]).SerializePartialToString()
+
+
+def test_light_server_spans_encode_alike() -> None:
+    """The light server span (registry.obs.spans.ServerSpan), sampled by the
+    tracer's own sampler, with a remote parent and trace state, events, a
+    link, an error status and leaves below it, through both encoders."""
+    from registry.obs import tracing
+    from registry.obs.spans import Source, readable, server_span
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "t"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("registry", "9")
+    src = Source(tracer)
+    remote = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, is_remote=True,
+                         trace_flags=TraceFlags(1), trace_state=TraceState([("k", "v")]))
+    sp = server_span(src, "GET hub_file", trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+                     {"http.request.method": "GET", "url.path": "/a/b"})
+    sp.set_attribute("http.response.status_code", 503)
+    sp.set_attribute("tags", ["a", "b"])
+    sp.add_event("retry", {"attempt": 2})
+    sp.add_link(remote, {"why": "caller"})
+    sp.set_status(StatusCode.ERROR, "unavailable")
+    tracing._leaf_maker(tracer)("store.exists", sp.get_span_context(), 5, None)
+    root = server_span(src, "GET api", None, {"url.path": "/x"})
+    root.end()
+    sp.end()
+    spans = list(exporter.get_finished_spans())
+    assert [s.name for s in spans] == ["store.exists", "GET api", "GET hub_file"]
+    assert spans[2].parent == remote and spans[2].context.trace_id == remote.trace_id
+    assert spans[1].parent is None
+    assert encode(spans) == encode_spans([readable(s) for s in spans]).SerializePartialToString()
+    for one in spans:
+        assert encode([one]) == encode_spans([readable(one)]).SerializePartialToString()
+
+
+def test_cached_attribute_fields_keep_int_and_bool_apart() -> None:
+    """Encoded attribute fields are cached by value (registry.obs.otlp):
+    ``1`` and ``True`` are equal in Python but not on the wire."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("registry")
+    for value in (1, True, 1, "1", 1.0, True):
+        tracer.start_span("s", attributes={"x": value}).end()
+    spans = list(exporter.get_finished_spans())
+    for one in spans:
+        assert encode([one]) == encode_spans([one]).SerializePartialToString()

@@ -26,6 +26,7 @@ or version is ever a label value.
 | ``registry_store_read_bytes_total`` | counter | |
 | ``registry_mirror_cache_size_bytes`` | gauge | (serve with --mirror-cache) |
 | ``registry_mirror_cache_files``, ``registry_mirror_cache_partial_fills``, ``registry_mirror_cache_partial_bytes``, ``registry_mirror_cache_free_bytes`` | gauges | (serve with --mirror-cache) |
+| ``registry_trace_spans_dropped_total`` | counter | (serve with tracing on) |
 | ``registry_command_*`` | gauges | command (batch commands only) |
 | ``process_*``, ``python_*`` | | the client library's process collectors |
 """

@@ -17,7 +17,7 @@ Only :meth:`export` is replaced, and only while the SDK exporter has the parts
 it uses (its HTTP client and export metrics, opentelemetry-exporter-otlp-proto-
 http 1.4x); otherwise the SDK's own ``export`` runs unchanged.
 
-May import: nothing of the package (a leaf of registry.obs).
+May import: registry.obs.spans (the light spans it encodes).
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ _log = logging.getLogger(__name__)
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
 _double = struct.Struct("<d").pack
+_times = struct.Struct("<BQBQ").pack
 #: span flags: the context says whether it is remote / and it is (trace.proto SpanFlags)
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
+#: registry.obs.spans.UNSET once a batch was encoded (the leaves' shared status)
+UNSET: Any = None
 
 
 def _varint(n: int) -> bytes:
@@ -86,11 +89,28 @@ def _attributes(tag: bytes, attributes: Any) -> bytes:
         return b""
     out = []
     for k, v in attributes.items():
+        kind = type(v)
+        if kind is str or kind is int:  # the values that repeat: method, route, status...
+            cache = _kv_str if kind is str else _kv_int
+            field = cache.get((tag, k, v))
+            if field is None:
+                field = _field(tag, _key_value(k, v))
+                if len(cache) < _KV_CACHED:
+                    cache[(tag, k, v)] = field
+            out.append(field)
+            continue
         try:
             out.append(_field(tag, _key_value(k, v)))
         except TypeError as e:
             _log.error("Failed to encode key %s: %s", k, e)
     return b"".join(out)
+
+
+#: encoded ``KeyValue`` fields by (tag, key, value), for str and int values
+#: apart (True == 1 would share a key); at most _KV_CACHED each
+_kv_str: dict[tuple[bytes, str, Any], bytes] = {}
+_kv_int: dict[tuple[bytes, str, Any], bytes] = {}
+_KV_CACHED = 4096
 
 
 def _flags(ctx: Any) -> bytes:
@@ -172,6 +192,33 @@ def _span(s: Any) -> bytes:
     return b"".join(out)
 
 
+def _leaf(s: Any) -> bytes:
+    """:func:`_span` for a leaf span (registry.obs.spans.Leaf): no events, no
+    links, a local parent whose trace id, flags and state it shares."""
+    p = s.parent
+    out = [b"\x0a\x10", p.trace_id.to_bytes(16, "big"), b"\x12\x08",
+           s.span_id.to_bytes(8, "big")]
+    if p.trace_state:
+        out.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in
+                                            p.trace_state.items()).encode()))
+    out += (b"\x22\x08", p.span_id.to_bytes(8, "big"), _name(s.name), b"\x30\x01",
+            _times(0x39, s.start_time, 0x41, s.end_time))
+    if s.attributes:
+        out.append(_attributes(b"\x4a", s.attributes))
+    status = s.status
+    if status is UNSET:
+        out.append(b"\x7a\x00")
+    elif status.status_code.value:
+        body = b"\x18" + _varint(status.status_code.value)
+        if status.description:
+            body = _field(b"\x12", status.description.encode()) + body
+        out.append(_field(b"\x7a", body))
+    else:
+        out.append(b"\x7a\x00")
+    out.append(_LOCAL_PARENT)
+    return b"".join(out)
+
+
 def _scope(scope: Any) -> bytes:
     """An ``InstrumentationScope`` message (common.proto)."""
     if scope is None:
@@ -186,11 +233,15 @@ def encode(spans: Sequence[Any]) -> bytes:
     ``ReadableSpan``s): grouped by resource, then instrumentation scope, in
     order of first appearance, as the SDK's ``encode_spans`` groups them
     (by identity here, which is what one process's spans share)."""
+    global UNSET
+    from registry.obs.spans import UNSET, Leaf
+
     groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for s in spans:
         resource, scope = s.resource, s.instrumentation_scope or None
         scopes = groups.setdefault(id(resource), (resource, {}))[1]
-        scopes.setdefault(id(scope), (scope, []))[1].append(_field(b"\x12", _span(s)))
+        scopes.setdefault(id(scope), (scope, []))[1].append(
+            _field(b"\x12", _leaf(s) if type(s) is Leaf else _span(s)))
     out = []
     for resource, scopes in groups.values():
         body = [_field(b"\x0a", _attributes(b"\x0a", resource.attributes))]
@@ -215,7 +266,10 @@ def span_exporter() -> Any:
             client, meter = getattr(self, "_client", None), getattr(self, "_metrics", None)
             if getattr(self, "_shutdown", True) or not hasattr(client, "export") or \
                     not hasattr(meter, "export_operation"):
-                return super().export(spans)  # another SDK release: its own encoder
+                from registry.obs.spans import readable
+
+                # another SDK release: its own encoder, of the SDK's span class
+                return super().export([readable(s) for s in spans])
             assert client is not None and meter is not None
             with meter.export_operation(len(spans)) as result:
                 try:

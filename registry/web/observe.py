@@ -158,6 +158,28 @@ class Observe:
         self.request_log = "json" if request_log is True else request_log or None
         #: nothing to count, trace or log: requests go straight through
         self.bare = families is None and not request_log and not tracing.enabled()
+        #: route -> its (ttfb, duration, bytes sent) series; (route, method,
+        #: status) -> its requests series: prometheus_client's ``labels()``
+        #: locks and builds a key each call, a dict read does not (label
+        #: values are bounded, so are these)
+        self._by_route: dict[str, tuple[Any, Any, Any]] = {}
+        self._by_answer: dict[tuple[str, str, int], Any] = {}
+
+    def _route_series(self, route: str) -> tuple[Any, Any, Any]:
+        series = self._by_route.get(route)
+        if series is None:
+            f = self.families or _NO_FAMILIES
+            series = self._by_route[route] = (f.ttfb.labels(route), f.duration.labels(route),
+                                              f.sent.labels(route))
+        return series
+
+    def _requests(self, route: str, method: str, status: int) -> Any:
+        key = (route, method, status)
+        series = self._by_answer.get(key)
+        if series is None:
+            f = self.families or _NO_FAMILIES
+            series = self._by_answer[key] = f.requests.labels(route, method, str(status))
+        return series
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -176,6 +198,7 @@ class Observe:
             method = "other"
         t0 = time.perf_counter()
         status, sent = 500, 0
+        ttfb, duration, sent_bytes = self._route_series(route)
         f.in_flight.inc()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                    if k in (b"traceparent", b"tracestate")}
@@ -184,7 +207,7 @@ class Observe:
                 nonlocal status, sent
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    f.ttfb.labels(route).observe(time.perf_counter() - t0)
+                    ttfb.observe(time.perf_counter() - t0)
                     reason = refusal_reason(status, message.get("headers", []))
                     if reason is not None:
                         metrics.refused_for(reason)
@@ -199,9 +222,9 @@ class Observe:
             finally:
                 seconds = time.perf_counter() - t0
                 f.in_flight.dec()
-                f.requests.labels(route, method, str(status)).inc()
-                f.duration.labels(route).observe(seconds)
-                f.sent.labels(route).inc(sent)
+                self._requests(route, method, status).inc()
+                duration.observe(seconds)
+                sent_bytes.inc(sent)
                 if sp is not None:  # the router put the matched route in the scope
                     tracing.set_status(sp, status, getattr(scope.get("route"), "path", None))
                 if self.request_log:
@@ -298,6 +321,19 @@ class HubCollector:
                                     "filesystem.", value=use.free_bytes)
 
 
+class TraceCollector:
+    """``registry_trace_spans_dropped_total``: spans the tracing's export
+    queue had no room for (registry.obs.spans.Batcher), read when scraped;
+    registered while tracing is on."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("registry_trace_spans_dropped",
+                                  "Spans dropped because the export queue was full.",
+                                  value=tracing.dropped())
+
+
 def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str | None = None,
                request_log: str | bool | None = None) -> metrics.Families | None:
     """Add ``/metrics`` and :class:`Observe` to the FastAPI ``app`` serving
@@ -319,6 +355,9 @@ def instrument(app: Any, registry: Any, *, trust: Any = None, mirror_cache: str 
             families.registry.unregister(old)
         families.cache_collector = HubCollector(mirror_cache)  # type: ignore[attr-defined]
         families.registry.register(families.cache_collector)  # type: ignore[attr-defined]
+    if tracing.enabled() and getattr(families, "trace_collector", None) is None:
+        families.trace_collector = TraceCollector()  # type: ignore[attr-defined]
+        families.registry.register(families.trace_collector)  # type: ignore[attr-defined]
     app.add_route("/metrics", metrics_endpoint(families), methods=["GET"],
                   include_in_schema=False)
     app.add_middleware(Observe, families=families, readiness=Readiness(registry, trust),

@@ -117,6 +117,17 @@ class Prometheus:
                 raise AssertionError(f"{promql}: no value after {timeout} s")
             time.sleep(0.5)
 
+    def settled(self, promql: str, want: float, timeout: float = 30) -> float:
+        """The value of ``promql`` once it is ``want`` (or the last one after
+        ``timeout`` s): a scrape a second, so the newest sample may predate
+        the requests just made."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.value(promql, timeout)
+            if got == want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.5)
+
     def stop(self) -> None:
         _stop(self.proc)
 
