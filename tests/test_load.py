@@ -422,6 +422,14 @@ def test_cli_load(tmp_path: Path) -> None:
     p = run_cli("load", f"{MODEL}@1", "--store", url, "--check", cwd=tmp_path)
     assert p.returncode == 1 and "model.safetensors" in p.stderr and "piece" in p.stderr
     assert "Traceback" not in p.stderr
+    # a header broken by a store writer (not valid UTF-8) is a digest failure,
+    # as pull reports it, not a format error of a released file
+    data = bytearray(stored(store, "1"))
+    data[data.index(b'"a"') + 1] = 0xFF
+    store.write_bytes(join(release_prefix(MODEL, "1"), "model.safetensors"), bytes(data))
+    p = run_cli("load", f"{MODEL}@1", "--store", url, "--check", cwd=tmp_path)
+    assert p.returncode == 1 and "model.safetensors" in p.stderr and "piece" in p.stderr, \
+        p.stderr
     p = run_cli("load", f"{MODEL}@9", "--store", url, "--check", cwd=tmp_path)
     assert p.returncode == 3 and "Traceback" not in p.stderr
     p = run_cli("load", f"{MODEL}@", "--store", url, "--check", cwd=tmp_path)

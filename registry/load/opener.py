@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from registry.refs.aliases import parse_ref
-from registry.errors import InvalidNameError, UsageError
+from registry.errors import DocumentError, InvalidNameError, UsageError
 from registry.load.layout import plan_weights
 from registry.load.pieces import PieceReader
 from registry.load.reader import WINDOW_BYTES, WeightFile, WeightsReader
@@ -36,6 +36,25 @@ def _workers(store: Store, workers: int | None) -> int:
     if store.local_path("") is not None:
         return 8  # direct reads wait on the disk, not the CPU: keep its queue full
     return 16  # object stores: latency-bound, many ranged GETs in flight
+
+
+def _blame_bytes(store: Store, prefix: str, manifest: Manifest) -> None:
+    """The weights' plan was refused (a header or index that breaks a rule):
+    when the bytes it was made from are not the released ones, say that
+    instead, as a pull would. Checks the first piece (the header's) of every
+    ``.safetensors`` file and the whole of every ``.json`` file.
+
+    Raises:
+        PieceMismatchError, IntegrityError: such bytes fail their digests.
+    """
+    from registry.load.pieces import covering
+
+    reader = PieceReader(StoreSource(store))
+    for e in manifest.files:
+        if e.path.endswith((".safetensors", ".json")) and e.size:
+            whole = covering(e, 0, e.size)
+            for k in whole if e.path.endswith(".json") else whole[:1]:
+                reader.read(join(prefix, e.path), e, k, [])
 
 
 def _checkpoint(store: Store, ref: str) -> tuple[str, Manifest]:
@@ -151,7 +170,11 @@ def open_weights(ref: str, *, store: Store | str | None = None, trust: Trust | N
                               require_passing=require_passing, marks=marks)
         opened.signature_check()  # before the first byte of a weights file is read
         prefix, manifest, version = opened.prefix, opened.manifest, opened.version
-    weights = plan_weights(s, prefix, manifest, where=s.url_of(prefix))
+    try:
+        weights = plan_weights(s, prefix, manifest, where=s.url_of(prefix))
+    except DocumentError:
+        _blame_bytes(s, prefix, manifest)  # a tampered header is a digest failure, as in pull
+        raise
     entries = {e.path: e for e in manifest.files}
     store_reader = PieceReader(StoreSource(s), mapped=mapped)
     files: dict[str, WeightFile] = {}
