@@ -7,6 +7,13 @@ from typing import Annotated
 import typer
 
 from registry.cli.app import JsonOpt, app, nothing_stored, print_json
+from registry.cli.trustopts import (
+    TrustedCaOpt,
+    TrustedCasOpt,
+    TrustedKeysOpt,
+    host_trust,
+    trusted_key_option,
+)
 from registry.cli.errors import EXIT_FAILED, error_boundary, fail
 from registry.cli.output import echo, shown
 from registry.errors import ObjectNotFoundError
@@ -23,13 +30,21 @@ def verify(
                     ] = False,
     quick: Annotated[bool, typer.Option("--quick", help="Compare sizes only (fast; a flipped "
                                                         "byte passes).")] = False,
+    trusted_key: Annotated[list[str] | None, trusted_key_option(
+        "Public key (PEM) this host trusts (repeatable): the directory's model.sig must "
+        "verify under one of them, for the model id and version its manifest names (and "
+        "that a store's release folder is named for).")] = None,
+    trusted_keys: TrustedKeysOpt = None,
+    trusted_ca: TrustedCaOpt = None,
+    trusted_cas: TrustedCasOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check that DIRECTORY is committed and every file matches its MANIFEST.json.
 
     Every byte is hashed by default (by pieces, on every core); --quick compares
-    sizes only. Exits 0 when it verifies, 1 when it does not (one line per
-    failing file).
+    sizes only. With trusted keys (or CAs) the manifest must also carry a valid
+    model.sig, as pull requires. Exits 0 when it verifies, 1 when it does not
+    (one line per failing file) or the signature is refused.
     """
     with error_boundary(as_json):
         if full and quick:
@@ -41,9 +56,18 @@ def verify(
         if nothing_stored(store, ""):
             raise ObjectNotFoundError(f"{store.url}: no such directory (nothing stored there)",
                                       key=store.url)
+        trust = host_trust(trusted_key, trusted_keys, trusted_ca, trusted_cas)
         report = verify_directory(store, "", full=full)
+        signed = None
+        if trust is not None and report.manifest is not None:
+            from registry.trust.directory import check_directory_signature
+
+            signed = check_directory_signature(store, report.manifest, trust)
     if as_json:
-        print_json(report.to_dict())
+        doc = report.to_dict()
+        if signed is not None:
+            doc["signature"] = signed
+        print_json(doc)
     else:
         if report.error is not None:
             echo(f"NOT COMMITTED {report.error}")
@@ -56,7 +80,8 @@ def verify(
             assert m is not None
             mode = "sha256" if full else "sizes"
             echo(f"OK {store.url}: {count(len(m.files), 'file')}, {m.total_size} bytes, "
-                       f"{mode} verified, manifest sha256 {m.digest}")
+                       f"{mode} verified, manifest sha256 {m.digest}"
+                 + (f", signed by {signed}" if signed else ""))
     if not report.ok:
         why = (str(report.error) if report.error is not None
                else f"{count(len(report.problems), 'file')} "
