@@ -83,6 +83,32 @@ def stall_forever() -> None:
     time.sleep(600)
 
 
+def _stall_direct(phase: str) -> None:
+    """The same stall in an S3 pull's direct ranged GETs (registry.pull.s3fetch):
+    segments of 1 KiB (``stream``, ``ranged``: stall at the second) or 16 KiB
+    (``pieces``: stall at the tenth received, counted over all requests)."""
+    from registry.pull import s3fetch
+    from registry.store.s3direct import DirectReader
+
+    s3fetch.SEGMENT = 16 * 1024 if phase == "pieces" else 1024
+    at = 10 if phase == "pieces" else 1
+    original = DirectReader.read_into
+    seen = [0]
+    lock = threading.Lock()
+
+    def read_into(self, key, start, segments):  # type: ignore[no-untyped-def]
+        for view in original(self, key, start, segments):
+            with lock:
+                n = seen[0]
+                seen[0] += 1
+            if n >= at:
+                time.sleep(0.2)  # let the landed segments reach the temp file
+                stall_forever()
+            yield view
+
+    DirectReader.read_into = read_into  # type: ignore[method-assign]
+
+
 def stall(url: str, model_id: str, version: str, cache: str, target: str, phase: str) -> int:
     store = open_store(url)
     cls = type(store)
@@ -138,6 +164,8 @@ def stall(url: str, model_id: str, version: str, cache: str, target: str, phase:
         materialize.place_file = place_file
     else:
         sys.exit(f"unknown phase {phase!r}")
+    if phase != "place":
+        _stall_direct(phase)
     try:
         pull(store, model_id, version, cache=cache, to=target, workers=2)
     except RegistryError as e:
