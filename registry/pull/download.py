@@ -368,7 +368,7 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
             if direct is not None:
                 got, bad, actual = s3fetch.download(direct, store, key, entry, fd,
                                                     pool=ranged_pool, progress=progress,
-                                                    log=log)
+                                                    log=log, writeback=fsync)
             elif got < 0:
                 got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
                                 workers=inflight, threshold=threshold, progress=progress,

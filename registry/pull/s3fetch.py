@@ -25,7 +25,9 @@ on a failure that is not an answer (not found, forbidden), up to the store's
 ``retry_attempts``, with its backoff (registry.store.s3retry). The last piece
 asks for one byte past the manifest's size: an object that is longer than the
 manifest says fails the size check. Nothing here fsyncs: the caller does, once
-per file.
+per file; each segment's writeback is started as it lands
+(``sync_file_range(SYNC_FILE_RANGE_WRITE)``, registry.store.durable), so that
+fsync finds little left and the disk writes while the network reads.
 
 ``REGISTRY_PULL_S3_DIRECT=0`` turns this off (the s3fs stream of
 registry.pull.download); any other value, or none, keeps it on.
@@ -49,6 +51,7 @@ from registry.protocol.manifest import FileEntry
 from registry.protocol.verify import piece_error
 from registry.pull import resume
 from registry.store import Store
+from registry.store.durable import start_writeback
 
 ENV = "REGISTRY_PULL_S3_DIRECT"
 #: bytes received per segment (two per range thread: one received while the
@@ -115,11 +118,13 @@ class _Span:
     """One ranged GET of ``[start, end)`` written at its offsets into ``fd``."""
 
     def __init__(self, reader: Any, key: str, fd: int, start: int, end: int, last: bool,
-                 progress: Callable[[int], None]) -> None:
+                 progress: Callable[[int], None], writeback: bool) -> None:
         self.reader, self.key, self.fd = reader, key, fd
         self.start, self.end, self.last, self.progress = start, end, last, progress
         self.got = 0
         self.longer = False
+        #: start each segment's writeback as it lands (the caller fsyncs)
+        self.writeback = writeback
 
     def blocks(self) -> Iterator[memoryview]:
         """Each landed segment, after it was written (valid until the next)."""
@@ -131,6 +136,8 @@ class _Span:
                 self.longer = True
                 break
             _pwrite_all(self.fd, view, pos)
+            if self.writeback:
+                start_writeback(self.fd, pos, len(view))
             pos += len(view)
             self.got = pos - self.start
             self.progress(len(view))
@@ -160,8 +167,14 @@ def _retried(store: Store, what: Callable[[], Any]) -> Any:
 
 def download(reader: Any, store: Store, key: str, entry: FileEntry, fd: int, *,
              pool: ThreadPoolExecutor, progress: Callable[[int], None],
-             log: resume.PieceLog | None = None) -> tuple[int, IntegrityError | None, str]:
+             log: resume.PieceLog | None = None, writeback: bool = True,
+             ) -> tuple[int, IntegrityError | None, str]:
     """Fetch ``key`` into ``fd`` (an empty temp file), checking every byte.
+
+    Args:
+        writeback: start each segment's writeback as it lands (the caller
+            fsyncs the file: the fsync then finds little left to write, and
+            the disk writes while the network reads).
 
     Returns:
         ``(got, bad, actual)``: the bytes received (``entry.size + 1`` when the
@@ -175,7 +188,7 @@ def download(reader: Any, store: Store, key: str, entry: FileEntry, fd: int, *,
     """
     size = entry.size
     if entry.pieces is None or not pc.AVAILABLE:
-        span = _Span(reader, key, fd, 0, size, True, progress)
+        span = _Span(reader, key, fd, 0, size, True, progress, writeback)
 
         def whole() -> str:
             h = hashlib.sha256()
@@ -187,7 +200,7 @@ def download(reader: Any, store: Store, key: str, entry: FileEntry, fd: int, *,
         return span.got + span.longer, None, actual
     pieces = entry.pieces
     bounds = pieces.bounds(size)
-    spans = [_Span(reader, key, fd, a, b, k == len(bounds) - 1, progress)
+    spans = [_Span(reader, key, fd, a, b, k == len(bounds) - 1, progress, writeback)
              for k, (a, b) in enumerate(bounds)]
 
     def piece(k: int) -> str | None:
