@@ -85,13 +85,16 @@ def stall_forever() -> None:
 
 def _stall_direct(phase: str) -> None:
     """The same stall in an S3 pull's direct ranged GETs (registry.pull.s3fetch):
-    segments of 1 KiB (``stream``, ``ranged``: stall at the second) or 16 KiB
-    (``pieces``: stall at the tenth received, counted over all requests)."""
+    segments of 1 KiB (``stream``, ``ranged``: stall at the second received) or
+    16 KiB (``pieces``: stall in the GET of any piece from the third on)."""
     from registry.pull import s3fetch
     from registry.store.s3direct import DirectReader
 
     s3fetch.SEGMENT = 16 * 1024 if phase == "pieces" else 1024
-    at = 10 if phase == "pieces" else 1
+    # pieces: the GETs of pieces 0 and 1 complete (verified, logged), every later
+    # one stalls at its first segment, whichever thread runs first
+    from_offset = 2 * int(os.environ.get("REGISTRY_PIECE_SIZE", "0")) if phase == "pieces" \
+        else None
     original = DirectReader.read_into
     seen = [0]
     lock = threading.Lock()
@@ -101,7 +104,7 @@ def _stall_direct(phase: str) -> None:
             with lock:
                 n = seen[0]
                 seen[0] += 1
-            if n >= at:
+            if (start >= from_offset) if from_offset else n >= 1:
                 time.sleep(0.2)  # let the landed segments reach the temp file
                 stall_forever()
             yield view
