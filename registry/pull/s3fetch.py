@@ -10,8 +10,8 @@ a reused buffer, the GIL released while the socket is read):
 
 * a file with piece states (registry.protocol.pieces): each piece is one
   ranged GET on the pull's range threads (all of a pull's pieces share them:
-  ``workers`` requests in flight), received in ``SEGMENT``-byte segments into
-  the thread's two scratch halves; each segment is written at its offset
+  ``RANGE_FACTOR * workers`` requests in flight), received in ``SEGMENT``-byte
+  segments into the thread's two scratch halves; each segment is written at its offset
   (``os.pwrite``) into the caller's temp file, then hashed from the same
   memory (OpenSSL through ctypes: off the GIL) while the next one arrives.
   One kernel-to-user copy, one user-to-kernel copy, one hash pass, no read-back.
@@ -56,7 +56,9 @@ from registry.store.durable import start_writeback
 ENV = "REGISTRY_PULL_S3_DIRECT"
 #: bytes received per segment (two per range thread: one received while the
 #: other is written and hashed).
-SEGMENT = 8 * 1024 * 1024
+SEGMENT = 4 * 1024 * 1024
+#: range threads per pull worker (registry.pull._fetch_all): pieces in flight.
+RANGE_FACTOR = 2
 #: a file without pieces larger than this takes the s3fs stream (it can split
 #: into parallel ranges there; here it would be one GET hashed in order).
 WHOLE_MAX = 256 * 1024 * 1024
@@ -235,4 +237,4 @@ def download(reader: Any, store: Store, key: str, entry: FileEntry, fd: int, *,
     return got, None, entry.sha256
 
 
-__all__ = ["ENV", "SEGMENT", "WHOLE_MAX", "download", "reader_for", "usable"]
+__all__ = ["ENV", "RANGE_FACTOR", "SEGMENT", "WHOLE_MAX", "download", "reader_for", "usable"]
