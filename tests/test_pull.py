@@ -92,6 +92,7 @@ MIB = 1024 * KIB
 BIG = MIB + 300 * KIB + 123
 #: the modules (``registry.pull.materialize`` is also the name of a function there).
 download = importlib.import_module("registry.pull.download")
+s3fetch = importlib.import_module("registry.pull.s3fetch")
 materialize = importlib.import_module("registry.pull.materialize")
 cache_mod = importlib.import_module("registry.pull.cache")
 CHILD = Path(__file__).resolve().parent / "support" / "pull_child.py"
@@ -273,6 +274,22 @@ class ReadLog:
                 return resp
 
             store.fs._call_s3 = counted_call  # type: ignore[method-assign]
+            direct = s3fetch.reader_for(store)  # the pull's ranged GETs (s3fetch)
+            if direct is not None:
+                read_into = direct.read_into
+
+                def counted_into(key: str, start: int, segments: list[Any]) -> Iterator[Any]:
+                    n = 0
+                    try:
+                        for view in read_into(key, start, segments):
+                            n += len(view)
+                            yield view
+                    finally:
+                        self.reads.append(("read_into", key, n))
+                        self.requests.append(("get_object", store._key(key),
+                                              f"bytes={start}-{segments[-1][1] - 1}", n))
+
+                direct.read_into = counted_into  # type: ignore[method-assign]
 
     def clear(self) -> None:
         self.reads.clear()
@@ -658,6 +675,7 @@ def test_slow_stream_is_split_fast_one_is_not(durable: Store, tmp_path: Path, sl
     the machine running the test is."""
     store = durable
     monkeypatch.setenv("REGISTRY_PULL_DIGEST", "sha256")  # local stores stream too
+    monkeypatch.setenv(s3fetch.ENV, "0")  # S3: the s3fs stream (the direct GETs: below)
     m = publish(store, tmp_path, "1", release_files(big=True))
     key = join(release_prefix(MODEL, "1"), "big.bin")
     monkeypatch.setattr(download, "RANGE_THRESHOLD", MIB)
@@ -689,8 +707,9 @@ def test_slow_stream_is_split_fast_one_is_not(durable: Store, tmp_path: Path, sl
 
 @pytest.mark.parametrize("kind", ["ok", "flip", "truncate", "html"])
 def test_large_file_ranged(durable: Store, tmp_path: Path, small_ranges: None,
-                           kind: str) -> None:
+                           kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store = durable
+    monkeypatch.setenv(s3fetch.ENV, "0")  # S3: the s3fs stream (the direct GETs: below)
     m = publish(store, tmp_path, "1", release_files(big=True))
     key = join(release_prefix(MODEL, "1"), "big.bin")
     entry = m.entry("big.bin")
@@ -1194,6 +1213,7 @@ def fill_disk_after(monkeypatch: pytest.MonkeyPatch, path: str, limit: int) -> N
         real(fd, data, offset)
 
     monkeypatch.setattr(download, "_pwrite_all", full)
+    monkeypatch.setattr(s3fetch, "_pwrite_all", full)  # an S3 pull's direct GETs
 
 
 def test_disk_full_while_downloading(store: Store, tmp_path: Path, small_ranges: None,

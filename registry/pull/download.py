@@ -45,6 +45,7 @@ from registry.pull.piecechecks import HASH_DEPTH, Hasher, PieceChecks  # noqa: F
 # bound to this module's names so tests can patch them here (test_fastdigest)
 from registry.pull.localcopy import copy_local as _copy_local
 from registry.pull.localcopy import copy_local_b3 as _copy_local_b3
+from registry.pull import s3fetch
 from registry.store import Store, join
 from registry.protocol.verify import default_workers
 
@@ -362,11 +363,19 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                     if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
                                        errno.EOPNOTSUPP) or os.fstat(fd).st_size:
                         raise
-            if got < 0:
+            direct = (s3fetch.reader_for(store) if got < 0 and s3fetch.usable(entry)
+                      else None)
+            if direct is not None:
+                got, bad, actual = s3fetch.download(direct, store, key, entry, fd,
+                                                    pool=ranged_pool, progress=progress,
+                                                    log=log, writeback=fsync)
+            elif got < 0:
                 got = _download(store, key, entry, fd, hasher, ranged_pool=ranged_pool,
                                 workers=inflight, threshold=threshold, progress=progress,
                                 checks=checks)
-            if resumed is not None:
+            if direct is not None:
+                pass  # checked as it landed, each piece from memory (s3fetch)
+            elif resumed is not None:
                 pass  # checked piece by piece by resume.fetch_missing
             elif b3_local is not None:
                 bad = None

@@ -83,6 +83,35 @@ def stall_forever() -> None:
     time.sleep(600)
 
 
+def _stall_direct(phase: str) -> None:
+    """The same stall in an S3 pull's direct ranged GETs (registry.pull.s3fetch):
+    segments of 1 KiB (``stream``, ``ranged``: stall at the second received) or
+    16 KiB (``pieces``: stall in the GET of any piece from the third on)."""
+    from registry.pull import s3fetch
+    from registry.store.s3direct import DirectReader
+
+    s3fetch.SEGMENT = 16 * 1024 if phase == "pieces" else 1024
+    # pieces: the GETs of pieces 0 and 1 complete (verified, logged), every later
+    # one stalls at its first segment, whichever thread runs first
+    from_offset = 2 * int(os.environ.get("REGISTRY_PIECE_SIZE", "0")) if phase == "pieces" \
+        else None
+    original = DirectReader.read_into
+    seen = [0]
+    lock = threading.Lock()
+
+    def read_into(self, key, start, segments):  # type: ignore[no-untyped-def]
+        for view in original(self, key, start, segments):
+            with lock:
+                n = seen[0]
+                seen[0] += 1
+            if (start >= from_offset) if from_offset else n >= 1:
+                time.sleep(0.2)  # let the landed segments reach the temp file
+                stall_forever()
+            yield view
+
+    DirectReader.read_into = read_into  # type: ignore[method-assign]
+
+
 def stall(url: str, model_id: str, version: str, cache: str, target: str, phase: str) -> int:
     store = open_store(url)
     cls = type(store)
@@ -138,6 +167,8 @@ def stall(url: str, model_id: str, version: str, cache: str, target: str, phase:
         materialize.place_file = place_file
     else:
         sys.exit(f"unknown phase {phase!r}")
+    if phase != "place":
+        _stall_direct(phase)
     try:
         pull(store, model_id, version, cache=cache, to=target, workers=2)
     except RegistryError as e:
