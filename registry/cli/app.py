@@ -56,9 +56,16 @@ class RegistryContext(typer.Context):
 class _NamesItsCommand:
     """Parsing errors name their command: the parser raises some (an option
     missing its value) without a context, which would name only ``registry``.
-    Its contexts read the profile's defaults (:class:`RegistryContext`)."""
+    Its contexts read the profile's defaults (:class:`RegistryContext`), and its
+    parameters show the metavars we chose (see module doc)."""
 
     context_class = RegistryContext
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            _fix_metavar(p)
+        return params
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
@@ -72,12 +79,6 @@ class _NamesItsCommand:
 class RegistryCommand(_NamesItsCommand, TyperCommand):
     """A typer command whose help shows the metavars we chose (see module doc)."""
 
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        for p in params:
-            _fix_metavar(p)
-        return params
-
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for p in self.get_params(ctx):
@@ -89,12 +90,6 @@ class RegistryCommand(_NamesItsCommand, TyperCommand):
 
 class RegistryGroup(_NamesItsCommand, TyperGroup):
     """A typer group whose options (``--debug``, ``--help``) show no value."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        for p in params:
-            _fix_metavar(p)
-        return params
 
 
 class RegistryTyper(typer.Typer):

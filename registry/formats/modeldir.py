@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from registry.errors import DocumentError
@@ -127,3 +127,24 @@ def check_other_weights(names: Iterable[str], include: Iterable[str], *, where: 
                     "of weights, and an engine that prefers this format would serve it "
                     "instead; remove it, or name it with --include to release both sets")
     return found
+
+
+def stored_config(store: Any, prefix: str, files: Mapping[str, int], *,
+                  at_most: int) -> dict[str, Any] | None:
+    """The ``config.json`` of the directory at ``prefix`` in ``store`` (``files``:
+    its sizes by path) for a hint that may be missing (an architecture, a
+    dtype); None when there is none, it is over ``at_most`` bytes, or it is not
+    a readable JSON object."""
+    from registry.rules import limits, schemas
+    from registry.errors import RegistryError
+    from registry.store import join
+
+    if files.get("config.json", 1 << 30) > at_most:
+        return None
+    try:
+        doc = schemas.load_json(store.read_bytes(join(prefix, "config.json"),
+                                                 limit=limits.MAX_JSON_BYTES),
+                                path="config.json")
+    except RegistryError:
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from registry.rules import limits, schemas
+from registry.rules import limits
 from registry.obs.tracing import traced
-from registry.errors import GateFailedError, ObjectNotFoundError, RegistryError, UsageError
+from registry.errors import GateFailedError, ObjectNotFoundError, UsageError
 from registry.protocol.layout import release_prefix
 from registry.protocol.manifest import Manifest
 from registry.trust.model_sig import SIGNATURE, read_signature
@@ -27,6 +27,7 @@ from registry.oci.client import OciClient
 from registry.oci.ref import OciRef, check_tag
 from registry.trust.release import open_release
 from registry.store import Store, join
+from registry.formats.modeldir import stored_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +55,8 @@ class PushResult:
 
 
 def _architecture(store: Store, prefix: str, files: dict[str, int]) -> str | None:
-    if files.get("config.json", 1 << 30) > limits.MAX_JSON_BYTES:
-        return None
-    try:
-        doc = schemas.load_json(store.read_bytes(join(prefix, "config.json"),
-                                                 limit=limits.MAX_JSON_BYTES),
-                                path="config.json")
-    except RegistryError:
-        return None
-    if not isinstance(doc, dict):
+    doc = stored_config(store, prefix, files, at_most=limits.MAX_JSON_BYTES)
+    if doc is None:
         return None
     archs = doc.get("architectures")
     name = archs[0] if isinstance(archs, list) and archs else doc.get("model_type")

@@ -12,7 +12,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from registry.rules import limits
 from registry.rules.words import count
 
 _FLOAT = {"F64", "F32", "F16", "BF16"}
@@ -104,19 +103,10 @@ def stored_summary(store: Any, model_id: str, version: str,
 def _config_dtype(store: Any, prefix: str, files: Mapping[str, int]) -> str | None:
     """What the release's config.json tells engines to load it as (``dtype``,
     else ``torch_dtype``); None when it says nothing or cannot be read."""
-    from registry.rules import schemas
-    from registry.errors import RegistryError
-    from registry.store import join
+    from registry.formats.modeldir import stored_config
 
-    if files.get("config.json", 1 << 30) > 1 << 20:
-        return None
-    try:
-        doc = schemas.load_json(store.read_bytes(join(prefix, "config.json"),
-                                                     limit=limits.MAX_JSON_BYTES),
-                                path="config.json")
-    except RegistryError:
-        return None
-    value = doc.get("dtype", doc.get("torch_dtype")) if isinstance(doc, dict) else None
+    doc = stored_config(store, prefix, files, at_most=1 << 20)
+    value = doc.get("dtype", doc.get("torch_dtype")) if doc is not None else None
     return value if isinstance(value, str) else None
 
 
