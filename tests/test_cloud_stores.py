@@ -33,7 +33,8 @@ from registry.errors import (
 from registry.store import condprobe, open_store, parse_store_url
 from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli
-from tests.test_aliases import docs, model_dir
+from tests.release_util import docs_args as docs
+from tests.test_aliases import model_dir
 from tests.support.azurite import KEY, Azurite
 from tests.support.fakegcs import FakeGCS
 from tests.support.faultproxy import Action, FaultProxy, Request, drop_conditions
@@ -237,6 +238,27 @@ def test_reset_connections_on_reads_are_retried(faulty: tuple[str, FaultProxy]) 
     proxy.rules.append(_first("reset", lambda r: r.method in ("GET", "HEAD"), times=2))
     assert store.read_range("a/b.bin", 10, 20) == b"x" * 10
     assert store.read_bytes("a/b.bin") == b"x" * 5000
+
+
+def test_the_end_of_an_object_is_known_by_status_never_by_message(
+        faulty: tuple[str, FaultProxy]) -> None:
+    """A range past the end is empty (the service answers 416); a 500 whose
+    text happens to say 416 (an endpoint's port, a request id) is a failure
+    to retry, not the object's end: the same kind as the s3direct bug (a
+    reset on a port like :41623 read as a short file)."""
+    url, proxy = faulty
+    store = open_store(url)
+    store.write_bytes("a/b.bin", b"x" * 5000)
+    assert store.read_range("a/b.bin", 5000, 5100) == b""
+    assert b"".join(store.iter_range("a/b.bin", 6000, 7000)) == b""
+    ranged = lambda r: r.method == "GET" and any(  # noqa: E731 (Azure: x-ms-range)
+        h.lower() in ("range", "x-ms-range") for h in r.headers)
+    proxy.rules.append(_first("error", ranged, status=500, code="Port41623Range416Failure"))
+    assert store.read_range("a/b.bin", 10, 20) == b"x" * 10  # retried
+    proxy.rules.append(_first("error", ranged, times=1000, status=500,
+                              code="Port41623Range416Failure 416 Range Not Satisfiable"))
+    with pytest.raises(StorageError):
+        store.read_range("a/b.bin", 10, 20)  # never b"": the object did not end
 
 
 def test_a_commit_under_repeated_503s_lands_whole(faulty: tuple[str, FaultProxy]) -> None:

@@ -18,7 +18,8 @@ from registry.events import iter_events
 from registry.store import open_store
 from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
-from tests.test_aliases import docs, model_dir, publish_api
+from tests.release_util import docs_args as docs
+from tests.test_aliases import model_dir, publish_api
 
 
 def names(url: str) -> list[tuple[str, str | None, str | None]]:

@@ -16,7 +16,8 @@ from registry.api import Registry
 from registry.store import open_store
 from tests.conftest import run_cli
 from tests.release_util import ledger_row, summary
-from tests.test_release_weights import docs, model_dir
+from tests.release_util import docs_args as docs
+from tests.test_release_weights import model_dir
 
 RNG = np.random.default_rng(7)
 

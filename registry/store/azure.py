@@ -60,7 +60,7 @@ from registry.errors import (
 from registry.store import condprobe
 from registry.store.base import CHUNK, ForkSafeFs, ObjectInfo, Store, key_parts
 from registry.store.s3retry import RetryPolicy
-from registry.store.translate import unreachable
+from registry.store.translate import range_not_satisfiable, unreachable
 
 T = TypeVar("T")
 OPT_OUT_ENV = "REGISTRY_AZURE_SINGLE_WRITER"
@@ -284,7 +284,7 @@ class AzureStore(condprobe.TokenWrites, ForkSafeFs, Store):
             with self._translated(key):
                 return self.run(once)
         except StorageError as e:
-            if start is not None and " 416 " in f" {e} ":
+            if start is not None and range_not_satisfiable(e):
                 return None
             raise
 

@@ -43,7 +43,7 @@ from registry.store import condprobe
 from registry.store.base import CHUNK, ForkSafeFs, ObjectInfo, Store, key_parts
 from registry.store.ranges import RangeReader, range_answer_ok  # reads through read_range
 from registry.store.s3retry import RetryPolicy
-from registry.store.translate import unreachable
+from registry.store.translate import range_not_satisfiable, unreachable
 
 OPT_OUT_ENV = "REGISTRY_GCS_SINGLE_WRITER"
 #: user metadata every conditional write carries: a token unique to the write,
@@ -284,7 +284,7 @@ class GCSStore(condprobe.TokenWrites, ForkSafeFs, Store):
                     "GET", "b/{}/o/{}", self.bucket, self._name(key), alt="media",
                     headers={"Range": f"bytes={start}-{end - 1}"})
         except StorageError as e:
-            if "416" in str(e) or "not satisfiable" in str(e).lower():
+            if range_not_satisfiable(e):
                 return b""
             raise
         self._check_range(key, status, headers, start, end, whole=len(body))
@@ -314,7 +314,7 @@ class GCSStore(condprobe.TokenWrites, ForkSafeFs, Store):
             with self._translated(key):
                 resp = sync(fs.loop, self.retry.run, once, transient=is_transient)
         except StorageError as e:
-            if start is not None and ("416" in str(e) or "not satisfiable" in str(e).lower()):
+            if start is not None and range_not_satisfiable(e):
                 return None
             raise
         if headers is not None:

@@ -94,6 +94,25 @@ def is_named(exc: BaseException, names: Collection[str]) -> bool:
     return any(c.__name__ in names for c in type(exc).__mro__)
 
 
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status a service answered, from ``exc`` or what it was raised
+    from: gcsfs's HttpError ``code``, azure-core's ``status_code``, aiohttp's
+    ``status``. Never read from a message, whose text (an endpoint's port, a
+    request id) may hold any number."""
+    for seen in causes(exc):
+        for attr in ("status_code", "code", "status"):
+            value = getattr(seen, attr, None)
+            if isinstance(value, int) and 100 <= value <= 599:
+                return value
+    return None
+
+
+def range_not_satisfiable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a service's answer that a range starts at or past the
+    object's end (HTTP 416), judged by status, never by message text."""
+    return http_status(exc) == 416
+
+
 def s3_error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore ClientError (or its translated cause)."""
     for seen in causes(exc):
