@@ -116,7 +116,9 @@ class MirrorStore(ReadOnly, Store):
                 raise ObjectNotFoundError(f"{url}: {e.code} {why}", key=url) from None
             if e.code == 409:  # the mirror's store holds other bytes than the manifest
                 raise IntegrityError(url, reason=f"the mirror refused it: {why}") from None
-            raise StorageError(f"{url}: HTTP {e.code} {why}", key=url) from None
+            failed = StorageError(f"{url}: HTTP {e.code} {why}", key=url)
+            failed.status = e.code  # type: ignore[attr-defined]  (judged by, never the text)
+            raise failed from None
         except (urllib.error.URLError, OSError) as e:
             raise MirrorDownError(f"{self.url}: the mirror cannot be reached ({e})",
                                   key=url) from None
@@ -215,7 +217,7 @@ class MirrorStore(ReadOnly, Store):
         try:
             r = self._request(self._file_url(key), headers={"Range": f"bytes={start}-{end - 1}"})
         except StorageError as e:
-            if "HTTP 416" in str(e):
+            if getattr(e, "status", None) == 416:
                 return  # past the end: the object is no longer
             raise
         with r:
