@@ -36,9 +36,11 @@ config.json; the same files for both sides) instead of harness's
 ``make_release_dir`` (one weights file of 3/4 of the size). Why: model
 directories in the field are sharded (Hugging Face writes shards of at most
 5 GB), and fake-gcs-server holds an object being finished about three times
-in memory (the received bytes, the copy it hashes and the one it writes), so
-its peak follows the largest file, not the directory: a 3 GiB file needed
-over 10 GiB and the guard stopped it, 8 shards of 512 MiB stay near 2 GiB.
+in memory (the upload buffer, a copy to store, a copy read back for the
+answer), so its peak follows the largest file times the files in flight, not
+the directory: one 3 GiB file needed over 10 GiB and the guard stopped it;
+8 shards of about 516 MiB (4 in flight for the commit, all 8 for gcsfs's
+``put``) peaked at 8.0 and 8.6 GiB under ``GOMEMLIMIT=8GiB``.
 
     python bench/cloud_bench.py [--size-mib 1024] [--repeat 3] [--warmup 1] [--out FILE]
         [--services gcs,azure] [--gcs-backend memory|filesystem] [--data-dir DIR]
