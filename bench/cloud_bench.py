@@ -30,9 +30,21 @@ heap: at 4 GiB it outgrew this host). A guard thread watches MemAvailable:
 under ``--min-available-gib`` it stops the emulator, the phase fails, and the
 service is recorded under ``not_measured`` with what was seen.
 
+``--shards N`` builds the directory as a sharded Llama-shaped model
+(``bench.llama_dir.make_llama_dir``: N safetensors shards, the index and
+config.json; the same files for both sides) instead of harness's
+``make_release_dir`` (one weights file of 3/4 of the size). Why: model
+directories in the field are sharded (Hugging Face writes shards of at most
+5 GB), and fake-gcs-server holds an object being finished about three times
+in memory (the upload buffer, a copy to store, a copy read back for the
+answer), so its peak follows the largest file times the files in flight, not
+the directory: one 3 GiB file needed over 10 GiB and the guard stopped it;
+8 shards of about 516 MiB (4 in flight for the commit, all 8 for gcsfs's
+``put``) peaked at 8.0 and 8.6 GiB under ``GOMEMLIMIT=8GiB``.
+
     python bench/cloud_bench.py [--size-mib 1024] [--repeat 3] [--warmup 1] [--out FILE]
         [--services gcs,azure] [--gcs-backend memory|filesystem] [--data-dir DIR]
-        [--min-available-gib 4]
+        [--min-available-gib 4] [--shards N]
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from bench.harness import MIB, make_release_dir, timed  # noqa: E402
+from bench.llama_dir import make_llama_dir  # noqa: E402
 from registry.protocol.commit import commit_local_directory  # noqa: E402
 from registry.pull import pull  # noqa: E402
 from registry.store import open_store  # noqa: E402
@@ -227,11 +240,19 @@ def main() -> int:
     ap.add_argument("--data-dir", type=Path, help="Where the filesystem backend's folder goes")
     ap.add_argument("--min-available-gib", type=float, default=4.0,
                     help="Stop the emulator when MemAvailable drops under this")
+    ap.add_argument("--shards", type=int, default=0,
+                    help="Build a Llama-shaped directory of N safetensors shards "
+                         "(bench/llama_dir.py) instead of one large weights file")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="cloud-bench-"))
     try:
         src = tmp / "src"
-        make_release_dir(src, args.size_mib)
+        if args.shards:
+            make_llama_dir(src, args.size_mib, args.shards)
+        else:
+            make_release_dir(src, args.size_mib)
+        files = {str(p.relative_to(src)): p.stat().st_size
+                 for p in sorted(src.rglob("*")) if p.is_file()}
         load_before, available = os.getloadavg(), _available_gib()
         results: dict[str, Any] = {}
         not_measured: dict[str, str] = {}
@@ -243,6 +264,8 @@ def main() -> int:
             except MemoryError as e:
                 not_measured[kind] = str(e)
             doc = {"size_mib": args.size_mib, "repeat": args.repeat, "warmup": args.warmup,
+                   "shards": args.shards or None, "largest_file_bytes": max(files.values()),
+                   "files": len(files), "total_bytes": sum(files.values()),
                    "cpus": os.cpu_count(), "mem_available_gib_before": available,
                    "gcs_backend": args.gcs_backend, "gomemlimit": os.environ.get("GOMEMLIMIT"),
                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
