@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def die_with_parent() -> None:
@@ -44,6 +45,18 @@ def free_ports(n: int) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def reap(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``proc`` to exit (killed after that),
+    then close its stdout pipe."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 class ServerProcess:
