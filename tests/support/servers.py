@@ -14,10 +14,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 
 def die_with_parent() -> None:
@@ -57,6 +58,25 @@ def reap(proc: subprocess.Popen[Any], timeout: float) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+class ThreadedServer:
+    """An HTTP server object served on a daemon thread of this process, set up
+    by :meth:`_serve`: ``endpoint`` (``http://127.0.0.1:<port>``), :meth:`start`
+    and :meth:`stop`."""
+
+    def _serve(self, server: Any) -> None:
+        self._server = server
+        self.endpoint = f"http://127.0.0.1:{server.server_port}"
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class ServerProcess:
