@@ -54,6 +54,14 @@ def children(*argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
     return out
 
 
+def workers_ok(store_url: str, db: str, op: str, workers: int, times: int) -> None:
+    """``workers`` children at once, child i running ``op m 1 w<i> times``;
+    each must exit 0."""
+    for r in children(*[[store_url, db, op, "m", "1", f"w{i}", str(times)]
+                        for i in range(workers)]):
+        assert r.returncode == 0, r.stderr
+
+
 def _env() -> dict[str, str]:
     import os
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete
 
-from registry.refs.alias_history import read_head, version_at, walk
+from registry.refs.alias_history import AliasMove, read_head, version_at, walk
 from registry.refs.aliases import list_aliases, remove_alias, resolve, set_alias
 from registry.api import Registry
 from registry.protocol.commit import commit_local_directory
@@ -128,12 +128,18 @@ def test_broken_link_is_named(durable_store_url: str, tmp_path: Path) -> None:
     assert r.returncode == 0 and "broken below move 3" in r.stderr
 
 
-def test_tampered_entry_refused(durable_store_url: str, tmp_path: Path) -> None:
-    store = open_store(durable_store_url)
+def _prod_moved_twice(store_url: str, tmp_path: Path) -> tuple[Store, AliasMove]:
+    """m@1 and m@2 released, prod set to 1 then moved to 2: (the store, the
+    first move's entry)."""
+    store = open_store(store_url)
     releases(store, tmp_path, "1", "2")
     set_alias(store, "m", "prod", "1")
     set_alias(store, "m", "prod", "2")
-    first = list(walk(store, "m", "prod"))[1]
+    return store, list(walk(store, "m", "prod"))[1]
+
+
+def test_tampered_entry_refused(durable_store_url: str, tmp_path: Path) -> None:
+    store, first = _prod_moved_twice(durable_store_url, tmp_path)
     key = f"ledger/aliases/m/prod/{first.name}"
     store.write_bytes(key, store.read_bytes(key).replace(b'"new":"1"', b'"new":"2"'))
     with pytest.raises(DocumentError, match="do not match the digest"):
@@ -194,11 +200,7 @@ def test_web_page_and_api_what_was_prod_at(durable_store_url: str, tmp_path: Pat
 
     from registry.web import create_app
 
-    store = open_store(durable_store_url)
-    releases(store, tmp_path, "1", "2")
-    set_alias(store, "m", "prod", "1")
-    set_alias(store, "m", "prod", "2")
-    first = list(walk(store, "m", "prod"))[1]
+    store, first = _prod_moved_twice(durable_store_url, tmp_path)
     with Registry(durable_store_url, db=f"sqlite:///{tmp_path / 'i.db'}") as reg, \
             TestClient(create_app(reg), base_url="http://localhost") as c:
         doc = c.get("/api/v1/models/m/aliases/prod/log", params={"at": first.time}).json()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import UsageError
+from registry.protocol.manifest import Manifest
 from registry.pull import pull
 from registry.pull.cache import Cache, trust_stamps
 from registry.pull.stamps import stamp
@@ -81,6 +82,19 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return open_store(make_store_url(request.param, request, tmp_path))
 
 
+def _cached_then_edited(store: Store, m: Manifest, tmp_path: Path, name: str,
+                        edit: Callable[[bytearray], None]) -> Path:
+    """MODEL@1 (manifest ``m``) pulled to tmp_path/a through a new cache, then
+    its blob of ``name`` edited in the cache, its stamp kept; the cache."""
+    cache = tmp_path / "cache"
+    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
+    entry = m.entry(name)
+    assert entry is not None
+    blob = cache / "blobs" / "sha256" / entry.sha256
+    _edit_keeping_stamp(blob, edit, cache / "stamps" / "blobs" / entry.sha256)
+    return cache
+
+
 @pytest.mark.parametrize(("edit", "how"), [("flip-middle", "copy"), ("zero-head", "reflink"),
                                            ("zero-head", "copy"), ("flip-middle", "reflink")])
 def test_a_blob_changed_under_an_unchanged_stamp_is_never_placed(
@@ -91,12 +105,7 @@ def test_a_blob_changed_under_an_unchanged_stamp_is_never_placed(
         fake_reflink(monkeypatch)
     else:
         monkeypatch.setattr(materialize, "reflink", lambda src, dst: False)
-    cache = tmp_path / "cache"
-    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
-    entry = m.entry("model.safetensors")
-    assert entry is not None
-    blob = cache / "blobs" / "sha256" / entry.sha256
-    _edit_keeping_stamp(blob, EDITS[edit], cache / "stamps" / "blobs" / entry.sha256)
+    cache = _cached_then_edited(store, m, tmp_path, "model.safetensors", EDITS[edit])
     r = pull(store, MODEL, "1", to=tmp_path / "b", cache=cache)
     assert r.downloaded == 1  # the changed blob was refused and fetched again
     assert_pulled(tmp_path / "b", store, "1", cache)
@@ -123,12 +132,7 @@ def test_trusting_stamps_is_the_operators_choice(store: Store, tmp_path: Path,
     naming the variable, by the API and by the CLI (exit 2)."""
     m = publish(store, tmp_path, "1", release_files())
     monkeypatch.setattr(materialize, "reflink", lambda src, dst: False)
-    cache = tmp_path / "cache"
-    pull(store, MODEL, "1", to=tmp_path / "a", cache=cache)
-    entry = m.entry("config.json")
-    assert entry is not None
-    blob = cache / "blobs" / "sha256" / entry.sha256
-    _edit_keeping_stamp(blob, _flip_middle, cache / "stamps" / "blobs" / entry.sha256)
+    cache = _cached_then_edited(store, m, tmp_path, "config.json", _flip_middle)
     monkeypatch.setenv("REGISTRY_CACHE_TRUST_STAMPS", "1")
     assert trust_stamps() and Cache(cache).trust_stamps
     r = pull(store, MODEL, "1", to=tmp_path / "b", cache=cache)

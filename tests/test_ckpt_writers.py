@@ -43,6 +43,7 @@ from registry.store import Store, open_store
 from registry.protocol.verify import verify_directory
 from tests.support.ckpt_race_child import STEP, save_loongsage, save_tinyllm, tensors
 from tests.support.forkclient import python_popen, python_popens, python_run
+from tests.support.tmpfs import small_tmpfs
 
 CHILD = Path(__file__).resolve().parent / "support" / "ckpt_race_child.py"
 ROUNDS = 12
@@ -507,15 +508,8 @@ def test_save_with_a_damaged_pointer_skips_retention_and_repairs_it(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real small filesystem (a 2 MiB tmpfs) to fill up."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    with small_tmpfs(tmp_path / "small", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def pages(root: Path, *, skip: tuple[str, ...] = ()) -> int:

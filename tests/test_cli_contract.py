@@ -35,6 +35,8 @@ from tests.release_util import head, ledger_row, summary
 BAD_DB = "sqlite:///{w}/no-such-dir/index.db"
 PG_DOWN = "postgresql+psycopg://postgres@127.0.0.1:1/x"
 PUB = ["--model-id", "pub", "--ledger", "{w}/ledger.json", "--evals", "{w}/summary.json"]
+#: a publish of the world's model directory as pub@9; a case appends what it changes
+PUB9 = ["publish", "{w}/hf", *PUB, "--version", "9"]
 REL = ["release", "create", "--run", "r1", "--model-id", "rel", "--evals", "{w}/summary.json"]
 CASES: list[tuple[str, list[str], int, list[str]]] = [
     # -- 1. tracebacks for user errors
@@ -104,22 +106,17 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
                              "{w}/ledger.json", "--run", "nosuchrun"], 3, ["nosuchrun"]),
     ("gc-unknown-tree", ["gc", "--checkpoint-path", "no-such-tree"], 3, ["no-such-tree"]),
     # -- 3. bad input documents are exit 5 naming the file, before any gate
-    ("publish-ledger-not-json", ["publish", "{w}/hf", *PUB, "--version", "9", "--ledger",
-                                 "{w}/notjson.json"], 5, ["notjson.json", "not valid JSON"]),
-    ("publish-ledger-schema", ["publish", "{w}/hf", *PUB, "--version", "9", "--ledger",
-                               "{w}/badledger.json"], 5, ["badledger.json", "required property"]),
-    ("publish-evals-schema", ["publish", "{w}/hf", *PUB, "--version", "9", "--evals",
-                              "{w}/badsummary.json"], 5, ["badsummary.json"]),
-    ("publish-ledger-missing", ["publish", "{w}/hf", *PUB, "--version", "9", "--ledger",
-                                "{w}/missing.json"], 5, ["missing.json", "cannot read"]),
-    ("publish-ledger-directory", ["publish", "{w}/hf", *PUB, "--version", "9", "--ledger",
-                                  "{w}/hf"], 5, ["hf", "cannot read"]),
-    ("publish-evals-empty", ["publish", "{w}/hf", *PUB, "--version", "9", "--evals",
-                             "{w}/empty.json"], 5, ["empty.json"]),
-    ("publish-head-schema", ["publish", "{w}/hf", *PUB, "--version", "9", "--head",
-                             "{w}/badledger.json"], 5, ["badledger.json"]),
-    ("publish-card-missing", ["publish", "{w}/hf", *PUB, "--version", "9", "--card",
-                              "{w}/missing.md"], 5, ["missing.md"]),
+    ("publish-ledger-not-json", [*PUB9, "--ledger", "{w}/notjson.json"], 5,
+     ["notjson.json", "not valid JSON"]),
+    ("publish-ledger-schema", [*PUB9, "--ledger", "{w}/badledger.json"], 5,
+     ["badledger.json", "required property"]),
+    ("publish-evals-schema", [*PUB9, "--evals", "{w}/badsummary.json"], 5, ["badsummary.json"]),
+    ("publish-ledger-missing", [*PUB9, "--ledger", "{w}/missing.json"], 5,
+     ["missing.json", "cannot read"]),
+    ("publish-ledger-directory", [*PUB9, "--ledger", "{w}/hf"], 5, ["hf", "cannot read"]),
+    ("publish-evals-empty", [*PUB9, "--evals", "{w}/empty.json"], 5, ["empty.json"]),
+    ("publish-head-schema", [*PUB9, "--head", "{w}/badledger.json"], 5, ["badledger.json"]),
+    ("publish-card-missing", [*PUB9, "--card", "{w}/missing.md"], 5, ["missing.md"]),
     ("publish-empty-dir", ["publish", "{w}/emptydir", *PUB, "--version", "9"], 5,
      ["emptydir", "not a model directory"]),
     ("release-ledger-schema", [*REL, "--version", "9", "--step", "10", "--ledger",
@@ -140,8 +137,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
                              "{w}/ledger.json", "--db", BAD_DB], EXIT_NOT_INDEXED,
      ["rel/10 is committed in the store"]),
     # -- 5. memory:// is refused on the command line
-    ("publish-memory", ["publish", "{w}/hf", *PUB, "--version", "9", "--store", "memory://x"],
-     2, ["memory://x", "one process"]),
+    ("publish-memory", [*PUB9, "--store", "memory://x"], 2, ["memory://x", "one process"]),
     ("ls-memory", ["ls", "--store", "memory://x"], 2, ["memory://"]),
     ("ckpt-ls-memory", ["ckpt", "ls", "memory://x/tree"], 2, ["memory://"]),
     ("verify-memory", ["verify", "memory://x/dir"], 2, ["memory://"]),
@@ -153,8 +149,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
      ["tiny@2", "books", "--require-passing"]),
     ("gate-check-failing", ["gate", "check", "tiny@prod"], 1, ["tiny@2", "books"]),
     ("alias-set-failing", ["alias", "set", "tiny", "beta", "2"], 1, ["fails the release gates"]),
-    ("publish-failing-gate", ["publish", "{w}/hf", *PUB, "--version", "9", "--require",
-                              "accuracy>=0.99"], 1, ["not released"]),
+    ("publish-failing-gate", [*PUB9, "--require", "accuracy>=0.99"], 1, ["not released"]),
     # -- bad names and arguments (2), conflicts (4), checks that say no (1)
     ("show-bad-ref", ["show", "../x@1"], 2, ["model_id"]),
     ("pull-bare-unknown-model", ["pull", "nosuch"], 3, ["nosuch", "no alias 'main'"]),
@@ -174,8 +169,7 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("serve-open-host", ["serve", "--host", "0.0.0.0"], 2, ["--token-file"]),
     ("publish-bad-model-id", ["publish", "{w}/hf", *PUB[2:], "--model-id", "../x",
                               "--version", "9"], 2, ["model_id"]),
-    ("publish-bad-dtype", ["publish", "{w}/hf", *PUB, "--version", "9", "--dtype", "f8"], 2,
-     ["f8"]),
+    ("publish-bad-dtype", [*PUB9, "--dtype", "f8"], 2, ["f8"]),
     ("release-bad-layout", [*REL, "--version", "9", "--step", "10", "--ledger",
                             "{w}/ledger.json", "--layout", "nope"], 2, ["nope"]),
     ("release-bad-card-field", [*REL, "--version", "9", "--step", "10", "--ledger",

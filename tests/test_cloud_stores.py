@@ -33,7 +33,7 @@ from registry.errors import (
 from registry.store import condprobe, open_store, parse_store_url
 from registry.protocol.verify import verify_directory
 from tests.conftest import run_cli
-from tests.release_util import docs_args as docs
+from tests.release_util import docs_args
 from tests.test_aliases import model_dir
 from tests.support.azurite import KEY, Azurite
 from tests.support.fakegcs import FakeGCS
@@ -80,7 +80,7 @@ def gcp_storage_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def _publish_args(tmp_path: Path, url: str) -> list[str]:
     return ["publish", str(model_dir(tmp_path)), "--model-id", "m", "--version", "1",
-            *docs(tmp_path), "--store", url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
+            *docs_args(tmp_path), "--store", url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
 
 
 def test_the_probe_refuses_gcp_storage_emulator(gcp_storage_emulator: str,

@@ -482,15 +482,10 @@ def test_cli_publish_onto_a_full_disk_is_one_line_exit_6(tmp_path: Path) -> None
     direct write: `error: <file>: no space left on device`, exit 6, and the
     space comes back."""
     import shutil
-    import subprocess
 
     from tests.conftest import run_cli
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
+    from tests.support.tmpfs import small_tmpfs
+    with small_tmpfs(tmp_path / "small", "12m") as small:
         model = tmp_path / "model"
         model.mkdir()
         (model / "config.json").write_text("{}")
@@ -504,8 +499,6 @@ def test_cli_publish_onto_a_full_disk_is_one_line_exit_6(tmp_path: Path) -> None
         assert "tokenizer.bin: no space left on device" in r.stderr
         assert not (small / "store" / "models" / "m" / "1").exists()
         assert shutil.disk_usage(small).used < MIB  # nothing staged is left
-    finally:
-        subprocess.run(["umount", str(small)], check=False)
 
 
 # -- helper threads after fork and at interpreter exit; close that fails ---------------

@@ -18,7 +18,7 @@ from registry.events import iter_events
 from registry.store import open_store
 from registry.protocol.verify import read_manifest
 from tests.conftest import run_cli
-from tests.release_util import docs_args as docs
+from tests.release_util import docs_args
 from tests.test_aliases import model_dir, publish_api
 
 
@@ -59,7 +59,7 @@ def test_cli_publish_event_and_exit_11_then_repair(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'i.db'}"
     s = ["--store", url, "--db", db]
     r = run_cli("publish", str(model_dir(tmp_path)), "--model-id", "m", "--version", "1",
-                *docs(tmp_path), *s)
+                *docs_args(tmp_path), *s)
     assert r.returncode == 0, r.stderr
     assert names(url) == [("model_version.created", "m", "1")]
     events = tmp_path / "store" / "events"
@@ -88,7 +88,7 @@ def test_repair_skips_what_a_store_writer_garbled_and_repairs_the_rest(tmp_path:
     url = str(tmp_path / "store")
     s = ["--store", url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
     r = run_cli("publish", str(model_dir(tmp_path)), "--model-id", "m", "--version", "1",
-                *docs(tmp_path), *s)
+                *docs_args(tmp_path), *s)
     assert r.returncode == 0, r.stderr
     shutil.rmtree(tmp_path / "store" / "events")  # the event was lost
     refs = tmp_path / "store" / "models" / "m" / "refs"

@@ -9,6 +9,7 @@ scaled down alike."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 
 import registry.store.s3upload as s3mod
 from registry.errors import StorageError, UsageError
-from registry.store import open_store
+from registry.store import Store, open_store
 from tests.conftest import proxied, run_cli
 from tests.support import moto_process
 from tests.support.faultproxy import Action, FaultProxy, Request
@@ -62,16 +63,27 @@ def _part_lengths(proxy_log: list[Request]) -> list[int]:
             for _, r in parts]
 
 
+@contextlib.contextmanager
+def _through_proxy(endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch, *,
+                   max_parts: int) -> Iterator[tuple[Store, FaultProxy]]:
+    """1 KiB parts, at most ``max_parts``; a new ``bucket`` and its store, whose
+    requests go through a fault proxy (its log: the parts sent), stopped after."""
+    monkeypatch.setattr(s3mod, "PART_SIZE", 1024)
+    monkeypatch.setattr(s3mod, "MAX_PARTS", max_parts)
+    _bucket(endpoint, bucket)
+    proxy = FaultProxy(endpoint).start()
+    try:
+        yield open_store(f"s3://{bucket}/root",
+                         client_kwargs={"endpoint_url": proxy.endpoint}), proxy
+    finally:
+        proxy.stop()
+
+
 def test_a_bounded_stream_is_sent_in_equal_parts(small_parts: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Size unknown but bounded: the parts are sized from the bound (so that
     MAX_PARTS of them hold it), and all but the last are alike (R2's rule)."""
-    monkeypatch.setattr(s3mod, "PART_SIZE", 1024)
-    monkeypatch.setattr(s3mod, "MAX_PARTS", 100)
-    _bucket(small_parts, "big")
-    proxy = FaultProxy(small_parts).start()
-    try:
-        store = open_store("s3://big/root", client_kwargs={"endpoint_url": proxy.endpoint})
+    with _through_proxy(small_parts, "big", monkeypatch, max_parts=100) as (store, proxy):
         h = hashlib.sha256()
         written = 0
         # A bound of 150 MiB over 100 parts: 2 MiB parts (whole MiBs).
@@ -82,8 +94,6 @@ def test_a_bounded_stream_is_sent_in_equal_parts(small_parts: str,
                 h.update(piece)
                 written += len(piece)
         lengths = _part_lengths(proxy.log)
-    finally:
-        proxy.stop()
     assert s3mod.part_size_for(150 * 1024**2) == 2 * 1024**2
     assert len(lengths) == 3 and lengths[0] == lengths[1] == 2 * 1024**2, lengths
     assert lengths[2] == written - 4 * 1024**2
@@ -100,18 +110,11 @@ def test_an_unbounded_stream_keeps_one_part_size_and_names_the_fix(
     """No size, no bound: every part is PART_SIZE (never growing: R2 refuses
     unequal parts); past MAX_PARTS the upload is aborted and the error says
     to pass a bound."""
-    monkeypatch.setattr(s3mod, "PART_SIZE", 1024)
-    monkeypatch.setattr(s3mod, "MAX_PARTS", 20)
-    _bucket(small_parts, "unbounded")
-    proxy = FaultProxy(small_parts).start()
-    try:
-        store = open_store("s3://unbounded/root", client_kwargs={"endpoint_url": proxy.endpoint})
+    with _through_proxy(small_parts, "unbounded", monkeypatch, max_parts=20) as (store, proxy):
         with pytest.raises(UsageError, match="upper bound"), store.open_write("x.bin") as f:
             for _ in range(21):
                 f.write(b"z" * 1024)
         lengths = _part_lengths(proxy.log)
-    finally:
-        proxy.stop()
     assert lengths and set(lengths) == {1024}, lengths
     assert _uploads(small_parts, "unbounded") == [] and store.walk_files("") == {}
 

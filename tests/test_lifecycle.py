@@ -30,7 +30,7 @@ from registry.lifecycle.yank import yank_record
 from registry.protocol.manifest import MANIFEST
 from registry.store import open_store
 from tests.conftest import run_cli, run_cli_batch
-from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish
+from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish, workers_ok
 
 
 def _db(tmp_path: Path) -> str:
@@ -145,10 +145,7 @@ def test_concurrent_yank_and_unyank_processes_lose_nothing(durable_store_url: st
     db = _db(tmp_path)
     with Registry(durable_store_url, db=db) as reg:
         publish(reg, tmp_path, "1")
-    runs = children(*[[durable_store_url, db, "toggle", "m", "1", f"w{i}", "4"]
-                      for i in range(3)])
-    for r in runs:
-        assert r.returncode == 0, r.stderr
+    workers_ok(durable_store_url, db, "toggle", 3, 4)
     store = open_store(durable_store_url)
     names = event_names(store)
     yanks, unyanks = names.count("model_version.yanked"), names.count("model_version.unyanked")

@@ -59,6 +59,7 @@ from registry.protocol.verify import is_committed, read_manifest, verify_directo
 from tests.conftest import make_store_url, run_cli
 from tests.release_util import ledger_row, summary
 from tests.support.forkclient import python_popen, python_run
+from tests.support.servers import reap
 
 MODEL_ID = "racer"
 PUBLISHERS = 8
@@ -317,13 +318,7 @@ class PublisherPool:
             if p.stdin is not None:
                 p.stdin.close()
         for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if p.stdout is not None:
-                p.stdout.close()
+            reap(p, 30)
         for f in self._files:
             f.close()
 

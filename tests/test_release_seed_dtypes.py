@@ -15,8 +15,7 @@ import safetensors.numpy
 from registry.api import Registry
 from registry.store import open_store
 from tests.conftest import run_cli
-from tests.release_util import ledger_row, summary
-from tests.release_util import docs_args as docs
+from tests.release_util import docs_args, ledger_row, summary
 from tests.test_release_weights import model_dir
 
 RNG = np.random.default_rng(7)
@@ -48,7 +47,7 @@ def test_publish_converts_f16_to_f32_by_default(tmp_path: Path) -> None:
         (same / "model.safetensors").read_bytes()
 
     p = run_cli("publish", str(src), "--model-id", "m", "--version", "3", "--keep-dtype",
-                *docs(tmp_path), "--store", url, "--db", db)
+                *docs_args(tmp_path), "--store", url, "--db", db)
     assert p.returncode == 0, p.stderr
     assert open_store(url).read_bytes("models/m/3/model.safetensors") == \
         (src / "model.safetensors").read_bytes()
@@ -62,13 +61,13 @@ def test_publish_card_file_is_the_templates_free_text(tmp_path: Path) -> None:
     text.write_text("A tiny model for the card test.\n\nTrained on nothing much.\n")
     url, db = str(tmp_path / "store"), f"sqlite:///{tmp_path / 'i.db'}"
     p = run_cli("publish", str(src), "--model-id", "m", "--version", "1", "--card", str(text),
-                *docs(tmp_path), "--store", url, "--db", db)
+                *docs_args(tmp_path), "--store", url, "--db", db)
     assert p.returncode == 0, p.stderr
     card = open_store(url).read_bytes("models/m/1/MODEL_CARD.md").decode()
     assert card.startswith("# m 1\n\nA tiny model for the card test.\n\nTrained on nothing much.")
     assert "## Evaluation" in card and "## Training data" in card  # the template's facts
     assert json.loads(open_store(url).read_bytes("models/m/1/ledger.json"))
     p = run_cli("publish", str(src), "--model-id", "m", "--version", "2", "--card", str(text),
-                "--card-verbatim", *docs(tmp_path), "--store", url, "--db", db)
+                "--card-verbatim", *docs_args(tmp_path), "--store", url, "--db", db)
     assert p.returncode == 0, p.stderr
     assert open_store(url).read_bytes("models/m/2/MODEL_CARD.md") == text.read_bytes()

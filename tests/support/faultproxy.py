@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.support.servers import ThreadedServer
+
 _HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "te",
         "upgrade", "content-length"}
 
@@ -105,7 +107,7 @@ Rule = Callable[[Request], "Action | None"]
 
 
 @dataclass
-class FaultProxy:
+class FaultProxy(ThreadedServer):
     """Start with :meth:`start`; ``endpoint`` is ``http://127.0.0.1:<port>``."""
 
     upstream: str
@@ -124,18 +126,9 @@ class FaultProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def start(self) -> FaultProxy:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        self._serve(server)
 
     def reset(self) -> None:
         """Forget the log and the rules; numbering starts again at 0."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.servers import free_port
+from tests.support.servers import free_port, reap
 
 
 def require(binary: str, what: str) -> str:
@@ -40,13 +40,7 @@ def require(binary: str, what: str) -> str:
 def _stop(proc: subprocess.Popen[Any]) -> None:
     """Terminate ``proc`` (killed after 20 s) and close its stdout pipe."""
     proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+    reap(proc, 20)
 
 
 def _wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 60) -> None:

@@ -25,11 +25,8 @@ class Distribution(ServerProcess):
     name, log = "docker-registry", "registry.log"
 
     def __init__(self) -> None:
-        binary = registry_binary()
-        if binary is None:
-            raise RuntimeError("docker-registry is missing: apt-get install docker-registry")
-        super().__init__("distribution-")
-        self._binary = binary
+        super().__init__("distribution-", registry_binary(),
+                         "docker-registry is missing: apt-get install docker-registry")
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
 

