@@ -87,7 +87,7 @@ def test_plain_entries_skip_jsonschema(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen == [0]
     doc = json.loads(_manifest(3))
     doc["files"][1]["sha256"] = "AB" * 32
-    with pytest.raises(ManifestError, match=r"files\[0\]\.sha256"):  # index within the rest
+    with pytest.raises(ManifestError, match=r"files\[1\]\.sha256"):  # its index in the file
         parse_manifest(json.dumps(doc).encode(), source="bad")
 
 

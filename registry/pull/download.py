@@ -363,8 +363,10 @@ def fetch(store: Store, prefix: str, entry: FileEntry, cache: Cache, *,
                     if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
                                        errno.EOPNOTSUPP) or os.fstat(fd).st_size:
                         raise
-            direct = (s3fetch.reader_for(store) if got < 0 and s3fetch.usable(entry)
-                      else None)
+            # the mirror's streaming fill (on_piece) hands out each piece of the
+            # temp file in order as it verifies: it keeps the in-order stream
+            direct = (s3fetch.reader_for(store)
+                      if got < 0 and s3fetch.usable(entry) and on_piece is None else None)
             if direct is not None:
                 got, bad, actual = s3fetch.download(direct, store, key, entry, fd,
                                                     pool=ranged_pool, progress=progress,

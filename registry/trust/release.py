@@ -340,7 +340,10 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
     prefix = release_prefix(model_id, version)
     manifest = read_manifest(store, prefix)
     said = (manifest.meta.get("model_id"), manifest.meta.get("version"))
-    if trust is None and said != (model_id, version):  # with trust, the signature says it
+    # with trust, the signature says it; a manifest that names no release at
+    # all (written by commit_local_directory without metadata, or before the
+    # field) has nothing to contradict
+    if trust is None and said != (None, None) and said != (model_id, version):
         from registry.errors import ManifestError
 
         raise ManifestError(store.url_of(join(prefix, MANIFEST)),
