@@ -143,11 +143,19 @@ def yank_gate(store: Store, model_id: str, version: str) -> list[GateResult]:
     whose yank record cannot be read), ``[]`` otherwise: like the ``code``
     gate, the ``yanked`` gate is listed only where it has something to say."""
     try:
-        doc = yank_record(store, model_id, version)
+        return gate_of(records.load(store, yank_key(model_id, version)))
     except DocumentError as e:
-        return [GateResult(GATE, False, f"the yank record cannot be read ({e}); a record "
-                           "nobody can read is not taken as 'not yanked'")]
-    return [] if doc is None else [GateResult(GATE, False, describe(doc))]
+        return gate_of(None, e)
+
+
+def gate_of(record: dict[str, Any] | None,
+            garbled: DocumentError | None = None) -> list[GateResult]:
+    """:func:`yank_gate` of a yank record already read (``garbled``: its parse failed)."""
+    if garbled is not None:
+        return [GateResult(GATE, False, f"the yank record cannot be read ({garbled}); a "
+                           "record nobody can read is not taken as 'not yanked'")]
+    yanked_now = record is not None and record.get("yanked") is True
+    return [GateResult(GATE, False, describe(record))] if yanked_now else []  # type: ignore[arg-type]
 
 
 def yanked(store: Store, model_id: str) -> dict[str, dict[str, Any]]:

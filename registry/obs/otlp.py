@@ -17,7 +17,10 @@ Only :meth:`export` is replaced, and only while the SDK exporter has the parts
 it uses (its HTTP client and export metrics, opentelemetry-exporter-otlp-proto-
 http 1.4x); otherwise the SDK's own ``export`` runs unchanged.
 
-May import: registry.obs.spans (the light spans it encodes).
+The transport under it is registry.obs.transport's kept ``http.client``
+connection instead of the SDK's ``requests`` session, where it applies.
+
+May import: registry.obs.spans (the light spans it encodes), registry.obs.transport.
 """
 
 from __future__ import annotations
@@ -290,4 +293,14 @@ def span_exporter() -> Any:
                     return SpanExportResult.FAILURE
             return SpanExportResult.SUCCESS
 
-    return Exporter()
+    exporter = Exporter()
+    client = getattr(exporter, "_client", None)
+    endpoint = getattr(exporter, "_endpoint", None)
+    if isinstance(endpoint, str) and hasattr(getattr(client, "_transport", None), "request"):
+        from registry.obs.transport import transport_for
+
+        kept = transport_for(endpoint)  # one kept http.client connection, not requests
+        if kept is not None:
+            client._transport.close()  # type: ignore[union-attr]
+            client._transport = kept  # type: ignore[union-attr]
+    return exporter

@@ -114,9 +114,10 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     return model_id, (check_name(rest, "version or alias") if sep else None)
 
 
-def resolve(store: Store, model_id: str, name: str) -> str:
+def resolve(store: Store, model_id: str, name: str, *, is_version: bool | None = None) -> str:
     """The version ``name`` designates: itself if such a version directory exists,
-    else the version its alias points to.
+    else the version its alias points to; ``is_version``: whether its
+    ``MANIFEST.json`` exists, as the caller just asked the store (not asked again).
 
     Raises:
         NotCommittedError: neither a version nor an alias of that name exists.
@@ -124,7 +125,9 @@ def resolve(store: Store, model_id: str, name: str) -> str:
         PointerError: the alias file is garbled.
     """
     key = alias_key(model_id, name)
-    if store.exists(join(release_prefix(model_id, name), MANIFEST)):
+    if is_version is None:
+        is_version = store.exists(join(release_prefix(model_id, name), MANIFEST))
+    if is_version:
         if store.exists(key):
             raise AmbiguousRefError(
                 f"{model_id}@{name}: both a version and an alias are named {name!r} (the "

@@ -36,6 +36,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from registry.refs.aliases import resolve
@@ -47,6 +48,7 @@ from registry.protocol.verify import read_manifest
 
 if TYPE_CHECKING:
     from registry.gating.gates import GateResult
+    from registry.lifecycle.guard import Retired
     from registry.trust.model_sig import SignatureCheck
     from registry.trust import Trust
     from registry.trust.marks import Marks
@@ -68,7 +70,7 @@ def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None
     an alias whose move is older than one this host saw is refused
     (RollbackError)."""
     if is_version(store, model_id, name):
-        return resolve(store, model_id, name)
+        return resolve(store, model_id, name, is_version=True)
     if trust is None:
         version = resolve(store, model_id, name)
     else:
@@ -91,8 +93,13 @@ def resolve_for_pull(store: Store, model_id: str, name: str, trust: Trust | None
 
 
 def check_marks(store: Store, model_id: str, version: str, marks: Marks,
-                allow_yanked: bool) -> None:
+                allow_yanked: bool) -> Retired:
     """The release's tombstone and yank record against this host's marks.
+
+    Returns:
+        what was read (:class:`registry.lifecycle.guard.Retired`), for
+        :func:`registry.lifecycle.guard.refuse_retired` to decide on without
+        reading the two records again.
 
     Raises:
         RollbackError: a tombstone seen before is gone, or the yank record is
@@ -101,20 +108,23 @@ def check_marks(store: Store, model_id: str, version: str, marks: Marks,
     """
     from registry.errors import DocumentError
     from registry.lifecycle import records
+    from registry.lifecycle.guard import Retired
     from registry.lifecycle.tombstone import is_deleted
     from registry.trust.marks import RollbackError
 
     where = store.url_of(release_prefix(model_id, version))
-    marks.check_deleted(model_id, version, is_deleted(store, model_id, version), where)
+    deleted = is_deleted(store, model_id, version)
+    marks.check_deleted(model_id, version, deleted, where)
     try:
         record = records.load(store, yank_key(model_id, version))
-    except DocumentError:
-        return  # a garbled record fails the yanked gate (registry.lifecycle.yank)
+    except DocumentError as e:
+        return Retired(deleted, None, e)  # a garbled record fails the yanked gate
     try:
         marks.check_yank(model_id, version, record, store.url_of(yank_key(model_id, version)))
     except RollbackError:
         if not allow_yanked:
             raise
+    return Retired(deleted, record)
 
 
 @dataclass
@@ -272,7 +282,8 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
                  require_passing: bool = False,
                  marks: Marks | Literal["host"] | None = "host",
                  verify: Literal["async", "now"] = "async",
-                 verdicts: Verdicts | None = None) -> OpenedRelease:
+                 verdicts: Verdicts | None = None,
+                 manifests: Callable[[str, str], Manifest] | None = None) -> OpenedRelease:
     """Resolve ``model_id@name`` (``name`` empty: :func:`default_version`) and
     admit it for reading, in this order:
     the alias (signed moves only under ``trust``), this host's marks, deletion
@@ -284,6 +295,11 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
     ``"host"`` (the default): those of the store in this host's cache folder
     (``$REGISTRY_CACHE``), so a door that passes nothing is still protected;
     None: none (only for a caller that keeps no state, and says so).
+
+    ``manifests``: ``(model_id, version) -> Manifest`` of a long-running
+    process that keeps the manifests it read and validated (a committed
+    release's manifest never changes; whether the release is still served is
+    decided above, by its tombstone and yank record read now).
 
     Raises:
         NotCommittedError, ManifestError, InvalidNameError: no such release,
@@ -312,9 +328,9 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
                else default_version(store, model_id, trust, marks))
     if fresh is not None:
         fresh.check_release(store, version)
-    if marks is not None:
-        check_marks(store, model_id, version, marks, allow_yanked)
-    refuse_retired(store, model_id, version, allow_yanked=allow_yanked)
+    seen = check_marks(store, model_id, version, marks, allow_yanked) if marks is not None \
+        else None  # the records read once: refuse_retired decides on what the marks saw
+    refuse_retired(store, model_id, version, allow_yanked=allow_yanked, seen=seen)
     failed: list[GateResult] = []
     if gates or require_passing:
         from registry.release.failing import failing_gates
@@ -338,7 +354,8 @@ def open_release(store: Store, model_id: str, name: str, *, trust: Trust | None 
             raise GateFailedError(f"{model_id}@{version}: not pulled (--require-passing, "
                                   "require_passing: it fails its gates now)", failed)
     prefix = release_prefix(model_id, version)
-    manifest = read_manifest(store, prefix)
+    manifest = (manifests(model_id, version) if manifests is not None
+                else read_manifest(store, prefix))
     said = (manifest.meta.get("model_id"), manifest.meta.get("version"))
     # with trust, the signature says it; a manifest that names no release at
     # all (written by commit_local_directory without metadata, or before the

@@ -209,7 +209,7 @@ class HubPolicy:
         its files say now), marks and signature verdicts."""
         return open_release(self.store, model_id, name, trust=current(self.trust),
                             allow_yanked=self.allow_failing, marks=self.marks, verify="now",
-                            verdicts=self._signatures)
+                            verdicts=self._signatures, manifests=self.manifest)
 
     def release(self, repo_id: str, revision: str) -> Release:
         """The release ``revision`` of ``repo_id`` names, right now, as the trust
