@@ -53,7 +53,22 @@ _NOT_SAMPLED = trace.TraceFlags(trace.TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = trace.TraceFlags(trace.TraceFlags.SAMPLED | trace.TraceFlags.RANDOM_TRACE_ID)
 
 
-class Leaf:
+class _FromSource:
+    """What an exporter reads of a span that its :class:`Source` holds."""
+
+    __slots__ = ()
+    src: Any
+
+    @property
+    def resource(self) -> Any:
+        return self.src.resource
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self.src.scope
+
+
+class Leaf(_FromSource):
     """A finished leaf span: ``parent`` is the recorded span's ``SpanContext``
     (the leaf shares its trace id, flags and trace state)."""
 
@@ -73,14 +88,6 @@ class Leaf:
     def context(self) -> SpanContext:
         p = self.parent
         return SpanContext(p.trace_id, self.span_id, False, p.trace_flags, p.trace_state)
-
-    @property
-    def resource(self) -> Any:
-        return self.src.resource
-
-    @property
-    def instrumentation_scope(self) -> Any:
-        return self.src.scope
 
 
 class Source:
@@ -126,7 +133,7 @@ def _clean(value: Any) -> Any:
     return _clean_attribute_value(value, None)
 
 
-class ServerSpan(trace.Span):
+class ServerSpan(_FromSource, trace.Span):
     """The span of one served request (module docstring)."""
 
     __slots__ = ("src", "name", "context", "parent", "attributes", "events", "links", "status",
@@ -142,14 +149,6 @@ class ServerSpan(trace.Span):
         self.links: list[Any] = []
         self.status = UNSET
         self.start_time, self.end_time = time.time_ns(), None
-
-    @property
-    def resource(self) -> Any:
-        return self.src.resource
-
-    @property
-    def instrumentation_scope(self) -> Any:
-        return self.src.scope
 
     def get_span_context(self) -> SpanContext:
         return self.context
